@@ -1,0 +1,27 @@
+"""Pluggable centroid-release mechanisms.
+
+A mechanism turns a client's representations into what leaves the client.
+Depends only on torch, numpy and scipy, never on :mod:`privfed`.
+"""
+
+from mechanisms import kanon as _kanon  # noqa: F401  (registers the built-in)
+from mechanisms.base import Guarantee, Mechanism, PrivacyEvent, Release
+from mechanisms.registry import (
+    UnknownMechanismError,
+    available_mechanisms,
+    create_mechanism,
+    get_mechanism_class,
+    register_mechanism,
+)
+
+__all__ = [
+    "Guarantee",
+    "Mechanism",
+    "PrivacyEvent",
+    "Release",
+    "UnknownMechanismError",
+    "available_mechanisms",
+    "create_mechanism",
+    "get_mechanism_class",
+    "register_mechanism",
+]

@@ -1,0 +1,119 @@
+"""The centroid-release interface every mechanism implements.
+
+A mechanism decides what a client's representations turn into before they
+leave the client. The training core only sees :class:`Release` objects, so a
+new mechanism never needs changes outside its own module.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    """What a release protects, stated so a user can quote it.
+
+    Attributes:
+        kind: ``"k-anonymity"``, ``"differential-privacy"`` or ``"none"``.
+        statement: One sentence describing the guarantee.
+        k: Anonymity-set size for k-anonymous releases.
+        epsilon: Per-release epsilon for DP releases.
+        delta: Per-release delta for DP releases.
+    """
+
+    kind: str
+    statement: str
+    k: int | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "statement": self.statement,
+            "k": self.k,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+        }
+
+
+@dataclass(frozen=True)
+class PrivacyEvent:
+    """One noise-adding step, recorded so an accountant can compose it later.
+
+    Attributes:
+        name: Event family, e.g. ``"gaussian"`` or ``"discrete_laplace"``.
+        params: Parameters the accountant needs (noise scale, sensitivity...).
+    """
+
+    name: str
+    params: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Release:
+    """Everything a client sends the server about its representations.
+
+    Attributes:
+        vectors: ``[m, D]`` released points (centroids, or raw representations
+            for mechanisms without privacy).
+        weights: ``[m]`` how many representations each point stands for; the
+            server uses them to weigh releases of different sizes consistently.
+        guarantee: The protection this particular release carries.
+        events: Privacy events for the accountant (empty if not DP).
+        metrics: Diagnostics that are safe to publish (no data-derived values
+            beyond what the guarantee already covers).
+    """
+
+    vectors: torch.Tensor
+    weights: torch.Tensor
+    guarantee: Guarantee
+    events: tuple[PrivacyEvent, ...] = ()
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.vectors.ndim != 2:
+            raise ValueError(f"release vectors must be [m, D], got shape {tuple(self.vectors.shape)}")
+        if self.weights.shape != (self.vectors.shape[0],):
+            raise ValueError(
+                f"release weights must have shape ({self.vectors.shape[0]},), "
+                f"got {tuple(self.weights.shape)}"
+            )
+
+    @property
+    def num_vectors(self) -> int:
+        return int(self.vectors.shape[0])
+
+
+class Mechanism(abc.ABC):
+    """Turns a client's representations into what the server may see.
+
+    Subclasses set ``name`` and ``description`` and implement :meth:`release`
+    and :meth:`guarantee`. Constructor arguments must be keyword-only so that
+    configs can build mechanisms by name with ``**params``.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+
+    @abc.abstractmethod
+    def release(
+        self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
+    ) -> Release:
+        """Computes the release for one client.
+
+        Args:
+            reps: ``[n, D]`` L2-normalised representations held by the client.
+            num_centroids: ``L``, how many centroids the protocol expects.
+            generator: Source of randomness for non-private choices
+                (initialisation); DP noise must come from a secure source.
+        """
+
+    @abc.abstractmethod
+    def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
+        """The guarantee a release of ``num_reps`` representations would carry."""

@@ -1,0 +1,180 @@
+"""``privfed``: the command-line front door (the only module importing everything)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from privfed.config import TrainConfig, build_config
+from privfed.errors import PrivfedError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Privacy-focused federated learning with Orchestra.",
+    pretty_exceptions_enable=False,
+)
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+
+
+def _help(text: str, name: str) -> str:
+    """Help text with the built-in default (a --config file may change it)."""
+    return f"{text} [default: {_DEFAULTS[name]}]"
+
+
+class Protocol(str, Enum):
+    knn = "knn"
+    linear = "linear"
+
+
+def _print_progress(event: dict[str, Any]) -> None:
+    kind = event["event"]
+    if kind == "start":
+        typer.echo(f"untrained encoder: kNN accuracy {event['knn_accuracy_init']:.4f}")
+    elif kind == "round":
+        parts = [
+            f"round {event['round']:>3}",
+            f"clients {event['clients_completed']}/{event['clients_sampled']}",
+        ]
+        if event.get("loss") is not None:
+            parts.append(f"loss {event['loss']:.4f}")
+        if event.get("knn_accuracy") is not None:
+            parts.append(f"kNN {event['knn_accuracy']:.4f}")
+        parts.append(f"{event['round_seconds']:.1f}s")
+        typer.echo("  ".join(parts))
+    elif kind == "finish":
+        typer.echo(
+            f"done: kNN accuracy {event['knn_accuracy']:.4f} (untrained {event['knn_accuracy_init']:.4f}) "
+            f"after {event['rounds']} rounds in {event['wall_seconds']:.0f}s -> {event['run_dir']}"
+        )
+
+
+@app.command()
+def train(
+    config: Optional[Path] = typer.Option(None, "--config", help="TOML preset (see configs/); flags override it."),
+    dataset: Optional[str] = typer.Option(None, help=_help("Training data: shapes (embedded, offline), cifar10, cifar100 or arrays:PATH.npz.", "dataset")),
+    test_dataset: Optional[str] = typer.Option(None, help="Data for the kNN monitor's queries (its test split); defaults to --dataset's test split."),
+    data_dir: Optional[str] = typer.Option(None, help=_help("Where torchvision datasets live.", "data_dir")),
+    download: Optional[bool] = typer.Option(None, "--download/--no-download", help="Allow downloading CIFAR-10/100 into --data-dir (needs a network). [default: no-download]"),
+    num_clients: Optional[int] = typer.Option(None, "--num-clients", "-K", help=_help("Number of federated clients K.", "num_clients")),
+    participation: Optional[float] = typer.Option(None, "--participation", "-R", help=_help("Fraction of clients sampled per round, in (0, 1].", "participation")),
+    alpha: Optional[float] = typer.Option(None, help=_help("Dirichlet concentration of the non-IID split (smaller = more skewed).", "alpha")),
+    method: Optional[str] = typer.Option(None, help=_help("Federated learning method.", "method")),
+    backbone: Optional[str] = typer.Option(None, help=_help("resnet8 / resnet20 (CPU-sized) or resnet18 (paper).", "backbone")),
+    projection_dim: Optional[int] = typer.Option(None, help=_help("Projector output dimension D.", "projection_dim")),
+    rounds: Optional[int] = typer.Option(None, "--rounds", "-C", help=_help("Training rounds C (after the initialisation round 0).", "rounds")),
+    local_epochs: Optional[int] = typer.Option(None, "--local-epochs", "-E", help=_help("Local epochs E per round.", "local_epochs")),
+    batch_size: Optional[int] = typer.Option(None, help=_help("Local batch size.", "batch_size")),
+    lr: Optional[float] = typer.Option(None, help=_help("Local SGD learning rate.", "lr")),
+    momentum: Optional[float] = typer.Option(None, help=_help("Local SGD momentum.", "momentum")),
+    weight_decay: Optional[float] = typer.Option(None, help=_help("Local SGD weight decay.", "weight_decay")),
+    temperature: Optional[float] = typer.Option(None, help=_help("Softmax temperature of the cluster loss.", "temperature")),
+    ema_decay: Optional[float] = typer.Option(None, help=_help("EMA decay m of the target encoder.", "ema_decay")),
+    memory_size: Optional[int] = typer.Option(None, help=_help("Target representations each client keeps (and clusters).", "memory_size")),
+    num_local_centroids: Optional[int] = typer.Option(None, "--num-local-centroids", "-L", help=_help("Local centroids L released per client.", "num_local_centroids")),
+    num_global_centroids: Optional[int] = typer.Option(None, "--num-global-centroids", "-G", help=_help("Global centroids G.", "num_global_centroids")),
+    mechanism: Optional[str] = typer.Option(None, help=_help("Release mechanism (see `privfed mechanisms`).", "mechanism")),
+    seed: Optional[int] = typer.Option(None, help=_help("Seed for partition, model init, sampling and augmentation.", "seed")),
+    device: Optional[str] = typer.Option(None, help=_help("auto, cpu or cuda.", "device")),
+    out: Optional[str] = typer.Option(None, help="Run directory. [default: runs/<time>-<method>-<mechanism>-seed<seed>]"),
+    eval_every: Optional[int] = typer.Option(None, help=_help("Run the kNN monitor every N rounds (and after the last).", "eval_every")),
+    knn_k: Optional[int] = typer.Option(None, help=_help("Neighbours of the kNN monitor.", "knn_k")),
+    knn_temperature: Optional[float] = typer.Option(None, help=_help("Vote temperature of the kNN monitor.", "knn_temperature")),
+    client_cpus: Optional[float] = typer.Option(None, help=_help("CPU cores reserved per simulated client (sets how many run in parallel).", "client_cpus")),
+    client_gpus: Optional[float] = typer.Option(None, help=_help("GPU fraction reserved per simulated client.", "client_gpus")),
+    verbose: bool = typer.Option(False, "--verbose", help="Show Flower's and Ray's own logs."),
+) -> None:
+    """Train Orchestra on simulated federated clients with Flower."""
+    overrides = {k: v for k, v in locals().items() if k in _DEFAULTS}
+    resolved = build_config(config, **overrides)
+    if resolved.out is None:
+        from privfed.runs import default_run_dir
+
+        resolved = resolved.replace(out=str(default_run_dir(resolved)))
+    from privfed.federation.simulation import simulate
+
+    typer.echo(
+        f"privfed: Orchestra on {resolved.dataset}, {resolved.num_clients} clients "
+        f"({resolved.clients_per_round} per round), {resolved.rounds} rounds, mechanism {resolved.mechanism}"
+    )
+    simulate(resolved, _print_progress, verbose=verbose)
+
+
+@app.command()
+def evaluate(
+    run_dir: Path = typer.Argument(..., help="A run directory written by `privfed train`."),
+    train_data: str = typer.Option(..., help="Labelled data the probe learns from (its train split)."),
+    test_data: str = typer.Option(..., help="Data the probe is scored on (its test split)."),
+    protocol: Protocol = typer.Option(Protocol.knn, help="knn (k=200, T=0.1) or linear (probe on frozen features)."),
+    checkpoint: str = typer.Option("final", help="initial, final, or a path to a checkpoint file."),
+    data_dir: str = typer.Option("data", help="Where torchvision datasets live."),
+    download: bool = typer.Option(False, "--download/--no-download", help="Allow downloading CIFAR-10/100."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    knn_k: int = typer.Option(200, help="Neighbours for the kNN protocol."),
+    knn_temperature: float = typer.Option(0.1, help="Vote temperature for the kNN protocol."),
+) -> None:
+    """Re-evaluate a saved encoder on any labelled datasets; appends to RUN_DIR/evaluation.json."""
+    from privfed.evaluate import evaluate_run
+
+    result = evaluate_run(
+        run_dir,
+        train_data=train_data,
+        test_data=test_data,
+        protocol=protocol.value,
+        checkpoint=checkpoint,
+        data_dir=Path(data_dir),
+        download=download,
+        device=device,
+        knn_k=knn_k,
+        knn_temperature=knn_temperature,
+    )
+    typer.echo(f"{result['protocol']} accuracy: {result['accuracy']:.4f} ({result['checkpoint']}, {test_data})")
+
+
+@app.command()
+def mechanisms() -> None:
+    """List the installed release mechanisms."""
+    from mechanisms import available_mechanisms
+
+    for name, description in available_mechanisms().items():
+        typer.echo(f"{name:<10} {description}")
+
+
+@app.command()
+def datasets() -> None:
+    """List the dataset names `--dataset` accepts."""
+    from privfed.data import describe_datasets
+
+    for name, description in describe_datasets().items():
+        typer.echo(f"{name:<14} {description}")
+
+
+def main() -> None:
+    """Console entry point: user errors become one line on stderr and exit code 2."""
+    try:
+        app(standalone_mode=False)
+    except PrivfedError as err:
+        typer.echo(f"error: {err}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+    except typer.Exit as exit_:
+        sys.exit(exit_.exit_code)
+    except Exception as err:  # click usage errors
+        import click
+
+        if isinstance(err, click.ClickException):
+            err.show()
+            sys.exit(err.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

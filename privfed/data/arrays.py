@@ -1,0 +1,194 @@
+"""In-memory image datasets and the general ``.npz`` image-arrays loader.
+
+Every dataset privfed uses (the embedded shapes, CIFAR, user arrays) ends up as
+one :class:`ImageArrays`: plain uint8 images plus int64 labels. Keeping one
+small, framework-free container lets partitioning, training and evaluation
+share a single code path, and keeps whole datasets cheap to slice per client.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from privfed.errors import PrivfedError
+
+#: Seed of the fixed train/test split of files without their own test set.
+#: A constant (not a run option) so that every command sees the same split.
+SPLIT_SEED = 20220717
+#: Fraction of samples that goes to "train" when a file has no test set.
+TRAIN_FRACTION = 0.8
+
+Split = Literal["train", "test", "all"]
+
+
+@dataclass(frozen=True)
+class ImageArrays:
+    """A labelled image dataset held as numpy arrays.
+
+    Attributes:
+        images: uint8 array, N×H×W×C (channels-last, C = 3), as stored on disk.
+        labels: int64 array of length N with class indices.
+        classes: Class names; ``classes[i]`` names label ``i``.
+        name: Short dataset name, for logs and run metadata.
+    """
+
+    images: np.ndarray
+    labels: np.ndarray
+    classes: tuple[str, ...]
+    name: str
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def subset(self, indices: np.ndarray) -> ImageArrays:
+        """Select samples by index, e.g. one client's share of a partition."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return ImageArrays(self.images[idx], self.labels[idx], self.classes, self.name)
+
+    def to_tensor(self) -> torch.Tensor:
+        """Return the images as a contiguous uint8 N×C×H×W tensor.
+
+        Images stay uint8 (4× smaller than float) until a batch is augmented.
+        """
+        return torch.from_numpy(np.ascontiguousarray(self.images)).permute(0, 3, 1, 2).contiguous()
+
+
+def load_npz(path: Path, *, split: Split) -> ImageArrays:
+    """Load an image-arrays ``.npz`` file (keys ``x``, ``y``, optional ``classes``).
+
+    ``x`` is uint8 N×H×W×3 and ``y`` integer class indices. If the file also
+    holds ``x_test``/``y_test``, those form the test split; otherwise a fixed
+    seeded 80/20 split of ``x`` is used, so every command sees the same split.
+
+    Args:
+        path: The ``.npz`` file.
+        split: "train", "test", or "all" (every sample in the file).
+
+    Raises:
+        PrivfedError: If the file is missing, unreadable or malformed.
+    """
+    path = Path(path)
+    if split not in ("train", "test", "all"):
+        raise PrivfedError(f"unknown split {split!r}: expected 'train', 'test' or 'all'")
+    arrays = _read_npz(path)
+    x, y = _checked_pair(arrays, "x", "y", path)
+    test_pair = None
+    if "x_test" in arrays or "y_test" in arrays:
+        test_pair = _checked_pair(arrays, "x_test", "y_test", path)
+        if test_pair[0].shape[1:] != x.shape[1:]:
+            raise PrivfedError(
+                f"{path}: x_test images are {_hwc(test_pair[0])} but x images are {_hwc(x)}"
+            )
+    all_labels = y if test_pair is None else np.concatenate([y, test_pair[1]])
+    classes = _class_names(arrays.get("classes"), all_labels, path)
+    x, y = _select_split(x, y, test_pair, split)
+    return ImageArrays(x, y, classes, path.stem)
+
+
+def split_indices(num_samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return the fixed (train, test) index arrays used when a file has no test set.
+
+    Deterministic for a given ``num_samples``, disjoint, together covering
+    every index, each sorted.
+    """
+    order = np.random.default_rng(SPLIT_SEED).permutation(num_samples)
+    num_train = round(TRAIN_FRACTION * num_samples)
+    return np.sort(order[:num_train]), np.sort(order[num_train:])
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    """Read every array of an npz file, turning I/O problems into user errors."""
+    if not path.exists():
+        raise PrivfedError(f"image-arrays file not found: {path}")
+    if not path.is_file():
+        raise PrivfedError(f"image-arrays path is not a file: {path}")
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        raise PrivfedError(f"{path} is not a valid .npz file ({type(err).__name__})") from err
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise PrivfedError(f"{path} is not a valid .npz file (it holds a single .npy array)")
+    with data:
+        try:
+            return {key: data[key] for key in data.files}
+        except ValueError as err:
+            raise PrivfedError(
+                f"{path} stores Python objects (pickled arrays); save plain numeric or "
+                "string arrays instead"
+            ) from err
+        except (OSError, EOFError, zipfile.BadZipFile) as err:
+            raise PrivfedError(f"{path} is not a valid .npz file (corrupt member: {err})") from err
+
+
+def _checked_pair(
+    arrays: dict[str, np.ndarray], x_key: str, y_key: str, path: Path
+) -> tuple[np.ndarray, np.ndarray]:
+    """Validate one (images, labels) pair and return it as (uint8, int64) arrays."""
+    for key in (x_key, y_key):
+        if key not in arrays:
+            found = ", ".join(sorted(arrays)) or "none"
+            raise PrivfedError(f"{path} has no '{key}' array (found: {found})")
+    x, y = arrays[x_key], arrays[y_key]
+    if x.dtype != np.uint8:
+        raise PrivfedError(f"{path}: '{x_key}' must be uint8 images, got dtype {x.dtype}")
+    if x.ndim != 4 or x.shape[-1] != 3:
+        raise PrivfedError(
+            f"{path}: '{x_key}' must have shape N×H×W×3 (RGB, channels last), got {x.shape}"
+        )
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise PrivfedError(
+            f"{path}: '{y_key}' must be a 1-D integer array, got dtype {y.dtype} shape {y.shape}"
+        )
+    if x.shape[0] != y.shape[0]:
+        raise PrivfedError(
+            f"{path}: {x_key} has {x.shape[0]} images but {y_key} has {y.shape[0]} labels"
+        )
+    if x.shape[0] == 0:
+        raise PrivfedError(f"{path}: '{x_key}' holds no images")
+    if (y < 0).any():
+        raise PrivfedError(f"{path}: '{y_key}' has negative labels (min {int(y.min())})")
+    return x, y.astype(np.int64)
+
+
+def _class_names(stored: np.ndarray | None, labels: np.ndarray, path: Path) -> tuple[str, ...]:
+    """Return class names, defaulting to "0", "1", … when the file has none."""
+    num_classes = int(labels.max()) + 1
+    if stored is None:
+        return tuple(str(i) for i in range(num_classes))
+    names = tuple(str(name) for name in np.asarray(stored).reshape(-1))
+    if len(names) < num_classes:
+        raise PrivfedError(
+            f"{path}: 'classes' names {len(names)} classes but labels go up to {num_classes - 1}"
+        )
+    return names
+
+
+def _select_split(
+    x: np.ndarray,
+    y: np.ndarray,
+    test_pair: tuple[np.ndarray, np.ndarray] | None,
+    split: Split,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pick the requested split from the file's arrays."""
+    if test_pair is not None:
+        if split == "train":
+            return x, y
+        if split == "test":
+            return test_pair
+        return np.concatenate([x, test_pair[0]]), np.concatenate([y, test_pair[1]])
+    if split == "all":
+        return x, y
+    train_idx, test_idx = split_indices(len(y))
+    idx = train_idx if split == "train" else test_idx
+    return x[idx], y[idx]
+
+
+def _hwc(x: np.ndarray) -> str:
+    """Format an image array's per-image shape for error messages."""
+    return "×".join(str(d) for d in x.shape[1:])

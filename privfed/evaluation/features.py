@@ -1,0 +1,35 @@
+"""Frozen-backbone features for the kNN monitor and the linear probe."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from privfed.data.augment import normalize, to_float
+
+
+@torch.no_grad()
+def extract_features(
+    backbone: nn.Module,
+    images: torch.Tensor,
+    *,
+    device: torch.device,
+    batch_size: int = 512,
+) -> torch.Tensor:
+    """L2-normalised backbone features of un-augmented images, on the CPU.
+
+    Args:
+        backbone: Maps normalised images to ``[B, F]`` features.
+        images: ``[N, 3, H, W]`` uint8 images.
+        device: Where to run the backbone.
+        batch_size: Images per forward pass.
+    """
+    was_training = backbone.training
+    backbone.to(device).eval()
+    chunks = [
+        F.normalize(backbone(normalize(to_float(batch.to(device)))), dim=1).cpu()
+        for batch in images.split(batch_size)
+    ]
+    backbone.train(was_training)
+    return torch.cat(chunks)

@@ -1,0 +1,1 @@
+"""Flower apps: how Orchestra's rounds travel between server and clients."""

@@ -1,0 +1,100 @@
+"""Flower ClientApp: a client's side of every Orchestra round.
+
+The client is stateless between rounds: each ``fit`` rebuilds the network
+from the server's state, runs :func:`privfed.orchestra.client_update`, and
+replies with the model delta and the mechanism's release. The memory of
+representations is dropped inside ``client_update`` and never reaches the
+reply.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+from flwr.client import Client, ClientApp
+from flwr.common import (
+    Code,
+    Context,
+    FitIns,
+    FitRes,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+
+from mechanisms import create_mechanism
+from privfed.config import TrainConfig
+from privfed.device import resolve_device
+from privfed.federation.client_data import client_images
+from privfed.federation.messages import (
+    arrays_to_state,
+    bytes_to_tensor,
+    encode_release,
+    state_to_arrays,
+)
+from privfed.models.network import OrchestraNetwork
+from privfed.orchestra.client_update import client_update
+from privfed.orchestra.local_training import LocalTrainingConfig
+from privfed.orchestra.model_state import shared_keys
+
+
+def local_training_config(config: TrainConfig) -> LocalTrainingConfig:
+    return LocalTrainingConfig(
+        epochs=config.local_epochs,
+        batch_size=config.batch_size,
+        lr=config.lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        temperature=config.temperature,
+        ema_decay=config.ema_decay,
+        memory_size=config.memory_size,
+    )
+
+
+def client_seed(run_seed: int, round_index: int, client_id: int) -> int:
+    """Independent, reproducible seed per (run, round, client)."""
+    return int(np.random.SeedSequence([run_seed, round_index, client_id]).generate_state(1)[0])
+
+
+class OrchestraClient(Client):
+    """Answers the server's fit instructions for one data partition."""
+
+    def __init__(self, client_id: int) -> None:
+        self.client_id = client_id
+
+    def fit(self, ins: FitIns) -> FitRes:
+        config = TrainConfig(**json.loads(str(ins.config["run_config"])))
+        torch.set_num_threads(max(1, int(config.client_cpus)))
+        network = OrchestraNetwork(config.backbone, config.projection_dim)
+        keys = shared_keys(network)
+        global_state = arrays_to_state(parameters_to_ndarrays(ins.parameters), keys)
+        task = str(ins.config["task"])
+        centroids = bytes_to_tensor(ins.config["centroids"]) if task == "train" else None
+        update = client_update(
+            network,
+            global_state,
+            centroids,
+            client_images(config, self.client_id),
+            config=local_training_config(config),
+            mechanism=create_mechanism(config.mechanism),
+            num_local_centroids=config.num_local_centroids,
+            seed=client_seed(int(ins.config["seed"]), int(ins.config["round"]), self.client_id),
+            device=resolve_device(config.device),
+        )
+        arrays = [] if update.delta is None else state_to_arrays(update.delta, keys)
+        return FitRes(
+            status=Status(code=Code.OK, message="ok"),
+            parameters=ndarrays_to_parameters(arrays),
+            num_examples=update.num_samples,
+            metrics={**update.metrics, "client_id": self.client_id, **encode_release(update.release)},
+        )
+
+
+def client_fn(context: Context) -> Client:
+    """Builds the client for this node's partition (``partition-id`` in the node config)."""
+    return OrchestraClient(int(context.node_config["partition-id"]))
+
+
+app = ClientApp(client_fn=client_fn)

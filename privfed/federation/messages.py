@@ -1,0 +1,74 @@
+"""How Orchestra's round data is packed into Flower's legacy messages.
+
+Server -> client (``FitIns``):
+    parameters  the travelling network state, one array per key of
+                :func:`privfed.orchestra.model_state.shared_keys`
+    config      ``task`` ("init" or "train"), ``round``, ``seed``,
+                ``centroids`` (bytes, absent in round 0) and ``run_config``
+                (the run's configuration as JSON)
+
+Client -> server (``FitRes``):
+    parameters  the client's model delta, same keys (empty in round 0);
+                under secure aggregation only their sum reaches the strategy
+    metrics     training metrics plus the mechanism's release:
+                ``release_vectors``/``release_weights`` (bytes) and
+                ``release_guarantee`` (JSON). These are not summed: the
+                server needs every client's release separately.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.common import Scalar, bytes_to_ndarray, ndarray_to_bytes
+
+from mechanisms.base import Guarantee, Release
+from privfed.orchestra.model_state import StateDict
+
+RELEASE_KEYS = ("release_vectors", "release_weights", "release_guarantee")
+
+
+def state_to_arrays(state: StateDict, keys: list[str]) -> list[np.ndarray]:
+    return [state[k].detach().cpu().numpy() for k in keys]
+
+
+def arrays_to_state(arrays: list[np.ndarray], keys: list[str]) -> StateDict:
+    if len(arrays) != len(keys):
+        raise ValueError(f"expected {len(keys)} arrays for the network state, got {len(arrays)}")
+    return {k: torch.from_numpy(np.array(a, copy=True)) for k, a in zip(keys, arrays)}
+
+
+def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
+    return ndarray_to_bytes(tensor.detach().cpu().numpy())
+
+
+def bytes_to_tensor(data: bytes) -> torch.Tensor:
+    return torch.from_numpy(np.array(bytes_to_ndarray(data), copy=True))
+
+
+def encode_release(release: Release) -> dict[str, Scalar]:
+    """Release -> FitRes metrics entries (privacy events join in the ledger's issue)."""
+    return {
+        "release_vectors": tensor_to_bytes(release.vectors.float()),
+        "release_weights": tensor_to_bytes(release.weights.float()),
+        "release_guarantee": json.dumps(release.guarantee.to_dict()),
+    }
+
+
+def decode_release(metrics: dict[str, Any]) -> Release:
+    missing = [k for k in RELEASE_KEYS if k not in metrics]
+    if missing:
+        raise ValueError(f"client reply lacks {', '.join(missing)}")
+    return Release(
+        vectors=bytes_to_tensor(metrics["release_vectors"]),
+        weights=bytes_to_tensor(metrics["release_weights"]),
+        guarantee=Guarantee(**json.loads(metrics["release_guarantee"])),
+    )
+
+
+def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numeric training metrics of a reply (the release entries left out)."""
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

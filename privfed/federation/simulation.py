@@ -1,0 +1,39 @@
+"""``privfed train``'s runtime: Flower's simulation engine on this machine."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from flwr.simulation import run_simulation
+
+from privfed.config import TrainConfig
+from privfed.federation.client_app import app as client_app
+from privfed.federation.server_app import make_server_app
+from privfed.training import ProgressCallback
+
+
+def simulate(config: TrainConfig, progress: ProgressCallback | None = None, *, verbose: bool = False) -> dict[str, Any]:
+    """Runs the whole training with ``num_clients`` virtual SuperNodes; returns the summary.
+
+    Raises:
+        Whatever the ServerApp raised, re-raised in this process.
+    """
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if not verbose:
+        logging.getLogger("flwr").setLevel(logging.WARNING)
+    outcome: dict[str, Any] = {}
+    resources: dict[str, Any] = {"num_cpus": config.client_cpus, "num_gpus": config.client_gpus}
+    run_simulation(
+        server_app=make_server_app(config, progress, outcome),
+        client_app=client_app,
+        num_supernodes=config.num_clients,
+        backend_config={"client_resources": resources, "init_args": {"logging_level": "WARNING", "log_to_driver": verbose}},
+        verbose_logging=verbose,
+    )
+    if "error" in outcome:
+        raise outcome["error"]
+    if "summary" not in outcome:
+        raise RuntimeError("the simulation ended without a result (see the log above)")
+    return outcome["summary"]

@@ -1,0 +1,82 @@
+"""CIFAR-style ResNets: 3x3 stride-1 stem, no max-pool, global average pool.
+
+``resnet18`` is the paper's backbone (512-d features); ``resnet8`` and
+``resnet20`` are the small three-stage networks (16-32-64 channels, 64-d
+features) that make CPU runs finish in minutes.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions with an identity (or 1x1 projection) shortcut."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
+                nn.BatchNorm2d(out_channels),
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class CifarResNet(nn.Module):
+    """Backbone mapping ``[B, 3, H, W]`` images to ``[B, feature_dim]`` features."""
+
+    def __init__(self, blocks_per_stage: tuple[int, ...], widths: tuple[int, ...]) -> None:
+        super().__init__()
+        if len(blocks_per_stage) != len(widths):
+            raise ValueError("one width per stage is required")
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, widths[0], 3, 1, 1, bias=False),
+            nn.BatchNorm2d(widths[0]),
+            nn.ReLU(inplace=True),
+        )
+        layers: list[nn.Module] = []
+        in_channels = widths[0]
+        for stage, (num_blocks, width) in enumerate(zip(blocks_per_stage, widths)):
+            for block in range(num_blocks):
+                stride = 2 if stage > 0 and block == 0 else 1
+                layers.append(BasicBlock(in_channels, width, stride))
+                in_channels = width
+        self.stages = nn.Sequential(*layers)
+        self.feature_dim = in_channels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.stages(self.stem(x))
+        return torch.flatten(F.adaptive_avg_pool2d(out, 1), 1)
+
+
+def resnet18() -> CifarResNet:
+    return CifarResNet((2, 2, 2, 2), (64, 128, 256, 512))
+
+
+def resnet20() -> CifarResNet:
+    return CifarResNet((3, 3, 3), (16, 32, 64))
+
+
+def resnet8() -> CifarResNet:
+    return CifarResNet((1, 1, 1), (16, 32, 64))
+
+
+BACKBONES: dict[str, Callable[[], CifarResNet]] = {
+    "resnet8": resnet8,
+    "resnet20": resnet20,
+    "resnet18": resnet18,
+}

@@ -1,0 +1,1 @@
+"""Orchestra (Lubana et al., ICML 2022), independent of the FL runtime."""

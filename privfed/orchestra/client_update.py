@@ -1,0 +1,83 @@
+"""One client's whole contribution to a round, independent of any FL runtime.
+
+Given the global state, it trains (or, in round 0, only computes
+representations), asks the mechanism what may leave the client, and returns
+exactly what will be sent: a model delta, the mechanism's release, metrics.
+The memory of representations is dropped here and never returned.
+"""
+
+from __future__ import annotations
+
+import time
+
+from dataclasses import dataclass, field
+
+import torch
+
+from mechanisms.base import Mechanism, Release
+from privfed.models.network import OrchestraNetwork
+from privfed.orchestra.local_training import (
+    LocalTrainingConfig,
+    initial_representations,
+    train_locally,
+)
+from privfed.orchestra.model_state import StateDict, load_shared_state, shared_state, state_delta
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """What a client sends back; nothing else about its data leaves it."""
+
+    delta: StateDict | None
+    release: Release
+    num_samples: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def client_update(
+    network: OrchestraNetwork,
+    global_state: StateDict,
+    centroids: torch.Tensor | None,
+    images: torch.Tensor,
+    *,
+    config: LocalTrainingConfig,
+    mechanism: Mechanism,
+    num_local_centroids: int,
+    seed: int,
+    device: torch.device,
+) -> ClientUpdate:
+    """Runs a client's round: initialise (``centroids is None``) or train.
+
+    Args:
+        network: A network of the run's architecture; overwritten with
+            ``global_state`` first.
+        global_state: Travelling state from the server.
+        centroids: ``[G, D]`` global centroids, or ``None`` in round 0.
+        images: ``[n, 3, H, W]`` uint8 images of this client.
+        config: Local training hyperparameters.
+        mechanism: Decides what the memory turns into before it is sent.
+        num_local_centroids: ``L``.
+        seed: Seeds shuffling, augmentation and the mechanism's choices.
+        device: Where to compute.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    load_shared_state(network, global_state)
+    if centroids is None:
+        memory = initial_representations(network, images, config, generator=generator, device=device)
+        delta = None
+        metrics: dict[str, float] = {}
+    else:
+        result = train_locally(network, images, centroids, config, generator=generator, device=device)
+        memory = result.memory
+        delta = state_delta(shared_state(network), global_state)
+        metrics = {
+            "loss": result.loss,
+            "cluster_loss": result.cluster_loss,
+            "rotation_loss": result.rotation_loss,
+            "train_seconds": result.seconds,
+            "steps": float(result.num_steps),
+        }
+    start = time.perf_counter()
+    release = mechanism.release(memory, num_centroids=num_local_centroids, generator=generator)
+    metrics["release_seconds"] = time.perf_counter() - start
+    return ClientUpdate(delta=delta, release=release, num_samples=int(images.shape[0]), metrics=metrics)

@@ -1,0 +1,34 @@
+"""Orchestra's per-batch objective as pure functions."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def cluster_consistency_loss(
+    target_reps: torch.Tensor,
+    online_reps: torch.Tensor,
+    centroids: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
+    """Cross-entropy between the target's and the online's cluster assignments.
+
+    ``H(softmax(mu . t / tau), softmax(mu . o / tau))``: the online encoder on
+    one view must predict which global cluster the target encoder put the
+    other view in. The target side carries no gradient.
+
+    Args:
+        target_reps: ``[B, D]`` L2-normalised target representations of view 1.
+        online_reps: ``[B, D]`` L2-normalised online representations of view 2.
+        centroids: ``[G, D]`` L2-normalised global centroids.
+        temperature: Softmax temperature ``tau`` (0.1 in the paper).
+    """
+    target_probs = F.softmax(target_reps.detach() @ centroids.T / temperature, dim=1)
+    online_log_probs = F.log_softmax(online_reps @ centroids.T / temperature, dim=1)
+    return -(target_probs * online_log_probs).sum(dim=1).mean()
+
+
+def rotation_loss(logits: torch.Tensor, quarter_turns: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of predicting the applied rotation (guards against collapse)."""
+    return F.cross_entropy(logits, quarter_turns)

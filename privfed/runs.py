@@ -1,0 +1,101 @@
+"""The run directory: what a training run leaves behind, and reading it back.
+
+Layout::
+
+    RUN_DIR/config.json          resolved configuration
+    RUN_DIR/metrics.jsonl        one JSON object per round
+    RUN_DIR/summary.json         final figures (written at the end, or on a clean stop)
+    RUN_DIR/checkpoints/initial.pt, final.pt   network state + global centroids
+    RUN_DIR/evaluation.json      results of ``privfed evaluate`` (appended per call)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from privfed.config import TrainConfig, load_saved_config, save_config
+from privfed.errors import PrivfedError
+from privfed.models.network import OrchestraNetwork
+
+CHECKPOINT_NAMES = ("initial", "final")
+
+
+def default_run_dir(config: TrainConfig) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stamp}-{config.method}-{config.mechanism}-seed{config.seed}"
+
+
+class RunDirectory:
+    """Writes and reads one run's files; every write is a whole, flushed file or line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def create(self, config: TrainConfig) -> None:
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        save_config(config, self.path / "config.json")
+
+    def config(self) -> TrainConfig:
+        path = self.path / "config.json"
+        if not path.is_file():
+            raise PrivfedError(f"{self.path} is not a privfed run directory (no config.json)")
+        return load_saved_config(path)
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        with open(self.path / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    def metrics(self) -> list[dict[str, Any]]:
+        path = self.path / "metrics.jsonl"
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def write_json(self, name: str, payload: dict[str, Any]) -> None:
+        tmp = self.path / f".{name}.tmp"
+        tmp.write_text(json.dumps(payload, indent=2) + "\n")
+        tmp.replace(self.path / name)
+
+    def read_json(self, name: str) -> dict[str, Any]:
+        return json.loads((self.path / name).read_text())
+
+    def save_checkpoint(
+        self, name: str, network: OrchestraNetwork, centroids: torch.Tensor | None, round_index: int
+    ) -> Path:
+        path = self.checkpoints / f"{name}.pt"
+        payload = {
+            "network": {k: v.detach().cpu() for k, v in network.state_dict().items()},
+            "centroids": None if centroids is None else centroids.detach().cpu(),
+            "round": round_index,
+        }
+        tmp = path.with_suffix(".pt.tmp")
+        torch.save(payload, tmp)
+        tmp.replace(path)
+        return path
+
+    def checkpoint_path(self, which: str) -> Path:
+        """``initial``/``final`` name a checkpoint of this run; anything else is a path."""
+        path = self.checkpoints / f"{which}.pt" if which in CHECKPOINT_NAMES else Path(which)
+        if not path.is_file():
+            raise PrivfedError(f"checkpoint not found: {path}")
+        return path
+
+
+def load_network(config: TrainConfig, checkpoint: Path) -> OrchestraNetwork:
+    """Rebuilds the run's network and loads a checkpoint into it."""
+    try:
+        payload = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        network = OrchestraNetwork(config.backbone, config.projection_dim)
+        network.load_state_dict(payload["network"])
+    except (RuntimeError, KeyError, OSError) as err:
+        raise PrivfedError(f"cannot load checkpoint {checkpoint}: {str(err).splitlines()[0]}") from None
+    return network

@@ -1,0 +1,138 @@
+"""The training driver: everything around the rounds on the server side.
+
+It builds the initial model, evaluates and checkpoints it, receives every
+finished round from the strategy (metrics, kNN monitor, progress display)
+and writes the summary at the end. It does not know which FL runtime
+delivers the rounds.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from mechanisms import get_mechanism_class
+from privfed.config import TrainConfig
+from privfed.data import dirichlet_partition, heterogeneity_stats, load_dataset
+from privfed.device import resolve_device
+from privfed.evaluation.monitor import KnnMonitor
+from privfed.federation.strategy import OrchestraStrategy, RoundReport
+from privfed.models.network import OrchestraNetwork
+from privfed.orchestra.server import OrchestraServer
+from privfed.runs import RunDirectory
+
+ProgressCallback = Callable[[dict[str, Any]], None]
+
+
+def build_monitor(config: TrainConfig, device: torch.device) -> KnnMonitor:
+    """kNN monitor: the run's training images as reference, its test split as queries."""
+    data_dir = Path(config.data_dir)
+    train = load_dataset(config.dataset, split="train", data_dir=data_dir, download=config.download)
+    test = load_dataset(config.test_dataset or config.dataset, split="test", data_dir=data_dir, download=config.download)
+    return KnnMonitor(
+        train_images=train.to_tensor(),
+        train_labels=torch.as_tensor(train.labels),
+        test_images=test.to_tensor(),
+        test_labels=torch.as_tensor(test.labels),
+        device=device,
+        k=config.knn_k,
+        temperature=config.knn_temperature,
+    )
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+class TrainingRun:
+    """One run's server-side bookkeeping, from initial model to summary."""
+
+    def __init__(self, config: TrainConfig, run_dir: RunDirectory, progress: ProgressCallback | None = None) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.progress = progress
+        self.device = resolve_device(config.device)
+        self._start = time.perf_counter()
+        self._last_knn: float | None = None
+        self._min_k: int | None = None
+        self._rounds_done = 0
+
+    def start(self) -> OrchestraStrategy:
+        """Creates the run directory, the initial model and its evaluation."""
+        config = self.config
+        self.run_dir.create(config)
+        self.monitor = build_monitor(config, self.device)
+        parts = dirichlet_partition(
+            self.monitor.train_labels.numpy(), num_clients=config.num_clients, alpha=config.alpha, seed=config.seed
+        )
+        self.heterogeneity = heterogeneity_stats(self.monitor.train_labels.numpy(), parts)
+        torch.manual_seed(config.seed)
+        network = OrchestraNetwork(config.backbone, config.projection_dim)
+        self.knn_init = self.monitor(network.online.backbone)
+        self.run_dir.save_checkpoint("initial", network, None, round_index=0)
+        self.server = OrchestraServer(network, num_global_centroids=config.num_global_centroids, seed=config.seed)
+        self._emit({"event": "start", "knn_accuracy_init": self.knn_init, "rounds": config.rounds})
+        return OrchestraStrategy(self.server, config, self.on_round_end)
+
+    def on_round_end(self, report: RoundReport) -> None:
+        """Logs a finished round; evaluates when due."""
+        config = self.config
+        record: dict[str, Any] = {
+            "round": report.round,
+            "task": "init" if report.round == 0 else "train",
+            "clients_sampled": report.sampled,
+            "clients_completed": report.completed,
+            "client_failures": report.failures,
+            "round_seconds": report.seconds,
+            **report.server_stats,
+        }
+        for key in ("loss", "cluster_loss", "rotation_loss", "train_seconds", "release_seconds"):
+            record[key] = _mean([m[key] for m in report.client_metrics if key in m])
+        if "min_k" in record:
+            record["min_k"] = int(record["min_k"])
+            self._min_k = record["min_k"] if self._min_k is None else min(self._min_k, record["min_k"])
+        due = report.round > 0 and (report.round % config.eval_every == 0 or report.round == config.rounds)
+        if due:
+            self._last_knn = self.monitor(self.server.network.online.backbone)
+            record["knn_accuracy"] = self._last_knn
+        record["elapsed_seconds"] = time.perf_counter() - self._start
+        self.run_dir.append_metrics(record)
+        self._rounds_done = report.round
+        self._emit({"event": "round", **record})
+
+    def finish(self) -> dict[str, Any]:
+        """Final checkpoint and ``summary.json``."""
+        config = self.config
+        self.run_dir.save_checkpoint("final", self.server.network, self.server.centroids, self._rounds_done)
+        if self._last_knn is None or self._rounds_done == 0:
+            self._last_knn = self.monitor(self.server.network.online.backbone)
+        mechanism_cls = get_mechanism_class(config.mechanism)
+        guarantee = mechanism_cls().guarantee(num_reps=config.memory_size, num_centroids=config.num_local_centroids)
+        if self._min_k is not None:
+            guarantee = type(guarantee)(**{**guarantee.to_dict(), "k": self._min_k})
+        summary = {
+            "knn_accuracy": self._last_knn,
+            "knn_accuracy_init": self.knn_init,
+            "rounds": self._rounds_done,
+            "wall_seconds": time.perf_counter() - self._start,
+            "mechanism": {"name": config.mechanism, "guarantee": guarantee.to_dict()},
+            "heterogeneity": vars(self.heterogeneity),
+            "final_loss": self._final_loss(),
+            "run_dir": str(self.run_dir.path),
+        }
+        self.run_dir.write_json("summary.json", summary)
+        self._emit({"event": "finish", **summary})
+        return summary
+
+    def _final_loss(self) -> float | None:
+        losses = [m["loss"] for m in self.run_dir.metrics() if m.get("loss") is not None]
+        return losses[-1] if losses and not math.isnan(losses[-1]) else None
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        if self.progress is not None:
+            self.progress(event)
