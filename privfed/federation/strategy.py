@@ -73,7 +73,6 @@ class OrchestraStrategy(Strategy):
         self._rng = np.random.default_rng(config.seed)
         self._round_started = 0.0
         self._sampled = 0
-        self.stopped = False
 
     def __repr__(self) -> str:
         return f"OrchestraStrategy(mechanism={self.config.mechanism!r})"
@@ -88,25 +87,27 @@ class OrchestraStrategy(Strategy):
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        if self.stopped:
-            return []
         self._round_started = time.perf_counter()
         wanted = self.config.clients_per_round
         client_manager.wait_for(wanted)
         clients = client_manager.all()
         ids = sorted(clients)
         chosen = [ids[i] for i in sorted(self._rng.choice(len(ids), size=wanted, replace=False))]
-        round_index = self.orchestra_round(server_round)
-        base: dict[str, Scalar] = {
+        self._sampled = len(chosen)
+        ins = self.fit_instructions(server_round, parameters)
+        return [(clients[cid], ins) for cid in chosen]
+
+    def fit_instructions(self, server_round: int, parameters: Parameters) -> FitIns:
+        """The message every sampled client receives (see :mod:`privfed.federation.messages`)."""
+        config: dict[str, Scalar] = {
             "task": "init" if self.server.centroids is None else "train",
-            "round": round_index,
+            "round": self.orchestra_round(server_round),
             "seed": self.config.seed,
             "run_config": self._run_config,
         }
         if self.server.centroids is not None:
-            base["centroids"] = tensor_to_bytes(self.server.centroids)
-        self._sampled = len(chosen)
-        return [(clients[cid], FitIns(parameters, base)) for cid in chosen]
+            config["centroids"] = tensor_to_bytes(self.server.centroids)
+        return FitIns(parameters, config)
 
     def aggregate_fit(
         self,

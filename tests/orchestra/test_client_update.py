@@ -1,0 +1,47 @@
+import torch
+
+from mechanisms import create_mechanism
+from privfed.federation.client_app import local_training_config
+from privfed.federation.client_data import client_images
+from privfed.models import OrchestraNetwork
+from privfed.orchestra.client_update import client_update
+from privfed.orchestra.model_state import shared_keys, shared_state
+
+
+def run(config, centroids, seed=0):
+    torch.manual_seed(0)
+    network = OrchestraNetwork(config.backbone, config.projection_dim)
+    return client_update(
+        OrchestraNetwork(config.backbone, config.projection_dim),
+        shared_state(network),
+        centroids,
+        client_images(config, 0),
+        config=local_training_config(config),
+        mechanism=create_mechanism("kanon"),
+        num_local_centroids=config.num_local_centroids,
+        seed=seed,
+        device=torch.device("cpu"),
+    ), network
+
+
+def test_round_zero_releases_centroids_without_training(tiny_config):
+    update, _ = run(tiny_config, None)
+    assert update.delta is None
+    assert update.release.num_vectors == tiny_config.num_local_centroids
+
+
+def test_training_round_returns_a_delta_for_every_shared_entry(tiny_config):
+    centroids = torch.nn.functional.normalize(torch.randn(8, tiny_config.projection_dim), dim=1)
+    update, network = run(tiny_config, centroids)
+    assert set(update.delta) == set(shared_keys(network))
+    assert any(v.abs().sum() > 0 for v in update.delta.values())
+    assert update.metrics["steps"] >= 1 and update.metrics["loss"] > 0
+    assert update.release.guarantee.k == tiny_config.memory_size // tiny_config.num_local_centroids
+
+
+def test_client_update_is_reproducible_for_a_seed(tiny_config):
+    centroids = torch.nn.functional.normalize(torch.randn(8, tiny_config.projection_dim), dim=1)
+    a, _ = run(tiny_config, centroids, seed=3)
+    b, _ = run(tiny_config, centroids, seed=3)
+    assert torch.equal(a.release.vectors, b.release.vectors)
+    assert all(torch.equal(a.delta[k], b.delta[k]) for k in a.delta)

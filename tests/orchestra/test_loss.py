@@ -1,0 +1,37 @@
+import math
+
+import torch
+import torch.nn.functional as F
+
+from privfed.orchestra.loss import cluster_consistency_loss, rotation_loss
+
+
+def test_cluster_loss_is_cross_entropy_of_soft_assignments():
+    g = torch.Generator().manual_seed(0)
+    t = F.normalize(torch.randn(4, 8, generator=g), dim=1)
+    o = F.normalize(torch.randn(4, 8, generator=g), dim=1)
+    mu = F.normalize(torch.randn(5, 8, generator=g), dim=1)
+    loss = cluster_consistency_loss(t, o, mu, temperature=0.1)
+    p = torch.softmax(t @ mu.T / 0.1, 1)
+    q = torch.softmax(o @ mu.T / 0.1, 1)
+    assert torch.isclose(loss, -(p * q.log()).sum(1).mean(), atol=1e-5)
+
+
+def test_cluster_loss_sends_no_gradient_to_the_target_side():
+    g = torch.Generator().manual_seed(1)
+    t = F.normalize(torch.randn(4, 8, generator=g), dim=1).requires_grad_()
+    o = F.normalize(torch.randn(4, 8, generator=g), dim=1).requires_grad_()
+    mu = F.normalize(torch.randn(5, 8, generator=g), dim=1)
+    cluster_consistency_loss(t, o, mu, 0.1).backward()
+    assert t.grad is None and o.grad is not None
+
+
+def test_cluster_loss_is_minimal_when_views_agree_confidently():
+    mu = torch.eye(4)
+    agree = cluster_consistency_loss(mu, mu, mu, temperature=0.01)
+    disagree = cluster_consistency_loss(mu, mu.roll(1, 0), mu, temperature=0.01)
+    assert agree < 1e-3 < disagree
+
+
+def test_rotation_loss_of_uniform_logits_is_log4():
+    assert math.isclose(float(rotation_loss(torch.zeros(3, 4), torch.tensor([0, 1, 3]))), math.log(4), rel_tol=1e-6)
