@@ -27,7 +27,7 @@ TRAIN_FRACTION = 0.8
 Split = Literal["train", "test", "all"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays have no single truth value: compare by identity
 class ImageArrays:
     """A labelled image dataset held as numpy arrays.
 

@@ -34,7 +34,7 @@ _RGB_TO_YIQ = _RGB_TO_YIQ64.to(torch.float32)
 _YIQ_TO_RGB = torch.linalg.inv(_RGB_TO_YIQ64).to(torch.float32)
 
 
-@dataclass
+@dataclass(eq=False)
 class OrchestraViews:
     """The three views Orchestra trains on (DESIGN §4), already normalised.
 

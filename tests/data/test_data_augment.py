@@ -169,3 +169,13 @@ def test_orchestra_view3_rotated_back_is_upright():
         upright = torch.rot90(view, -turns, dims=(-2, -1))[0]
         assert upright[-1].mean() > upright[0].mean() + 0.1
         torch.testing.assert_close(upright[:, 0], upright[:, -1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_views_stay_on_the_gpu(images_uint8):
+    x = images_uint8.cuda()
+    views = orchestra_views(x, generator=torch.Generator(device="cuda").manual_seed(0))
+    for tensor in (views.view1, views.view2, views.view3, views.rotation_labels):
+        assert tensor.is_cuda
+    with pytest.raises(ValueError, match=r"torch\.Generator"):
+        orchestra_views(x, generator=_gen())
