@@ -98,6 +98,9 @@ def train(
 
         resolved = resolved.replace(out=str(default_run_dir(resolved)))
     from privfed.federation.simulation import simulate
+    from privfed.training import preflight
+
+    preflight(resolved)
 
     typer.echo(
         f"privfed: Orchestra on {resolved.dataset}, {resolved.num_clients} clients "

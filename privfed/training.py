@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,7 +19,7 @@ import torch
 
 from mechanisms import get_mechanism_class
 from privfed.config import TrainConfig
-from privfed.data import dirichlet_partition, heterogeneity_stats, load_dataset
+from privfed.data import ImageArrays, dirichlet_partition, heterogeneity_stats, load_dataset
 from privfed.device import resolve_device
 from privfed.evaluation.monitor import KnnMonitor
 from privfed.federation.strategy import OrchestraStrategy, RoundReport
@@ -29,11 +30,27 @@ from privfed.runs import RunDirectory
 ProgressCallback = Callable[[dict[str, Any]], None]
 
 
+@lru_cache(maxsize=4)
+def _cached_dataset(spec: str, split: str, data_dir: str, download: bool) -> ImageArrays:
+    return load_dataset(spec, split=split, data_dir=Path(data_dir), download=download)  # type: ignore[arg-type]
+
+
+def run_datasets(config: TrainConfig) -> tuple[ImageArrays, ImageArrays]:
+    """The run's training data and the kNN monitor's test data (cached per process)."""
+    train = _cached_dataset(config.dataset, "train", config.data_dir, config.download)
+    test = _cached_dataset(config.test_dataset or config.dataset, "test", config.data_dir, config.download)
+    return train, test
+
+
+def preflight(config: TrainConfig) -> None:
+    """Fails fast, before any runtime starts, on data the run cannot use."""
+    train, _ = run_datasets(config)
+    dirichlet_partition(train.labels, num_clients=config.num_clients, alpha=config.alpha, seed=config.seed)
+
+
 def build_monitor(config: TrainConfig, device: torch.device) -> KnnMonitor:
     """kNN monitor: the run's training images as reference, its test split as queries."""
-    data_dir = Path(config.data_dir)
-    train = load_dataset(config.dataset, split="train", data_dir=data_dir, download=config.download)
-    test = load_dataset(config.test_dataset or config.dataset, split="test", data_dir=data_dir, download=config.download)
+    train, test = run_datasets(config)
     return KnnMonitor(
         train_images=train.to_tensor(),
         train_labels=torch.as_tensor(train.labels),

@@ -2,8 +2,10 @@
 
 privfed must run with no network and no data files, so it ships a synthetic
 dataset. It is built so that *shape* is the only class signal: foreground and
-background colours are drawn independently of the class, and position, scale
-and rotation vary. A randomly initialised CNN is dominated by colour and does
+background colours are drawn independently of the class, and position and
+scale vary. Every shape is upright (tilted by at most 15 degrees) and none is
+symmetric under a quarter turn, so Orchestra's rotation-prediction task is
+learnable here, as it is on natural images. A randomly initialised CNN is dominated by colour and does
 poorly on it, while an encoder trained with colour-jitter and crop
 augmentations (as Orchestra does) learns the shapes, so the dataset shows
 whether self-supervised training actually learned something.
@@ -19,16 +21,16 @@ import numpy as np
 from privfed.data.arrays import ImageArrays
 
 SHAPE_CLASSES: tuple[str, ...] = (
-    "disc",
-    "square",
     "triangle",
-    "ring",
-    "plus",
-    "star",
-    "horizontal_stripes",
-    "vertical_stripes",
-    "diagonal_stripes",
-    "checkerboard",
+    "arrow",
+    "letter_t",
+    "letter_l",
+    "house",
+    "dome",
+    "cup",
+    "tree",
+    "cross",
+    "flag",
 )
 IMAGE_SIZE = 32
 _SUPERSAMPLE = 2  # _box_downsample assumes 2
@@ -66,21 +68,16 @@ def _draw_params(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
     """Draw every per-image random parameter up front (fixed order = determinism)."""
     scale = rng.uniform(7.0, 13.0, n)  # object radius in pixels
     margin = 0.6 * scale
-    background = rng.uniform(0.0, 1.0, (n, 3))
-    # Foreground = background shifted by 0.25–0.75 per channel (mod 1): it is
-    # still uniformly distributed and independent of the class, but always
-    # contrasts with the background in every channel. The offset law is
-    # symmetric about 0.5, so foreground and background are exchangeable.
-    foreground = np.mod(background + rng.uniform(0.25, 0.75, (n, 3)), 1.0)
+    # Colours are independent of the class. Objects are lighter than their
+    # background (as a lit object on a darker scene) so that a small CNN can
+    # pick up the silhouettes from a few thousand images.
+    background = rng.uniform(0.0, 0.4, (n, 3))
+    foreground = rng.uniform(0.6, 1.0, (n, 3))
     return {
         "cx": rng.uniform(margin, IMAGE_SIZE - margin),
         "cy": rng.uniform(margin, IMAGE_SIZE - margin),
         "scale": scale,
-        "angle": rng.uniform(0.0, 2 * np.pi, n),
-        "jitter": rng.uniform(-np.pi / 18, np.pi / 18, n),  # ±10° for oriented textures
-        "diag_sign": np.where(rng.random(n) < 0.5, 1.0, -1.0),
-        "period": rng.uniform(5.0, 9.0, n),  # stripe / checker period in pixels
-        "phase": rng.uniform(0.0, 1.0, n),
+        "angle": rng.uniform(-np.pi / 12, np.pi / 12, n),  # upright, ±15°
         "background": background,
         "foreground": foreground,
         "gradient": rng.uniform(-0.15, 0.15, (n, 2)),
@@ -93,13 +90,8 @@ def _render_mask(cls: int, p: dict[str, np.ndarray]) -> np.ndarray:
     coords = (np.arange(size, dtype=np.float32) + 0.5) / _SUPERSAMPLE
     gx = coords[None, None, :]
     gy = coords[None, :, None]
-    name = SHAPE_CLASSES[cls]
-    if name.endswith("stripes") or name == "checkerboard":
-        mask = _texture_mask(name, gx, gy, p)
-    else:
-        u, v = _local_coords(gx, gy, p)
-        mask = _SHAPE_MASKS[name](u, v)
-    return _box_downsample(mask)
+    u, v = _local_coords(gx, gy, p)
+    return _box_downsample(_SHAPE_MASKS[SHAPE_CLASSES[cls]](u, v))
 
 
 def _box_downsample(mask: np.ndarray) -> np.ndarray:
@@ -119,71 +111,78 @@ def _local_coords(
     return (cos * dx + sin * dy) * inv, (cos * dy - sin * dx) * inv
 
 
-def _disc(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    return u * u + v * v <= 0.85**2
-
-
-def _square(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    return np.maximum(np.abs(u), np.abs(v)) <= 0.72
+# Masks in each object's unit frame: u points right, v points *down*, the
+# object fills roughly [-1, 1]^2 and "up" is negative v.
 
 
 def _triangle(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    # Equilateral triangle with circumradius 1: three half-planes at 120°.
-    inside = np.ones(u.shape, dtype=bool)
-    for k in range(3):
-        theta = -np.pi / 2 + 2 * np.pi * k / 3
-        inside &= u * np.cos(theta) + v * np.sin(theta) <= 0.5
-    return inside
+    return (v >= -0.95) & (v <= 0.7) & (np.abs(u) <= 0.55 * (v + 0.95))
 
 
-def _ring(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    r2 = u * u + v * v
-    return (r2 <= 1.0) & (r2 >= 0.55**2)
+def _arrow(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    head = (v >= -0.95) & (v <= -0.1) & (np.abs(u) <= 1.0 * (v + 0.95))
+    shaft = (np.abs(u) <= 0.22) & (v > -0.1) & (v <= 0.95)
+    return head | shaft
 
 
-def _plus(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    au, av = np.abs(u), np.abs(v)
-    return ((au <= 0.28) & (av <= 1.0)) | ((av <= 0.28) & (au <= 1.0))
+def _letter_t(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    bar = (v >= -0.9) & (v <= -0.5) & (np.abs(u) <= 0.85)
+    stem = (np.abs(u) <= 0.22) & (v > -0.5) & (v <= 0.9)
+    return bar | stem
 
 
-def _star(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    # Five-pointed star: radius oscillates between 0.4 (notches) and 1 (tips).
-    phi = np.arctan2(v, u)
-    t = np.mod(phi * (5 / (2 * np.pi)), 1.0)
-    radius = 0.4 + 0.6 * np.abs(2 * t - 1)
-    return u * u + v * v <= radius * radius
+def _letter_l(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    upright = (u >= -0.7) & (u <= -0.3) & (np.abs(v) <= 0.9)
+    foot = (v >= 0.5) & (v <= 0.9) & (u >= -0.7) & (u <= 0.7)
+    return upright | foot
+
+
+def _house(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    body = (np.abs(u) <= 0.6) & (v >= 0.0) & (v <= 0.9)
+    roof = (v >= -0.9) & (v < 0.0) & (np.abs(u) <= 0.9 * (v + 0.9) / 0.9)
+    return body | roof
+
+
+def _dome(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    return (u * u + (v - 0.45) ** 2 <= 0.95**2) & (v <= 0.45)
+
+
+def _cup(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    outer = (np.abs(u) <= 0.8) & (np.abs(v) <= 0.8)
+    inner = (np.abs(u) <= 0.42) & (v < 0.42)
+    return outer & ~inner
+
+
+def _tree(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    crown = u * u + (v + 0.35) ** 2 <= 0.62**2
+    trunk = (np.abs(u) <= 0.16) & (v >= 0.2) & (v <= 0.95)
+    return crown | trunk
+
+
+def _cross(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    upright = (np.abs(u) <= 0.18) & (np.abs(v) <= 0.95)
+    beam = (v >= -0.55) & (v <= -0.22) & (np.abs(u) <= 0.65)
+    return upright | beam
+
+
+def _flag(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    pole = (u >= -0.75) & (u <= -0.52) & (np.abs(v) <= 0.95)
+    cloth = (u > -0.52) & (u <= 0.75) & (v >= -0.95) & (v <= -0.15)
+    return pole | cloth
 
 
 _SHAPE_MASKS = {
-    "disc": _disc,
-    "square": _square,
     "triangle": _triangle,
-    "ring": _ring,
-    "plus": _plus,
-    "star": _star,
+    "arrow": _arrow,
+    "letter_t": _letter_t,
+    "letter_l": _letter_l,
+    "house": _house,
+    "dome": _dome,
+    "cup": _cup,
+    "tree": _tree,
+    "cross": _cross,
+    "flag": _flag,
 }
-
-
-def _texture_mask(
-    name: str, gx: np.ndarray, gy: np.ndarray, p: dict[str, np.ndarray]
-) -> np.ndarray:
-    """Whole-image periodic patterns; orientation is what tells stripes apart."""
-    col = lambda a: a.astype(np.float32)[:, None, None]  # noqa: E731
-    if name == "horizontal_stripes":
-        angle = col(np.pi / 2 + p["jitter"])
-    elif name == "vertical_stripes":
-        angle = col(p["jitter"])
-    elif name == "diagonal_stripes":
-        angle = col(p["diag_sign"] * np.pi / 4 + p["jitter"])
-    else:
-        angle = col(p["angle"])
-    along = np.cos(angle) * gx + np.sin(angle) * gy
-    period, phase = col(p["period"]), col(p["phase"])
-    stripe = np.mod(along / period + phase, 1.0) < 0.5
-    if name != "checkerboard":
-        return stripe
-    across = np.cos(angle) * gy - np.sin(angle) * gx
-    return stripe ^ (np.mod(across / period + phase, 1.0) < 0.5)
 
 
 def _composite(alpha: np.ndarray, p: dict[str, np.ndarray], rng: np.random.Generator) -> np.ndarray:

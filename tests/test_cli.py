@@ -1,0 +1,112 @@
+"""The CLI's contract for bad input: one line naming the problem, non-zero exit, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+def privfed(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "privfed.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+def assert_user_error(result: subprocess.CompletedProcess, *needles: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr + result.stdout
+    message = result.stderr.strip()
+    assert message, result.stdout
+    for needle in needles:
+        assert needle in message, message
+
+
+def write_npz(path: Path, **arrays: np.ndarray) -> str:
+    np.savez(path, **arrays)
+    return f"arrays:{path}"
+
+
+@pytest.fixture
+def images() -> np.ndarray:
+    return np.random.default_rng(0).integers(0, 255, size=(20, 8, 8, 3), dtype=np.uint8)
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["--dataset", "imagenet"], ["imagenet"]),
+        (["--method", "fedprox"], ["unknown method", "fedprox"]),
+        (["--mechanism", "magic"], ["unknown mechanism", "magic"]),
+        (["--alpha", "0"], ["alpha"]),
+        (["--alpha", "-1"], ["alpha"]),
+        (["--participation", "0"], ["participation"]),
+        (["--participation", "1.5"], ["participation"]),
+        (["--config", "no/such/file.toml"], ["config file not found"]),
+        (["--dataset", "shapes:50", "--num-clients", "60", "-G", "8"], ["clients"]),
+        (["--device", "tpu"], ["device"]),
+    ],
+)
+def test_train_rejects_bad_input(args, needles):
+    assert_user_error(privfed("train", *args), *needles)
+
+
+def test_npz_without_labels(tmp_path, images):
+    spec = write_npz(tmp_path / "nolabels.npz", x=images)
+    assert_user_error(privfed("train", "--dataset", spec), "y")
+
+
+def test_npz_without_images(tmp_path):
+    spec = write_npz(tmp_path / "noimages.npz", y=np.zeros(5, dtype=np.int64))
+    assert_user_error(privfed("train", "--dataset", spec), "x")
+
+
+def test_npz_with_mismatched_lengths(tmp_path, images):
+    spec = write_npz(tmp_path / "mismatch.npz", x=images, y=np.zeros(19, dtype=np.int64))
+    assert_user_error(privfed("train", "--dataset", spec), "20", "19")
+
+
+def test_config_file_with_unknown_key(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text('dataset = "shapes"\nlearning_rate = 0.1\n')
+    assert_user_error(privfed("train", "--config", str(config)), "learning_rate")
+
+
+def test_cifar_without_download_names_the_missing_directory(tmp_path):
+    result = privfed("train", "--dataset", "cifar10", "--data-dir", str(tmp_path / "nowhere"))
+    assert_user_error(result, "nowhere", "--download")
+
+
+def test_evaluate_rejects_a_missing_run_directory(tmp_path):
+    result = privfed("evaluate", str(tmp_path / "missing"), "--train-data", "shapes", "--test-data", "shapes")
+    assert_user_error(result, "missing")
+
+
+def test_evaluate_rejects_an_unknown_protocol(tmp_path):
+    result = privfed(
+        "evaluate", str(tmp_path), "--train-data", "shapes", "--test-data", "shapes", "--protocol", "svm"
+    )
+    assert_user_error(result, "svm")
+
+
+def test_train_help_documents_every_option():
+    from privfed.config import TrainConfig
+    import dataclasses
+
+    result = privfed("train", "--help")
+    assert result.returncode == 0
+    for field in dataclasses.fields(TrainConfig):
+        assert "--" + field.name.replace("_", "-") in result.stdout, field.name
+
+
+def test_mechanisms_lists_kanon():
+    result = privfed("mechanisms")
+    assert result.returncode == 0
+    assert "kanon" in result.stdout
