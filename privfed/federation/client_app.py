@@ -61,11 +61,17 @@ def client_seed(run_seed: int, round_index: int, client_id: int) -> int:
 class OrchestraClient(Client):
     """Answers the server's fit instructions for one data partition."""
 
-    def __init__(self, client_id: int) -> None:
+    def __init__(self, client_id: int, num_partitions: int | None = None) -> None:
         self.client_id = client_id
+        self.num_partitions = num_partitions
 
     def fit(self, ins: FitIns) -> FitRes:
         config = TrainConfig(**json.loads(str(ins.config["run_config"])))
+        if self.num_partitions is not None and self.num_partitions != config.num_clients:
+            raise ValueError(
+                f"this federation has {self.num_partitions} partitions but the run expects "
+                f"num_clients={config.num_clients}; start as many SuperNodes as clients"
+            )
         torch.set_num_threads(max(1, int(config.client_cpus)))
         network = OrchestraNetwork(config.backbone, config.projection_dim)
         keys = shared_keys(network)
@@ -94,7 +100,8 @@ class OrchestraClient(Client):
 
 def client_fn(context: Context) -> Client:
     """Builds the client for this node's partition (``partition-id`` in the node config)."""
-    return OrchestraClient(int(context.node_config["partition-id"]))
+    node = context.node_config
+    return OrchestraClient(int(node["partition-id"]), int(node["num-partitions"]))
 
 
 app = ClientApp(client_fn=client_fn)

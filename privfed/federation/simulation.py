@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import Any
 
 from flwr.simulation import run_simulation
@@ -21,8 +22,12 @@ def simulate(config: TrainConfig, progress: ProgressCallback | None = None, *, v
         Whatever the ServerApp raised, re-raised in this process.
     """
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     if not verbose:
-        logging.getLogger("flwr").setLevel(logging.WARNING)
+        # Flower 1.41 marks run_simulation deprecated (in favour of `flwr run`, which
+        # privfed also supports); the notice is noise for `privfed train` users.
+        logging.getLogger("flwr").setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore", category=FutureWarning, module="ray")
     outcome: dict[str, Any] = {}
     resources: dict[str, Any] = {"num_cpus": config.client_cpus, "num_gpus": config.client_gpus}
     run_simulation(
