@@ -17,7 +17,6 @@ from typing import Any, Callable
 
 import torch
 
-from mechanisms import get_mechanism_class
 from privfed.config import TrainConfig
 from privfed.data import ImageArrays, dirichlet_partition, heterogeneity_stats, load_dataset
 from privfed.device import resolve_device
@@ -76,7 +75,6 @@ class TrainingRun:
         self.device = resolve_device(config.device)
         self._start = time.perf_counter()
         self._last_knn: float | None = None
-        self._min_k: int | None = None
         self._rounds_done = 0
 
     def start(self) -> OrchestraStrategy:
@@ -112,7 +110,6 @@ class TrainingRun:
             record[key] = _mean([m[key] for m in report.client_metrics if key in m])
         if "min_k" in record:
             record["min_k"] = int(record["min_k"])
-            self._min_k = record["min_k"] if self._min_k is None else min(self._min_k, record["min_k"])
         due = report.round > 0 and (report.round % config.eval_every == 0 or report.round == config.rounds)
         if due:
             self._last_knn = self.monitor(self.server.network.online.backbone)
@@ -128,16 +125,13 @@ class TrainingRun:
         self.run_dir.save_checkpoint("final", self.server.network, self.server.centroids, self._rounds_done)
         if self._last_knn is None or self._rounds_done == 0:
             self._last_knn = self.monitor(self.server.network.online.backbone)
-        mechanism_cls = get_mechanism_class(config.mechanism)
-        guarantee = mechanism_cls().guarantee(num_reps=config.memory_size, num_centroids=config.num_local_centroids)
-        if self._min_k is not None:
-            guarantee = type(guarantee)(**{**guarantee.to_dict(), "k": self._min_k})
+        guarantee = self.server.weakest_guarantee
         summary = {
             "knn_accuracy": self._last_knn,
             "knn_accuracy_init": self.knn_init,
             "rounds": self._rounds_done,
             "wall_seconds": time.perf_counter() - self._start,
-            "mechanism": {"name": config.mechanism, "guarantee": guarantee.to_dict()},
+            "mechanism": {"name": config.mechanism, "guarantee": None if guarantee is None else guarantee.to_dict()},
             "heterogeneity": vars(self.heterogeneity),
             "final_loss": self._final_loss(),
             "run_dir": str(self.run_dir.path),
