@@ -117,3 +117,10 @@ class Mechanism(abc.ABC):
     @abc.abstractmethod
     def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
         """The guarantee a release of ``num_reps`` representations would carry."""
+
+    def observe_global_centroids(self, centroids: torch.Tensor) -> None:
+        """Sees the public global centroids before a release (no-op by default).
+
+        Lets a mechanism use public, data-independent context, such as a
+        hashing centre, without widening :meth:`release`.
+        """

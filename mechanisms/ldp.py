@@ -471,6 +471,10 @@ class LshCoresetMechanism(Mechanism):
                 split=budget_split or BudgetSplit(),
             )
 
+    def observe_global_centroids(self, centroids: torch.Tensor) -> None:
+        """SimHash centre ``c`` = mean of last round's (public) global centroids."""
+        self.center = centroids.detach().double().mean(dim=0).cpu()
+
     @property
     def tree_levels(self) -> int:
         return self.max_depth + 1

@@ -46,8 +46,12 @@ def _print_progress(event: dict[str, Any]) -> None:
             parts.append(f"loss {event['loss']:.4f}")
         if event.get("knn_accuracy") is not None:
             parts.append(f"kNN {event['knn_accuracy']:.4f}")
+        if event.get("privacy_epsilon") is not None:
+            parts.append(f"eps {event['privacy_epsilon']:.3f}")
         parts.append(f"{event['round_seconds']:.1f}s")
         typer.echo("  ".join(parts))
+    elif kind == "stop":
+        typer.echo(f"stopping: {event['reason']}")
     elif kind == "finish":
         typer.echo(
             f"done: kNN accuracy {event['knn_accuracy']:.4f} (untrained {event['knn_accuracy_init']:.4f}) "
@@ -79,7 +83,10 @@ def train(
     memory_size: Optional[int] = typer.Option(None, help=_help("Target representations each client keeps (and clusters).", "memory_size")),
     num_local_centroids: Optional[int] = typer.Option(None, "--num-local-centroids", "-L", help=_help("Local centroids L released per client.", "num_local_centroids")),
     num_global_centroids: Optional[int] = typer.Option(None, "--num-global-centroids", "-G", help=_help("Global centroids G.", "num_global_centroids")),
-    mechanism: Optional[str] = typer.Option(None, help=_help("Release mechanism (see `privfed mechanisms`).", "mechanism")),
+    mechanism: Optional[str] = typer.Option(None, help=_help("Release mechanism: kanon, ldp, reps (see `privfed mechanisms`).", "mechanism")),
+    epsilon: Optional[float] = typer.Option(None, help="ldp: total epsilon ONE client may spend over the whole run (all its releases composed with the PLD accountant; every release is calibrated for the worst case of rounds+1 participations)."),
+    delta: Optional[float] = typer.Option(None, help="ldp: delta of that budget. [default: 1/(10 n) for the largest client's n samples, so below 1/n for every client]"),
+    epsilon_per_release: Optional[float] = typer.Option(None, help="ldp: fix the epsilon of each single release instead; with --epsilon too, a run whose releases would exceed it is refused."),
     seed: Optional[int] = typer.Option(None, help=_help("Seed for partition, model init, sampling and augmentation.", "seed")),
     device: Optional[str] = typer.Option(None, help=_help("auto, cpu or cuda.", "device")),
     out: Optional[str] = typer.Option(None, help="Run directory. [default: runs/<time>-<method>-<mechanism>-seed<seed>]"),
@@ -100,12 +107,17 @@ def train(
     from privfed.federation.simulation import simulate
     from privfed.training import preflight
 
-    preflight(resolved)
+    plan = preflight(resolved)
 
     typer.echo(
         f"privfed: Orchestra on {resolved.dataset}, {resolved.num_clients} clients "
         f"({resolved.clients_per_round} per round), {resolved.rounds} rounds, mechanism {resolved.mechanism}"
     )
+    if plan.is_dp:
+        typer.echo(
+            f"privacy: each client's releases compose to at most epsilon {plan.planned_epsilon:.3f} "
+            f"(delta {plan.delta:.2g}) over {plan.max_releases} possible releases"
+        )
     simulate(resolved, _print_progress, verbose=verbose)
 
 

@@ -47,8 +47,11 @@ class TrainConfig:
     memory_size: int = 128
     num_local_centroids: int = 8
     num_global_centroids: int = 16
-    # release mechanism
+    # release mechanism and privacy budget
     mechanism: str = "kanon"
+    epsilon: float | None = None
+    delta: float | None = None
+    epsilon_per_release: float | None = None
     # run
     seed: int = 0
     device: str = "auto"
@@ -145,6 +148,12 @@ def validate(config: TrainConfig) -> None:
         get_mechanism_class(config.mechanism)
     except UnknownMechanismError as err:
         raise PrivfedError(str(err)) from None
+    for name in ("epsilon", "epsilon_per_release"):
+        value = getattr(config, name)
+        if value is not None and value <= 0:
+            raise PrivfedError(f"{name} must be > 0, got {value}")
+    if config.delta is not None and not 0 < config.delta < 1:
+        raise PrivfedError(f"delta must be in (0, 1), got {config.delta}")
     if config.device not in DEVICES:
         raise PrivfedError(f"unknown device {config.device!r} (choose from {', '.join(DEVICES)})")
     if config.num_local_centroids > config.memory_size:

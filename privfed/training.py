@@ -24,6 +24,8 @@ from privfed.evaluation.monitor import KnnMonitor
 from privfed.federation.strategy import OrchestraStrategy, RoundReport
 from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.server import OrchestraServer
+from privfed.privacy import PrivacyLedger, PrivacyPlan, plan_privacy
+from privfed.privacy.ledger import LedgerEntry
 from privfed.runs import RunDirectory
 
 ProgressCallback = Callable[[dict[str, Any]], None]
@@ -41,10 +43,14 @@ def run_datasets(config: TrainConfig) -> tuple[ImageArrays, ImageArrays]:
     return train, test
 
 
-def preflight(config: TrainConfig) -> None:
-    """Fails fast, before any runtime starts, on data the run cannot use."""
+def client_partition(config: TrainConfig) -> list:
     train, _ = run_datasets(config)
-    dirichlet_partition(train.labels, num_clients=config.num_clients, alpha=config.alpha, seed=config.seed)
+    return dirichlet_partition(train.labels, num_clients=config.num_clients, alpha=config.alpha, seed=config.seed)
+
+
+def preflight(config: TrainConfig) -> PrivacyPlan:
+    """Fails fast, before any runtime starts, on data or a budget the run cannot use."""
+    return plan_privacy(config, [len(p) for p in client_partition(config)])
 
 
 def build_monitor(config: TrainConfig, device: torch.device) -> KnnMonitor:
@@ -78,13 +84,18 @@ class TrainingRun:
         self._rounds_done = 0
 
     def start(self) -> OrchestraStrategy:
-        """Creates the run directory, the initial model and its evaluation."""
-        config = self.config
+        """Plans the privacy budget, creates the run directory, the initial model and its evaluation."""
+        parts = client_partition(self.config)
+        self.plan = plan_privacy(self.config, [len(p) for p in parts])
+        self.config = config = self.config.replace(delta=self.plan.delta)  # record the delta in force
         self.run_dir.create(config)
-        self.monitor = build_monitor(config, self.device)
-        parts = dirichlet_partition(
-            self.monitor.train_labels.numpy(), num_clients=config.num_clients, alpha=config.alpha, seed=config.seed
+        self.ledger = PrivacyLedger(
+            mechanism=config.mechanism,
+            delta=self.plan.delta,
+            reference_epsilon=config.epsilon or config.epsilon_per_release or 1.0,
+            path=self.run_dir.path / "ledger.jsonl",
         )
+        self.monitor = build_monitor(config, self.device)
         self.heterogeneity = heterogeneity_stats(self.monitor.train_labels.numpy(), parts)
         torch.manual_seed(config.seed)
         network = OrchestraNetwork(config.backbone, config.projection_dim)
@@ -92,7 +103,8 @@ class TrainingRun:
         self.run_dir.save_checkpoint("initial", network, None, round_index=0)
         self.server = OrchestraServer(network, num_global_centroids=config.num_global_centroids, seed=config.seed)
         self._emit({"event": "start", "knn_accuracy_init": self.knn_init, "rounds": config.rounds})
-        return OrchestraStrategy(self.server, config, self.on_round_end)
+        self.strategy = OrchestraStrategy(self.server, config, self.on_round_end, mechanism_params=self.plan.params)
+        return self.strategy
 
     def on_round_end(self, report: RoundReport) -> None:
         """Logs a finished round; evaluates when due."""
@@ -110,6 +122,12 @@ class TrainingRun:
             record[key] = _mean([m[key] for m in report.client_metrics if key in m])
         if "min_k" in record:
             record["min_k"] = int(record["min_k"])
+        for client, release in report.releases:
+            self.ledger.record(LedgerEntry(client, report.round, self.config.mechanism, release.guarantee, release.events))
+        if self.ledger.is_dp:
+            worst_client, spent = self.ledger.worst_case()
+            record.update(privacy_epsilon=spent, privacy_delta=self.ledger.delta, privacy_worst_client=worst_client)
+            self._stop_if_budget_runs_out(report.round)
         due = report.round > 0 and (report.round % config.eval_every == 0 or report.round == config.rounds)
         if due:
             self._last_knn = self.monitor(self.server.network.online.backbone)
@@ -119,19 +137,61 @@ class TrainingRun:
         self._rounds_done = report.round
         self._emit({"event": "round", **record})
 
+    def _stop_if_budget_runs_out(self, round_index: int) -> None:
+        """Stops before the round whose releases could take a client past its budget."""
+        if self.plan.budget is None or round_index >= self.config.rounds:
+            return
+        projected = self.ledger.worst_case_after(self.plan.per_release_events)
+        if projected > self.plan.budget:
+            self.strategy.stop(
+                f"privacy budget: another release would bring a client to epsilon {projected:.3f} "
+                f"> {self.plan.budget} (delta {self.plan.delta:.2g}); stopped after round {round_index}"
+            )
+            self._emit({"event": "stop", "reason": self.strategy.stop_reason})
+
+    def privacy_summary(self) -> dict[str, Any]:
+        """The ``privacy`` object of ``summary.json``: what the worst-off client is guaranteed."""
+        mechanism = self.config.mechanism
+        if self.ledger.is_dp:
+            client, spent = self.ledger.worst_case()
+            return {
+                "mechanism": mechanism,
+                "epsilon": spent,
+                "delta": self.ledger.delta,
+                "k": None,
+                "worst_case_client": client,
+                "budget": self.plan.budget,
+                "statement": (
+                    f"Every client's released centroids over the whole run are ({spent:.3g}, {self.ledger.delta:.2g})-"
+                    "differentially private with respect to one of its representations (PLD accountant, no "
+                    "subsampling amplification). Encoder updates are not covered."
+                ),
+            }
+        k = self.ledger.min_k
+        if k is not None:
+            statement = (
+                f"Every released centroid is the mean of at least {k} of a client's representations "
+                "(k-anonymity, not differential privacy). Encoder updates are not covered."
+            )
+        else:
+            statement = "No guarantee: clients release their representations in the clear."
+        return {"mechanism": mechanism, "epsilon": None, "delta": None, "k": k, "statement": statement}
+
     def finish(self) -> dict[str, Any]:
         """Final checkpoint and ``summary.json``."""
         config = self.config
         self.run_dir.save_checkpoint("final", self.server.network, self.server.centroids, self._rounds_done)
         if self._last_knn is None or self._rounds_done == 0:
             self._last_knn = self.monitor(self.server.network.online.backbone)
-        guarantee = self.server.weakest_guarantee
+        privacy = self.privacy_summary()
         summary = {
             "knn_accuracy": self._last_knn,
             "knn_accuracy_init": self.knn_init,
             "rounds": self._rounds_done,
             "wall_seconds": time.perf_counter() - self._start,
-            "mechanism": {"name": config.mechanism, "guarantee": None if guarantee is None else guarantee.to_dict()},
+            "mechanism": {"name": config.mechanism, "guarantee": privacy["statement"], "params": self.plan.params},
+            "privacy": privacy,
+            "stopped_early": self.strategy.stop_reason,
             "heterogeneity": vars(self.heterogeneity),
             "final_loss": self._final_loss(),
             "run_dir": str(self.run_dir.path),

@@ -78,13 +78,16 @@ class OrchestraClient(Client):
         global_state = arrays_to_state(parameters_to_ndarrays(ins.parameters), keys)
         task = str(ins.config["task"])
         centroids = bytes_to_tensor(ins.config["centroids"]) if task == "train" else None
+        mechanism = create_mechanism(config.mechanism, **json.loads(str(ins.config["mechanism_params"])))
+        if centroids is not None:
+            mechanism.observe_global_centroids(centroids)
         update = client_update(
             network,
             global_state,
             centroids,
             client_images(config, self.client_id),
             config=local_training_config(config),
-            mechanism=create_mechanism(config.mechanism),
+            mechanism=mechanism,
             num_local_centroids=config.num_local_centroids,
             seed=client_seed(int(ins.config["seed"]), int(ins.config["round"]), self.client_id),
             device=resolve_device(config.device),

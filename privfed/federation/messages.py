@@ -4,15 +4,17 @@ Server -> client (``FitIns``):
     parameters  the travelling network state, one array per key of
                 :func:`privfed.orchestra.model_state.shared_keys`
     config      ``task`` ("init" or "train"), ``round``, ``seed``,
-                ``centroids`` (bytes, absent in round 0) and ``run_config``
-                (the run's configuration as JSON)
+                ``centroids`` (bytes, absent in round 0), ``run_config``
+                (the run's configuration as JSON) and ``mechanism_params``
+                (JSON keyword arguments of the release mechanism, calibrated
+                once by the server from the run's privacy budget)
 
 Client -> server (``FitRes``):
     parameters  the client's model delta, same keys (empty in round 0);
                 under secure aggregation only their sum reaches the strategy
     metrics     training metrics plus the mechanism's release:
-                ``release_vectors``/``release_weights`` (bytes) and
-                ``release_guarantee`` (JSON). These are not summed: the
+                ``release_vectors``/``release_weights`` (bytes),
+                ``release_guarantee`` and ``release_events`` (JSON). These are not summed: the
                 server needs every client's release separately.
 """
 
@@ -25,10 +27,10 @@ import numpy as np
 import torch
 from flwr.common import Scalar, bytes_to_ndarray, ndarray_to_bytes
 
-from mechanisms.base import Guarantee, Release
+from mechanisms.base import Guarantee, PrivacyEvent, Release
 from privfed.orchestra.model_state import StateDict
 
-RELEASE_KEYS = ("release_vectors", "release_weights", "release_guarantee")
+RELEASE_KEYS = ("release_vectors", "release_weights", "release_guarantee", "release_events")
 
 
 def state_to_arrays(state: StateDict, keys: list[str]) -> list[np.ndarray]:
@@ -50,11 +52,12 @@ def bytes_to_tensor(data: bytes) -> torch.Tensor:
 
 
 def encode_release(release: Release) -> dict[str, Scalar]:
-    """Release -> FitRes metrics entries (privacy events join in the ledger's issue)."""
+    """Release -> FitRes metrics entries (single values: Flower's records hold no lists here)."""
     return {
         "release_vectors": tensor_to_bytes(release.vectors.float()),
         "release_weights": tensor_to_bytes(release.weights.float()),
         "release_guarantee": json.dumps(release.guarantee.to_dict()),
+        "release_events": json.dumps([{"name": e.name, "params": e.params} for e in release.events]),
     }
 
 
@@ -66,6 +69,7 @@ def decode_release(metrics: dict[str, Any]) -> Release:
         vectors=bytes_to_tensor(metrics["release_vectors"]),
         weights=bytes_to_tensor(metrics["release_weights"]),
         guarantee=Guarantee(**json.loads(metrics["release_guarantee"])),
+        events=tuple(PrivacyEvent(e["name"], e["params"]) for e in json.loads(metrics["release_events"])),
     )
 
 

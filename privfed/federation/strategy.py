@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from flwr.common import (
@@ -31,6 +31,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from mechanisms.base import Release
 from privfed.config import TrainConfig
 from privfed.federation.messages import (
     arrays_to_state,
@@ -54,6 +55,7 @@ class RoundReport:
     seconds: float
     server_stats: dict[str, float]
     client_metrics: list[dict[str, float]] = field(default_factory=list)
+    releases: list[tuple[int, Release]] = field(default_factory=list)
 
 
 class OrchestraStrategy(Strategy):
@@ -64,12 +66,16 @@ class OrchestraStrategy(Strategy):
         server: OrchestraServer,
         config: TrainConfig,
         on_round_end: Callable[[RoundReport], None],
+        *,
+        mechanism_params: dict[str, Any] | None = None,
     ) -> None:
         self.server = server
         self.config = config
         self.on_round_end = on_round_end
         self._keys = shared_keys(server.network)
         self._run_config = json.dumps(config.to_dict())
+        self._mechanism_params = json.dumps(mechanism_params or {})
+        self.stop_reason: str | None = None
         self._rng = np.random.default_rng(config.seed)
         self._round_started = 0.0
         self._sampled = 0
@@ -87,6 +93,8 @@ class OrchestraStrategy(Strategy):
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
+        if self.stop_reason is not None:
+            return []  # DefaultWorkflow skips the remaining rounds
         self._round_started = time.perf_counter()
         wanted = self.config.clients_per_round
         client_manager.wait_for(wanted)
@@ -104,6 +112,7 @@ class OrchestraStrategy(Strategy):
             "round": self.orchestra_round(server_round),
             "seed": self.config.seed,
             "run_config": self._run_config,
+            "mechanism_params": self._mechanism_params,
         }
         if self.server.centroids is not None:
             config["centroids"] = tensor_to_bytes(self.server.centroids)
@@ -119,6 +128,7 @@ class OrchestraStrategy(Strategy):
             raise RuntimeError(f"round {self.orchestra_round(server_round)}: every sampled client failed: {failures}")
         updates = [self._received(res) for _, res in results]
         stats = self.server.apply_round(updates)
+        client_ids = [int(res.metrics["client_id"]) for _, res in results]
         report = RoundReport(
             round=self.orchestra_round(server_round),
             sampled=self._sampled,
@@ -127,10 +137,15 @@ class OrchestraStrategy(Strategy):
             seconds=time.perf_counter() - self._round_started,
             server_stats=stats,
             client_metrics=[scalar_metrics(res.metrics) for _, res in results],
+            releases=[(cid, u.release) for cid, u in zip(client_ids, updates)],
         )
         self.on_round_end(report)
         new_state = state_to_arrays(self.server.global_state(), self._keys)
         return ndarrays_to_parameters(new_state), {}
+
+    def stop(self, reason: str) -> None:
+        """Ends training cleanly: no further round is configured."""
+        self.stop_reason = reason
 
     def _received(self, res: FitRes) -> ReceivedUpdate:
         arrays = parameters_to_ndarrays(res.parameters)

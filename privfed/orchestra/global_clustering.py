@@ -35,6 +35,12 @@ def global_centroids(
         )
     vectors = torch.cat([r.vectors.float() for r in nonempty])
     weights = torch.cat([r.weights.float() for r in nonempty])
+    if weights.sum() <= 0:
+        # Every release is padding (e.g. DP coresets too small to keep any
+        # point): keep last round's centroids, or start from the padding.
+        if previous is not None:
+            return previous
+        weights = torch.ones_like(weights)
     return sinkhorn_kmeans(
         vectors,
         num_centroids,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mechanisms.base import Guarantee, Release
+from mechanisms.base import Release
 from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.global_clustering import global_centroids
 from privfed.orchestra.model_state import (
@@ -41,7 +41,6 @@ class OrchestraServer:
         self.network = network
         self.num_global_centroids = num_global_centroids
         self.centroids: torch.Tensor | None = None
-        self.weakest_guarantee: Guarantee | None = None
         self._generator = torch.Generator().manual_seed(seed)
 
     def global_state(self) -> StateDict:
@@ -68,7 +67,6 @@ class OrchestraServer:
             previous=self.centroids,
             generator=self._generator,
         )
-        self.weakest_guarantee = _weakest([r.guarantee for r in releases if r.num_vectors > 0], self.weakest_guarantee)
         ks = [r.guarantee.k for r in releases if r.guarantee.k is not None and r.num_vectors > 0]
         stats = {
             "clients": float(len(updates)),
@@ -89,15 +87,3 @@ def _centroid_usage(releases: list[Release], centroids: torch.Tensor) -> float:
     nearest = (vectors @ centroids.T).argmax(dim=1)
     return float(nearest.unique().numel() / centroids.shape[0])
 
-
-def _weakest(guarantees: list[Guarantee], previous: Guarantee | None) -> Guarantee | None:
-    """The guarantee to report for the run: the smallest anonymity set seen so far.
-
-    Mechanisms without ``k`` keep the latest guarantee; DP costs are composed by
-    the privacy ledger, not here.
-    """
-    candidates = [g for g in (previous, *guarantees) if g is not None]
-    if not candidates:
-        return None
-    with_k = [g for g in candidates if g.k is not None]
-    return min(with_k, key=lambda g: g.k) if with_k else candidates[-1]

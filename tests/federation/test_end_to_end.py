@@ -45,8 +45,11 @@ def test_summary_reports_accuracy_rounds_time_and_guarantee(run_dir):
     assert summary["rounds"] == ROUNDS
     assert summary["wall_seconds"] > 0
     assert summary["mechanism"]["name"] == "kanon"
-    guarantee = summary["mechanism"]["guarantee"]
-    assert guarantee["kind"] == "k-anonymity" and guarantee["k"] >= 1
+    privacy = summary["privacy"]
+    assert privacy["mechanism"] == "kanon" and privacy["epsilon"] is None and privacy["delta"] is None
+    assert privacy["k"] == 64 // 4  # quick.toml: memory 64, L = 4
+    assert "at least 16" in privacy["statement"]
+    assert summary["stopped_early"] is None
 
 
 def test_config_json_is_the_resolved_configuration(run_dir):

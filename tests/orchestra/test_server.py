@@ -50,15 +50,3 @@ def test_weighted_mean_rejects_empty_input():
     with pytest.raises(ValueError):
         weighted_mean([], [])
 
-
-def test_server_reports_the_smallest_anonymity_set_over_rounds():
-    server = OrchestraServer(OrchestraNetwork("resnet8", 16), num_global_centroids=4, seed=0)
-
-    def with_k(k: int, seed: int) -> Release:
-        r = release(4, 16, seed)
-        return Release(r.vectors, r.weights, Guarantee(kind="k-anonymity", statement=f"k={k}", k=k))
-
-    server.apply_round([ReceivedUpdate(None, with_k(5, 0), 20), ReceivedUpdate(None, with_k(3, 1), 12)])
-    assert server.weakest_guarantee.k == 3
-    server.apply_round([ReceivedUpdate(None, with_k(4, 2), 16)])
-    assert server.weakest_guarantee.k == 3
