@@ -118,6 +118,11 @@ def train(
             f"privacy: each client's releases compose to at most epsilon {plan.planned_epsilon:.3f} "
             f"(delta {plan.delta:.2g}) over {plan.max_releases} possible releases"
         )
+        if plan.may_stop_early:
+            typer.echo(
+                f"privacy: the budget covers {plan.fitting_releases} releases per client; training stops "
+                "cleanly before any client would exceed it"
+            )
     simulate(resolved, _print_progress, verbose=verbose)
 
 

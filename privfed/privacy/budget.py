@@ -37,6 +37,7 @@ class PrivacyPlan:
         max_releases: Releases one client can make in the worst case.
         planned_epsilon: Epsilon a client sampled in every round would spend.
         per_release_events: What one release costs (for the ledger's look-ahead).
+        fitting_releases: Releases one client can make within the budget.
     """
 
     mechanism: str
@@ -46,6 +47,12 @@ class PrivacyPlan:
     max_releases: int = 0
     planned_epsilon: float | None = None
     per_release_events: tuple[PrivacyEvent, ...] = ()
+    fitting_releases: int | None = None
+
+    @property
+    def may_stop_early(self) -> bool:
+        """True when a client sampled in every round would run out before the last round."""
+        return self.fitting_releases is not None and self.fitting_releases < self.max_releases
 
     @property
     def is_dp(self) -> bool:
@@ -59,7 +66,7 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
         PrivfedError: when the options are inconsistent or a fixed per-release
             epsilon would exceed the total budget (the message says what fits).
     """
-    releases = config.rounds + 1
+    releases = config.rounds + 1  # worst case: sampled in every round, round 0 included
     if config.mechanism not in DP_MECHANISMS:
         if config.epsilon is not None or config.epsilon_per_release is not None:
             raise PrivfedError(f"--epsilon applies to differentially private mechanisms ({', '.join(DP_MECHANISMS)}), not {config.mechanism}")
@@ -75,16 +82,20 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
     events = mechanism.privacy_events()
     reference = config.epsilon or config.epsilon_per_release
     planned = composed_epsilon(events * releases, delta, reference_epsilon=reference)
+    fitting = None
     if config.epsilon is not None and planned > config.epsilon:
         fitting = max(
             (n for n in range(releases) if composed_epsilon(events * n, delta, reference_epsilon=reference) <= config.epsilon),
             default=0,
         )
-        raise PrivfedError(
-            f"{releases} releases at epsilon {config.epsilon_per_release} each compose to epsilon {planned:.3f} "
-            f"> budget {config.epsilon} (delta {delta:.2g}); {max(fitting - 1, 0)} training rounds fit, "
-            f"or drop --epsilon-per-release to calibrate every release to the budget"
-        )
+        # Refuse what is certain to exceed: not even round 0 plus one training
+        # round fits, or every client takes part in every round.
+        if fitting < 2 or config.participation >= 1.0:
+            raise PrivfedError(
+                f"{releases} releases at epsilon {config.epsilon_per_release} each compose to epsilon {planned:.3f} "
+                f"> budget {config.epsilon} (delta {delta:.2g}); at most {max(fitting - 1, 0)} training rounds fit "
+                f"(--rounds {max(fitting - 1, 0)}), or drop --epsilon-per-release to calibrate every release to the budget"
+            )
     plain = {k: float(v) if isinstance(v, float) else v for k, v in mechanism_params(mechanism).items()}
     return PrivacyPlan(
         mechanism=config.mechanism,
@@ -94,6 +105,7 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
         max_releases=releases,
         planned_epsilon=planned,
         per_release_events=events,
+        fitting_releases=fitting,
     )
 
 

@@ -2,8 +2,8 @@
 
 The check decodes *everything* in the client's ``FitRes`` (every parameter
 array and every bytes metric) and looks for any row equal, up to float error,
-to a representation the client held. A deliberately leaky mechanism shows the
-check can fail.
+to a representation the client held. The ``reps`` baseline, which releases
+its memory on purpose, shows the check can fail.
 """
 
 from __future__ import annotations
@@ -14,27 +14,14 @@ import torch
 import torch.nn.functional as F
 from flwr.common import FitRes, bytes_to_ndarray, ndarrays_to_parameters, parameters_to_ndarrays
 
-from mechanisms import Guarantee, Mechanism, Release
 from mechanisms import registry
 from privfed.federation.client_app import OrchestraClient
 from privfed.federation.messages import decode_release
 from privfed.federation.strategy import OrchestraStrategy
+from privfed.privacy.budget import plan_privacy
 from privfed.models import OrchestraNetwork
 from privfed.orchestra.model_state import shared_keys
 from privfed.orchestra.server import OrchestraServer
-
-
-class LeakyMechanism(Mechanism):
-    """Sends its input unchanged: what the check must catch."""
-
-    name = "leaky-test"
-    description = "releases the representations (test only)"
-
-    def guarantee(self, *, num_reps, num_centroids):
-        return Guarantee(kind="none", statement="none")
-
-    def release(self, reps, *, num_centroids, generator):
-        return Release(reps.clone(), torch.ones(len(reps)), self.guarantee(num_reps=len(reps), num_centroids=0))
 
 
 def reply_vectors(res: FitRes, dim: int) -> list[np.ndarray]:
@@ -78,7 +65,8 @@ def client_round(config, mechanism_name: str, monkeypatch, task: str) -> tuple[F
     server = OrchestraServer(OrchestraNetwork(config.backbone, config.projection_dim), num_global_centroids=8, seed=0)
     if task == "train":
         server.centroids = F.normalize(torch.randn(8, config.projection_dim), dim=1)
-    strategy = OrchestraStrategy(server, config, on_round_end=lambda report: None)
+    plan = plan_privacy(config, [100] * config.num_clients)
+    strategy = OrchestraStrategy(server, config, on_round_end=lambda report: None, mechanism_params=plan.params)
     state = ndarrays_to_parameters([server.global_state()[k].numpy() for k in shared_keys(server.network)])
     ins = strategy.fit_instructions(server_round=1 if task == "init" else 2, parameters=state)
     res = OrchestraClient(client_id=1).fit(ins)
@@ -96,10 +84,23 @@ def test_kanon_client_reply_contains_no_representation(tiny_config, monkeypatch,
     assert release.guarantee.k == tiny_config.memory_size // tiny_config.num_local_centroids
 
 
-def test_the_check_catches_a_mechanism_that_leaks(tiny_config, monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", {**registry._REGISTRY, "leaky-test": LeakyMechanism})
-    res, memory = client_round(tiny_config.replace(mechanism="leaky-test"), "leaky-test", monkeypatch, "train")
-    assert leaked_rows(res, memory) == len(memory)
+@pytest.mark.parametrize("task", ["init", "train"])
+def test_ldp_client_reply_contains_no_representation(tiny_config, monkeypatch, task):
+    config = tiny_config.replace(mechanism="ldp", epsilon=1.0)
+    res, memory = client_round(config, "ldp", monkeypatch, task)
+    assert leaked_rows(res, memory) == 0
+    release = decode_release(res.metrics)
+    assert release.num_vectors == config.num_local_centroids
+    assert torch.allclose(release.vectors.norm(dim=1), torch.ones(config.num_local_centroids), atol=1e-5)
+    assert release.guarantee.kind == "differential-privacy" and release.events
+
+
+def test_reps_releases_exactly_the_clients_memory_and_the_check_sees_it(tiny_config, monkeypatch):
+    res, memory = client_round(tiny_config.replace(mechanism="reps"), "reps", monkeypatch, "train")
+    release = decode_release(res.metrics)
+    assert torch.equal(release.vectors, memory.float())
+    assert torch.equal(release.weights, torch.ones(len(memory)))
+    assert leaked_rows(res, memory) == len(memory)  # the check above would catch a leak
 
 
 def test_reply_carries_a_delta_only_after_round_zero(tiny_config, monkeypatch):

@@ -1,0 +1,52 @@
+import pytest
+from dp_accounting.pld import pld_privacy_accountant
+
+from mechanisms.accounting import release_event
+from mechanisms.ldp import LshCoresetMechanism
+from privfed.config import build_config
+from privfed.errors import PrivfedError
+from privfed.privacy.budget import default_delta, plan_privacy
+
+SIZES = [40, 120, 250]
+
+
+def base(**overrides):
+    return build_config(dataset="shapes:500", num_clients=3, participation=1.0, num_global_centroids=8, rounds=4, **overrides)
+
+
+def test_total_budget_is_calibrated_for_every_possible_release():
+    plan = plan_privacy(base(mechanism="ldp", epsilon=2.0), SIZES)
+    assert plan.delta == default_delta(SIZES) == 1 / 2500
+    assert plan.max_releases == 5
+    # Independent check: compose the per-release event max_releases times in dp_accounting.
+    mechanism = LshCoresetMechanism(**plan.params)
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    accountant.compose(release_event(mechanism.noise, tree_levels=mechanism.tree_levels), plan.max_releases)
+    assert accountant.get_epsilon(plan.delta) <= 2.0 * 1.005
+    assert 0.9 * 2.0 <= plan.planned_epsilon <= 2.0
+
+
+def test_a_run_certain_to_exceed_its_budget_is_refused_with_what_fits():
+    with pytest.raises(PrivfedError, match=r"training rounds fit \(--rounds \d+\)"):
+        plan_privacy(base(mechanism="ldp", epsilon=1.0, epsilon_per_release=0.5), SIZES)
+
+
+def test_partial_participation_may_start_and_stop_early():
+    config = base(mechanism="ldp", epsilon=1.0, epsilon_per_release=0.5).replace(participation=0.5, num_clients=4)
+    plan = plan_privacy(config, SIZES + [60])
+    assert plan.may_stop_early and 2 <= plan.fitting_releases < plan.max_releases
+
+
+def test_epsilon_is_only_for_dp_mechanisms():
+    with pytest.raises(PrivfedError, match="not kanon"):
+        plan_privacy(base(mechanism="kanon", epsilon=1.0), SIZES)
+
+
+def test_ldp_needs_a_budget():
+    with pytest.raises(PrivfedError, match="needs --epsilon"):
+        plan_privacy(base(mechanism="ldp"), SIZES)
+
+
+def test_non_dp_plan_has_no_delta():
+    plan = plan_privacy(base(mechanism="reps"), SIZES)
+    assert not plan.is_dp and plan.params == {}

@@ -1,0 +1,73 @@
+"""The ledger composes releases with the PLD accountant; checked against dp_accounting directly."""
+
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+
+from mechanisms.base import Guarantee, PrivacyEvent
+from privfed.privacy.ledger import LedgerEntry, PrivacyLedger, merge_events
+
+DELTA = 1e-5
+RELEASE = (
+    PrivacyEvent("discrete_laplace", {"noise_parameter": 0.8, "sensitivity": 1.0, "count": 11.0}),
+    PrivacyEvent("discrete_laplace", {"noise_parameter": 1.5, "sensitivity": 1.0, "count": 1.0}),
+    PrivacyEvent("gaussian", {"noise_multiplier": 2.0, "count": 1.0}),
+)
+DP = Guarantee(kind="differential-privacy", statement="test")
+
+
+def reference_epsilon(releases: int, grid: float = 1e-4) -> float:
+    """The same cost built by hand in dp_accounting, not through privfed's helpers."""
+    one = dp_event.ComposedDpEvent(
+        [
+            dp_event.SelfComposedDpEvent(dp_event.DiscreteLaplaceDpEvent(0.8, 1), 11),
+            dp_event.DiscreteLaplaceDpEvent(1.5, 1),
+            dp_event.GaussianDpEvent(2.0),
+        ]
+    )
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=grid)
+    accountant.compose(one, releases)
+    return accountant.get_epsilon(DELTA)
+
+
+def test_worst_case_client_is_the_one_with_most_releases():
+    ledger = PrivacyLedger(mechanism="ldp", delta=DELTA)
+    for round_index in range(3):
+        ledger.record(LedgerEntry(0, round_index, "ldp", DP, RELEASE))
+    ledger.record(LedgerEntry(1, 0, "ldp", DP, RELEASE))
+    client, spent = ledger.worst_case()
+    assert client == 0
+    assert spent == pytest.approx(reference_epsilon(3), rel=0.01)
+    assert ledger.spent(1) == pytest.approx(reference_epsilon(1), rel=0.01)
+    assert ledger.spent(1) < spent
+
+
+def test_composition_is_not_the_sum_of_epsilons():
+    ledger = PrivacyLedger(mechanism="ldp", delta=DELTA)
+    for round_index in range(10):
+        ledger.record(LedgerEntry(0, round_index, "ldp", DP, RELEASE))
+    assert ledger.spent(0) < 10 * reference_epsilon(1)
+
+
+def test_look_ahead_equals_one_more_recorded_release():
+    ledger = PrivacyLedger(mechanism="ldp", delta=DELTA)
+    ledger.record(LedgerEntry(0, 0, "ldp", DP, RELEASE))
+    ahead = ledger.worst_case_after(RELEASE)
+    ledger.record(LedgerEntry(0, 1, "ldp", DP, RELEASE))
+    assert ahead == pytest.approx(ledger.spent(0), rel=1e-9)
+
+
+def test_merge_events_sums_counts_of_identical_events():
+    merged = merge_events(RELEASE * 4)
+    assert len(merged) == 3
+    assert sorted(e.params["count"] for e in merged) == [4.0, 4.0, 44.0]
+
+
+def test_k_anonymity_is_reported_as_k_never_as_epsilon(tmp_path):
+    ledger = PrivacyLedger(mechanism="kanon", delta=None, path=tmp_path / "ledger.jsonl")
+    ledger.record(LedgerEntry(0, 0, "kanon", Guarantee(kind="k-anonymity", statement="", k=16), ()))
+    ledger.record(LedgerEntry(1, 0, "kanon", Guarantee(kind="k-anonymity", statement="", k=9), ()))
+    assert ledger.min_k == 9 and not ledger.is_dp
+    with pytest.raises(ValueError):
+        ledger.spent(0)
+    assert len((tmp_path / "ledger.jsonl").read_text().splitlines()) == 2
