@@ -78,7 +78,7 @@ def train(
     lr: Optional[float] = typer.Option(None, help=_help("Local SGD learning rate.", "lr")),
     momentum: Optional[float] = typer.Option(None, help=_help("Local SGD momentum.", "momentum")),
     weight_decay: Optional[float] = typer.Option(None, help=_help("Local SGD weight decay.", "weight_decay")),
-    temperature: Optional[float] = typer.Option(None, help=_help("Softmax temperature of the cluster loss.", "temperature")),
+    temperature: Optional[float] = typer.Option(None, help=_help("Softmax temperature of the cluster loss (paper: 0.1; CPU-scale runs need more, see docs/architecture.md).", "temperature")),
     ema_decay: Optional[float] = typer.Option(None, help=_help("EMA decay m of the target encoder.", "ema_decay")),
     memory_size: Optional[int] = typer.Option(None, help=_help("Target representations each client keeps (and clusters).", "memory_size")),
     num_local_centroids: Optional[int] = typer.Option(None, "--num-local-centroids", "-L", help=_help("Local centroids L released per client.", "num_local_centroids")),

@@ -34,15 +34,15 @@ class TrainConfig:
     # model
     method: str = "orchestra"
     backbone: str = "resnet8"
-    projection_dim: int = 128
+    projection_dim: int = 32
     # Orchestra
-    rounds: int = 10
+    rounds: int = 12
     local_epochs: int = 2
     batch_size: int = 32
     lr: float = 0.03
     momentum: float = 0.9
     weight_decay: float = 1e-4
-    temperature: float = 0.1
+    temperature: float = 0.3
     ema_decay: float = 0.99
     memory_size: int = 128
     num_local_centroids: int = 8

@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from privfed.config import TrainConfig
@@ -43,7 +44,8 @@ def run_datasets(config: TrainConfig) -> tuple[ImageArrays, ImageArrays]:
     return train, test
 
 
-def client_partition(config: TrainConfig) -> list:
+def client_partition(config: TrainConfig) -> list[np.ndarray]:
+    """Each client's sample indices under the run's seeded Dirichlet split."""
     train, _ = run_datasets(config)
     return dirichlet_partition(train.labels, num_clients=config.num_clients, alpha=config.alpha, seed=config.seed)
 

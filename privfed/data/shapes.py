@@ -2,13 +2,14 @@
 
 privfed must run with no network and no data files, so it ships a synthetic
 dataset. It is built so that *shape* is the only class signal: foreground and
-background colours are drawn independently of the class, and position and
-scale vary. Every shape is upright (tilted by at most 15 degrees) and none is
+background grey levels are drawn independently of the class, and position and
+scale vary. Images are RGB with R = G = B. Every shape is upright (tilted by at most 15 degrees) and none is
 symmetric under a quarter turn, so Orchestra's rotation-prediction task is
-learnable here, as it is on natural images. A randomly initialised CNN is dominated by colour and does
-poorly on it, while an encoder trained with colour-jitter and crop
-augmentations (as Orchestra does) learns the shapes, so the dataset shows
-whether self-supervised training actually learned something.
+learnable here, as it is on natural images. A randomly initialised CNN is
+dominated by brightness and position and does poorly on it, while an encoder
+trained with Orchestra's crop, jitter and rotation objectives learns the
+shapes, so the dataset shows whether self-supervised training actually learned
+something.
 
 Images are rendered at 2× resolution with hard masks and box-filtered down
 (anti-aliasing), fully vectorised per class.
@@ -35,6 +36,11 @@ SHAPE_CLASSES: tuple[str, ...] = (
 IMAGE_SIZE = 32
 _SUPERSAMPLE = 2  # _box_downsample assumes 2
 _NOISE_STD = 0.03
+# Object radius range in pixels. Objects are large (24-30 px across in a 32 px
+# image) so that the small random crops of BYOL's augmentation (down to 20 %
+# of the area) still show a recognisable part of the silhouette.
+_MIN_RADIUS = 12.0
+_MAX_RADIUS = 15.0
 _CHUNK = 512  # images rendered at once: bounds memory and stays cache-friendly
 
 
@@ -66,13 +72,16 @@ def make_shapes(num_images: int, *, seed: int) -> ImageArrays:
 
 def _draw_params(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
     """Draw every per-image random parameter up front (fixed order = determinism)."""
-    scale = rng.uniform(7.0, 13.0, n)  # object radius in pixels
+    scale = rng.uniform(_MIN_RADIUS, _MAX_RADIUS, n)  # object radius in pixels
     margin = 0.6 * scale
-    # Colours are independent of the class. Objects are lighter than their
+    # Grey levels are independent of the class. Objects are lighter than their
     # background (as a lit object on a darker scene) so that a small CNN can
-    # pick up the silhouettes from a few thousand images.
-    background = rng.uniform(0.0, 0.4, (n, 3))
-    foreground = rng.uniform(0.6, 1.0, (n, 3))
+    # pick up the silhouettes from a few thousand images. The images are grey
+    # (R = G = B): any per-image tint, however faint, survives Orchestra's
+    # colour jitter and becomes the identity two views of an image share, so a
+    # self-supervised encoder would learn the tint instead of the shape.
+    background = np.repeat(rng.uniform(0.0, 0.4, (n, 1)), 3, axis=1)
+    foreground = np.repeat(rng.uniform(0.6, 1.0, (n, 1)), 3, axis=1)
     return {
         "cx": rng.uniform(margin, IMAGE_SIZE - margin),
         "cy": rng.uniform(margin, IMAGE_SIZE - margin),
@@ -200,7 +209,7 @@ def _composite(alpha: np.ndarray, p: dict[str, np.ndarray], rng: np.random.Gener
     )
     img *= light[..., None]
     # Uniform noise with standard deviation _NOISE_STD (much cheaper than Gaussian).
-    noise = rng.random(img.shape, dtype=np.float32)
+    noise = rng.random(img.shape[:3] + (1,), dtype=np.float32)  # grey noise
     noise -= 0.5
     noise *= np.float32(_NOISE_STD * np.sqrt(12.0))
     img += noise

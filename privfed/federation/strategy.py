@@ -44,6 +44,9 @@ from privfed.orchestra.model_state import shared_keys
 from privfed.orchestra.server import OrchestraServer, ReceivedUpdate
 
 
+NODE_WAIT_SECONDS = 300
+
+
 @dataclass(frozen=True)
 class RoundReport:
     """What one finished round hands to the training driver."""
@@ -97,7 +100,11 @@ class OrchestraStrategy(Strategy):
             return []  # DefaultWorkflow skips the remaining rounds
         self._round_started = time.perf_counter()
         wanted = self.config.clients_per_round
-        client_manager.wait_for(wanted)
+        if not client_manager.wait_for(wanted, timeout=NODE_WAIT_SECONDS):
+            raise RuntimeError(
+                f"round {self.orchestra_round(server_round)} needs {wanted} clients but only "
+                f"{client_manager.num_available()} SuperNodes connected within {NODE_WAIT_SECONDS}s"
+            )
         clients = client_manager.all()
         ids = sorted(clients)
         chosen = [ids[i] for i in sorted(self._rng.choice(len(ids), size=wanted, replace=False))]

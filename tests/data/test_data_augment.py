@@ -23,7 +23,11 @@ def _gen(seed: int = 0) -> torch.Generator:
 
 @pytest.fixture(scope="module")
 def images_uint8() -> torch.Tensor:
-    return make_shapes(32, seed=0).to_tensor()
+    # The shapes are grey; tint each image so the colour ops have colour to act on.
+    grey = make_shapes(32, seed=0).to_tensor().float()
+    tint = torch.Generator().manual_seed(0)
+    gains = 0.55 + 0.45 * torch.rand(32, 3, 1, 1, generator=tint)
+    return (grey * gains).round().clamp(0, 255).to(torch.uint8)
 
 
 @pytest.fixture(scope="module")
