@@ -23,6 +23,12 @@ from privfed.runs import RunDirectory
 from privfed.training import preflight
 
 
+def _cell(value: float | int | None, spec: str) -> str:
+    """A table cell; ``-`` for quantities a mechanism does not have (e.g. epsilon of kanon)."""
+    width = int(spec.lstrip(">").split(".")[0].rstrip("dfge"))
+    return "-".rjust(width) if value is None else format(value, spec)
+
+
 def settings(epsilons: list[float]) -> list[tuple[str, float | None]]:
     return [("reps", None), ("kanon", None), *[("ldp", eps) for eps in epsilons]]
 
@@ -64,10 +70,9 @@ def main() -> None:
         name = mechanism if epsilon is None else f"{mechanism}-eps{epsilon:g}"
         row = run_one(args.config, mechanism, epsilon, root / name, overrides)
         rows.append(row)
-        fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
         print(
-            f"{mechanism:<9} {fmt(epsilon, '>10g')} {row['knn']:>7.4f} {row['knn_init']:>8.4f} "
-            f"{fmt(row['epsilon_spent'], '>9.3f')} {fmt(row['delta'], '>8.1e')} {fmt(row['k'], '>4d')} "
+            f"{mechanism:<9} {_cell(epsilon, '>10g')} {row['knn']:>7.4f} {row['knn_init']:>8.4f} "
+            f"{_cell(row['epsilon_spent'], '>9.3f')} {_cell(row['delta'], '>8.1e')} {_cell(row['k'], '>4d')} "
             f"{row['release_s']:>9.4f} {row['train_s']:>8.2f} {row['wall_s']:>7.0f}",
             flush=True,
         )
