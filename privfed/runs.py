@@ -40,7 +40,13 @@ class RunDirectory:
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
 
+    def holds_a_run(self) -> bool:
+        return (self.path / "config.json").is_file()
+
     def create(self, config: TrainConfig) -> None:
+        """Starts a fresh run directory; never mixes two runs' files."""
+        if self.holds_a_run():
+            raise PrivfedError(f"{self.path} already holds a run; choose another --out")
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         save_config(config, self.path / "config.json")
 

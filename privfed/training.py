@@ -21,6 +21,7 @@ import torch
 from privfed.config import TrainConfig
 from privfed.data import ImageArrays, dirichlet_partition, heterogeneity_stats, load_dataset
 from privfed.device import resolve_device
+from privfed.errors import PrivfedError
 from privfed.evaluation.monitor import KnnMonitor
 from privfed.federation.strategy import OrchestraStrategy, RoundReport
 from privfed.models.network import OrchestraNetwork
@@ -52,6 +53,8 @@ def client_partition(config: TrainConfig) -> list[np.ndarray]:
 
 def preflight(config: TrainConfig) -> PrivacyPlan:
     """Fails fast, before any runtime starts, on data or a budget the run cannot use."""
+    if config.out is not None and RunDirectory(Path(config.out)).holds_a_run():
+        raise PrivfedError(f"{config.out} already holds a run; choose another --out")
     return plan_privacy(config, [len(p) for p in client_partition(config)])
 
 

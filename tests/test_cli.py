@@ -73,6 +73,11 @@ def test_npz_with_mismatched_lengths(tmp_path, images):
     assert_user_error(privfed("train", "--dataset", spec), "20", "19")
 
 
+def test_train_refuses_to_reuse_a_run_directory(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    assert_user_error(privfed("train", "--out", str(tmp_path)), "already holds a run")
+
+
 def test_config_file_with_unknown_key(tmp_path):
     config = tmp_path / "bad.toml"
     config.write_text('dataset = "shapes"\nlearning_rate = 0.1\n')
