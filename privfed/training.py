@@ -86,6 +86,7 @@ class TrainingRun:
         self.device = resolve_device(config.device)
         self._start = time.perf_counter()
         self._last_knn: float | None = None
+        self._last_loss: float | None = None
         self._rounds_done = 0
 
     def start(self) -> OrchestraStrategy:
@@ -137,6 +138,8 @@ class TrainingRun:
         if due:
             self._last_knn = self.monitor(self.server.network.online.backbone)
             record["knn_accuracy"] = self._last_knn
+        if record["loss"] is not None and not math.isnan(record["loss"]):
+            self._last_loss = record["loss"]
         record["elapsed_seconds"] = time.perf_counter() - self._start
         self.run_dir.append_metrics(record)
         self._rounds_done = report.round
@@ -198,16 +201,12 @@ class TrainingRun:
             "privacy": privacy,
             "stopped_early": self.strategy.stop_reason,
             "heterogeneity": vars(self.heterogeneity),
-            "final_loss": self._final_loss(),
+            "final_loss": self._last_loss,
             "run_dir": str(self.run_dir.path),
         }
         self.run_dir.write_json("summary.json", summary)
         self._emit({"event": "finish", **summary})
         return summary
-
-    def _final_loss(self) -> float | None:
-        losses = [m["loss"] for m in self.run_dir.metrics() if m.get("loss") is not None]
-        return losses[-1] if losses and not math.isnan(losses[-1]) else None
 
     def _emit(self, event: dict[str, Any]) -> None:
         if self.progress is not None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from typing import Callable
+
 import pytest
 import torch
 
@@ -29,3 +33,15 @@ def tiny_config() -> TrainConfig:
         num_global_centroids=8,
         rounds=1,
     )
+
+
+@pytest.fixture(scope="session")
+def run_privfed() -> Callable[..., subprocess.CompletedProcess]:
+    """Runs the real `privfed` CLI in a subprocess, as a user would."""
+
+    def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "privfed.cli", *args], capture_output=True, text=True, timeout=timeout
+        )
+
+    return run

@@ -3,21 +3,10 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-
-def privfed(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "privfed.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=120,
-    )
 
 
 def assert_user_error(result: subprocess.CompletedProcess, *needles: str) -> None:
@@ -54,64 +43,64 @@ def images() -> np.ndarray:
         (["--device", "tpu"], ["device"]),
     ],
 )
-def test_train_rejects_bad_input(args, needles):
-    assert_user_error(privfed("train", *args), *needles)
+def test_train_rejects_bad_input(args, needles, run_privfed):
+    assert_user_error(run_privfed("train", *args), *needles)
 
 
-def test_npz_without_labels(tmp_path, images):
+def test_npz_without_labels(tmp_path, images, run_privfed):
     spec = write_npz(tmp_path / "nolabels.npz", x=images)
-    assert_user_error(privfed("train", "--dataset", spec), "y")
+    assert_user_error(run_privfed("train", "--dataset", spec), "y")
 
 
-def test_npz_without_images(tmp_path):
+def test_npz_without_images(tmp_path, run_privfed):
     spec = write_npz(tmp_path / "noimages.npz", y=np.zeros(5, dtype=np.int64))
-    assert_user_error(privfed("train", "--dataset", spec), "x")
+    assert_user_error(run_privfed("train", "--dataset", spec), "x")
 
 
-def test_npz_with_mismatched_lengths(tmp_path, images):
+def test_npz_with_mismatched_lengths(tmp_path, images, run_privfed):
     spec = write_npz(tmp_path / "mismatch.npz", x=images, y=np.zeros(19, dtype=np.int64))
-    assert_user_error(privfed("train", "--dataset", spec), "20", "19")
+    assert_user_error(run_privfed("train", "--dataset", spec), "20", "19")
 
 
-def test_train_refuses_to_reuse_a_run_directory(tmp_path):
+def test_train_refuses_to_reuse_a_run_directory(tmp_path, run_privfed):
     (tmp_path / "config.json").write_text("{}")
-    assert_user_error(privfed("train", "--out", str(tmp_path)), "already holds a run")
+    assert_user_error(run_privfed("train", "--out", str(tmp_path)), "already holds a run")
 
 
-def test_config_file_with_unknown_key(tmp_path):
+def test_config_file_with_unknown_key(tmp_path, run_privfed):
     config = tmp_path / "bad.toml"
     config.write_text('dataset = "shapes"\nlearning_rate = 0.1\n')
-    assert_user_error(privfed("train", "--config", str(config)), "learning_rate")
+    assert_user_error(run_privfed("train", "--config", str(config)), "learning_rate")
 
 
-def test_cifar_without_download_names_the_missing_directory(tmp_path):
-    result = privfed("train", "--dataset", "cifar10", "--data-dir", str(tmp_path / "nowhere"))
+def test_cifar_without_download_names_the_missing_directory(tmp_path, run_privfed):
+    result = run_privfed("train", "--dataset", "cifar10", "--data-dir", str(tmp_path / "nowhere"))
     assert_user_error(result, "nowhere", "--download")
 
 
-def test_evaluate_rejects_a_missing_run_directory(tmp_path):
-    result = privfed("evaluate", str(tmp_path / "missing"), "--train-data", "shapes", "--test-data", "shapes")
+def test_evaluate_rejects_a_missing_run_directory(tmp_path, run_privfed):
+    result = run_privfed("evaluate", str(tmp_path / "missing"), "--train-data", "shapes", "--test-data", "shapes")
     assert_user_error(result, "missing")
 
 
-def test_evaluate_rejects_an_unknown_protocol(tmp_path):
-    result = privfed(
+def test_evaluate_rejects_an_unknown_protocol(tmp_path, run_privfed):
+    result = run_privfed(
         "evaluate", str(tmp_path), "--train-data", "shapes", "--test-data", "shapes", "--protocol", "svm"
     )
     assert_user_error(result, "svm")
 
 
-def test_train_help_documents_every_option():
+def test_train_help_documents_every_option(run_privfed):
     from privfed.config import TrainConfig
     import dataclasses
 
-    result = privfed("train", "--help")
+    result = run_privfed("train", "--help")
     assert result.returncode == 0
     for field in dataclasses.fields(TrainConfig):
         assert "--" + field.name.replace("_", "-") in result.stdout, field.name
 
 
-def test_mechanisms_lists_kanon():
-    result = privfed("mechanisms")
+def test_mechanisms_lists_kanon(run_privfed):
+    result = run_privfed("mechanisms")
     assert result.returncode == 0
     assert "kanon" in result.stdout

@@ -7,8 +7,6 @@ contract, the round log, and re-evaluation of its checkpoints.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,16 +15,10 @@ REPO = Path(__file__).resolve().parents[2]
 ROUNDS = 2
 
 
-def privfed(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "privfed.cli", *args], capture_output=True, text=True, timeout=600
-    )
-
-
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
+def run_dir(tmp_path_factory, run_privfed) -> Path:
     out = tmp_path_factory.mktemp("run") / "quick"
-    result = privfed(
+    result = run_privfed(
         "train", "--config", str(REPO / "configs" / "quick.toml"), "--rounds", str(ROUNDS),
         "--out", str(out), "--device", "cpu",
     )
@@ -70,9 +62,9 @@ def test_metrics_has_one_record_per_round_starting_with_initialisation(run_dir):
     assert "knn_accuracy" in records[-1]
 
 
-def test_evaluate_initial_checkpoint_reproduces_the_training_runs_init_accuracy(run_dir):
+def test_evaluate_initial_checkpoint_reproduces_the_training_runs_init_accuracy(run_dir, run_privfed):
     summary = json.loads((run_dir / "summary.json").read_text())
-    result = privfed(
+    result = run_privfed(
         "evaluate", str(run_dir), "--train-data", "shapes:1000", "--test-data", "shapes:1000",
         "--protocol", "knn", "--checkpoint", "initial", "--device", "cpu",
     )
@@ -81,10 +73,10 @@ def test_evaluate_initial_checkpoint_reproduces_the_training_runs_init_accuracy(
     assert evaluations[-1]["accuracy"] == pytest.approx(summary["knn_accuracy_init"], abs=1e-6)
 
 
-def test_evaluate_linear_probe_appends_a_result(run_dir):
+def test_evaluate_linear_probe_appends_a_result(run_dir, run_privfed):
     before = run_dir / "evaluation.json"
     count = len(json.loads(before.read_text())["evaluations"]) if before.is_file() else 0
-    result = privfed(
+    result = run_privfed(
         "evaluate", str(run_dir), "--train-data", "shapes:1000", "--test-data", "shapes:1000",
         "--protocol", "linear", "--device", "cpu",
     )
@@ -95,8 +87,8 @@ def test_evaluate_linear_probe_appends_a_result(run_dir):
     assert evaluations[-1]["protocol"] == "linear" and 0 <= evaluations[-1]["accuracy"] <= 1
 
 
-def test_evaluate_rejects_a_missing_checkpoint(run_dir):
-    result = privfed(
+def test_evaluate_rejects_a_missing_checkpoint(run_dir, run_privfed):
+    result = run_privfed(
         "evaluate", str(run_dir), "--train-data", "shapes:1000", "--test-data", "shapes:1000",
         "--checkpoint", str(run_dir / "nope.pt"),
     )

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = str(REPO / "configs" / "quick.toml")
 
 
-def privfed(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "privfed.cli", *args], capture_output=True, text=True, timeout=600)
-
-
-def test_run_certain_to_exceed_its_budget_refuses_to_start(tmp_path):
+def test_run_certain_to_exceed_its_budget_refuses_to_start(tmp_path, run_privfed):
     out = tmp_path / "refused"
-    result = privfed(
+    result = run_privfed(
         "train", "--config", QUICK, "--mechanism", "ldp", "--epsilon", "1", "--epsilon-per-release", "0.6",
         "--out", str(out),
     )
@@ -26,9 +20,9 @@ def test_run_certain_to_exceed_its_budget_refuses_to_start(tmp_path):
     assert not out.exists()  # nothing started
 
 
-def test_budget_running_out_stops_training_cleanly(tmp_path):
+def test_budget_running_out_stops_training_cleanly(tmp_path, run_privfed):
     out = tmp_path / "stopped"
-    result = privfed(
+    result = run_privfed(
         "train", "--config", QUICK, "--mechanism", "ldp", "--epsilon", "1", "--epsilon-per-release", "0.45",
         "--participation", "0.5", "--num-global-centroids", "8", "--num-local-centroids", "4", "--rounds", "6",
         "--out", str(out), "--device", "cpu",
