@@ -52,6 +52,17 @@ class TrainConfig:
     epsilon: float | None = None
     delta: float | None = None
     epsilon_per_release: float | None = None
+    # secure aggregation of model updates (Flower SecAgg+)
+    secagg: bool = True
+    secagg_shares: int | None = None
+    secagg_threshold: int | None = None
+    secagg_clipping_range: float = 8.0
+    secagg_timeout: float | None = None
+    # DP-SGD on clients (Opacus)
+    dp_sgd: bool = False
+    max_grad_norm: float = 1.0
+    dp_sgd_noise_multiplier: float | None = None
+    dp_sgd_epsilon: float | None = None
     # run
     seed: int = 0
     device: str = "auto"
