@@ -23,6 +23,7 @@ from privfed.data import ImageArrays, dirichlet_partition, heterogeneity_stats, 
 from privfed.device import resolve_device
 from privfed.errors import PrivfedError
 from privfed.evaluation.monitor import KnnMonitor
+from privfed.federation.secure_aggregation import SecAggPlusSettings, secagg_settings
 from privfed.federation.strategy import OrchestraStrategy, RoundReport
 from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.server import OrchestraServer
@@ -55,7 +56,9 @@ def preflight(config: TrainConfig) -> PrivacyPlan:
     """Fails fast, before any runtime starts, on data or a budget the run cannot use."""
     if config.out is not None and RunDirectory(Path(config.out)).holds_a_run():
         raise PrivfedError(f"{config.out} already holds a run; choose another --out")
-    return plan_privacy(config, [len(p) for p in client_partition(config)])
+    sizes = [len(p) for p in client_partition(config)]
+    secagg_settings(config, sizes)
+    return plan_privacy(config, sizes)
 
 
 def build_monitor(config: TrainConfig, device: torch.device) -> KnnMonitor:
@@ -92,6 +95,7 @@ class TrainingRun:
     def start(self) -> OrchestraStrategy:
         """Plans the privacy budget, creates the run directory, the initial model and its evaluation."""
         parts = client_partition(self.config)
+        self.secagg: SecAggPlusSettings | None = secagg_settings(self.config, [len(p) for p in parts])
         self.plan = plan_privacy(self.config, [len(p) for p in parts])
         self.config = config = self.config.replace(delta=self.plan.delta)  # record the delta in force
         self.run_dir.create(config)
@@ -109,7 +113,9 @@ class TrainingRun:
         self.run_dir.save_checkpoint("initial", network, None, round_index=0)
         self.server = OrchestraServer(network, num_global_centroids=config.num_global_centroids, seed=config.seed)
         self._emit({"event": "start", "knn_accuracy_init": self.knn_init, "rounds": config.rounds})
-        self.strategy = OrchestraStrategy(self.server, config, self.on_round_end, mechanism_params=self.plan.params)
+        self.strategy = OrchestraStrategy(
+            self.server, config, self.on_round_end, mechanism_params=self.plan.params, secagg=self.secagg
+        )
         return self.strategy
 
     def on_round_end(self, report: RoundReport) -> None:
@@ -185,6 +191,19 @@ class TrainingRun:
             statement = "No guarantee: clients release their representations in the clear."
         return {"mechanism": mechanism, "epsilon": None, "delta": None, "k": k, "statement": statement}
 
+    def secure_aggregation_summary(self) -> dict[str, Any]:
+        """Whether the server saw only sums of encoder updates, and the protocol's parameters."""
+        if self.secagg is None:
+            return {"enabled": False, "protocol": None}
+        return {
+            "enabled": True,
+            "protocol": "SecAgg+ (Flower)",
+            **self.secagg.to_dict(),
+            "halted_rounds": self.strategy.halted_rounds,
+            "rejected_tensor_updates": self.strategy.rejected_tensor_updates,
+            "final_max_scale": float(self.strategy.scales.max()),
+        }
+
     def finish(self) -> dict[str, Any]:
         """Final checkpoint and ``summary.json``."""
         config = self.config
@@ -199,6 +218,7 @@ class TrainingRun:
             "wall_seconds": time.perf_counter() - self._start,
             "mechanism": {"name": config.mechanism, "guarantee": privacy["statement"], "params": self.plan.params},
             "privacy": privacy,
+            "secure_aggregation": self.secure_aggregation_summary(),
             "stopped_early": self.strategy.stop_reason,
             "heterogeneity": vars(self.heterogeneity),
             "final_loss": self._last_loss,

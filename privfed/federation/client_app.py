@@ -5,24 +5,34 @@ from the server's state, runs :func:`privfed.orchestra.client_update`, and
 replies with the model delta and the mechanism's release. The memory of
 representations is dropped inside ``client_update`` and never reaches the
 reply.
+
+When the server runs SecAgg+, Flower's ``secaggplus_mod`` masks the delta
+before it leaves the node; the client first rescales it so that nothing is
+clipped (:mod:`privfed.federation.update_encoding`).
 """
 
 from __future__ import annotations
 
 import json
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
+from flwr.app import Message
+from flwr.app.message_type import MessageType
 from flwr.client import Client, ClientApp
+from flwr.client.mod import secaggplus_mod
 from flwr.common import (
     Code,
     Context,
     FitIns,
     FitRes,
     Status,
+    bytes_to_ndarray,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
 from mechanisms import create_mechanism
 from privfed.config import TrainConfig
@@ -34,6 +44,7 @@ from privfed.federation.messages import (
     encode_release,
     state_to_arrays,
 )
+from privfed.federation.update_encoding import encode_update
 from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.client_update import client_update
 from privfed.orchestra.local_training import LocalTrainingConfig
@@ -93,6 +104,8 @@ class OrchestraClient(Client):
             device=resolve_device(config.device),
         )
         arrays = [] if update.delta is None else state_to_arrays(update.delta, keys)
+        if arrays and "secagg_scales" in ins.config:
+            arrays = _prepare_for_secagg(arrays, ins.config, update.num_samples)
         return FitRes(
             status=Status(code=Code.OK, message="ok"),
             parameters=ndarrays_to_parameters(arrays),
@@ -101,10 +114,48 @@ class OrchestraClient(Client):
         )
 
 
+def _prepare_for_secagg(arrays: list[np.ndarray], config: dict, num_samples: int) -> list[np.ndarray]:
+    max_weight = float(config["secagg_max_weight"])
+    if num_samples > max_weight:
+        raise ValueError(
+            f"this client holds {num_samples} samples but the server set SecAgg+'s max_weight to {max_weight:g}; "
+            "client and server disagree on the data partition"
+        )
+    return encode_update(
+        arrays,
+        bytes_to_ndarray(config["secagg_scales"]),
+        weight_ratio=num_samples / max_weight,
+        clipping_range=float(config["secagg_clipping_range"]),
+    )
+
+
 def client_fn(context: Context) -> Client:
     """Builds the client for this node's partition (``partition-id`` in the node config)."""
     node = context.node_config
     return OrchestraClient(int(node["partition-id"]), int(node["num-partitions"]))
 
 
-app = ClientApp(client_fn=client_fn)
+Mod = Callable[[Message, Context, Callable[[Message, Context], Message]], Message]
+
+
+def secaggplus_when_requested(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+    """Flower's SecAgg+ client mod, for the messages of a SecAgg+ round only.
+
+    The same ClientApp then serves round 0 (plain), ``--no-secagg`` runs and
+    secure rounds; Flower's mod alone fails on messages without its records.
+    """
+    if msg.metadata.message_type == MessageType.TRAIN and RECORD_KEY_CONFIGS in msg.content.config_records:
+        return secaggplus_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
+def make_client_app(*, outer_mods: Sequence[Mod] = (), inner_mods: Sequence[Mod] = ()) -> ClientApp:
+    """The ClientApp, optionally with extra mods outside or inside SecAgg+'s masking.
+
+    An inner mod sees the client's plaintext reply before it is masked (what
+    never leaves the node); an outer mod sees what the server receives.
+    """
+    return ClientApp(client_fn=client_fn, mods=[*outer_mods, secaggplus_when_requested, *inner_mods])
+
+
+app = make_client_app()

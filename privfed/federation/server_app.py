@@ -1,8 +1,8 @@
 """Flower ServerApp: runs Orchestra's rounds through ``DefaultWorkflow``.
 
 ``DefaultWorkflow`` with a legacy strategy is the shape Flower's SecAgg+
-needs: secure aggregation later becomes its ``fit_workflow`` argument, with
-no change to the strategy or the client's reply.
+needs: with ``secagg`` on (the default) its ``fit_workflow`` runs SecAgg+ in
+every training round (:mod:`privfed.federation.secure_aggregation`).
 
 Two entry points: :func:`make_server_app` for ``privfed train`` (the
 configuration comes from the CLI), and the module-level ``app`` for
@@ -19,6 +19,7 @@ from flwr.server import Grid, LegacyContext, ServerApp, ServerConfig
 from flwr.server.workflow import DefaultWorkflow
 
 from privfed.config import TrainConfig, build_config
+from privfed.federation.secure_aggregation import OrchestraFitWorkflow
 from privfed.runs import RunDirectory, default_run_dir
 from privfed.training import ProgressCallback, TrainingRun
 
@@ -32,7 +33,8 @@ def run_orchestra(grid: Grid, context: Context, config: TrainConfig, progress: P
         config=ServerConfig(num_rounds=config.rounds + 1),
         strategy=strategy,
     )
-    DefaultWorkflow()(grid, legacy)
+    fit_workflow = None if run.secagg is None else OrchestraFitWorkflow(run.secagg, strategy, config.clients_per_round)
+    DefaultWorkflow(fit_workflow=fit_workflow)(grid, legacy)
     return run.finish()
 
 

@@ -7,16 +7,26 @@ import os
 import warnings
 from typing import Any
 
+from flwr.client import ClientApp
 from flwr.simulation import run_simulation
 
 from privfed.config import TrainConfig
-from privfed.federation.client_app import app as client_app
+from privfed.federation.client_app import app as default_client_app
 from privfed.federation.server_app import make_server_app
 from privfed.training import ProgressCallback
 
 
-def simulate(config: TrainConfig, progress: ProgressCallback | None = None, *, verbose: bool = False) -> dict[str, Any]:
+def simulate(
+    config: TrainConfig,
+    progress: ProgressCallback | None = None,
+    *,
+    verbose: bool = False,
+    client_app: ClientApp | None = None,
+) -> dict[str, Any]:
     """Runs the whole training with ``num_clients`` virtual SuperNodes; returns the summary.
+
+    ``client_app`` replaces privfed's ClientApp, e.g. one with extra mods
+    (:func:`privfed.federation.client_app.make_client_app`).
 
     Raises:
         Whatever the ServerApp raised, re-raised in this process.
@@ -32,7 +42,7 @@ def simulate(config: TrainConfig, progress: ProgressCallback | None = None, *, v
     resources: dict[str, Any] = {"num_cpus": config.client_cpus, "num_gpus": config.client_gpus}
     run_simulation(
         server_app=make_server_app(config, progress, outcome),
-        client_app=client_app,
+        client_app=client_app or default_client_app,
         num_supernodes=config.num_clients,
         backend_config={"client_resources": resources, "init_args": {"logging_level": "WARNING", "log_to_driver": verbose}},
         verbose_logging=verbose,

@@ -7,11 +7,16 @@ adapter: sampling and message packing here, the update rule in
 
 Flower round 1 is Orchestra's round 0 (initialisation: no training, clients
 only release centroids); Flower round ``r`` is Orchestra round ``r - 1``.
+
+Under secure aggregation every reply's parameters are the same securely
+aggregated mean (Flower's SecAgg+ overwrites them), and the strategy reads
+only that one; without it the strategy forms FedAvg itself.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -24,6 +29,7 @@ from flwr.common import (
     FitRes,
     Parameters,
     Scalar,
+    ndarray_to_bytes,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
@@ -40,8 +46,12 @@ from privfed.federation.messages import (
     state_to_arrays,
     tensor_to_bytes,
 )
-from privfed.orchestra.model_state import shared_keys
-from privfed.orchestra.server import OrchestraServer, ReceivedUpdate
+from privfed.federation.secure_aggregation import SecAggPlusSettings
+from privfed.federation.update_encoding import decode_aggregate, initial_scales, next_scales
+from privfed.orchestra.model_state import StateDict, shared_keys, weighted_mean
+from privfed.orchestra.server import OrchestraServer
+
+logger = logging.getLogger(__name__)
 
 
 NODE_WAIT_SECONDS = 300
@@ -71,8 +81,10 @@ class OrchestraStrategy(Strategy):
         on_round_end: Callable[[RoundReport], None],
         *,
         mechanism_params: dict[str, Any] | None = None,
+        secagg: SecAggPlusSettings | None = None,
     ) -> None:
         self.server = server
+        self.secagg = secagg
         self.config = config
         self.on_round_end = on_round_end
         self._keys = shared_keys(server.network)
@@ -82,6 +94,11 @@ class OrchestraStrategy(Strategy):
         self._rng = np.random.default_rng(config.seed)
         self._round_started = 0.0
         self._sampled = 0
+        self.scales = initial_scales(self._keys)
+        self._pending: list[tuple[ClientProxy, FitRes]] = []
+        self._closed_round = 0
+        self.halted_rounds = 0
+        self.rejected_tensor_updates = 0
 
     def __repr__(self) -> str:
         return f"OrchestraStrategy(mechanism={self.config.mechanism!r})"
@@ -90,12 +107,18 @@ class OrchestraStrategy(Strategy):
     def orchestra_round(server_round: int) -> int:
         return server_round - 1
 
+    @property
+    def next_round_trains(self) -> bool:
+        """False while round 0 (initialisation, no model update) is still to come."""
+        return self.server.centroids is not None
+
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return ndarrays_to_parameters(state_to_arrays(self.server.global_state(), self._keys))
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
+        self._pending = []
         if self.stop_reason is not None:
             return []  # DefaultWorkflow skips the remaining rounds
         self._round_started = time.perf_counter()
@@ -123,6 +146,10 @@ class OrchestraStrategy(Strategy):
         }
         if self.server.centroids is not None:
             config["centroids"] = tensor_to_bytes(self.server.centroids)
+            if self.secagg is not None:
+                config["secagg_scales"] = ndarray_to_bytes(self.scales)
+                config["secagg_max_weight"] = self.secagg.max_weight
+                config["secagg_clipping_range"] = self.secagg.clipping_range
         return FitIns(parameters, config)
 
     def aggregate_fit(
@@ -133,31 +160,78 @@ class OrchestraStrategy(Strategy):
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         if not results:
             raise RuntimeError(f"round {self.orchestra_round(server_round)}: every sampled client failed: {failures}")
-        updates = [self._received(res) for _, res in results]
-        stats = self.server.apply_round(updates)
-        client_ids = [int(res.metrics["client_id"]) for _, res in results]
-        report = RoundReport(
-            round=self.orchestra_round(server_round),
-            sampled=self._sampled,
-            completed=len(results),
-            failures=len(failures),
-            seconds=time.perf_counter() - self._round_started,
-            server_stats=stats,
-            client_metrics=[scalar_metrics(res.metrics) for _, res in results],
-            releases=[(cid, u.release) for cid, u in zip(client_ids, updates)],
-        )
-        self.on_round_end(report)
-        new_state = state_to_arrays(self.server.global_state(), self._keys)
-        return ndarrays_to_parameters(new_state), {}
+        mean_delta, aggregation_stats = self._mean_delta(server_round, results)
+        self._close_round(server_round, results, mean_delta, aggregation_stats)
+        return ndarrays_to_parameters(state_to_arrays(self.server.global_state(), self._keys)), {}
+
+    def note_replies(self, results: list[tuple[ClientProxy, FitRes]]) -> None:
+        """Replies that reached the server during secure aggregation (their releases are disclosed)."""
+        self._pending = results
+
+    def close_round_without_aggregate(self, server_round: int) -> None:
+        """Accounts for a round whose secure aggregation halted after clients replied.
+
+        Their releases reached the server, so they are recorded and clustered;
+        the model stays as it was, since no aggregate exists.
+        """
+        if self._closed_round == server_round or not self._pending:
+            return
+        self.halted_rounds += 1
+        logger.warning("round %d: secure aggregation halted; the model is unchanged", self.orchestra_round(server_round))
+        self._close_round(server_round, self._pending, None, {"secagg_halted": 1.0})
 
     def stop(self, reason: str) -> None:
         """Ends training cleanly: no further round is configured."""
         self.stop_reason = reason
 
-    def _received(self, res: FitRes) -> ReceivedUpdate:
-        arrays = parameters_to_ndarrays(res.parameters)
-        delta = arrays_to_state(arrays, self._keys) if arrays else None
-        return ReceivedUpdate(delta=delta, release=decode_release(res.metrics), num_samples=res.num_examples)
+    def _mean_delta(
+        self, server_round: int, results: list[tuple[ClientProxy, FitRes]]
+    ) -> tuple[StateDict | None, dict[str, float]]:
+        """The round's mean model delta (None in round 0) and statistics about forming it."""
+        first = parameters_to_ndarrays(results[0][1].parameters)
+        if not first:
+            return None, {}
+        if self.secagg is None:
+            deltas = [arrays_to_state(parameters_to_ndarrays(res.parameters), self._keys) for _, res in results]
+            return weighted_mean(deltas, [float(res.num_examples) for _, res in results]), {}
+        # SecAgg+ gave every reply the same aggregate; no single client's update exists here.
+        decoded = decode_aggregate(first, self.scales, client_weights=[float(res.num_examples) for _, res in results])
+        rejected = [k for k, bad in zip(self._keys, decoded.overflow) if bad]
+        if rejected:
+            logger.warning(
+                "round %d: %d aggregated tensors overflowed SecAgg+'s clipping range and were not applied "
+                "(e.g. %s); their scales grow for the next round",
+                self.orchestra_round(server_round), len(rejected), rejected[0],
+            )
+        self.rejected_tensor_updates += len(rejected)
+        self.scales = next_scales(self.scales, decoded)
+        stats = {"secagg_rejected_tensors": float(len(rejected)), "secagg_max_scale": float(self.scales.max())}
+        return arrays_to_state(decoded.mean, self._keys), stats
+
+    def _close_round(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        mean_delta: StateDict | None,
+        aggregation_stats: dict[str, float],
+    ) -> None:
+        releases = [decode_release(res.metrics) for _, res in results]
+        stats = self.server.apply_round(mean_delta, releases)
+        client_ids = [int(res.metrics["client_id"]) for _, res in results]
+        self.on_round_end(
+            RoundReport(
+                round=self.orchestra_round(server_round),
+                sampled=self._sampled,
+                completed=len(results),
+                # Flower's SecAgg+ can list one dropout twice; count what is missing instead.
+                failures=self._sampled - len(results),
+                seconds=time.perf_counter() - self._round_started,
+                server_stats={**stats, **aggregation_stats},
+                client_metrics=[scalar_metrics(res.metrics) for _, res in results],
+                releases=list(zip(client_ids, releases)),
+            )
+        )
+        self._closed_round = server_round
 
     # Evaluation happens on the server, in the training driver's round hook.
     def configure_evaluate(

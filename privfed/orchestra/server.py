@@ -1,13 +1,13 @@
 """Server side of Orchestra, independent of any FL runtime.
 
-Holds the global network and centroids and turns a round's client updates
-into the next global state: FedAvg of the model deltas, then clustering of
-everything the clients released.
+Holds the global network and centroids and turns a round's aggregate into
+the next global state: the mean model delta is applied, then everything the
+clients released is clustered. How the mean delta was formed (plain FedAvg or
+secure aggregation) is the runtime's business: the server never needs one
+client's delta.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
@@ -19,17 +19,7 @@ from privfed.orchestra.model_state import (
     apply_delta,
     load_shared_state,
     shared_state,
-    weighted_mean,
 )
-
-
-@dataclass(frozen=True)
-class ReceivedUpdate:
-    """One client's reply as the server sees it."""
-
-    delta: StateDict | None
-    release: Release
-    num_samples: int
 
 
 class OrchestraServer:
@@ -46,21 +36,16 @@ class OrchestraServer:
     def global_state(self) -> StateDict:
         return shared_state(self.network)
 
-    def apply_round(self, updates: list[ReceivedUpdate]) -> dict[str, float]:
-        """Aggregates the deltas (when any) and re-clusters the releases.
+    def apply_round(self, mean_delta: StateDict | None, releases: list[Release]) -> dict[str, float]:
+        """Applies the round's mean delta (None: the model stays) and re-clusters the releases.
 
         Returns:
             Round statistics that are safe to log.
         """
-        if not updates:
-            raise ValueError("a round needs at least one client update")
-        trained = [u for u in updates if u.delta is not None]
-        if trained:
-            mean_delta = weighted_mean(
-                [u.delta for u in trained], [float(u.num_samples) for u in trained]
-            )
+        if not releases:
+            raise ValueError("a round needs at least one client release")
+        if mean_delta is not None:
             load_shared_state(self.network, apply_delta(self.global_state(), mean_delta))
-        releases = [u.release for u in updates]
         self.centroids = global_centroids(
             releases,
             self.num_global_centroids,
@@ -69,7 +54,7 @@ class OrchestraServer:
         )
         ks = [r.guarantee.k for r in releases if r.guarantee.k is not None and r.num_vectors > 0]
         stats = {
-            "clients": float(len(updates)),
+            "clients": float(len(releases)),
             "released_vectors": float(sum(r.num_vectors for r in releases)),
             "centroid_usage": _centroid_usage(releases, self.centroids),
         }

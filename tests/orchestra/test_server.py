@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from mechanisms import Guarantee, Release
 from privfed.models import OrchestraNetwork
 from privfed.orchestra.model_state import shared_state, state_delta, weighted_mean
-from privfed.orchestra.server import OrchestraServer, ReceivedUpdate
+from privfed.orchestra.server import OrchestraServer
 
 NONE = Guarantee(kind="none", statement="test")
 
@@ -18,7 +18,7 @@ def release(n: int, dim: int, seed: int) -> Release:
 def test_round_zero_produces_G_unit_global_centroids():
     server = OrchestraServer(OrchestraNetwork("resnet8", 16), num_global_centroids=8, seed=0)
     before = shared_state(server.network)
-    stats = server.apply_round([ReceivedUpdate(None, release(4, 16, s), 16) for s in range(3)])
+    stats = server.apply_round(None, [release(4, 16, s) for s in range(3)])
     assert server.centroids.shape == (8, 16)
     assert torch.allclose(server.centroids.norm(dim=1), torch.ones(8), atol=1e-5)
     assert stats["released_vectors"] == 12
@@ -29,18 +29,16 @@ def test_round_zero_produces_G_unit_global_centroids():
 def test_too_few_released_vectors_for_G_centroids_is_an_error():
     server = OrchestraServer(OrchestraNetwork("resnet8", 16), num_global_centroids=8, seed=0)
     with pytest.raises(ValueError, match="fewer than the 8"):
-        server.apply_round([ReceivedUpdate(None, release(4, 16, 0), 16)])
+        server.apply_round(None, [release(4, 16, 0)])
 
 
-def test_deltas_are_averaged_weighted_by_sample_count():
+def test_the_mean_delta_moves_the_global_model():
     torch.manual_seed(0)
     server = OrchestraServer(OrchestraNetwork("resnet8", 16), num_global_centroids=4, seed=0)
     start = shared_state(server.network)
     ones = {k: torch.ones_like(v) for k, v in start.items()}
     threes = {k: 3 * torch.ones_like(v) for k, v in start.items()}
-    server.apply_round(
-        [ReceivedUpdate(ones, release(4, 16, 0), 30), ReceivedUpdate(threes, release(4, 16, 1), 10)]
-    )
+    server.apply_round(weighted_mean([ones, threes], [30.0, 10.0]), [release(4, 16, 0), release(4, 16, 1)])
     moved = state_delta(shared_state(server.network), start)
     for k, v in moved.items():
         assert torch.allclose(v, torch.full_like(v, 1.5)), k

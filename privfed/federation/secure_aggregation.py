@@ -1,0 +1,171 @@
+"""SecAgg+ for Orchestra's encoder updates: protocol settings and the fit workflow.
+
+Only model deltas are summed securely. The released centroids are not a sum
+(the server clusters every client's release separately), so they travel as
+their own message content next to the masked vector, protected by the
+release mechanism.
+
+Round 0 only initialises: clients send no update, so it runs Flower's plain
+fit workflow instead of a key exchange over nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from flwr.common import Context
+from flwr.server import Grid, LegacyContext
+from flwr.server.workflow import SecAggPlusWorkflow
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, Key
+from flwr.server.workflow.default_workflows import default_fit_workflow
+
+from privfed.config import TrainConfig
+from privfed.errors import PrivfedError
+
+if TYPE_CHECKING:
+    from privfed.federation.strategy import OrchestraStrategy
+
+#: Up to this many sampled clients every pair of clients shares masks (the
+#: original SecAgg); beyond it, SecAgg+'s sparse neighbourhoods take over.
+COMPLETE_GRAPH_LIMIT = 20
+
+
+@dataclass(frozen=True)
+class SecAggPlusSettings:
+    """The SecAgg+ parameters of a run (recorded in ``summary.json``).
+
+    Attributes:
+        num_shares: Neighbours of each client, itself included; its key is
+            split into this many shares.
+        reconstruction_threshold: Shares needed to rebuild a key. Each client
+            tolerates ``num_shares - reconstruction_threshold`` dropped neighbours.
+        clipping_range: Values are clipped to ``±clipping_range`` before quantisation.
+        max_weight: Largest FedAvg weight (client size); weights are divided by it.
+        quantization_range: Fixed-point levels over the clipping range.
+        modulus_range: Modulus of the masked sums.
+        timeout: Seconds each protocol stage waits for replies (None: all replies).
+    """
+
+    num_shares: int
+    reconstruction_threshold: int
+    clipping_range: float
+    max_weight: float
+    quantization_range: int = 2**22
+    modulus_range: int = 2**32
+    timeout: float | None = None
+
+    @property
+    def tolerated_dropouts(self) -> int:
+        return self.num_shares - self.reconstruction_threshold
+
+    def workflow_arguments(self, num_sampled: int) -> dict[str, Any]:
+        """Keyword arguments of Flower's ``SecAggPlusWorkflow`` for ``num_sampled`` clients per round.
+
+        Shares and threshold are passed as fractions, which Flower turns back
+        into exactly these counts: it rejects integer shares below 3, which
+        two-client rounds need.
+        """
+        return {
+            "num_shares": self.num_shares / num_sampled,
+            "reconstruction_threshold": self.reconstruction_threshold / self.num_shares,
+            "max_weight": self.max_weight,
+            "clipping_range": self.clipping_range,
+            "quantization_range": self.quantization_range,
+            "modulus_range": self.modulus_range,
+            "timeout": self.timeout,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tolerated_dropouts": self.tolerated_dropouts}
+
+
+def default_num_shares(num_sampled: int) -> int:
+    """Every sampled client up to :data:`COMPLETE_GRAPH_LIMIT`, then an odd ``~3 log2 k``.
+
+    Logarithmic neighbourhoods are what makes SecAgg+ scale (Bell et al.,
+    2020); the factor 3 keeps the chance that dropouts or colluders cut a
+    neighbourhood small at the round sizes federated runs use.
+    """
+    if num_sampled <= COMPLETE_GRAPH_LIMIT:
+        return num_sampled
+    shares = math.ceil(3 * math.log2(num_sampled))
+    return min(num_sampled, shares + (1 - shares % 2))
+
+
+def default_threshold(num_shares: int) -> int:
+    """A strict majority of the shares (never below 2, which two-client rounds need)."""
+    return max(2, num_shares // 2 + 1)
+
+
+def secagg_settings(config: TrainConfig, client_sizes: list[int]) -> SecAggPlusSettings | None:
+    """The run's SecAgg+ parameters, or None when it is off.
+
+    Raises:
+        PrivfedError: for settings the protocol cannot run with.
+    """
+    if not config.secagg:
+        return None
+    sampled = config.clients_per_round
+    if sampled < 2:
+        raise PrivfedError(
+            f"secure aggregation needs at least 2 clients per round, this run samples {sampled}; "
+            "raise --participation or --num-clients, or pass --no-secagg"
+        )
+    shares = config.secagg_shares if config.secagg_shares is not None else default_num_shares(sampled)
+    if not (shares == sampled or 3 <= shares < sampled and shares % 2 == 1):
+        raise PrivfedError(
+            f"--secagg-shares must be the number of sampled clients ({sampled}) or an odd number "
+            f"from 3 to {sampled - 1}, got {shares}"
+        )
+    threshold = config.secagg_threshold if config.secagg_threshold is not None else default_threshold(shares)
+    if not 2 <= threshold <= shares:
+        raise PrivfedError(f"--secagg-threshold must be between 2 and the number of shares ({shares}), got {threshold}")
+    if config.secagg_clipping_range <= 0:
+        raise PrivfedError(f"--secagg-clipping-range must be > 0, got {config.secagg_clipping_range}")
+    if config.secagg_timeout is not None and config.secagg_timeout <= 0:
+        raise PrivfedError(f"--secagg-timeout must be > 0, got {config.secagg_timeout}")
+    return SecAggPlusSettings(
+        num_shares=shares,
+        reconstruction_threshold=threshold,
+        clipping_range=config.secagg_clipping_range,
+        max_weight=float(max(max(client_sizes), 1)),
+        timeout=config.secagg_timeout,
+    )
+
+
+class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
+    """SecAgg+ that hands the clients' plaintext reply content to the strategy.
+
+    The releases and metrics in those replies reached the server whether or
+    not the protocol completes; if it halts later (too many dropouts), the
+    strategy must still account for them.
+    """
+
+    def __init__(self, strategy: OrchestraStrategy, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.strategy = strategy
+
+    def collect_masked_vectors_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
+        proceed = super().collect_masked_vectors_stage(grid, context, state)
+        self.strategy.note_replies(list(state.legacy_results))
+        return proceed
+
+
+class OrchestraFitWorkflow:
+    """The fit step of each Flower round: plain for round 0, SecAgg+ afterwards."""
+
+    def __init__(self, settings: SecAggPlusSettings, strategy: OrchestraStrategy, num_sampled: int) -> None:
+        self.strategy = strategy
+        self._secure = _CapturingSecAggPlusWorkflow(strategy, **settings.workflow_arguments(num_sampled))
+
+    def __call__(self, grid: Grid, context: Context) -> None:
+        if not isinstance(context, LegacyContext):
+            raise TypeError(f"expected a LegacyContext, got {type(context).__name__}")
+        if not self.strategy.next_round_trains:
+            default_fit_workflow(grid, context)
+            return
+        current_round = int(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND])
+        self._secure(grid, context)
+        self.strategy.close_round_without_aggregate(current_round)
