@@ -7,11 +7,15 @@ Server -> client (``FitIns``):
                 ``centroids`` (bytes, absent in round 0), ``run_config``
                 (the run's configuration as JSON) and ``mechanism_params``
                 (JSON keyword arguments of the release mechanism, calibrated
-                once by the server from the run's privacy budget)
+                once by the server from the run's privacy budget); in SecAgg+
+                rounds also ``secagg_scales`` (bytes), ``secagg_max_weight``
+                and ``secagg_clipping_range``
 
 Client -> server (``FitRes``):
     parameters  the client's model delta, same keys (empty in round 0);
-                under secure aggregation only their sum reaches the strategy
+                under SecAgg+ it is rescaled, followed by two indicator
+                vectors (:mod:`privfed.federation.update_encoding`), masked,
+                and only the clients' weighted mean reaches the strategy
     metrics     training metrics plus the mechanism's release:
                 ``release_vectors``/``release_weights`` (bytes),
                 ``release_guarantee`` and ``release_events`` (JSON). These are not summed: the
