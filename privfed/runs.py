@@ -20,7 +20,7 @@ import torch
 
 from privfed.config import TrainConfig, load_saved_config, save_config
 from privfed.errors import PrivfedError
-from privfed.models.network import OrchestraNetwork
+from privfed.models.network import OrchestraNetwork, build_network
 
 CHECKPOINT_NAMES = ("initial", "final")
 
@@ -97,10 +97,10 @@ class RunDirectory:
 
 
 def load_network(config: TrainConfig, checkpoint: Path) -> OrchestraNetwork:
-    """Rebuilds the run's network and loads a checkpoint into it."""
+    """Rebuilds the run's network (GroupNorm if it trained with DP-SGD) and loads a checkpoint into it."""
     try:
         payload = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        network = OrchestraNetwork(config.backbone, config.projection_dim)
+        network = build_network(config)
         network.load_state_dict(payload["network"])
     except (RuntimeError, KeyError, OSError) as err:
         raise PrivfedError(f"cannot load checkpoint {checkpoint}: {str(err).splitlines()[0]}") from None

@@ -25,10 +25,11 @@ from privfed.errors import PrivfedError
 from privfed.evaluation.monitor import KnnMonitor
 from privfed.federation.secure_aggregation import SecAggPlusSettings, secagg_settings
 from privfed.federation.strategy import OrchestraStrategy, RoundReport
-from privfed.models.network import OrchestraNetwork
+from privfed.models.network import build_network
 from privfed.orchestra.server import OrchestraServer
 from privfed.privacy import PrivacyLedger, PrivacyPlan, plan_privacy
 from privfed.privacy.ledger import LedgerEntry
+from privfed.privacy.statement import privacy_statement
 from privfed.runs import RunDirectory
 
 ProgressCallback = Callable[[dict[str, Any]], None]
@@ -96,7 +97,8 @@ class TrainingRun:
         """Plans the privacy budget, creates the run directory, the initial model and its evaluation."""
         parts = client_partition(self.config)
         self.secagg: SecAggPlusSettings | None = secagg_settings(self.config, [len(p) for p in parts])
-        self.plan = plan_privacy(self.config, [len(p) for p in parts])
+        self.client_sizes = [len(p) for p in parts]
+        self.plan = plan_privacy(self.config, self.client_sizes)
         self.config = config = self.config.replace(delta=self.plan.delta)  # record the delta in force
         self.run_dir.create(config)
         self.ledger = PrivacyLedger(
@@ -108,13 +110,18 @@ class TrainingRun:
         self.monitor = build_monitor(config, self.device)
         self.heterogeneity = heterogeneity_stats(self.monitor.train_labels.numpy(), parts)
         torch.manual_seed(config.seed)
-        network = OrchestraNetwork(config.backbone, config.projection_dim)
+        network = build_network(config)  # GroupNorm under DP-SGD, as on the clients
         self.knn_init = self.monitor(network.online.backbone)
         self.run_dir.save_checkpoint("initial", network, None, round_index=0)
         self.server = OrchestraServer(network, num_global_centroids=config.num_global_centroids, seed=config.seed)
         self._emit({"event": "start", "knn_accuracy_init": self.knn_init, "rounds": config.rounds})
         self.strategy = OrchestraStrategy(
-            self.server, config, self.on_round_end, mechanism_params=self.plan.params, secagg=self.secagg
+            self.server,
+            config,
+            self.on_round_end,
+            mechanism_params=self.plan.params,
+            secagg=self.secagg,
+            dp_sgd=None if self.plan.dp_sgd is None else self.plan.dp_sgd.settings,
         )
         return self.strategy
 
@@ -136,9 +143,14 @@ class TrainingRun:
             record["min_k"] = int(record["min_k"])
         for client, release in report.releases:
             self.ledger.record(LedgerEntry(client, report.round, self.config.mechanism, release.guarantee, release.events))
+        self._record_training(report)
         if self.ledger.is_dp:
-            worst_client, spent = self.ledger.worst_case()
-            record.update(privacy_epsilon=spent, privacy_delta=self.ledger.delta, privacy_worst_client=worst_client)
+            worst = self.ledger.worst_case_summary()
+            record.update(privacy_epsilon=worst.epsilon, privacy_delta=worst.delta, privacy_worst_client=worst.client)
+            if self.plan.dp_sgd is not None:
+                record["privacy_dp_sgd_epsilon"] = worst.dp_sgd_worst
+            if self.plan.is_dp:
+                record["privacy_releases_epsilon"] = worst.releases_worst
             self._stop_if_budget_runs_out(report.round)
         due = report.round > 0 and (report.round % config.eval_every == 0 or report.round == config.rounds)
         if due:
@@ -150,6 +162,22 @@ class TrainingRun:
         self.run_dir.append_metrics(record)
         self._rounds_done = report.round
         self._emit({"event": "round", **record})
+
+    def _record_training(self, report: RoundReport) -> None:
+        """Charges each client's DP-SGD steps to the ledger, after checking them against the plan.
+
+        Every reply counts, also in a round whose secure aggregation halted:
+        the client trained and sent its (masked) update either way.
+        """
+        if self.plan.dp_sgd is None:
+            return
+        for client, events in report.training_events:
+            if not events:
+                continue
+            expected = self.plan.dp_sgd.round_events(self.client_sizes[client])
+            if events != expected:
+                raise RuntimeError(f"client {client} reports DP-SGD costs {events}, the plan expects {expected}")
+            self.ledger.record(LedgerEntry.dp_sgd(client, report.round, events))
 
     def _stop_if_budget_runs_out(self, round_index: int) -> None:
         """Stops before the round whose releases could take a client past its budget."""
@@ -164,32 +192,30 @@ class TrainingRun:
             self._emit({"event": "stop", "reason": self.strategy.stop_reason})
 
     def privacy_summary(self) -> dict[str, Any]:
-        """The ``privacy`` object of ``summary.json``: what the worst-off client is guaranteed."""
-        mechanism = self.config.mechanism
-        if self.ledger.is_dp:
-            client, spent = self.ledger.worst_case()
-            return {
-                "mechanism": mechanism,
-                "epsilon": spent,
-                "delta": self.ledger.delta,
-                "k": None,
-                "worst_case_client": client,
-                "budget": self.plan.budget,
-                "statement": (
-                    f"Every client's released centroids over the whole run are ({spent:.3g}, {self.ledger.delta:.2g})-"
-                    "differentially private with respect to one of its representations (PLD accountant, no "
-                    "subsampling amplification). Encoder updates are not covered."
-                ),
-            }
-        k = self.ledger.min_k
-        if k is not None:
-            statement = (
-                f"Every released centroid is the mean of at least {k} of a client's representations "
-                "(k-anonymity, not differential privacy). Encoder updates are not covered."
-            )
-        else:
-            statement = "No guarantee: clients release their representations in the clear."
-        return {"mechanism": mechanism, "epsilon": None, "delta": None, "k": k, "statement": statement}
+        """The ``privacy`` object of ``summary.json``: what the worst-off client is guaranteed, and what is not covered."""
+        worst = self.ledger.worst_case_summary() if self.ledger.is_dp else None
+        statement = privacy_statement(
+            mechanism=self.config.mechanism,
+            mechanism_is_dp=self.plan.is_dp,
+            dp_sgd=self.plan.dp_sgd is not None,
+            worst=worst,
+            k=self.ledger.min_k,
+            secagg=self.secagg is not None,
+        )
+        dp_sgd = None
+        if self.plan.dp_sgd is not None and worst is not None:
+            dp_sgd = {**self.plan.dp_sgd.to_dict(), "epsilon": worst.dp_sgd_worst}
+        return {
+            "mechanism": self.config.mechanism,
+            "epsilon": None if worst is None else worst.epsilon,
+            "delta": None if worst is None else worst.delta,
+            "k": self.ledger.min_k,
+            "worst_case_client": None if worst is None else worst.client,
+            "budget": self.plan.budget,
+            "releases_epsilon": worst.releases_worst if worst is not None and self.plan.is_dp else None,
+            "dp_sgd": dp_sgd,
+            **statement.to_dict(),
+        }
 
     def secure_aggregation_summary(self) -> dict[str, Any]:
         """Whether the server saw only sums of encoder updates, and the protocol's parameters."""

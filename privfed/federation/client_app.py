@@ -45,13 +45,16 @@ from privfed.federation.messages import (
     state_to_arrays,
 )
 from privfed.federation.update_encoding import encode_update
-from privfed.models.network import OrchestraNetwork
+from privfed.models.network import build_network
 from privfed.orchestra.client_update import client_update
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_keys
+from privfed.privacy.dp_sgd import DpSgdSettings
+from privfed.privacy.ledger import events_to_json
 
 
-def local_training_config(config: TrainConfig) -> LocalTrainingConfig:
+def local_training_config(config: TrainConfig, dp_sgd: DpSgdSettings | None = None) -> LocalTrainingConfig:
+    """The client's local hyperparameters; ``dp_sgd`` comes from the server's plan, not the config."""
     return LocalTrainingConfig(
         epochs=config.local_epochs,
         batch_size=config.batch_size,
@@ -61,6 +64,7 @@ def local_training_config(config: TrainConfig) -> LocalTrainingConfig:
         temperature=config.temperature,
         ema_decay=config.ema_decay,
         memory_size=config.memory_size,
+        dp_sgd=dp_sgd,
     )
 
 
@@ -84,12 +88,15 @@ class OrchestraClient(Client):
                 f"num_clients={config.num_clients}; start as many SuperNodes as clients"
             )
         torch.set_num_threads(max(1, int(config.client_cpus)))
-        network = OrchestraNetwork(config.backbone, config.projection_dim)
+        network = build_network(config)  # GroupNorm under DP-SGD
         keys = shared_keys(network)
         global_state = arrays_to_state(parameters_to_ndarrays(ins.parameters), keys)
         task = str(ins.config["task"])
         centroids = bytes_to_tensor(ins.config["centroids"]) if task == "train" else None
         mechanism = create_mechanism(config.mechanism, **json.loads(str(ins.config["mechanism_params"])))
+        dp_sgd = DpSgdSettings.from_json(str(ins.config["dp_sgd"])) if "dp_sgd" in ins.config else None
+        if config.dp_sgd and dp_sgd is None:
+            raise ValueError("the run trains with DP-SGD but the server sent no DP-SGD settings")
         if centroids is not None:
             mechanism.observe_global_centroids(centroids)
         update = client_update(
@@ -97,7 +104,7 @@ class OrchestraClient(Client):
             global_state,
             centroids,
             client_images(config, self.client_id),
-            config=local_training_config(config),
+            config=local_training_config(config, dp_sgd),
             mechanism=mechanism,
             num_local_centroids=config.num_local_centroids,
             seed=client_seed(int(ins.config["seed"]), int(ins.config["round"]), self.client_id),
@@ -110,7 +117,12 @@ class OrchestraClient(Client):
             status=Status(code=Code.OK, message="ok"),
             parameters=ndarrays_to_parameters(arrays),
             num_examples=update.num_samples,
-            metrics={**update.metrics, "client_id": self.client_id, **encode_release(update.release)},
+            metrics={
+                **update.metrics,
+                "client_id": self.client_id,
+                **encode_release(update.release),
+                "dp_sgd_events": events_to_json(update.privacy_events),
+            },
         )
 
 

@@ -9,7 +9,9 @@ Server -> client (``FitIns``):
                 (JSON keyword arguments of the release mechanism, calibrated
                 once by the server from the run's privacy budget); in SecAgg+
                 rounds also ``secagg_scales`` (bytes), ``secagg_max_weight``
-                and ``secagg_clipping_range``
+                and ``secagg_clipping_range``; with ``--dp-sgd`` also
+                ``dp_sgd`` (JSON :class:`privfed.privacy.dp_sgd.DpSgdSettings`,
+                calibrated once by the server)
 
 Client -> server (``FitRes``):
     parameters  the client's model delta, same keys (empty in round 0);
@@ -19,7 +21,9 @@ Client -> server (``FitRes``):
     metrics     training metrics plus the mechanism's release:
                 ``release_vectors``/``release_weights`` (bytes),
                 ``release_guarantee`` and ``release_events`` (JSON). These are not summed: the
-                server needs every client's release separately.
+                server needs every client's release separately. ``dp_sgd_events``
+                (JSON list, empty without DP-SGD and in round 0) is the
+                round's DP-SGD cost; under DP-SGD the training losses are not sent.
 """
 
 from __future__ import annotations

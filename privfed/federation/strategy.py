@@ -37,7 +37,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from mechanisms.base import Release
+from mechanisms.base import PrivacyEvent, Release
 from privfed.config import TrainConfig
 from privfed.federation.messages import (
     arrays_to_state,
@@ -50,6 +50,8 @@ from privfed.federation.secure_aggregation import SecAggPlusSettings
 from privfed.federation.update_encoding import decode_aggregate, initial_scales, next_scales
 from privfed.orchestra.model_state import StateDict, shared_keys, weighted_mean
 from privfed.orchestra.server import OrchestraServer
+from privfed.privacy.dp_sgd import DpSgdSettings
+from privfed.privacy.ledger import events_from_json
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +71,7 @@ class RoundReport:
     server_stats: dict[str, float]
     client_metrics: list[dict[str, float]] = field(default_factory=list)
     releases: list[tuple[int, Release]] = field(default_factory=list)
+    training_events: list[tuple[int, tuple[PrivacyEvent, ...]]] = field(default_factory=list)
 
 
 class OrchestraStrategy(Strategy):
@@ -82,6 +85,7 @@ class OrchestraStrategy(Strategy):
         *,
         mechanism_params: dict[str, Any] | None = None,
         secagg: SecAggPlusSettings | None = None,
+        dp_sgd: DpSgdSettings | None = None,
     ) -> None:
         self.server = server
         self.secagg = secagg
@@ -90,6 +94,7 @@ class OrchestraStrategy(Strategy):
         self._keys = shared_keys(server.network)
         self._run_config = json.dumps(config.to_dict())
         self._mechanism_params = json.dumps(mechanism_params or {})
+        self._dp_sgd = None if dp_sgd is None else dp_sgd.to_json()
         self.stop_reason: str | None = None
         self._rng = np.random.default_rng(config.seed)
         self._round_started = 0.0
@@ -144,6 +149,8 @@ class OrchestraStrategy(Strategy):
             "run_config": self._run_config,
             "mechanism_params": self._mechanism_params,
         }
+        if self._dp_sgd is not None:
+            config["dp_sgd"] = self._dp_sgd
         if self.server.centroids is not None:
             config["centroids"] = tensor_to_bytes(self.server.centroids)
             if self.secagg is not None:
@@ -229,6 +236,10 @@ class OrchestraStrategy(Strategy):
                 server_stats={**stats, **aggregation_stats},
                 client_metrics=[scalar_metrics(res.metrics) for _, res in results],
                 releases=list(zip(client_ids, releases)),
+                training_events=[
+                    (cid, events_from_json(str(res.metrics.get("dp_sgd_events", "[]"))))
+                    for cid, (_, res) in zip(client_ids, results)
+                ],
             )
         )
         self._closed_round = server_round

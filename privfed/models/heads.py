@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from privfed.models.norms import norm1d
 
-def projector(in_dim: int, dim: int) -> nn.Sequential:
-    """Two bias-free linear layers; the last BatchNorm has no affine part.
+
+def projector(in_dim: int, dim: int, *, norm: str = "batch") -> nn.Sequential:
+    """Two bias-free linear layers; the last normalisation has no affine part.
 
     Mirrors the paper's Linear-BN-ReLU-Linear-BN(affine=False); the final
-    non-affine BatchNorm keeps the outputs centred, which helps the clustering
-    loss avoid a collapsed solution.
+    non-affine normalisation keeps the outputs centred, which helps the
+    clustering loss avoid a collapsed solution. With ``norm="group"`` (DP-SGD)
+    both normalisations work per sample (see :func:`norm1d`).
     """
     return nn.Sequential(
         nn.Linear(in_dim, dim, bias=False),
-        nn.BatchNorm1d(dim),
-        nn.ReLU(inplace=True),
+        norm1d(dim, norm),
+        nn.ReLU(inplace=norm == "batch"),  # Opacus' backward hooks forbid in-place ops on hooked outputs
         nn.Linear(dim, dim, bias=False),
-        nn.BatchNorm1d(dim, affine=False),
+        norm1d(dim, norm, affine=False),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -10,16 +11,20 @@ import torch.nn.functional as F
 
 from privfed.errors import PrivfedError
 from privfed.models.heads import projector, rotation_head
+from privfed.models.norms import check_norm
 from privfed.models.resnet import BACKBONES
+
+if TYPE_CHECKING:
+    from privfed.config import TrainConfig
 
 
 class Encoder(nn.Module):
     """Backbone followed by the projector."""
 
-    def __init__(self, backbone: nn.Module, feature_dim: int, projection_dim: int) -> None:
+    def __init__(self, backbone: nn.Module, feature_dim: int, projection_dim: int, *, norm: str = "batch") -> None:
         super().__init__()
         self.backbone = backbone
-        self.projector = projector(feature_dim, projection_dim)
+        self.projector = projector(feature_dim, projection_dim, norm=norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.projector(self.backbone(x))
@@ -30,14 +35,19 @@ class OrchestraNetwork(nn.Module):
 
     The target encoder never receives gradients: its parameters have
     ``requires_grad=False`` and are only changed by :func:`ema_update`.
+
+    ``norm="group"`` replaces every BatchNorm (backbone and projector, online
+    and therefore target) by GroupNorm, which DP-SGD requires: see
+    :mod:`privfed.models.norms`.
     """
 
-    def __init__(self, backbone: str, projection_dim: int) -> None:
+    def __init__(self, backbone: str, projection_dim: int, *, norm: str = "batch") -> None:
         super().__init__()
         if backbone not in BACKBONES:
             raise PrivfedError(f"unknown backbone {backbone!r} (choose from {', '.join(BACKBONES)})")
-        net = BACKBONES[backbone]()
-        self.online = Encoder(net, net.feature_dim, projection_dim)
+        self.norm = check_norm(norm)
+        net = BACKBONES[backbone](norm=norm)
+        self.online = Encoder(net, net.feature_dim, projection_dim, norm=norm)
         self.target = copy.deepcopy(self.online)
         for p in self.target.parameters():
             p.requires_grad_(False)
@@ -56,12 +66,27 @@ class OrchestraNetwork(nn.Module):
         return [*self.online.parameters(), *self.rotation.parameters()]
 
 
+def network_norm(*, dp_sgd: bool) -> str:
+    """The normalisation a run's network uses: GroupNorm exactly when clients train with DP-SGD."""
+    return "group" if dp_sgd else "batch"
+
+
+def build_network(config: TrainConfig) -> OrchestraNetwork:
+    """The run's network, as server, clients and checkpoint loading must all build it.
+
+    The normalisation follows ``config.dp_sgd``, so a checkpoint always loads
+    into the architecture its run's configuration describes.
+    """
+    return OrchestraNetwork(config.backbone, config.projection_dim, norm=network_norm(dp_sgd=config.dp_sgd))
+
+
 @torch.no_grad()
 def ema_update(target: nn.Module, online: nn.Module, decay: float) -> None:
     """``target <- decay * target + (1 - decay) * online`` for the weights.
 
     BatchNorm running statistics are not averaged: the target runs its own
     forward passes in training mode (as in BYOL) and keeps its own statistics.
+    GroupNorm has none.
     """
     for t, o in zip(target.parameters(), online.parameters()):
         t.mul_(decay).add_(o.detach(), alpha=1.0 - decay)

@@ -2,7 +2,8 @@
 
 ``resnet18`` is the paper's backbone (512-d features); ``resnet8`` and
 ``resnet20`` are the small three-stage networks (16-32-64 channels, 64-d
-features) that make CPU runs finish in minutes.
+features) that make CPU runs finish in minutes. ``norm`` picks BatchNorm (the
+paper's) or GroupNorm (needed by DP-SGD, see :mod:`privfed.models.norms`).
 """
 
 from __future__ import annotations
@@ -13,21 +14,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from privfed.models.norms import norm2d
+
 
 class BasicBlock(nn.Module):
     """Two 3x3 convolutions with an identity (or 1x1 projection) shortcut."""
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
+    def __init__(self, in_channels: int, out_channels: int, stride: int, *, norm: str = "batch") -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.bn1 = norm2d(out_channels, norm)
         self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.bn2 = norm2d(out_channels, norm)
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or in_channels != out_channels:
             self.shortcut = nn.Sequential(
                 nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
-                nn.BatchNorm2d(out_channels),
+                norm2d(out_channels, norm),
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -39,21 +42,23 @@ class BasicBlock(nn.Module):
 class CifarResNet(nn.Module):
     """Backbone mapping ``[B, 3, H, W]`` images to ``[B, feature_dim]`` features."""
 
-    def __init__(self, blocks_per_stage: tuple[int, ...], widths: tuple[int, ...]) -> None:
+    def __init__(
+        self, blocks_per_stage: tuple[int, ...], widths: tuple[int, ...], *, norm: str = "batch"
+    ) -> None:
         super().__init__()
         if len(blocks_per_stage) != len(widths):
             raise ValueError("one width per stage is required")
         self.stem = nn.Sequential(
             nn.Conv2d(3, widths[0], 3, 1, 1, bias=False),
-            nn.BatchNorm2d(widths[0]),
-            nn.ReLU(inplace=True),
+            norm2d(widths[0], norm),
+            nn.ReLU(inplace=norm == "batch"),  # Opacus' backward hooks forbid in-place ops on hooked outputs
         )
         layers: list[nn.Module] = []
         in_channels = widths[0]
         for stage, (num_blocks, width) in enumerate(zip(blocks_per_stage, widths)):
             for block in range(num_blocks):
                 stride = 2 if stage > 0 and block == 0 else 1
-                layers.append(BasicBlock(in_channels, width, stride))
+                layers.append(BasicBlock(in_channels, width, stride, norm=norm))
                 in_channels = width
         self.stages = nn.Sequential(*layers)
         self.feature_dim = in_channels
@@ -63,19 +68,20 @@ class CifarResNet(nn.Module):
         return torch.flatten(F.adaptive_avg_pool2d(out, 1), 1)
 
 
-def resnet18() -> CifarResNet:
-    return CifarResNet((2, 2, 2, 2), (64, 128, 256, 512))
+def resnet18(*, norm: str = "batch") -> CifarResNet:
+    return CifarResNet((2, 2, 2, 2), (64, 128, 256, 512), norm=norm)
 
 
-def resnet20() -> CifarResNet:
-    return CifarResNet((3, 3, 3), (16, 32, 64))
+def resnet20(*, norm: str = "batch") -> CifarResNet:
+    return CifarResNet((3, 3, 3), (16, 32, 64), norm=norm)
 
 
-def resnet8() -> CifarResNet:
-    return CifarResNet((1, 1, 1), (16, 32, 64))
+def resnet8(*, norm: str = "batch") -> CifarResNet:
+    return CifarResNet((1, 1, 1), (16, 32, 64), norm=norm)
 
 
-BACKBONES: dict[str, Callable[[], CifarResNet]] = {
+#: Backbone builders; each takes a keyword-only ``norm`` ("batch" or "group").
+BACKBONES: dict[str, Callable[..., CifarResNet]] = {
     "resnet8": resnet8,
     "resnet20": resnet20,
     "resnet18": resnet18,

@@ -4,6 +4,10 @@ Given the global state, it trains (or, in round 0, only computes
 representations), asks the mechanism what may leave the client, and returns
 exactly what will be sent: a model delta, the mechanism's release, metrics.
 The memory of representations is dropped here and never returned.
+
+Under DP-SGD (``config.dp_sgd``) the reply also carries the round's DP-SGD
+cost (``privacy_events``), and its metrics hold nothing computed from the
+data: training losses would be outside the guarantee, so they stay here.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mechanisms.base import Mechanism, Release
+from mechanisms.base import Mechanism, PrivacyEvent, Release
 from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.local_training import (
     LocalTrainingConfig,
@@ -24,14 +28,28 @@ from privfed.orchestra.local_training import (
 from privfed.orchestra.model_state import StateDict, load_shared_state, shared_state, state_delta
 
 
+#: Metrics a DP-SGD client may send: counts fixed by its (public) size, and timings.
+DP_SGD_METRICS = ("train_seconds", "steps", "release_seconds")
+
+
 @dataclass(frozen=True)
 class ClientUpdate:
-    """What a client sends back; nothing else about its data leaves it."""
+    """What a client sends back; nothing else about its data leaves it.
+
+    Attributes:
+        delta: Model update (None in round 0).
+        release: What the mechanism made of the memory.
+        num_samples: The client's dataset size (public: the FedAvg weight).
+        metrics: Diagnostics; under DP-SGD only :data:`DP_SGD_METRICS`.
+        privacy_events: The DP-SGD cost of this round's update (empty
+            without DP-SGD, and in round 0, which does not train).
+    """
 
     delta: StateDict | None
     release: Release
     num_samples: int
     metrics: dict[str, float] = field(default_factory=dict)
+    privacy_events: tuple[PrivacyEvent, ...] = ()
 
 
 def client_update(
@@ -45,6 +63,7 @@ def client_update(
     num_local_centroids: int,
     seed: int,
     device: torch.device,
+    secret_seed: int | None = None,
 ) -> ClientUpdate:
     """Runs a client's round: initialise (``centroids is None``) or train.
 
@@ -59,17 +78,23 @@ def client_update(
         num_local_centroids: ``L``.
         seed: Seeds shuffling, augmentation and the mechanism's choices.
         device: Where to compute.
+        secret_seed: DP-SGD only, for tests (see
+            :func:`privfed.orchestra.local_training.train_locally`).
     """
     generator = torch.Generator().manual_seed(seed)
     load_shared_state(network, global_state)
+    events: tuple[PrivacyEvent, ...] = ()
     if centroids is None:
         memory = initial_representations(network, images, config, generator=generator, device=device)
         delta = None
         metrics: dict[str, float] = {}
     else:
-        result = train_locally(network, images, centroids, config, generator=generator, device=device)
+        result = train_locally(
+            network, images, centroids, config, generator=generator, device=device, secret_seed=secret_seed
+        )
         memory = result.memory
         delta = state_delta(shared_state(network), global_state)
+        events = result.privacy_events
         metrics = {
             "loss": result.loss,
             "cluster_loss": result.cluster_loss,
@@ -80,4 +105,8 @@ def client_update(
     start = time.perf_counter()
     release = mechanism.release(memory, num_centroids=num_local_centroids, generator=generator)
     metrics["release_seconds"] = time.perf_counter() - start
-    return ClientUpdate(delta=delta, release=release, num_samples=int(images.shape[0]), metrics=metrics)
+    if config.dp_sgd is not None:
+        metrics = {k: v for k, v in metrics.items() if k in DP_SGD_METRICS}
+    return ClientUpdate(
+        delta=delta, release=release, num_samples=int(images.shape[0]), metrics=metrics, privacy_events=events
+    )

@@ -18,6 +18,10 @@ def cluster_consistency_loss(
     one view must predict which global cluster the target encoder put the
     other view in. The target side carries no gradient.
 
+    Each sample's targets come from its own representation (a softmax, no
+    batch-level Sinkhorn balancing), so the batch loss is the mean of
+    per-sample losses: what DP-SGD's per-sample gradients require.
+
     Args:
         target_reps: ``[B, D]`` L2-normalised target representations of view 1.
         online_reps: ``[B, D]`` L2-normalised online representations of view 2.

@@ -1,6 +1,16 @@
-"""Privacy budgets and the per-run ledger of what every client released."""
+"""Privacy budgets, DP-SGD planning, the per-run ledger and the run's privacy statement."""
 
 from privfed.privacy.budget import PrivacyPlan, plan_privacy
+from privfed.privacy.dp_sgd import DpSgdPlan, DpSgdSettings
 from privfed.privacy.ledger import PrivacyLedger
+from privfed.privacy.statement import PrivacyStatement, privacy_statement
 
-__all__ = ["PrivacyLedger", "PrivacyPlan", "plan_privacy"]
+__all__ = [
+    "DpSgdPlan",
+    "DpSgdSettings",
+    "PrivacyLedger",
+    "PrivacyPlan",
+    "PrivacyStatement",
+    "plan_privacy",
+    "privacy_statement",
+]

@@ -1,9 +1,15 @@
-"""Turning the user's privacy budget into per-release mechanism parameters.
+"""Turning the user's privacy budgets into mechanism and DP-SGD parameters.
 
-``--epsilon`` is the total (epsilon, delta) one client may spend over the
-whole run. A client can be sampled in every round, so the plan assumes the
-worst case of ``rounds + 1`` releases (round 0 included) and calibrates each
-release so that their composition stays within the budget.
+``--epsilon`` is the total (epsilon, delta) one client's releases may spend
+over the whole run. A client can be sampled in every round, so the plan
+assumes the worst case of ``rounds + 1`` releases (round 0 included) and
+calibrates each release so that their composition stays within the budget.
+
+``--dp-sgd`` adds a second, separately calibrated part: the encoder updates'
+DP-SGD noise (see :mod:`privfed.privacy.dp_sgd`), for the worst case of
+training in all ``rounds`` rounds. Both parts are quoted at one delta and
+compose in the run's ledger; :meth:`PrivacyPlan.describe` says what the
+combination will be.
 """
 
 from __future__ import annotations
@@ -15,9 +21,12 @@ from mechanisms.base import PrivacyEvent
 from mechanisms.ldp import LshCoresetMechanism, ldp_parameters
 from privfed.config import TrainConfig
 from privfed.errors import PrivfedError
+from privfed.privacy.dp_sgd import DpSgdPlan, plan_dp_sgd
 from privfed.privacy.ledger import composed_epsilon
 
 DP_MECHANISMS = ("ldp",)
+#: ``TrainConfig.max_grad_norm``'s default: any other value asks for DP-SGD.
+DEFAULT_MAX_GRAD_NORM = TrainConfig.max_grad_norm
 
 
 def default_delta(client_sizes: list[int]) -> float:
@@ -32,12 +41,18 @@ class PrivacyPlan:
     Attributes:
         mechanism: Mechanism name.
         params: Keyword arguments every client builds the mechanism with.
-        delta: The delta all epsilons are quoted at (None if not DP).
-        budget: Total epsilon per client the user allowed (None: no cap).
+        delta: The delta all epsilons are quoted at (None when neither the
+            mechanism nor DP-SGD is DP).
+        budget: Total release epsilon per client the user allowed (None: no cap).
         max_releases: Releases one client can make in the worst case.
-        planned_epsilon: Epsilon a client sampled in every round would spend.
+        planned_epsilon: Release epsilon a client sampled in every round would
+            spend (None when the mechanism is not DP).
         per_release_events: What one release costs (for the ledger's look-ahead).
         fitting_releases: Releases one client can make within the budget.
+        dp_sgd: The DP-SGD part (None without ``--dp-sgd``).
+        planned_combined_epsilon: Releases and DP-SGD composed, for the
+            client size whose DP-SGD costs most, sampled in every round
+            (None unless both parts are DP).
     """
 
     mechanism: str
@@ -48,6 +63,8 @@ class PrivacyPlan:
     planned_epsilon: float | None = None
     per_release_events: tuple[PrivacyEvent, ...] = ()
     fitting_releases: int | None = None
+    dp_sgd: DpSgdPlan | None = None
+    planned_combined_epsilon: float | None = None
 
     @property
     def may_stop_early(self) -> bool:
@@ -56,24 +73,61 @@ class PrivacyPlan:
 
     @property
     def is_dp(self) -> bool:
+        """True when the release mechanism is differentially private (DP-SGD aside)."""
+        return self.planned_epsilon is not None
+
+    @property
+    def has_dp_part(self) -> bool:
+        """True when anything in the run is DP, releases or DP-SGD: the ledger then has a delta."""
         return self.delta is not None
+
+    def describe(self) -> list[str]:
+        """What the plan promises, one line each, for the CLI."""
+        lines = []
+        if self.is_dp:
+            lines.append(
+                f"privacy: each client's releases compose to at most epsilon {self.planned_epsilon:.3f} "
+                f"(delta {self.delta:.2g}) over {self.max_releases} possible releases"
+            )
+        if self.dp_sgd is not None:
+            plan = self.dp_sgd
+            target = "" if plan.target_epsilon is None else f" (calibrated to --dp-sgd-epsilon {plan.target_epsilon:g})"
+            lines.append(
+                f"privacy: DP-SGD noise multiplier {plan.noise_multiplier:.4g}{target}, max grad norm "
+                f"{plan.max_grad_norm:g}; a client's encoder updates over {plan.rounds} training rounds cost at most "
+                f"epsilon {plan.planned_epsilon:.3f} (delta {plan.delta:.2g}; largest for {plan.worst_client_size} examples)"
+            )
+        if self.planned_combined_epsilon is not None:
+            lines.append(
+                f"privacy: releases and DP-SGD together: at most epsilon {self.planned_combined_epsilon:.3f} "
+                f"(delta {self.delta:.2g}) per example of a client"
+            )
+        return lines
 
 
 def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
-    """Calibrates the mechanism to the budget, or refuses a run that cannot fit it.
+    """Calibrates the mechanism and DP-SGD to their budgets, or refuses a run that cannot fit.
 
     Raises:
         PrivfedError: when the options are inconsistent or a fixed per-release
             epsilon would exceed the total budget (the message says what fits).
     """
+    check_dp_sgd_options(config)
     releases = config.rounds + 1  # worst case: sampled in every round, round 0 included
+    delta = config.delta if config.delta is not None else default_delta(client_sizes)
+    dp_sgd = _plan_dp_sgd(config, client_sizes, delta)
     if config.mechanism not in DP_MECHANISMS:
         if config.epsilon is not None or config.epsilon_per_release is not None:
-            raise PrivfedError(f"--epsilon applies to differentially private mechanisms ({', '.join(DP_MECHANISMS)}), not {config.mechanism}")
-        return PrivacyPlan(mechanism=config.mechanism, max_releases=releases)
+            hint = "; for DP-SGD's budget use --dp-sgd-epsilon" if config.dp_sgd else ""
+            raise PrivfedError(
+                f"--epsilon applies to differentially private mechanisms ({', '.join(DP_MECHANISMS)}), "
+                f"not {config.mechanism}{hint}"
+            )
+        return PrivacyPlan(
+            mechanism=config.mechanism, max_releases=releases, delta=delta if dp_sgd else None, dp_sgd=dp_sgd
+        )
     if config.epsilon is None and config.epsilon_per_release is None:
         raise PrivfedError(f"mechanism {config.mechanism} needs --epsilon (total budget per client) or --epsilon-per-release")
-    delta = config.delta if config.delta is not None else default_delta(client_sizes)
     if config.epsilon_per_release is None:
         params: dict[str, Any] = ldp_parameters(config.epsilon, delta, num_releases=releases)
     else:
@@ -96,6 +150,10 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
                 f"> budget {config.epsilon} (delta {delta:.2g}); at most {max(fitting - 1, 0)} training rounds fit "
                 f"(--rounds {max(fitting - 1, 0)}), or drop --epsilon-per-release to calibrate every release to the budget"
             )
+    combined = None
+    if dp_sgd is not None:
+        training = dp_sgd.round_events(dp_sgd.worst_client_size) * config.rounds
+        combined = composed_epsilon([*events * releases, *training], delta, reference_epsilon=reference)
     plain = {k: float(v) if isinstance(v, float) else v for k, v in mechanism_params(mechanism).items()}
     return PrivacyPlan(
         mechanism=config.mechanism,
@@ -106,6 +164,48 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
         planned_epsilon=planned,
         per_release_events=events,
         fitting_releases=fitting,
+        dp_sgd=dp_sgd,
+        planned_combined_epsilon=combined,
+    )
+
+
+def check_dp_sgd_options(config: TrainConfig) -> None:
+    """Rejects DP-SGD options that contradict each other or come without ``--dp-sgd``."""
+    given = [
+        name
+        for name, value in (
+            ("--dp-sgd-noise-multiplier", config.dp_sgd_noise_multiplier),
+            ("--dp-sgd-epsilon", config.dp_sgd_epsilon),
+            ("--max-grad-norm", None if config.max_grad_norm == DEFAULT_MAX_GRAD_NORM else config.max_grad_norm),
+        )
+        if value is not None
+    ]
+    if not config.dp_sgd:
+        if given:
+            raise PrivfedError(f"{', '.join(given)} only apply with --dp-sgd")
+        return
+    if config.dp_sgd_noise_multiplier is not None and config.dp_sgd_epsilon is not None:
+        raise PrivfedError("give --dp-sgd-noise-multiplier or --dp-sgd-epsilon, not both")
+    if config.dp_sgd_noise_multiplier is not None and not config.dp_sgd_noise_multiplier > 0:
+        raise PrivfedError(f"--dp-sgd-noise-multiplier must be > 0, got {config.dp_sgd_noise_multiplier}")
+    if config.dp_sgd_epsilon is not None and not config.dp_sgd_epsilon > 0:
+        raise PrivfedError(f"--dp-sgd-epsilon must be > 0, got {config.dp_sgd_epsilon}")
+    if not config.max_grad_norm > 0:
+        raise PrivfedError(f"--max-grad-norm must be > 0, got {config.max_grad_norm}")
+
+
+def _plan_dp_sgd(config: TrainConfig, client_sizes: list[int], delta: float) -> DpSgdPlan | None:
+    if not config.dp_sgd:
+        return None
+    return plan_dp_sgd(
+        client_sizes=client_sizes,
+        delta=delta,
+        max_grad_norm=config.max_grad_norm,
+        batch_size=config.batch_size,
+        epochs=config.local_epochs,
+        rounds=config.rounds,
+        noise_multiplier=config.dp_sgd_noise_multiplier,
+        target_epsilon=config.dp_sgd_epsilon,
     )
 
 

@@ -1,9 +1,14 @@
-"""The run's privacy ledger: every release, per client, composed with a real accountant.
+"""The run's privacy ledger: every DP cost, per client, composed with a real accountant.
 
+Two kinds of entry: a client's *release* (what the mechanism sent) and, with
+``--dp-sgd``, its *training* cost (the round's DP-SGD steps). Both are
+charged to the same privacy unit, one example of the client, so they compose
+in one PLD accountant; the ledger can also say what each part alone costs.
 DP costs compose across rounds with the PLD accountant (never by adding
 epsilons); k-anonymity is reported as k and never folded into epsilon. No
-subsampling amplification is claimed: a client's memory is not a Poisson
-sample of its data.
+subsampling amplification is claimed for releases: a client's memory is not
+a secret Poisson sample of its data. (DP-SGD's steps are secret Poisson
+samples, and their events say so.)
 """
 
 from __future__ import annotations
@@ -11,11 +16,20 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
-from mechanisms.accounting import calibration_discretisation, epsilon_for, to_composed_event
+from mechanisms.accounting import calibration_discretisation, epsilon_for, rounding_compositions, to_composed_event
 from mechanisms.base import Guarantee, PrivacyEvent
+
+#: Ledger parts: everything composed, the mechanism's releases, DP-SGD training.
+COMBINED = "combined"
+RELEASES = "releases"
+DP_SGD = "dp_sgd"
+PARTS = (COMBINED, RELEASES, DP_SGD)
+
+_EventKey = tuple[tuple[str, tuple[tuple[str, float], ...]], ...]
 
 
 def merge_events(events: Iterable[PrivacyEvent]) -> tuple[PrivacyEvent, ...]:
@@ -29,65 +43,144 @@ def merge_events(events: Iterable[PrivacyEvent]) -> tuple[PrivacyEvent, ...]:
     )
 
 
+def _key(merged: tuple[PrivacyEvent, ...]) -> _EventKey:
+    return tuple((e.name, tuple(sorted(e.params.items()))) for e in merged)
+
+
+@lru_cache(maxsize=1024)
+def _composed_epsilon(key: _EventKey, delta: float, reference_epsilon: float) -> float:
+    merged = tuple(PrivacyEvent(name, dict(params)) for name, params in key)
+    grid = calibration_discretisation(reference_epsilon, rounding_compositions(merged))
+    return epsilon_for(to_composed_event(merged), delta, discretisation=grid)
+
+
 def composed_epsilon(events: Iterable[PrivacyEvent], delta: float, *, reference_epsilon: float = 1.0) -> float:
     """Epsilon at ``delta`` of all ``events`` composed (0 when there are none).
 
-    The PLD grid is the one calibration uses for the same number of
-    compositions, so a run calibrated to a budget is checked against it
-    without rounding slack.
+    The PLD grid is the one calibration uses for the same release events, so
+    a run calibrated to a budget is checked against it without rounding
+    slack; DP-SGD steps do not make it finer (see
+    :func:`mechanisms.accounting.calibration_discretisation`). Results are
+    cached: every client with the same history costs one accountant run.
     """
     merged = merge_events(events)
     if not merged:
         return 0.0
-    compositions = int(sum(e.params["count"] for e in merged))
-    grid = calibration_discretisation(reference_epsilon, max(compositions, 1))
-    return epsilon_for(to_composed_event(merged), delta, discretisation=grid)
+    return _composed_epsilon(_key(merged), delta, reference_epsilon)
+
+
+def events_to_json(events: Iterable[PrivacyEvent]) -> str:
+    """Events as a JSON list, for a client's reply (a Flower metric holds one string)."""
+    return json.dumps([{"name": e.name, "params": e.params} for e in events])
+
+
+def events_from_json(text: str) -> tuple[PrivacyEvent, ...]:
+    """Inverse of :func:`events_to_json`."""
+    return tuple(PrivacyEvent(e["name"], {k: float(v) for k, v in e["params"].items()}) for e in json.loads(text))
+
+
+def dp_sgd_guarantee() -> Guarantee:
+    """The guarantee recorded with a DP-SGD ledger entry (its epsilon is the ledger's to compute)."""
+    return Guarantee(
+        kind="differential-privacy",
+        statement="DP-SGD: per-example clipped gradients with Gaussian noise on secret Poisson batches.",
+    )
 
 
 @dataclass(frozen=True)
 class LedgerEntry:
+    """One cost charged to one client in one round.
+
+    Attributes:
+        client: Client id.
+        round: Orchestra round.
+        mechanism: The release mechanism's name, or ``"dp_sgd"`` for training.
+        guarantee: What the entry's own release carries.
+        events: Its privacy events (empty for non-DP releases).
+        kind: ``"release"`` or ``"dp_sgd"``.
+    """
+
     client: int
     round: int
     mechanism: str
     guarantee: Guarantee
     events: tuple[PrivacyEvent, ...]
+    kind: str = "release"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("release", DP_SGD):
+            raise ValueError(f"ledger entries are 'release' or 'dp_sgd', got {self.kind!r}")
+
+    @classmethod
+    def dp_sgd(cls, client: int, round_index: int, events: tuple[PrivacyEvent, ...]) -> LedgerEntry:
+        """The entry for one client's DP-SGD training in one round."""
+        return cls(client, round_index, DP_SGD, dp_sgd_guarantee(), tuple(events), kind=DP_SGD)
 
     def to_dict(self) -> dict:
         return {
             "client": self.client,
             "round": self.round,
+            "kind": self.kind,
             "mechanism": self.mechanism,
             "guarantee": self.guarantee.to_dict(),
             "events": [{"name": e.name, "params": e.params} for e in self.events],
         }
 
 
+@dataclass(frozen=True)
+class WorstCase:
+    """The client that spent most in total, what it spent, and each part's own worst case.
+
+    Attributes:
+        client: The client with the largest combined epsilon (None: nothing spent).
+        epsilon: Its combined epsilon (DP-SGD and releases composed).
+        delta: The delta every epsilon here is quoted at.
+        releases_epsilon: That client's releases alone.
+        dp_sgd_epsilon: That client's DP-SGD alone.
+        releases_worst: The largest releases-only epsilon of any client.
+        dp_sgd_worst: The largest DP-SGD-only epsilon of any client.
+    """
+
+    client: int | None
+    epsilon: float
+    delta: float
+    releases_epsilon: float
+    dp_sgd_epsilon: float
+    releases_worst: float
+    dp_sgd_worst: float
+
+
 class PrivacyLedger:
-    """Records releases and answers "what has the worst-off client spent?"."""
+    """Records every client's DP costs and answers "what has the worst-off client spent?"."""
 
     def __init__(self, *, mechanism: str, delta: float | None, reference_epsilon: float = 1.0, path: Path | None = None) -> None:
         self.mechanism = mechanism
         self.delta = delta
         self.reference_epsilon = reference_epsilon
         self.path = path
-        self._events: dict[int, list[PrivacyEvent]] = defaultdict(list)
+        self._events: dict[str, dict[int, list[PrivacyEvent]]] = {RELEASES: defaultdict(list), DP_SGD: defaultdict(list)}
         self._releases: Counter[int] = Counter()
         self._min_k: int | None = None
-        self._epsilon_cache: dict[int, float] = {}
+        self._epsilon_cache: dict[tuple[int, str], float] = {}
 
     def record(self, entry: LedgerEntry) -> None:
-        self._releases[entry.client] += 1
+        """Adds a release or a DP-SGD entry (and appends it to the ledger file)."""
+        part = DP_SGD if entry.kind == DP_SGD else RELEASES
+        if part == RELEASES:
+            self._releases[entry.client] += 1
+            if entry.guarantee.k is not None:
+                self._min_k = entry.guarantee.k if self._min_k is None else min(self._min_k, entry.guarantee.k)
         if entry.events:
-            self._events[entry.client].extend(entry.events)
-            self._epsilon_cache.pop(entry.client, None)
-        if entry.guarantee.k is not None:
-            self._min_k = entry.guarantee.k if self._min_k is None else min(self._min_k, entry.guarantee.k)
+            self._events[part][entry.client].extend(entry.events)
+            for p in (part, COMBINED):
+                self._epsilon_cache.pop((entry.client, p), None)
         if self.path is not None:
             with open(self.path, "a") as fh:
                 fh.write(json.dumps(entry.to_dict()) + "\n")
 
     @property
     def is_dp(self) -> bool:
+        """True when some cost is DP (the mechanism's releases, DP-SGD, or both)."""
         return self.delta is not None
 
     @property
@@ -97,29 +190,62 @@ class PrivacyLedger:
     def releases(self, client: int) -> int:
         return self._releases[client]
 
-    def spent(self, client: int) -> float:
-        """Epsilon (at the ledger's delta) that ``client`` has spent so far."""
-        if not self.is_dp:
-            raise ValueError("this run's mechanism is not differentially private")
-        if client not in self._epsilon_cache:
-            self._epsilon_cache[client] = composed_epsilon(
-                self._events.get(client, []), self.delta, reference_epsilon=self.reference_epsilon
-            )
-        return self._epsilon_cache[client]
+    def events(self, client: int, part: str = COMBINED) -> tuple[PrivacyEvent, ...]:
+        """The events charged to ``client`` in ``part`` (one of :data:`PARTS`)."""
+        if part == COMBINED:
+            return (*self._events[RELEASES].get(client, ()), *self._events[DP_SGD].get(client, ()))
+        if part not in PARTS:
+            raise ValueError(f"unknown ledger part {part!r} (choose from {', '.join(PARTS)})")
+        return tuple(self._events[part].get(client, ()))
 
-    def worst_case(self) -> tuple[int | None, float]:
-        """The client that spent most, and its epsilon (``(None, 0)`` before any release)."""
-        if not self._events:
+    def spent(self, client: int, part: str = COMBINED) -> float:
+        """Epsilon (at the ledger's delta) that ``client`` has spent so far in ``part``."""
+        if not self.is_dp:
+            raise ValueError("this run has no differentially private part")
+        if (client, part) not in self._epsilon_cache:
+            self._epsilon_cache[(client, part)] = composed_epsilon(
+                self.events(client, part), self.delta, reference_epsilon=self.reference_epsilon
+            )
+        return self._epsilon_cache[(client, part)]
+
+    def _clients(self, part: str) -> set[int]:
+        if part == COMBINED:
+            return set(self._events[RELEASES]) | set(self._events[DP_SGD])
+        return set(self._events[part])
+
+    def worst_case(self, part: str = COMBINED) -> tuple[int | None, float]:
+        """The client that spent most in ``part``, and its epsilon (``(None, 0)`` before any cost)."""
+        clients = self._clients(part)
+        if not clients:
             return None, 0.0
-        client = max(self._events, key=lambda c: (self.spent(c), -c))
-        return client, self.spent(client)
+        client = max(clients, key=lambda c: (self.spent(c, part), -c))
+        return client, self.spent(client, part)
+
+    def worst_case_summary(self) -> WorstCase:
+        """The worst-off client's combined epsilon, its two parts, and each part's own worst case."""
+        if not self.is_dp:
+            raise ValueError("this run has no differentially private part")
+        client, combined = self.worst_case(COMBINED)
+        return WorstCase(
+            client=client,
+            epsilon=combined,
+            delta=self.delta,
+            releases_epsilon=0.0 if client is None else self.spent(client, RELEASES),
+            dp_sgd_epsilon=0.0 if client is None else self.spent(client, DP_SGD),
+            releases_worst=self.worst_case(RELEASES)[1],
+            dp_sgd_worst=self.worst_case(DP_SGD)[1],
+        )
 
     def worst_case_after(self, extra: tuple[PrivacyEvent, ...]) -> float:
-        """What the worst-off client would have spent after one more release costing ``extra``."""
-        histories: dict[tuple, tuple[PrivacyEvent, ...]] = {}
-        for events in self._events.values():  # one accountant run per distinct history, not per client
+        """What the worst-off client's RELEASES would cost after one more release costing ``extra``.
+
+        Releases only: this drives the early stop for the release budget
+        (``--epsilon``); DP-SGD is calibrated up front and cannot overrun.
+        """
+        histories: dict[_EventKey, tuple[PrivacyEvent, ...]] = {}
+        for events in self._events[RELEASES].values():  # one accountant run per distinct history, not per client
             merged = merge_events(events)
-            histories[tuple((e.name, tuple(sorted(e.params.items()))) for e in merged)] = merged
+            histories[_key(merged)] = merged
         return max(
             composed_epsilon([*history, *extra], self.delta, reference_epsilon=self.reference_epsilon)
             for history in (histories.values() or [()])

@@ -35,3 +35,13 @@ def test_cluster_loss_is_minimal_when_views_agree_confidently():
 
 def test_rotation_loss_of_uniform_logits_is_log4():
     assert math.isclose(float(rotation_loss(torch.zeros(3, 4), torch.tensor([0, 1, 3]))), math.log(4), rel_tol=1e-6)
+
+
+def test_cluster_loss_is_the_mean_of_per_sample_losses():
+    """No sample's loss depends on the others (DP-SGD's per-sample gradients rely on it)."""
+    g = torch.Generator().manual_seed(2)
+    t = F.normalize(torch.randn(6, 8, generator=g), dim=1)
+    o = F.normalize(torch.randn(6, 8, generator=g), dim=1)
+    mu = F.normalize(torch.randn(5, 8, generator=g), dim=1)
+    alone = torch.stack([cluster_consistency_loss(t[i : i + 1], o[i : i + 1], mu, 0.1) for i in range(6)])
+    assert torch.isclose(cluster_consistency_loss(t, o, mu, 0.1), alone.mean(), atol=1e-6)

@@ -1,0 +1,300 @@
+"""DP-SGD on clients: its schedule, its privacy events and its noise calibration.
+
+Privacy unit: one training example of one client, add/remove neighbouring.
+Every local step draws a Poisson sample of the client's examples with rate
+``q = min(1, batch_size / n)``, clips each example's gradient to
+``max_grad_norm`` and adds Gaussian noise of standard deviation
+``noise_multiplier * max_grad_norm`` (Opacus, see
+:mod:`privfed.orchestra.dp_sgd`). A round is ``local_epochs * ceil(n /
+batch_size)`` such steps, so its cost is one ``"poisson_gaussian"`` event,
+and a client's dataset size ``n`` (public: it is the FedAvg weight) fixes
+both ``q`` and the step count.
+
+Calibration: ``--dp-sgd-epsilon`` is what the encoder updates of ONE client
+may spend over the whole run, at the run's delta, in the worst case of
+taking part in every training round (round 0 does not train). Clients of
+different sizes need different noise; the run uses the largest, so every
+client stays within the target. Epsilons come from the same PLD accountant
+(``dp_accounting``) the ledger uses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+from dp_accounting import dp_event, gaussian_mechanism
+from dp_accounting.pld import pld_privacy_accountant
+
+from mechanisms.accounting import MAX_CALIBRATION_DISCRETISATION, poisson_gaussian_event, poisson_gaussian_privacy_event
+from mechanisms.base import PrivacyEvent
+
+#: ``--dp-sgd-epsilon`` when neither it nor ``--dp-sgd-noise-multiplier`` is given.
+DEFAULT_DP_SGD_EPSILON = 8.0
+#: Grid of the PLD calibration: the ledger's grid for DP-SGD events (see
+#: :func:`mechanisms.accounting.calibration_discretisation`).
+CALIBRATION_GRID = MAX_CALIBRATION_DISCRETISATION
+#: A coarser grid, still a valid upper bound, to screen client sizes quickly.
+SCREENING_GRID = 1e-2
+#: Sizes whose screened epsilon is below this fraction of the target need no
+#: fine check (coarse and fine grids agree to well within 2%).
+SCREENING_MARGIN = 0.98
+#: Relative precision of the calibrated noise multiplier.
+CALIBRATION_TOLERANCE = 1e-3
+#: Calibration never goes below this noise (it would take a target epsilon in
+#: the hundreds, where DP-SGD protects nothing; PLDs get slow there too).
+MIN_NOISE_MULTIPLIER = 0.1
+
+
+@dataclass(frozen=True)
+class DpSgdSettings:
+    """What a client needs to run DP-SGD; the server sends it every round.
+
+    Attributes:
+        noise_multiplier: Noise standard deviation divided by ``max_grad_norm``.
+        max_grad_norm: L2 bound each example's gradient is clipped to.
+    """
+
+    noise_multiplier: float
+    max_grad_norm: float
+
+    def __post_init__(self) -> None:
+        if not (self.noise_multiplier > 0 and self.max_grad_norm > 0):
+            raise ValueError(f"DP-SGD needs noise_multiplier > 0 and max_grad_norm > 0, got {self}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> DpSgdSettings:
+        return cls(**json.loads(text))
+
+
+def sampling_rate(num_samples: int, batch_size: int) -> float:
+    """Poisson rate of one step: each example joins a batch with this probability."""
+    if num_samples < 1 or batch_size < 1:
+        raise ValueError(f"need num_samples >= 1 and batch_size >= 1, got {num_samples}, {batch_size}")
+    return min(1.0, batch_size / num_samples)
+
+
+def steps_per_round(num_samples: int, *, batch_size: int, epochs: int) -> int:
+    """DP-SGD steps one client takes per round: as many as epochs of fixed-size batches would."""
+    return epochs * math.ceil(num_samples / batch_size)
+
+
+def round_events(num_samples: int, *, batch_size: int, epochs: int, noise_multiplier: float) -> tuple[PrivacyEvent, ...]:
+    """The ledger record of one client's local training in one round."""
+    return (
+        poisson_gaussian_privacy_event(
+            sampling_rate(num_samples, batch_size),
+            noise_multiplier,
+            count=steps_per_round(num_samples, batch_size=batch_size, epochs=epochs),
+        ),
+    )
+
+
+def _run_event(num_samples: int, noise_multiplier: float, batch_size: int, epochs: int, rounds: int) -> dp_event.DpEvent:
+    steps = steps_per_round(num_samples, batch_size=batch_size, epochs=epochs)
+    return poisson_gaussian_event(sampling_rate(num_samples, batch_size), noise_multiplier, count=steps * rounds)
+
+
+@lru_cache(maxsize=4096)
+def run_epsilon(
+    num_samples: int,
+    noise_multiplier: float,
+    delta: float,
+    *,
+    batch_size: int,
+    epochs: int,
+    rounds: int,
+    grid: float = CALIBRATION_GRID,
+) -> float:
+    """Epsilon (PLD) of a client of ``num_samples`` examples training in ``rounds`` rounds."""
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=grid)
+    accountant.compose(_run_event(num_samples, noise_multiplier, batch_size, epochs, rounds))
+    return float(accountant.get_epsilon(delta))
+
+
+def _calibrate_one(epsilon: float, delta: float, num_samples: int, batch_size: int, epochs: int, rounds: int) -> float:
+    """Smallest noise multiplier (to a relative 1e-3) keeping one client size within ``epsilon``.
+
+    Bisection in log space on the PLD epsilon, which falls as the noise
+    grows. The start is the noise all steps would need without subsampling,
+    scaled by the sampling rate (a rough guess; the bracket is then widened
+    until it holds the answer). The upper end always meets the target, and
+    is what is returned.
+    """
+
+    def fits(sigma: float) -> bool:
+        return run_epsilon(num_samples, sigma, delta, batch_size=batch_size, epochs=epochs, rounds=rounds) <= epsilon
+
+    q = sampling_rate(num_samples, batch_size)
+    total_steps = steps_per_round(num_samples, batch_size=batch_size, epochs=epochs) * rounds
+    unamplified = float(gaussian_mechanism.get_sigma_gaussian(epsilon, delta)) * math.sqrt(total_steps)
+    high = max(MIN_NOISE_MULTIPLIER, q * unamplified)
+    while not fits(high):
+        high *= 2
+    low = high / 2
+    while fits(low):
+        if low <= MIN_NOISE_MULTIPLIER:
+            return low
+        low, high = low / 2, low
+    while high / low > 1 + CALIBRATION_TOLERANCE:
+        mid = math.sqrt(low * high)
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high
+
+
+@lru_cache(maxsize=64)
+def calibrate_noise_multiplier(
+    epsilon: float, delta: float, client_sizes: tuple[int, ...], *, batch_size: int, epochs: int, rounds: int
+) -> float:
+    """The noise multiplier keeping EVERY client within ``epsilon`` after ``rounds`` training rounds.
+
+    The neediest client size is guessed first (the largest ``q * sqrt(steps)``,
+    which orders sizes as the central limit approximation of DP-SGD does) and
+    calibrated; then every distinct size is checked at that noise (a coarse
+    PLD grid screens, a fine one decides) and any that still exceeds
+    ``epsilon`` raises the noise to its own calibration.
+
+    Args:
+        epsilon: Target epsilon per client over the run.
+        delta: The run's delta.
+        client_sizes: Every client's number of examples (repeats are fine).
+        batch_size: Expected Poisson batch size.
+        epochs: Local epochs per round.
+        rounds: Training rounds (round 0 does not train).
+    """
+    sizes = sorted({n for n in client_sizes if n > 0})
+    if not sizes:
+        raise ValueError("no client has data")
+
+    def need(n: int) -> float:
+        return sampling_rate(n, batch_size) * math.sqrt(steps_per_round(n, batch_size=batch_size, epochs=epochs))
+
+    common = dict(batch_size=batch_size, epochs=epochs, rounds=rounds)
+    first = max(sizes, key=need)
+    sigma = _calibrate_one(epsilon, delta, first, batch_size, epochs, rounds)
+    for n in sorted(sizes, key=need, reverse=True):
+        if n == first or run_epsilon(n, sigma, delta, grid=SCREENING_GRID, **common) <= SCREENING_MARGIN * epsilon:
+            continue
+        if run_epsilon(n, sigma, delta, **common) > epsilon:
+            sigma = max(sigma, _calibrate_one(epsilon, delta, n, batch_size, epochs, rounds))
+    return sigma
+
+
+def worst_client_size(
+    noise_multiplier: float, delta: float, client_sizes: tuple[int, ...], *, batch_size: int, epochs: int, rounds: int
+) -> tuple[int, float]:
+    """The client size whose DP-SGD costs most over ``rounds`` rounds, and that epsilon.
+
+    All sizes are screened on a coarse grid; those close to the largest
+    screened value are then computed on the ledger's grid.
+    """
+    common = dict(batch_size=batch_size, epochs=epochs, rounds=rounds)
+    sizes = sorted({n for n in client_sizes if n > 0})
+    coarse = {n: run_epsilon(n, noise_multiplier, delta, grid=SCREENING_GRID, **common) for n in sizes}
+    top = max(coarse.values())
+    close = [n for n in sizes if coarse[n] >= SCREENING_MARGIN * top]
+    fine = {n: run_epsilon(n, noise_multiplier, delta, **common) for n in close}
+    worst = max(fine, key=lambda n: (fine[n], -n))
+    return worst, fine[worst]
+
+
+@dataclass(frozen=True)
+class DpSgdPlan:
+    """How the run's DP-SGD spends its budget.
+
+    Attributes:
+        settings: Noise multiplier and clipping norm every client uses.
+        delta: The delta all DP-SGD epsilons are quoted at (the run's delta).
+        target_epsilon: The ``--dp-sgd-epsilon`` calibrated to (None when the
+            noise multiplier was given).
+        planned_epsilon: What the worst-off client would spend if it trained
+            in every round.
+        worst_client_size: That client's number of examples.
+        batch_size: Expected Poisson batch size.
+        epochs: Local epochs per round.
+        rounds: Training rounds the plan covers.
+    """
+
+    settings: DpSgdSettings
+    delta: float
+    target_epsilon: float | None
+    planned_epsilon: float
+    worst_client_size: int
+    batch_size: int
+    epochs: int
+    rounds: int
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.settings.noise_multiplier
+
+    @property
+    def max_grad_norm(self) -> float:
+        return self.settings.max_grad_norm
+
+    def round_events(self, num_samples: int) -> tuple[PrivacyEvent, ...]:
+        """What one round of local training costs a client of ``num_samples`` examples."""
+        return round_events(
+            num_samples, batch_size=self.batch_size, epochs=self.epochs, noise_multiplier=self.noise_multiplier
+        )
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        """JSON-able summary (for ``summary.json`` and the CLI)."""
+        return {
+            "noise_multiplier": self.noise_multiplier,
+            "max_grad_norm": self.max_grad_norm,
+            "delta": self.delta,
+            "target_epsilon": self.target_epsilon,
+            "planned_epsilon": self.planned_epsilon,
+            "worst_client_size": self.worst_client_size,
+            "batch_size": self.batch_size,
+            "local_epochs": self.epochs,
+            "rounds": self.rounds,
+        }
+
+
+def plan_dp_sgd(
+    *,
+    client_sizes: list[int],
+    delta: float,
+    max_grad_norm: float,
+    batch_size: int,
+    epochs: int,
+    rounds: int,
+    noise_multiplier: float | None = None,
+    target_epsilon: float | None = None,
+) -> DpSgdPlan:
+    """Fixes DP-SGD's noise: as given, or calibrated to ``target_epsilon`` (default 8).
+
+    Args:
+        client_sizes: Every client's number of examples.
+        delta: The run's delta.
+        max_grad_norm: Per-example clipping norm.
+        batch_size: Expected Poisson batch size.
+        epochs: Local epochs per round.
+        rounds: Training rounds (the worst case: a client trains in all).
+        noise_multiplier: Fixed noise multiplier, or None to calibrate.
+        target_epsilon: Epsilon per client over the run; ignored when
+            ``noise_multiplier`` is given.
+    """
+    sizes = tuple(sorted(n for n in client_sizes if n > 0))
+    common = dict(batch_size=batch_size, epochs=epochs, rounds=rounds)
+    if noise_multiplier is None:
+        target_epsilon = DEFAULT_DP_SGD_EPSILON if target_epsilon is None else target_epsilon
+        noise_multiplier = calibrate_noise_multiplier(target_epsilon, delta, sizes, **common)
+    else:
+        target_epsilon = None
+    worst, planned = worst_client_size(noise_multiplier, delta, sizes, **common)
+    return DpSgdPlan(
+        settings=DpSgdSettings(noise_multiplier=float(noise_multiplier), max_grad_norm=float(max_grad_norm)),
+        delta=delta,
+        target_epsilon=target_epsilon,
+        planned_epsilon=planned,
+        worst_client_size=worst,
+        **common,
+    )

@@ -1,0 +1,93 @@
+"""DP-SGD planning: calibration against an independent PLD, option checks, the combined plan."""
+
+import math
+import time
+
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+
+from privfed.config import build_config
+from privfed.errors import PrivfedError
+from privfed.privacy.budget import default_delta, plan_privacy
+from privfed.privacy.dp_sgd import DEFAULT_DP_SGD_EPSILON, plan_dp_sgd, round_events
+
+SIZES = [7, 33, 40, 120, 250, 250, 1233]
+
+
+def base(**overrides):
+    return build_config(dataset="shapes:500", num_clients=3, participation=1.0, num_global_centroids=8, rounds=4, **overrides)
+
+
+def independent_epsilon(n: int, sigma: float, delta: float, *, batch: int, epochs: int, rounds: int, grid: float = 1e-4) -> float:
+    """A client of n examples training every round, straight from dp_accounting on a fine grid."""
+    q = min(1.0, batch / n)
+    steps = epochs * math.ceil(n / batch) * rounds
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=grid)
+    acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps)
+    return acc.get_epsilon(delta)
+
+
+def test_calibration_keeps_every_client_size_within_the_target_and_uses_it():
+    start = time.perf_counter()
+    plan = plan_dp_sgd(client_sizes=SIZES, delta=1e-4, max_grad_norm=1.0, batch_size=32, epochs=2, rounds=12, target_epsilon=3.0)
+    assert time.perf_counter() - start < 5.0
+    spent = {n: independent_epsilon(n, plan.noise_multiplier, 1e-4, batch=32, epochs=2, rounds=12) for n in set(SIZES)}
+    assert max(spent.values()) <= 3.0
+    assert max(spent.values()) >= 0.99 * 3.0  # the neediest size uses (almost) all of it
+    assert plan.worst_client_size == max(spent, key=spent.get)
+    assert plan.planned_epsilon == pytest.approx(max(spent.values()), rel=2e-3)
+    stricter = plan_dp_sgd(client_sizes=SIZES, delta=1e-4, max_grad_norm=1.0, batch_size=32, epochs=2, rounds=12, target_epsilon=1.0)
+    assert stricter.noise_multiplier > plan.noise_multiplier
+
+
+def test_round_events_follow_the_client_size():
+    (event,) = round_events(100, batch_size=32, epochs=3, noise_multiplier=1.5)
+    assert event.name == "poisson_gaussian"
+    assert event.params == {"sampling_rate": 0.32, "noise_multiplier": 1.5, "count": 12.0}
+    (small,) = round_events(10, batch_size=32, epochs=3, noise_multiplier=1.5)
+    assert small.params["sampling_rate"] == 1.0 and small.params["count"] == 3.0
+
+
+def test_dp_sgd_alone_defaults_to_epsilon_8_and_a_delta_below_one_over_n():
+    plan = plan_privacy(base(dp_sgd=True), SIZES)
+    assert not plan.is_dp and plan.has_dp_part  # kanon releases are not DP; DP-SGD is
+    assert plan.delta == default_delta(SIZES)
+    assert plan.dp_sgd.target_epsilon == DEFAULT_DP_SGD_EPSILON
+    assert plan.dp_sgd.planned_epsilon <= DEFAULT_DP_SGD_EPSILON
+    assert plan.dp_sgd.rounds == 4 and plan.dp_sgd.max_grad_norm == 1.0
+    assert any("DP-SGD noise multiplier" in line for line in plan.describe())
+
+
+def test_a_given_noise_multiplier_is_used_as_is():
+    plan = plan_privacy(base(dp_sgd=True, dp_sgd_noise_multiplier=1.3, max_grad_norm=0.5, delta=1e-5), SIZES)
+    assert plan.dp_sgd.noise_multiplier == 1.3 and plan.dp_sgd.max_grad_norm == 0.5
+    assert plan.dp_sgd.target_epsilon is None and plan.delta == 1e-5
+    worst = max(independent_epsilon(n, 1.3, 1e-5, batch=32, epochs=2, rounds=4, grid=1e-3) for n in set(SIZES))
+    assert plan.dp_sgd.planned_epsilon == pytest.approx(worst, rel=2e-3)
+
+
+def test_ldp_and_dp_sgd_compose_to_less_than_the_sum_of_their_parts():
+    plan = plan_privacy(base(mechanism="ldp", epsilon=2.0, dp_sgd=True, dp_sgd_epsilon=4.0), SIZES)
+    assert plan.is_dp and plan.dp_sgd is not None
+    combined = plan.planned_combined_epsilon
+    assert max(plan.planned_epsilon, plan.dp_sgd.planned_epsilon) < combined < plan.planned_epsilon + plan.dp_sgd.planned_epsilon
+    assert len(plan.describe()) == 3
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        (dict(dp_sgd=True, dp_sgd_noise_multiplier=1.0, dp_sgd_epsilon=2.0), "not both"),
+        (dict(dp_sgd=True, dp_sgd_noise_multiplier=0.0), "noise-multiplier must be > 0"),
+        (dict(dp_sgd=True, max_grad_norm=0.0), "max-grad-norm must be > 0"),
+        (dict(dp_sgd=True, dp_sgd_epsilon=-1.0), "dp-sgd-epsilon must be > 0"),
+        (dict(dp_sgd_epsilon=2.0), "only apply with --dp-sgd"),
+        (dict(max_grad_norm=2.0), "only apply with --dp-sgd"),
+        (dict(dp_sgd=True, epsilon=2.0), "use --dp-sgd-epsilon"),
+    ],
+)
+def test_inconsistent_dp_sgd_options_are_refused_in_one_line(options, message):
+    with pytest.raises(PrivfedError, match=message) as err:
+        plan_privacy(base(**options), SIZES)
+    assert "\n" not in str(err.value)

@@ -1,0 +1,94 @@
+"""One ledger for DP-SGD and releases: combined and per-part epsilons, checked against dp_accounting."""
+
+import time
+
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+
+from mechanisms.base import Guarantee, PrivacyEvent
+from privfed.privacy.ledger import (
+    DP_SGD,
+    RELEASES,
+    LedgerEntry,
+    PrivacyLedger,
+    events_from_json,
+    events_to_json,
+)
+
+DELTA = 1e-5
+RELEASE = (
+    PrivacyEvent("discrete_laplace", {"noise_parameter": 0.8, "sensitivity": 1.0, "count": 11.0}),
+    PrivacyEvent("gaussian", {"noise_multiplier": 2.0, "count": 1.0}),
+)
+TRAINING = (PrivacyEvent("poisson_gaussian", {"sampling_rate": 0.1, "noise_multiplier": 1.2, "count": 40.0}),)
+DP = Guarantee(kind="differential-privacy", statement="test")
+
+
+def by_hand(releases: int, rounds: int) -> float:
+    events = []
+    if releases:
+        counts = dp_event.SelfComposedDpEvent(dp_event.DiscreteLaplaceDpEvent(0.8, 1), 11)
+        one = dp_event.ComposedDpEvent([counts, dp_event.GaussianDpEvent(2.0)])
+        events.append(dp_event.SelfComposedDpEvent(one, releases))
+    if rounds:
+        step = dp_event.PoissonSampledDpEvent(0.1, dp_event.GaussianDpEvent(1.2))
+        events.append(dp_event.SelfComposedDpEvent(step, 40 * rounds))
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(dp_event.ComposedDpEvent(events))
+    return acc.get_epsilon(DELTA)
+
+
+def ledger_with_history() -> PrivacyLedger:
+    ledger = PrivacyLedger(mechanism="ldp", delta=DELTA)
+    for round_index in range(3):
+        ledger.record(LedgerEntry(0, round_index, "ldp", DP, RELEASE))
+        if round_index > 0:
+            ledger.record(LedgerEntry.dp_sgd(0, round_index, TRAINING))
+    ledger.record(LedgerEntry(1, 0, "ldp", DP, RELEASE))
+    ledger.record(LedgerEntry.dp_sgd(2, 1, TRAINING * 3))
+    return ledger
+
+
+def test_combined_and_each_part_match_dp_accounting():
+    ledger = ledger_with_history()
+    worst = ledger.worst_case_summary()
+    assert worst.client == 0
+    assert worst.epsilon == pytest.approx(by_hand(3, 2), rel=0.01)
+    assert worst.releases_epsilon == pytest.approx(by_hand(3, 0), rel=0.01)
+    assert worst.dp_sgd_epsilon == pytest.approx(by_hand(0, 2), rel=0.01)
+    assert worst.epsilon < worst.releases_epsilon + worst.dp_sgd_epsilon
+    assert worst.dp_sgd_worst == pytest.approx(by_hand(0, 3), rel=0.01)  # client 2 trained more
+    assert ledger.worst_case(DP_SGD)[0] == 2
+    assert ledger.worst_case(RELEASES) == (0, ledger.spent(0, RELEASES))
+
+
+def test_early_stop_look_ahead_counts_releases_only():
+    ledger = PrivacyLedger(mechanism="ldp", delta=DELTA)
+    ledger.record(LedgerEntry(0, 0, "ldp", DP, RELEASE))
+    before = ledger.worst_case_after(RELEASE)
+    ledger.record(LedgerEntry.dp_sgd(0, 1, TRAINING * 50))
+    assert ledger.worst_case_after(RELEASE) == before
+    assert ledger.releases(0) == 1
+
+
+def test_thousands_of_dp_sgd_steps_compose_quickly(tmp_path):
+    ledger = PrivacyLedger(mechanism="kanon", delta=DELTA, path=tmp_path / "ledger.jsonl")
+    step = PrivacyEvent("poisson_gaussian", {"sampling_rate": 0.02, "noise_multiplier": 0.9, "count": 250.0})
+    ledger.record(LedgerEntry(0, 0, "kanon", Guarantee(kind="k-anonymity", statement="", k=8), ()))
+    for round_index in range(1, 21):  # 5000 steps
+        ledger.record(LedgerEntry.dp_sgd(0, round_index, (step,)))
+    start = time.perf_counter()
+    spent = ledger.spent(0)
+    assert time.perf_counter() - start < 2.0
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(dp_event.PoissonSampledDpEvent(0.02, dp_event.GaussianDpEvent(0.9)), 5000)
+    assert spent == pytest.approx(acc.get_epsilon(DELTA), rel=2e-3)
+    assert ledger.min_k == 8  # k-anonymity stays k, next to the DP-SGD epsilon
+    lines = (tmp_path / "ledger.jsonl").read_text().splitlines()
+    assert len(lines) == 21 and '"kind": "dp_sgd"' in lines[-1]
+
+
+def test_events_travel_as_json():
+    assert events_from_json(events_to_json(TRAINING + RELEASE)) == TRAINING + RELEASE
+    assert events_from_json(events_to_json(())) == ()

@@ -1,0 +1,49 @@
+"""The privacy statement says what is covered and what is not, for every mechanism x DP-SGD."""
+
+import pytest
+
+from privfed.privacy.ledger import WorstCase
+from privfed.privacy.statement import privacy_statement
+
+DELTA = 1e-4
+
+
+def worst(releases: float, dp_sgd: float, combined: float) -> WorstCase:
+    return WorstCase(client=2, epsilon=combined, delta=DELTA, releases_epsilon=releases, dp_sgd_epsilon=dp_sgd,
+                     releases_worst=releases, dp_sgd_worst=dp_sgd)
+
+
+def test_ldp_with_dp_sgd_covers_everything_a_client_sends_per_example():
+    s = privacy_statement(mechanism="ldp", mechanism_is_dp=True, dp_sgd=True, worst=worst(2.0, 8.0, 8.9), k=None)
+    assert "Everything a client sends" in s.text and "(8.9, 0.0001)" in s.text
+    assert "one training example" in s.text
+    assert len(s.covers) == 2 and any("DP-SGD" in c for c in s.covers) and any("ldp" in c for c in s.covers)
+    assert any("amplification" in n for n in s.not_covered)
+    assert any("dataset size" in n for n in s.not_covered)
+
+
+def test_ldp_without_dp_sgd_is_per_representation_and_leaves_updates_out():
+    s = privacy_statement(mechanism="ldp", mechanism_is_dp=True, dp_sgd=False, worst=worst(2.0, 0.0, 2.0), k=None)
+    assert "one of its representations" in s.text and "Encoder updates are not covered" in s.text
+    assert any("not a per-example one" in n for n in s.not_covered)
+
+
+@pytest.mark.parametrize("mechanism", ["kanon", "reps"])
+def test_non_dp_releases_are_never_inside_the_dp_sgd_epsilon(mechanism):
+    s = privacy_statement(mechanism=mechanism, mechanism_is_dp=False, dp_sgd=True, worst=worst(0.0, 7.5, 7.5), k=6)
+    assert s.text.startswith("Encoder updates are (7.5, 0.0001)-differentially private")
+    assert len(s.covers) == 1 and "DP-SGD" in s.covers[0]
+    assert any(mechanism in n and "not in the epsilon" in n for n in s.not_covered)
+    if mechanism == "kanon":
+        assert "6-anonymous" in s.text
+    else:
+        assert "no per-example guarantee holds for the run as a whole" in s.text
+
+
+def test_without_any_dp_nothing_is_claimed():
+    kanon = privacy_statement(mechanism="kanon", mechanism_is_dp=False, dp_sgd=False, worst=None, k=4)
+    assert "at least 4" in kanon.text and "not differential privacy" in kanon.text and kanon.covers == ()
+    reps = privacy_statement(mechanism="reps", mechanism_is_dp=False, dp_sgd=False, worst=None, k=None)
+    assert reps.text.startswith("No guarantee") and any("SecAgg+" in n for n in reps.not_covered)
+    with pytest.raises(ValueError):
+        privacy_statement(mechanism="ldp", mechanism_is_dp=True, dp_sgd=False, worst=None, k=None)
