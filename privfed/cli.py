@@ -18,6 +18,7 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Privacy-focused federated learning with Orchestra.",
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: rich's option tables cut long option names at 80 columns
 )
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -122,11 +123,9 @@ def train(
         f"privfed: Orchestra on {resolved.dataset}, {resolved.num_clients} clients "
         f"({resolved.clients_per_round} per round), {resolved.rounds} rounds, mechanism {resolved.mechanism}"
     )
+    for line in plan.describe():
+        typer.echo(line)
     if plan.is_dp:
-        typer.echo(
-            f"privacy: each client's releases compose to at most epsilon {plan.planned_epsilon:.3f} "
-            f"(delta {plan.delta:.2g}) over {plan.max_releases} possible releases"
-        )
         if plan.may_stop_early:
             typer.echo(
                 f"privacy: the budget covers {plan.fitting_releases} releases per client; training stops "
@@ -182,6 +181,30 @@ def datasets() -> None:
 
     for name, description in describe_datasets().items():
         typer.echo(f"{name:<14} {description}")
+
+
+@app.command()
+def certs(
+    out_dir: Path = typer.Option(Path("certificates"), "--out-dir", "-o", help="Directory to write the keys and certificates to."),
+    supernodes: int = typer.Option(2, "--supernodes", "-n", min=0, help="SuperNode authentication key pairs to create: supernode-0 ... supernode-(N-1), one per partition."),
+    host: Optional[list[str]] = typer.Option(None, "--host", help="DNS name or IP address SuperNodes and the flwr CLI use to reach the SuperLink (repeatable); localhost, 127.0.0.1 and ::1 are always included."),
+    port: int = typer.Option(8000, min=1, max=65535, help="SuperLink port used in the printed commands."),
+    days: int = typer.Option(365, min=1, help="Validity of the certificates in days."),
+    force: bool = typer.Option(False, "--force", help="Replace existing files (all of them: a new CA invalidates the old certificates)."),
+) -> None:
+    """Create a CA, a SuperLink TLS certificate and SuperNode authentication keys for a Flower deployment."""
+    from privfed.deployment.certs import generate_credentials, next_steps, write_credentials
+
+    hosts = list(host or [])
+    credentials = generate_credentials(supernodes, hosts, valid_days=days)
+    paths = write_credentials(credentials, out_dir, force=force)
+    private = set(paths.private_files())
+    typer.echo(f"wrote {len(paths.all_files())} files to {paths.directory}:")
+    for path in paths.all_files():
+        typer.echo(f"  {path.name}{'  (private key, mode 600)' if path in private else ''}")
+    typer.echo(f"the SuperLink certificate is valid for {', '.join(credentials.hosts)} for {days} days")
+    typer.echo("")
+    typer.echo(next_steps(paths, superlink_host=hosts[0] if hosts else "127.0.0.1", port=port))
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from flwr.common import FitRes, bytes_to_ndarray, ndarrays_to_parameters, parameters_to_ndarrays
 
 from mechanisms import registry
-from privfed.federation.client_app import OrchestraClient
+from privfed.federation.client import OrchestraClient
 from privfed.federation.messages import decode_release
 from privfed.federation.strategy import OrchestraStrategy
 from privfed.privacy.budget import plan_privacy

@@ -1,7 +1,7 @@
 import torch
 
 from mechanisms import create_mechanism
-from privfed.federation.client_app import local_training_config
+from privfed.federation.client import local_training_config
 from privfed.federation.client_data import client_images
 from privfed.models import OrchestraNetwork
 from privfed.orchestra.client_update import client_update

@@ -11,7 +11,7 @@ from opacus.optimizers import DPOptimizer
 
 from mechanisms import create_mechanism
 from privfed.data.augment import OrchestraViews, orchestra_views
-from privfed.federation.client_app import local_training_config
+from privfed.federation.client import local_training_config
 from privfed.federation.client_data import client_images
 from privfed.models import OrchestraNetwork
 from privfed.orchestra.client_update import DP_SGD_METRICS, client_update

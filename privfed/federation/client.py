@@ -1,0 +1,136 @@
+"""A client's side of every Orchestra round, as a Flower ``Client``.
+
+The client is stateless between rounds: each ``fit`` rebuilds the network
+from the server's state, runs :func:`privfed.orchestra.client_update`, and
+replies with the model delta and the mechanism's release. The memory of
+representations is dropped inside ``client_update`` and never reaches the
+reply.
+
+When the server runs SecAgg+, Flower's ``secaggplus_mod`` masks the delta
+before it leaves the node; the client first rescales it so that nothing is
+clipped (:mod:`privfed.federation.update_encoding`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+from flwr.client import Client
+from flwr.common import (
+    Code,
+    Context,
+    FitIns,
+    FitRes,
+    Status,
+    bytes_to_ndarray,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+
+from mechanisms import create_mechanism
+from privfed.config import TrainConfig
+from privfed.device import resolve_device
+from privfed.federation.client_data import client_images
+from privfed.federation.messages import (
+    arrays_to_state,
+    bytes_to_tensor,
+    encode_release,
+    state_to_arrays,
+)
+from privfed.federation.update_encoding import encode_update
+from privfed.models.network import build_network
+from privfed.orchestra.client_update import client_update
+from privfed.orchestra.local_training import LocalTrainingConfig
+from privfed.orchestra.model_state import shared_keys
+from privfed.privacy.dp_sgd import DpSgdSettings
+from privfed.privacy.ledger import events_to_json
+
+
+def local_training_config(config: TrainConfig, dp_sgd: DpSgdSettings | None = None) -> LocalTrainingConfig:
+    """The client's local hyperparameters; ``dp_sgd`` comes from the server's plan, not the config."""
+    return LocalTrainingConfig(
+        epochs=config.local_epochs,
+        batch_size=config.batch_size,
+        lr=config.lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        temperature=config.temperature,
+        ema_decay=config.ema_decay,
+        memory_size=config.memory_size,
+        dp_sgd=dp_sgd,
+    )
+
+
+def client_seed(run_seed: int, round_index: int, client_id: int) -> int:
+    """Independent, reproducible seed per (run, round, client)."""
+    return int(np.random.SeedSequence([run_seed, round_index, client_id]).generate_state(1)[0])
+
+
+class OrchestraClient(Client):
+    """Answers the server's fit instructions for one data partition."""
+
+    def __init__(self, client_id: int, num_partitions: int | None = None) -> None:
+        self.client_id = client_id
+        self.num_partitions = num_partitions
+
+    def fit(self, ins: FitIns) -> FitRes:
+        config = TrainConfig(**json.loads(str(ins.config["run_config"])))
+        if self.num_partitions is not None and self.num_partitions != config.num_clients:
+            raise ValueError(
+                f"this federation has {self.num_partitions} partitions but the run expects "
+                f"num_clients={config.num_clients}; start as many SuperNodes as clients"
+            )
+        torch.set_num_threads(max(1, int(config.client_cpus)))
+        network = build_network(config)  # GroupNorm under DP-SGD
+        keys = shared_keys(network)
+        global_state = arrays_to_state(parameters_to_ndarrays(ins.parameters), keys)
+        task = str(ins.config["task"])
+        centroids = bytes_to_tensor(ins.config["centroids"]) if task == "train" else None
+        mechanism = create_mechanism(config.mechanism, **json.loads(str(ins.config["mechanism_params"])))
+        dp_sgd = DpSgdSettings.from_json(str(ins.config["dp_sgd"])) if "dp_sgd" in ins.config else None
+        if config.dp_sgd and dp_sgd is None:
+            raise ValueError("the run trains with DP-SGD but the server sent no DP-SGD settings")
+        if centroids is not None:
+            mechanism.observe_global_centroids(centroids)
+        update = client_update(
+            network,
+            global_state,
+            centroids,
+            client_images(config, self.client_id),
+            config=local_training_config(config, dp_sgd),
+            mechanism=mechanism,
+            num_local_centroids=config.num_local_centroids,
+            seed=client_seed(int(ins.config["seed"]), int(ins.config["round"]), self.client_id),
+            device=resolve_device(config.device),
+        )
+        arrays = [] if update.delta is None else state_to_arrays(update.delta, keys)
+        if arrays and "secagg_scales" in ins.config:
+            arrays = prepare_for_secagg(arrays, ins.config, update.num_samples)
+        return FitRes(
+            status=Status(code=Code.OK, message="ok"),
+            parameters=ndarrays_to_parameters(arrays),
+            num_examples=update.num_samples,
+            metrics={
+                **update.metrics,
+                "client_id": self.client_id,
+                **encode_release(update.release),
+                "dp_sgd_events": events_to_json(update.privacy_events),
+            },
+        )
+
+
+def prepare_for_secagg(arrays: list[np.ndarray], config: dict, num_samples: int) -> list[np.ndarray]:
+    max_weight = float(config["secagg_max_weight"])
+    if num_samples > max_weight:
+        raise ValueError(
+            f"this client holds {num_samples} samples but the server set SecAgg+'s max_weight to {max_weight:g}; "
+            "client and server disagree on the data partition"
+        )
+    return encode_update(
+        arrays,
+        bytes_to_ndarray(config["secagg_scales"]),
+        weight_ratio=num_samples / max_weight,
+        clipping_range=float(config["secagg_clipping_range"]),
+    )
