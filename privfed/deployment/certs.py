@@ -117,6 +117,16 @@ def _name(common_name: str) -> x509.Name:
     )
 
 
+
+def _key_usage(**allowed: bool) -> x509.KeyUsage:
+    """An EC key's usages: digital signatures plus ``allowed``; everything else off."""
+    flags = dict.fromkeys(
+        ("content_commitment", "key_encipherment", "data_encipherment", "key_agreement",
+         "key_cert_sign", "crl_sign", "encipher_only", "decipher_only"),
+        False,
+    )
+    return x509.KeyUsage(digital_signature=True, **{**flags, **allowed})
+
 def make_ca(
     *, valid_days: int = DEFAULT_VALID_DAYS, now: dt.datetime | None = None
 ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
@@ -140,17 +150,7 @@ def make_ca(
         .not_valid_after(now + dt.timedelta(days=valid_days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(key_cert_sign=True, crl_sign=True),
             critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
@@ -193,17 +193,7 @@ def make_server_certificate(
         .not_valid_after(now + dt.timedelta(days=valid_days))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=True,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(key_agreement=True),
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)

@@ -47,6 +47,7 @@ from privfed.orchestra.local_training import (
     augmentation_generator,
     orchestra_losses,
     poisson_memory,
+    poisson_sample,
 )
 from privfed.privacy.dp_sgd import DpSgdSettings, round_events, sampling_rate, steps_per_round
 
@@ -121,11 +122,6 @@ def dp_optimizer(
         generator=noise_generator,
         secure_mode=True,
     )
-
-
-def poisson_batch(num_samples: int, rate: float, generator: torch.Generator) -> torch.Tensor:
-    """Indices of one Poisson sample: each example independently with probability ``rate``."""
-    return torch.nonzero(torch.rand(num_samples, generator=generator) < rate).squeeze(1)
 
 
 def set_empty_grad_samples(optimizer: DPOptimizer) -> None:
@@ -236,7 +232,7 @@ def train_with_dp_sgd(
     with per_sample_gradients(network):
         optimizer = dp_optimizer(network, config, settings, expected_batch_size=rate * n, noise_generator=noise)
         for _ in range(num_steps):
-            index = poisson_batch(n, rate, sampling)
+            index = poisson_sample(n, rate, sampling)
             views = orchestra_views(images[index.to(device)], generator=aug_generator) if index.numel() else None
             losses = dp_step(network, optimizer, views, centroids, config.temperature)
             ema_update(network.target, network.online, config.ema_decay)

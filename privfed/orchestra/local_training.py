@@ -202,15 +202,31 @@ def initial_representations(
     network.to(device).train()
     aug_generator = augmentation_generator(generator, device)
     chosen = torch.randperm(images.shape[0], generator=generator)[: config.memory_size]
-    reps = []
-    for index in chosen.split(max(config.batch_size, 2)):
-        if len(index) < 2:
-            continue
-        views = orchestra_views(images[index].to(device), generator=aug_generator)
-        reps.append(network.target_representation(views.view1))
+    batches = [index for index in chosen.split(max(config.batch_size, 2)) if len(index) >= 2]  # BatchNorm needs two
+    return _target_representations(network, images, batches, aug_generator=aug_generator, device=device)
+
+
+def _target_representations(
+    network: OrchestraNetwork,
+    images: torch.Tensor,
+    batches: list[torch.Tensor],
+    *,
+    aug_generator: torch.Generator,
+    device: torch.device,
+) -> torch.Tensor:
+    """Target representations of view 1 of the images in ``batches``, on the CPU (``[0, D]`` if none)."""
+    reps = [
+        network.target_representation(orchestra_views(images[index].to(device), generator=aug_generator).view1)
+        for index in batches
+    ]
     if not reps:
         return torch.zeros(0, network.rotation.in_features)
     return torch.cat(reps).cpu()
+
+
+def poisson_sample(num_samples: int, rate: float, generator: torch.Generator) -> torch.Tensor:
+    """Indices of a Poisson sample: each example independently with probability ``rate``."""
+    return torch.nonzero(torch.rand(num_samples, generator=generator) < rate).squeeze(1)
 
 
 def memory_sampling_rate(num_samples: int, memory_size: int) -> float:
@@ -250,11 +266,6 @@ def poisson_memory(
     network.to(device).train()
     n = images.shape[0]
     aug_generator = augmentation_generator(generator, device)
-    chosen = torch.nonzero(torch.rand(n, generator=generator) < memory_sampling_rate(n, config.memory_size)).squeeze(1)
-    reps = [
-        network.target_representation(orchestra_views(images[index].to(device), generator=aug_generator).view1)
-        for index in chosen.split(max(config.batch_size, 1))
-    ]
-    if not reps:
-        return torch.zeros(0, network.rotation.in_features)
-    return torch.cat(reps).cpu()
+    chosen = poisson_sample(n, memory_sampling_rate(n, config.memory_size), generator)
+    batches = list(chosen.split(max(config.batch_size, 1)))
+    return _target_representations(network, images, batches, aug_generator=aug_generator, device=device)
