@@ -46,7 +46,7 @@ def measure(backbone: str, *, device: torch.device, images: int | None, mechanis
     train, release = [], []
     for repeat in range(repeats + 1):  # the first repeat warms up
         update = client_update(
-            build_network(run), state, centroids, data,
+            build_network(run), state, centroids, data, train=True,
             config=config, mechanism=create_mechanism(mechanism), num_local_centroids=run.num_local_centroids,
             seed=repeat, device=device,
         )

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from privfed.errors import PrivfedError
+from privfed.methods import available_methods
 
-METHODS = {"orchestra": "Orchestra: clustering-based federated self-supervised learning"}
 DEVICES = ("auto", "cpu", "cuda")
 GLOBAL_CLUSTERINGS = ("kmeans", "official")
 
@@ -65,9 +65,17 @@ class TrainConfig:
     participation: float = option(0.5, "Fraction of clients sampled per round, in (0, 1].", flags=("-R",))
     alpha: float = option(0.1, "Dirichlet concentration of the non-IID split (smaller = more skewed).")
     # model
-    method: str = option("orchestra", "Federated learning method.")
+    method: str = option(
+        "orchestra",
+        "Training method: orchestra, or an ablation: rotpred (rotation prediction only), orchestra-no-rotation, "
+        "orchestra-no-target, orchestra-fixed-centroids (random global centroids, never updated). rotpred and "
+        "orchestra-fixed-centroids release nothing, so --mechanism does not apply to them.",
+    )
     backbone: str = option("resnet8", "resnet8 / resnet20 (CPU-sized) or resnet18 (paper).")
     projection_dim: int = option(32, "Projector output dimension D.")
+    projection_hidden_dim: int | None = option(
+        None, "Width of the projector's hidden layer (the authors' code: 512).", default_text="D"
+    )
     # Orchestra
     rounds: int = option(12, "Training rounds C (after the initialisation round 0).", flags=("-C",))
     local_epochs: int = option(2, "Local epochs E per round.", flags=("-E",))
@@ -149,7 +157,11 @@ class TrainConfig:
         "the OS). Not controlled: CUDA kernels' own nondeterminism.",
     )
     device: str = option("auto", "auto, cpu or cuda.")
-    out: str | None = option(None, "Run directory.", default_text="runs/<time>-<method>-<mechanism>-seed<seed>")
+    out: str | None = option(
+        None,
+        "Run directory.",
+        default_text="runs/<time>-<method>-<mechanism>-seed<seed> (no mechanism for a method that releases nothing)",
+    )
     eval_every: int = option(1, "Run the kNN monitor every N rounds (and after the last).")
     knn_k: int = option(200, "Neighbours of the kNN monitor.")
     knn_temperature: float = option(0.1, "Vote temperature of the kNN monitor.")
@@ -244,8 +256,11 @@ def validate(config: TrainConfig) -> None:
         raise PrivfedError("temperatures must be > 0")
     if not 0 <= config.ema_decay < 1:
         raise PrivfedError(f"ema_decay must be in [0, 1), got {config.ema_decay}")
-    if config.method not in METHODS:
-        raise PrivfedError(f"unknown method {config.method!r} (choose from {', '.join(METHODS)})")
+    methods = available_methods()
+    if config.method not in methods:
+        raise PrivfedError(f"unknown method {config.method!r} (choose from {', '.join(methods)})")
+    if config.projection_hidden_dim is not None and config.projection_hidden_dim < 1:
+        raise PrivfedError(f"projection_hidden_dim must be at least 1, got {config.projection_hidden_dim}")
     from mechanisms import MechanismRegistrationError, UnknownMechanismError, get_mechanism_class
 
     try:
@@ -270,7 +285,8 @@ def validate(config: TrainConfig) -> None:
         )
     released = config.clients_per_round * config.num_local_centroids
     # A mechanism that releases the memory itself sends memory_size vectors, not L.
-    if not mechanism.releases_raw_data and released < config.num_global_centroids:
+    releasing = methods[config.method].releases
+    if releasing and not mechanism.releases_raw_data and released < config.num_global_centroids:
         raise PrivfedError(
             f"{config.clients_per_round} sampled clients x {config.num_local_centroids} local centroids "
             f"= {released} released centroids, fewer than num_global_centroids ({config.num_global_centroids}); "

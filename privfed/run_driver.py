@@ -23,6 +23,7 @@ from mechanisms.base import K_ANONYMITY
 from privfed.data import cached_dataset, heterogeneity_stats
 from privfed.device import resolve_device
 from privfed.evaluation.monitor import KnnMonitor
+from privfed.methods import get_method
 from privfed.models.network import build_network
 from privfed.orchestra.objective import STEP_VALUES
 from privfed.orchestra.round_report import RoundReport
@@ -64,7 +65,9 @@ class RunDriver:
         self.run_dir = plan.run_dir
         self.progress = progress
         self.device = resolve_device(plan.config.device)
-        self.mechanism_class = get_mechanism_class(plan.config.mechanism)
+        self.method = get_method(plan.config.method)
+        # A method that releases nothing has no mechanism: --mechanism does not apply.
+        self.mechanism_class = get_mechanism_class(plan.config.mechanism) if self.method.releases else None
         self.stop_reason: str | None = None
         self._start = time.perf_counter()
         self._last_knn: float | None = None
@@ -77,7 +80,7 @@ class RunDriver:
         privacy = self.plan.privacy
         self.run_dir.create(config)
         self.ledger = PrivacyLedger(
-            mechanism=config.mechanism,
+            mechanism=self.mechanism_name,
             delta=privacy.delta,
             reference_epsilon=config.epsilon or config.epsilon_per_release or 1.0,
             path=self.run_dir.path / "ledger.jsonl",
@@ -92,6 +95,7 @@ class RunDriver:
             network,
             num_global_centroids=config.num_global_centroids,
             seed=config.seed,
+            method=self.method,
             global_clustering=config.global_clustering,
             cluster_temperature=config.temperature,
         )
@@ -149,6 +153,10 @@ class RunDriver:
         """
         mechanism = self.mechanism_class
         expected = self.plan.privacy.per_release_events
+        if mechanism is None:
+            if report.releases:
+                raise RuntimeError(f"method {self.method.name} releases nothing, yet the round holds releases")
+            return
         for client, release in report.releases:
             if release.guarantee.kind != mechanism.guarantee_kind:
                 raise RuntimeError(
@@ -163,7 +171,7 @@ class RunDriver:
                 share = self.plan.client_sizes[client] // release.num_vectors
                 k = min(release.guarantee.k, int(release.weights.min()), share)
             guarantee = dataclasses.replace(release.guarantee, k=k)
-            self.ledger.record(LedgerEntry(client, report.round, self.config.mechanism, guarantee, expected))
+            self.ledger.record(LedgerEntry(client, report.round, mechanism.name, guarantee, expected))
 
     def _record_training(self, report: RoundReport) -> None:
         """Charges each client's DP-SGD steps to the ledger, after checking them against the plan.
@@ -195,6 +203,11 @@ class RunDriver:
             )
             self._emit({"event": "stop", "reason": self.stop_reason})
 
+    @property
+    def mechanism_name(self) -> str | None:
+        """The release mechanism in force (None when the method releases nothing)."""
+        return None if self.mechanism_class is None else self.mechanism_class.name
+
     def privacy_summary(self) -> dict[str, Any]:
         """The ``privacy`` object of ``summary.json``: what the worst-off client is guaranteed, and what is not covered."""
         worst = self.ledger.worst_case_summary() if self.ledger.is_dp else None
@@ -210,7 +223,7 @@ class RunDriver:
         if plan.dp_sgd is not None and worst is not None:
             dp_sgd = {**plan.dp_sgd.to_dict(), "epsilon": worst.dp_sgd_worst}
         return {
-            "mechanism": self.config.mechanism,
+            "mechanism": self.mechanism_name,
             "epsilon": None if worst is None else worst.epsilon,
             "delta": None if worst is None else worst.delta,
             "k": self.ledger.min_k,
@@ -228,7 +241,6 @@ class RunDriver:
             secure_aggregation: The runtime's account of how updates were
                 aggregated (``summary.json``'s ``secure_aggregation``).
         """
-        config = self.config
         self.run_dir.save_checkpoint("final", self.server.network, self.server.centroids, self._rounds_done)
         if self._last_knn is None or self._rounds_done == 0:
             self._last_knn = self.monitor(self.server.network.online.backbone)
@@ -238,7 +250,8 @@ class RunDriver:
             "knn_accuracy_init": self.knn_init,
             "rounds": self._rounds_done,
             "wall_seconds": time.perf_counter() - self._start,
-            "mechanism": {"name": config.mechanism, "guarantee": privacy["statement"], "params": self.plan.privacy.params},
+            "method": {"name": self.method.name, "description": self.method.description},
+            "mechanism": {"name": self.mechanism_name, "guarantee": privacy["statement"], "params": self.plan.privacy.params},
             "privacy": privacy,
             "secure_aggregation": secure_aggregation,
             "stopped_early": self.stop_reason,

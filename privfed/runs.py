@@ -20,6 +20,7 @@ import torch
 
 from privfed.config import TrainConfig, load_saved_config, save_config
 from privfed.errors import PrivfedError
+from privfed.methods import get_method
 from privfed.models.network import OrchestraNetwork, build_network
 
 CHECKPOINT_NAMES = ("initial", "final")
@@ -27,7 +28,9 @@ CHECKPOINT_NAMES = ("initial", "final")
 
 def default_run_dir(config: TrainConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{stamp}-{config.method}-{config.mechanism}-seed{config.seed}"
+    # A method that releases nothing uses no mechanism, so the name leaves it out.
+    releases = f"-{config.mechanism}" if get_method(config.method).releases else ""
+    return Path("runs") / f"{stamp}-{config.method}{releases}-seed{config.seed}"
 
 
 class RunDirectory:

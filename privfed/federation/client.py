@@ -20,7 +20,6 @@ import torch
 from flwr.client import Client
 from flwr.common import (
     Code,
-    Context,
     FitIns,
     FitRes,
     GetPropertiesIns,
@@ -42,6 +41,7 @@ from privfed.federation.messages import (
 )
 from privfed.federation.partitions import PARTITION_KEY
 from privfed.federation.update_encoding import encode_update
+from privfed.methods import get_method
 from privfed.orchestra.client_update import client_update
 from privfed.orchestra.model_state import shared_keys
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
@@ -75,19 +75,22 @@ class OrchestraClient(Client):
         network = config.build_network()  # GroupNorm under DP-SGD
         keys = shared_keys(network)
         global_state = arrays_to_state(parameters_to_ndarrays(ins.parameters), keys)
-        task = str(ins.config["task"])
-        centroids = bytes_to_tensor(ins.config["centroids"]) if task == "train" else None
-        mechanism = create_mechanism(config.mechanism, **json.loads(str(ins.config["mechanism_params"])))
+        train = str(ins.config["task"]) == "train"
+        centroids = bytes_to_tensor(ins.config["centroids"]) if "centroids" in ins.config else None
+        mechanism = None
+        if get_method(config.method).releases:
+            mechanism = create_mechanism(config.mechanism, **json.loads(str(ins.config["mechanism_params"])))
         dp_sgd = DpSgdSettings.from_json(str(ins.config["dp_sgd"])) if "dp_sgd" in ins.config else None
         if config.dp_sgd and dp_sgd is None:
             raise ValueError("the run trains with DP-SGD but the server sent no DP-SGD settings")
-        if centroids is not None:
+        if centroids is not None and mechanism is not None:
             mechanism.observe_global_centroids(centroids)
         update = client_update(
             network,
             global_state,
             centroids,
             config.split.client_images(self.client_id),
+            train=train,
             config=config.local.replace(dp_sgd=dp_sgd),
             mechanism=mechanism,
             num_local_centroids=config.num_local_centroids,
@@ -104,7 +107,7 @@ class OrchestraClient(Client):
             metrics={
                 **update.metrics,
                 "client_id": self.client_id,
-                **encode_release(update.release),
+                **({} if update.release is None else encode_release(update.release)),
                 "dp_sgd_events": events_to_json(update.privacy_events),
             },
         )

@@ -23,8 +23,10 @@ class ClientConfig:
 
     Attributes:
         split: Which images each client holds.
+        method: The run's method (:mod:`privfed.methods`): whether to release.
         backbone: Backbone name.
         projection_dim: Projector output dimension D.
+        projection_hidden_dim: Projector hidden width (None: D).
         dp_sgd: Whether clients train with DP-SGD (GroupNorm networks); the
             DP-SGD settings themselves come from the server's plan.
         local: Local training hyperparameters (without DP-SGD settings).
@@ -35,8 +37,10 @@ class ClientConfig:
     """
 
     split: FederatedSplit
+    method: str
     backbone: str
     projection_dim: int
+    projection_hidden_dim: int | None
     dp_sgd: bool
     local: LocalTrainingConfig
     mechanism: str
@@ -48,8 +52,10 @@ class ClientConfig:
     def of(cls, config: TrainConfig) -> ClientConfig:
         return cls(
             split=FederatedSplit.of(config),
+            method=config.method,
             backbone=config.backbone,
             projection_dim=config.projection_dim,
+            projection_hidden_dim=config.projection_hidden_dim,
             dp_sgd=config.dp_sgd,
             local=LocalTrainingConfig.from_run(config),
             mechanism=config.mechanism,
@@ -60,7 +66,12 @@ class ClientConfig:
 
     def build_network(self) -> OrchestraNetwork:
         """The run's network architecture (GroupNorm under DP-SGD), as the server built it."""
-        return OrchestraNetwork(self.backbone, self.projection_dim, norm=network_norm(dp_sgd=self.dp_sgd))
+        return OrchestraNetwork(
+            self.backbone,
+            self.projection_dim,
+            projection_hidden_dim=self.projection_hidden_dim,
+            norm=network_norm(dp_sgd=self.dp_sgd),
+        )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -68,7 +79,5 @@ class ClientConfig:
     @classmethod
     def from_json(cls, text: str) -> ClientConfig:
         values = json.loads(text)
-        local = values.pop("local")
-        if local["dp_sgd"] is not None:
-            raise ValueError("DP-SGD settings travel separately from the client configuration")
-        return cls(split=FederatedSplit(**values.pop("split")), local=LocalTrainingConfig(**local), **values)
+        local = LocalTrainingConfig.from_dict(values.pop("local"))
+        return cls(split=FederatedSplit(**values.pop("split")), local=local, **values)

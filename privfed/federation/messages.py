@@ -4,7 +4,8 @@ Server -> client (``FitIns``):
     parameters  the travelling network state, one array per key of
                 :func:`privfed.orchestra.model_state.shared_keys`
     config      ``task`` ("init" or "train"), ``round``, ``seed``,
-                ``centroids`` (bytes, absent in round 0), ``client_config``
+                ``centroids`` (bytes; absent in round 0 and for methods
+                without centroids), ``client_config``
                 (JSON :class:`privfed.federation.client_config.ClientConfig`:
                 only the options a client reads) and ``mechanism_params``
                 (JSON keyword arguments of the release mechanism, calibrated
@@ -19,7 +20,8 @@ Client -> server (``FitRes``):
                 under SecAgg+ it is rescaled, followed by two indicator
                 vectors (:mod:`privfed.federation.update_encoding`), masked,
                 and only the clients' weighted mean reaches the strategy
-    metrics     training metrics plus the mechanism's release:
+    metrics     training metrics plus the mechanism's release (absent when the
+                run's method releases nothing):
                 ``release_vectors``/``release_weights`` (bytes),
                 ``release_guarantee`` and ``release_events`` (JSON). These are not summed: the
                 server needs every client's release separately. ``dp_sgd_events``
@@ -68,6 +70,11 @@ def encode_release(release: Release) -> dict[str, Scalar]:
         "release_guarantee": json.dumps(release.guarantee.to_dict()),
         "release_events": json.dumps([{"name": e.name, "params": e.params} for e in release.events]),
     }
+
+
+def has_release(metrics: dict[str, Any]) -> bool:
+    """Whether a reply carries a release at all (a method that does not cluster sends none)."""
+    return any(k in metrics for k in RELEASE_KEYS)
 
 
 def decode_release(metrics: dict[str, Any]) -> Release:

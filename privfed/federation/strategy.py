@@ -36,21 +36,23 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from mechanisms.base import Release
 from privfed.federation.client_config import ClientConfig
 from privfed.federation.messages import (
     arrays_to_state,
     decode_release,
+    has_release,
     scalar_metrics,
     state_to_arrays,
     tensor_to_bytes,
 )
-from privfed.secagg_settings import SecAggPlusSettings
 from privfed.federation.update_encoding import decode_aggregate, initial_scales, next_scales
 from privfed.orchestra.model_state import StateDict, shared_keys, weighted_mean
 from privfed.orchestra.round_report import RoundReport
 from privfed.orchestra.server import OrchestraServer
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
 from privfed.privacy.ledger import events_from_json
+from privfed.secagg_settings import SecAggPlusSettings
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +115,7 @@ class OrchestraStrategy(Strategy):
     @property
     def next_round_trains(self) -> bool:
         """False while round 0 (initialisation, no model update) is still to come."""
-        return self.server.centroids is not None
+        return self.server.initialised
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return ndarrays_to_parameters(state_to_arrays(self.server.global_state(), self._keys))
@@ -145,7 +147,7 @@ class OrchestraStrategy(Strategy):
     def fit_instructions(self, server_round: int, parameters: Parameters) -> FitIns:
         """The message every sampled client receives (see :mod:`privfed.federation.messages`)."""
         config: dict[str, Scalar] = {
-            "task": "init" if self.server.centroids is None else "train",
+            "task": "train" if self.server.initialised else "init",
             "round": self.orchestra_round(server_round),
             "seed": self.seed,
             "client_config": self._client_config,
@@ -155,10 +157,10 @@ class OrchestraStrategy(Strategy):
             config["dp_sgd"] = self._dp_sgd
         if self.server.centroids is not None:
             config["centroids"] = tensor_to_bytes(self.server.centroids)
-            if self.secagg is not None:
-                config["secagg_scales"] = ndarray_to_bytes(self.scales)
-                config["secagg_max_weight"] = self.secagg.max_weight
-                config["secagg_clipping_range"] = self.secagg.clipping_range
+        if self.server.initialised and self.secagg is not None:
+            config["secagg_scales"] = ndarray_to_bytes(self.scales)
+            config["secagg_max_weight"] = self.secagg.max_weight
+            config["secagg_clipping_range"] = self.secagg.clipping_range
         return FitIns(parameters, config)
 
     def aggregate_fit(
@@ -238,9 +240,9 @@ class OrchestraStrategy(Strategy):
         mean_delta: StateDict | None,
         aggregation_stats: dict[str, float],
     ) -> None:
-        releases = [decode_release(res.metrics) for _, res in results]
-        stats = self.server.apply_round(mean_delta, releases)
         client_ids = [int(res.metrics["client_id"]) for _, res in results]
+        releases = self._releases(client_ids, results)
+        stats = self.server.apply_round(mean_delta, [release for _, release in releases])
         stop_reason = self.on_round_end(
             RoundReport(
                 round=self.orchestra_round(server_round),
@@ -251,7 +253,7 @@ class OrchestraStrategy(Strategy):
                 seconds=time.perf_counter() - self._round_started,
                 server_stats={**stats, **aggregation_stats},
                 client_metrics=[scalar_metrics(res.metrics) for _, res in results],
-                releases=list(zip(client_ids, releases)),
+                releases=releases,
                 training_events=[
                     (cid, events_from_json(str(res.metrics.get("dp_sgd_events", "[]"))))
                     for cid, (_, res) in zip(client_ids, results)
@@ -261,6 +263,15 @@ class OrchestraStrategy(Strategy):
         if stop_reason is not None:
             self.stop(stop_reason)
         self._closed_round = server_round
+
+    def _releases(self, client_ids: list[int], results: list[tuple[ClientProxy, FitRes]]) -> list[tuple[int, Release]]:
+        """Every reply's release, by client; none for a method that releases nothing (a reply that has one is refused)."""
+        if self.server.method.releases:
+            return [(cid, decode_release(res.metrics)) for cid, (_, res) in zip(client_ids, results)]
+        unexpected = [cid for cid, (_, res) in zip(client_ids, results) if has_release(res.metrics)]
+        if unexpected:
+            raise RuntimeError(f"clients {unexpected} sent releases, but method {self.server.method.name} makes none")
+        return []
 
     # Evaluation happens on the server, in the training driver's round hook.
     def configure_evaluate(

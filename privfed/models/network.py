@@ -21,10 +21,12 @@ if TYPE_CHECKING:
 class Encoder(nn.Module):
     """Backbone followed by the projector."""
 
-    def __init__(self, backbone: nn.Module, feature_dim: int, projection_dim: int, *, norm: str = "batch") -> None:
+    def __init__(
+        self, backbone: nn.Module, feature_dim: int, projection_dim: int, *, hidden_dim: int, norm: str = "batch"
+    ) -> None:
         super().__init__()
         self.backbone = backbone
-        self.projector = projector(feature_dim, projection_dim, norm=norm)
+        self.projector = projector(feature_dim, projection_dim, hidden_dim=hidden_dim, norm=norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.projector(self.backbone(x))
@@ -38,16 +40,27 @@ class OrchestraNetwork(nn.Module):
 
     ``norm="group"`` replaces every BatchNorm (backbone and projector, online
     and therefore target) by GroupNorm, which DP-SGD requires: see
-    :mod:`privfed.models.norms`.
+    :mod:`privfed.models.norms`. The projector's hidden layer is
+    ``projection_hidden_dim`` wide (default: the output dimension D; the
+    authors' code uses 512).
     """
 
-    def __init__(self, backbone: str, projection_dim: int, *, norm: str = "batch") -> None:
+    def __init__(
+        self,
+        backbone: str,
+        projection_dim: int,
+        *,
+        projection_hidden_dim: int | None = None,
+        norm: str = "batch",
+    ) -> None:
         super().__init__()
         if backbone not in BACKBONES:
             raise PrivfedError(f"unknown backbone {backbone!r} (choose from {', '.join(BACKBONES)})")
         self.norm = check_norm(norm)
+        self.projection_dim = projection_dim
         net = BACKBONES[backbone](norm=norm)
-        self.online = Encoder(net, net.feature_dim, projection_dim, norm=norm)
+        hidden = projection_hidden_dim or projection_dim
+        self.online = Encoder(net, net.feature_dim, projection_dim, hidden_dim=hidden, norm=norm)
         self.target = copy.deepcopy(self.online)
         for p in self.target.parameters():
             p.requires_grad_(False)
@@ -77,7 +90,12 @@ def build_network(config: TrainConfig) -> OrchestraNetwork:
     The normalisation follows ``config.dp_sgd``, so a checkpoint always loads
     into the architecture its run's configuration describes.
     """
-    return OrchestraNetwork(config.backbone, config.projection_dim, norm=network_norm(dp_sgd=config.dp_sgd))
+    return OrchestraNetwork(
+        config.backbone,
+        config.projection_dim,
+        projection_hidden_dim=config.projection_hidden_dim,
+        norm=network_norm(dp_sgd=config.dp_sgd),
+    )
 
 
 @torch.no_grad()

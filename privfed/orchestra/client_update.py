@@ -3,7 +3,9 @@
 Given the global state, it trains (or, in round 0, only computes
 representations), asks the mechanism what may leave the client, and returns
 exactly what will be sent: a model delta, the mechanism's release, metrics.
-The memory of representations is dropped here and never returned.
+The memory of representations is dropped here and never returned. A method
+that does not cluster (:mod:`privfed.methods`) has no mechanism:
+its clients release nothing, and its round 0 does nothing.
 
 Under DP-SGD (``config.dp_sgd``) the reply also carries the round's DP-SGD
 cost (``privacy_events``), and its metrics hold nothing computed from the
@@ -25,7 +27,6 @@ from privfed.orchestra.local_training import LocalTrainingConfig, LocalTrainingR
 from privfed.orchestra.memory_sampling import initial_representations, poisson_memory
 from privfed.orchestra.model_state import StateDict, load_shared_state, shared_state, state_delta
 
-
 #: Metrics a DP-SGD client may send: counts fixed by its (public) size, and timings.
 DP_SGD_METRICS = ("train_seconds", "steps", "release_seconds")
 
@@ -36,7 +37,7 @@ class ClientUpdate:
 
     Attributes:
         delta: Model update (None in round 0).
-        release: What the mechanism made of the memory.
+        release: What the mechanism made of the memory (None: the method releases nothing).
         num_samples: The client's dataset size (public: the FedAvg weight).
         metrics: Diagnostics; under DP-SGD only :data:`DP_SGD_METRICS`.
         privacy_events: The DP-SGD cost of this round's update (empty
@@ -44,7 +45,7 @@ class ClientUpdate:
     """
 
     delta: StateDict | None
-    release: Release
+    release: Release | None
     num_samples: int
     metrics: dict[str, float] = field(default_factory=dict)
     privacy_events: tuple[PrivacyEvent, ...] = ()
@@ -56,23 +57,27 @@ def client_update(
     centroids: torch.Tensor | None,
     images: torch.Tensor,
     *,
+    train: bool,
     config: LocalTrainingConfig,
-    mechanism: Mechanism,
+    mechanism: Mechanism | None,
     num_local_centroids: int,
     seed: int,
     device: torch.device,
     secret_seed: int | None = None,
 ) -> ClientUpdate:
-    """Runs a client's round: initialise (``centroids is None``) or train.
+    """Runs a client's round: initialise (round 0) or train.
 
     Args:
         network: A network of the run's architecture; overwritten with
             ``global_state`` first.
         global_state: Travelling state from the server.
-        centroids: ``[G, D]`` global centroids, or ``None`` in round 0.
+        centroids: ``[G, D]`` global centroids (None in round 0, and for a
+            method without centroids).
         images: ``[n, 3, H, W]`` uint8 images of this client.
+        train: False in round 0, which only computes the first memory.
         config: Local training hyperparameters.
-        mechanism: Decides what the memory turns into before it is sent.
+        mechanism: Decides what the memory turns into before it is sent;
+            None when the method releases nothing.
         num_local_centroids: ``L``.
         seed: Seeds shuffling, augmentation and the mechanism's choices.
         device: Where to compute.
@@ -83,10 +88,12 @@ def client_update(
     generator = torch.Generator().manual_seed(seed)
     load_shared_state(network, global_state)
     events: tuple[PrivacyEvent, ...] = ()
-    if centroids is None:
-        # Under DP-SGD the memory is a Poisson sample from the start, as after training.
-        initial_memory = poisson_memory if config.dp_sgd is not None else initial_representations
-        memory = initial_memory(network, images, config, generator=generator, device=device)
+    if not train:
+        memory = None
+        if mechanism is not None:
+            # Under DP-SGD the memory is a Poisson sample from the start, as after training.
+            initial_memory = poisson_memory if config.dp_sgd is not None else initial_representations
+            memory = initial_memory(network, images, config, generator=generator, device=device)
         delta = None
         metrics: dict[str, float] = {}
     else:
@@ -100,9 +107,11 @@ def client_update(
             "train_seconds": result.seconds,
             "steps": float(result.num_steps),
         }
-    start = time.perf_counter()
-    release = mechanism.release(memory, num_centroids=num_local_centroids, generator=generator)
-    metrics["release_seconds"] = time.perf_counter() - start
+    release = None
+    if mechanism is not None:
+        start = time.perf_counter()
+        release = mechanism.release(memory, num_centroids=num_local_centroids, generator=generator)
+        metrics["release_seconds"] = time.perf_counter() - start
     if config.dp_sgd is not None:
         metrics = {k: v for k, v in metrics.items() if k in DP_SGD_METRICS}
     return ClientUpdate(

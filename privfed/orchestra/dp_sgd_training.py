@@ -33,14 +33,13 @@ from typing import Iterator
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from opacus import GradSampleModule
 from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
 
 from privfed.data.augment import OrchestraViews, orchestra_views
 from privfed.models.network import OrchestraNetwork, ema_update
-from privfed.orchestra.local_training import LocalTrainingConfig, LocalTrainingResult, step_means
+from privfed.orchestra.local_training import LocalTrainingConfig, LocalTrainingResult, normalised_centroids, step_means
 from privfed.orchestra.memory_sampling import poisson_memory, poisson_sample
 from privfed.orchestra.objective import STEP_VALUES, StepLosses, augmentation_generator, orchestra_losses
 from privfed.privacy.dp_sgd_plan import DpSgdSettings, round_events, sampling_rate, steps_per_round
@@ -102,11 +101,14 @@ def dp_optimizer(
 
     Weight decay and momentum act on the noisy gradient, so they are
     post-processing. ``loss_reduction="mean"`` divides the noisy sum by the
-    *expected* batch size, as Poisson sampling requires.
+    *expected* batch size, as Poisson sampling requires. Only the parameters
+    the objective trains are stepped: without the rotation loss the rotation
+    head has no per-sample gradients (and so stays as it is).
     """
-    optimizer = torch.optim.SGD(
-        network.trainable_parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
-    )
+    parameters = [*network.online.parameters()]
+    if config.objective.rotation_loss:
+        parameters += network.rotation.parameters()
+    optimizer = torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
     return DPOptimizer(
         optimizer,
         noise_multiplier=settings.noise_multiplier,
@@ -165,8 +167,8 @@ def dp_step(
     network: OrchestraNetwork,
     optimizer: DPOptimizer,
     views: OrchestraViews | None,
-    centroids: torch.Tensor,
-    temperature: float,
+    centroids: torch.Tensor | None,
+    config: LocalTrainingConfig,
 ) -> StepLosses | None:
     """One DP-SGD step on a batch's views (``None``: an empty batch), inside :func:`per_sample_gradients`.
 
@@ -178,7 +180,7 @@ def dp_step(
     if views is None:
         set_empty_grad_samples(optimizer)
     else:
-        losses = orchestra_losses(network, views, centroids, temperature)
+        losses = orchestra_losses(network, views, centroids, config.temperature, config.objective)
         losses.total.backward()
     optimizer.step()
     return losses
@@ -187,7 +189,7 @@ def dp_step(
 def train_with_dp_sgd(
     network: OrchestraNetwork,
     images: torch.Tensor,
-    centroids: torch.Tensor,
+    centroids: torch.Tensor | None,
     config: LocalTrainingConfig,
     *,
     generator: torch.Generator,
@@ -217,7 +219,7 @@ def train_with_dp_sgd(
     rate = sampling_rate(n, config.batch_size)
     num_steps = steps_per_round(n, batch_size=config.batch_size, epochs=config.epochs)
     network.to(device).train()
-    centroids = F.normalize(centroids.to(device).float(), dim=1)
+    centroids = normalised_centroids(centroids, device)
     aug_generator = augmentation_generator(generator, device)
     sampling, noise = secret_generators(device, secret_seed)
     images = images.to(device)
@@ -228,7 +230,7 @@ def train_with_dp_sgd(
         for _ in range(num_steps):
             index = poisson_sample(n, rate, sampling)
             views = orchestra_views(images[index.to(device)], generator=aug_generator) if index.numel() else None
-            losses = dp_step(network, optimizer, views, centroids, config.temperature)
+            losses = dp_step(network, optimizer, views, centroids, config)
             ema_update(network.target, network.online, config.ema_decay)
             if losses is not None:
                 totals += losses.detached()

@@ -8,6 +8,7 @@ choice. The objective both minimise is in :mod:`privfed.orchestra.objective`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 from mechanisms.base import PrivacyEvent
 from privfed.data.augment import orchestra_views
+from privfed.methods import Objective, get_method
 from privfed.models.network import OrchestraNetwork, ema_update
 from privfed.orchestra.memory import RepresentationMemory
 from privfed.orchestra.objective import STEP_VALUES, augmentation_generator, orchestra_losses
@@ -36,6 +38,7 @@ class LocalTrainingConfig:
 
     ``dp_sgd`` switches local training to DP-SGD with those settings; the
     network must then use GroupNorm (``OrchestraNetwork(..., norm="group")``).
+    ``objective`` is the run's method's (:mod:`privfed.methods`).
     """
 
     epochs: int
@@ -46,6 +49,7 @@ class LocalTrainingConfig:
     temperature: float
     ema_decay: float
     memory_size: int
+    objective: Objective
     dp_sgd: DpSgdSettings | None
 
     @classmethod
@@ -60,8 +64,16 @@ class LocalTrainingConfig:
             temperature=config.temperature,
             ema_decay=config.ema_decay,
             memory_size=config.memory_size,
+            objective=get_method(config.method).objective,
             dp_sgd=dp_sgd,
         )
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> LocalTrainingConfig:
+        """The inverse of :meth:`to_dict` for a configuration without DP-SGD settings (those travel apart)."""
+        if values.get("dp_sgd") is not None:
+            raise ValueError("DP-SGD settings travel separately from the local training configuration")
+        return cls(**{**values, "objective": Objective(**values["objective"]), "dp_sgd": None})
 
     def replace(self, **changes: Any) -> LocalTrainingConfig:
         return dataclasses.replace(self, **changes)
@@ -88,8 +100,18 @@ class LocalTrainingResult:
 
 
 def step_means(totals: torch.Tensor, steps: int) -> dict[str, float]:
-    """The :data:`~privfed.orchestra.objective.STEP_VALUES` averaged over ``steps`` (NaN-free: 0 steps give 0)."""
-    return dict(zip(STEP_VALUES, (totals / max(steps, 1)).tolist()))
+    """The :data:`~privfed.orchestra.objective.STEP_VALUES` averaged over ``steps`` (0 steps give 0).
+
+    A value the method does not compute (NaN: no centroids, no target
+    entropy) is left out.
+    """
+    means = zip(STEP_VALUES, (totals / max(steps, 1)).tolist())
+    return {name: value for name, value in means if not math.isnan(value)}
+
+
+def normalised_centroids(centroids: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """The global centroids on ``device``, L2-normalised (None stays None: a method without centroids)."""
+    return None if centroids is None else F.normalize(centroids.to(device).float(), dim=1)
 
 
 def _batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -104,22 +126,25 @@ def _batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.
 def train_locally(
     network: OrchestraNetwork,
     images: torch.Tensor,
-    centroids: torch.Tensor,
+    centroids: torch.Tensor | None,
     config: LocalTrainingConfig,
     *,
     generator: torch.Generator,
     device: torch.device,
 ) -> LocalTrainingResult:
-    """Runs ``config.epochs`` epochs of Orchestra on one client's images.
+    """Runs ``config.epochs`` epochs of Orchestra (or an ablation) on one client's images.
 
-    Per batch only three encoder passes run: target on view 1, online on
+    Per batch at most three encoder passes run: target on view 1, online on
     view 2 (cluster loss) and online on the rotated view 3 (rotation loss).
-    The target follows the online encoder by EMA after every step.
+    The target follows the online encoder by EMA after every step. The
+    memory holds the last batches' target representations (empty when the
+    method has no cluster loss).
 
     Args:
         network: Global network, trained in place.
         images: ``[n, 3, H, W]`` uint8 images of this client.
-        centroids: ``[G, D]`` global centroids, fixed during local training.
+        centroids: ``[G, D]`` global centroids, fixed during local training
+            (None for a method without centroids).
         config: Local hyperparameters.
         generator: CPU generator for shuffling; augmentation randomness is
             drawn from a generator on ``device`` seeded from it.
@@ -129,7 +154,7 @@ def train_locally(
         raise ValueError("config.dp_sgd is set: DP-SGD training is privfed.orchestra.dp_sgd_training.train_with_dp_sgd")
     start = time.perf_counter()
     network.to(device).train()
-    centroids = F.normalize(centroids.to(device).float(), dim=1)
+    centroids = normalised_centroids(centroids, device)
     aug_generator = augmentation_generator(generator, device)
     optimizer = torch.optim.SGD(
         network.trainable_parameters(),
@@ -137,19 +162,20 @@ def train_locally(
         momentum=config.momentum,
         weight_decay=config.weight_decay,
     )
-    memory = RepresentationMemory(config.memory_size, centroids.shape[1])
+    memory = RepresentationMemory(config.memory_size, network.projection_dim)
     images = images.to(device)
     totals = torch.zeros(len(STEP_VALUES), device=device)
     steps = 0
     for _ in range(config.epochs):
         for index in _batches(images.shape[0], config.batch_size, generator):
             views = orchestra_views(images[index.to(device)], generator=aug_generator)
-            losses = orchestra_losses(network, views, centroids, config.temperature)
+            losses = orchestra_losses(network, views, centroids, config.temperature, config.objective)
             optimizer.zero_grad(set_to_none=True)
             losses.total.backward()
             optimizer.step()
             ema_update(network.target, network.online, config.ema_decay)
-            memory.push(losses.target_reps)
+            if losses.target_reps is not None:
+                memory.push(losses.target_reps)
             totals += losses.detached()
             steps += 1
     return LocalTrainingResult(

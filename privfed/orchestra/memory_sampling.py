@@ -17,7 +17,7 @@ import torch
 from privfed.data.augment import orchestra_views
 from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.local_training import LocalTrainingConfig
-from privfed.orchestra.objective import augmentation_generator
+from privfed.orchestra.objective import augmentation_generator, cluster_targets
 
 
 @torch.no_grad()
@@ -40,24 +40,25 @@ def initial_representations(
     aug_generator = augmentation_generator(generator, device)
     chosen = torch.randperm(images.shape[0], generator=generator)[: config.memory_size]
     batches = [index for index in chosen.split(max(config.batch_size, 2)) if len(index) >= 2]  # BatchNorm needs two
-    return _target_representations(network, images, batches, aug_generator=aug_generator, device=device)
+    return _target_representations(network, images, batches, config, aug_generator=aug_generator, device=device)
 
 
 def _target_representations(
     network: OrchestraNetwork,
     images: torch.Tensor,
     batches: list[torch.Tensor],
+    config: LocalTrainingConfig,
     *,
     aug_generator: torch.Generator,
     device: torch.device,
 ) -> torch.Tensor:
     """Target representations of view 1 of the images in ``batches``, on the CPU (``[0, D]`` if none)."""
     reps = [
-        network.target_representation(orchestra_views(images[index].to(device), generator=aug_generator).view1)
+        cluster_targets(network, orchestra_views(images[index].to(device), generator=aug_generator).view1, config.objective)
         for index in batches
     ]
     if not reps:
-        return torch.zeros(0, network.rotation.in_features)
+        return torch.zeros(0, network.projection_dim)
     return torch.cat(reps).cpu()
 
 
@@ -105,4 +106,4 @@ def poisson_memory(
     aug_generator = augmentation_generator(generator, device)
     chosen = poisson_sample(n, memory_sampling_rate(n, config.memory_size), generator)
     batches = list(chosen.split(max(config.batch_size, 1)))
-    return _target_representations(network, images, batches, aug_generator=aug_generator, device=device)
+    return _target_representations(network, images, batches, config, aug_generator=aug_generator, device=device)

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from privfed.data.augment import OrchestraViews
+from privfed.methods import Objective
 from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.loss import (
     cluster_consistency_loss,
@@ -15,7 +16,6 @@ from privfed.orchestra.loss import (
     normalised_target_entropy,
     rotation_loss,
 )
-
 
 #: What :meth:`StepLosses.detached` stacks, in order (the names local training reports).
 STEP_VALUES = ("loss", "cluster_loss", "rotation_loss", "target_entropy", "centroid_cosine")
@@ -28,13 +28,15 @@ class StepLosses:
     ``target_entropy`` (normalised, 1 = uniform targets) and
     ``centroid_cosine`` (mean cosine of a target representation to its
     nearest global centroid) carry no gradient: they say whether the global
-    centroids are teaching the encoder anything.
+    centroids are teaching the encoder anything. A method without centroids
+    has no targets: then ``target_reps`` is None and both are NaN, which
+    :func:`privfed.orchestra.local_training.step_means` leaves out.
     """
 
     total: torch.Tensor
     cluster: torch.Tensor
     rotation: torch.Tensor
-    target_reps: torch.Tensor
+    target_reps: torch.Tensor | None
     target_entropy: torch.Tensor
     centroid_cosine: torch.Tensor
 
@@ -44,29 +46,52 @@ class StepLosses:
         return torch.stack([v.detach() for v in values])
 
 
-def orchestra_losses(
-    network: OrchestraNetwork, views: OrchestraViews, centroids: torch.Tensor, temperature: float
-) -> StepLosses:
-    """The three encoder passes of one step and the loss they give.
+def cluster_targets(network: OrchestraNetwork, images: torch.Tensor, objective: Objective) -> torch.Tensor:
+    """L2-normalised representations that set the cluster targets and fill the memory, without gradient.
 
-    Target on view 1, online on view 2 (cluster loss), online on the rotated
-    view 3 (rotation loss). Each sample's loss depends on that sample alone
-    once the network has no BatchNorm, which is what DP-SGD's per-sample
-    gradients need: the cluster targets are per-sample softmaxes, no
-    batch-level balancing.
+    The EMA target encoder makes them in Orchestra; the no-target ablation
+    uses the online encoder itself.
     """
-    target_reps = network.target_representation(views.view1)
-    online_reps = F.normalize(network.online_embedding(views.view2), dim=1)
-    rotation_logits = network.rotation(network.online_embedding(views.view3))
-    l_cluster = cluster_consistency_loss(target_reps, online_reps, centroids, temperature)
-    l_rotation = rotation_loss(rotation_logits, views.rotation_labels)
+    if objective.ema_targets:
+        return network.target_representation(images)
+    with torch.no_grad():
+        return F.normalize(network.online_embedding(images), dim=1)
+
+
+def orchestra_losses(
+    network: OrchestraNetwork,
+    views: OrchestraViews,
+    centroids: torch.Tensor | None,
+    temperature: float,
+    objective: Objective,
+) -> StepLosses:
+    """The encoder passes of one step and the loss they give.
+
+    Orchestra runs three: target on view 1, online on view 2 (cluster loss),
+    online on the rotated view 3 (rotation loss); an ablation skips the
+    passes of a term it switches off. A term that is off is reported as 0.
+    Each sample's loss depends on that sample alone once the network has no
+    BatchNorm, which is what DP-SGD's per-sample gradients need: the cluster
+    targets are per-sample softmaxes, no batch-level balancing.
+    """
+    zero = torch.zeros((), device=views.view1.device)
+    nan = torch.full((), float("nan"), device=views.view1.device)
+    target_reps = None
+    l_cluster = l_rotation = zero
+    entropy = cosine = nan
+    if objective.cluster_loss:
+        if centroids is None:
+            raise ValueError("the cluster loss needs global centroids")
+        target_reps = cluster_targets(network, views.view1, objective)
+        online_reps = F.normalize(network.online_embedding(views.view2), dim=1)
+        l_cluster = cluster_consistency_loss(target_reps, online_reps, centroids, temperature)
+        entropy = normalised_target_entropy(target_reps, centroids, temperature)
+        cosine = mean_best_cosine(target_reps, centroids)
+    if objective.rotation_loss:
+        rotation_logits = network.rotation(network.online_embedding(views.view3))
+        l_rotation = rotation_loss(rotation_logits, views.rotation_labels)
     return StepLosses(
-        l_cluster + l_rotation,
-        l_cluster,
-        l_rotation,
-        target_reps,
-        target_entropy=normalised_target_entropy(target_reps, centroids, temperature),
-        centroid_cosine=mean_best_cosine(target_reps, centroids),
+        l_cluster + l_rotation, l_cluster, l_rotation, target_reps, target_entropy=entropy, centroid_cosine=cosine
     )
 
 

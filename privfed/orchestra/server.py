@@ -2,7 +2,9 @@
 
 Holds the global network and centroids and turns a round's aggregate into
 the next global state: the mean model delta is applied, then everything the
-clients released is clustered. How the mean delta was formed (plain FedAvg or
+clients released is clustered. Where the centroids come from is the run's
+method's choice (:mod:`privfed.methods`): clustered releases,
+random centroids drawn once, or none. How the mean delta was formed (plain FedAvg or
 secure aggregation) is the runtime's business: the server never needs one
 client's delta.
 """
@@ -12,8 +14,9 @@ from __future__ import annotations
 import torch
 
 from mechanisms.base import Release
+from privfed.methods import CLUSTERED, FIXED_RANDOM, ORCHESTRA, Method
 from privfed.models.network import OrchestraNetwork
-from privfed.orchestra.global_clustering import KMEANS, global_centroids
+from privfed.orchestra.global_clustering import KMEANS, global_centroids, random_centroids
 from privfed.orchestra.model_state import (
     StateDict,
     apply_delta,
@@ -31,29 +34,44 @@ class OrchestraServer:
         *,
         num_global_centroids: int,
         seed: int,
+        method: Method = ORCHESTRA,
         global_clustering: str = KMEANS,
         cluster_temperature: float | None = None,
     ) -> None:
         self.network = network
+        self.method = method
         self.num_global_centroids = num_global_centroids
         self.global_clustering = global_clustering
         self.cluster_temperature = cluster_temperature
         self.centroids: torch.Tensor | None = None
+        #: False until round 0 (initialisation) is applied; training rounds follow.
+        self.initialised = False
         self._generator = torch.Generator().manual_seed(seed)
 
     def global_state(self) -> StateDict:
         return shared_state(self.network)
 
     def apply_round(self, mean_delta: StateDict | None, releases: list[Release]) -> dict[str, float]:
-        """Applies the round's mean delta (None: the model stays) and re-clusters the releases.
+        """Applies the round's mean delta (None: the model stays) and updates the centroids.
+
+        Orchestra re-clusters the releases; the fixed-centroid control draws
+        its random centroids once, in round 0; a method without centroids
+        has none.
 
         Returns:
             Round statistics that are safe to log.
         """
-        if not releases:
+        if self.method.releases and not releases:
             raise ValueError("a round needs at least one client release")
+        if releases and not self.method.releases:
+            raise ValueError(f"method {self.method.name} releases nothing, yet the round holds releases")
         if mean_delta is not None:
             load_shared_state(self.network, apply_delta(self.global_state(), mean_delta))
+        self.initialised = True
+        if self.method.centroids == FIXED_RANDOM and self.centroids is None:
+            self.centroids = random_centroids(self.num_global_centroids, self.network.projection_dim, self._generator)
+        if self.method.centroids != CLUSTERED:
+            return {}
         self.centroids = global_centroids(
             releases,
             self.num_global_centroids,

@@ -22,6 +22,7 @@ from mechanisms import Mechanism, available_mechanisms, get_mechanism_class
 from mechanisms.base import PrivacyEvent
 from privfed.config import DEFAULTS, TrainConfig
 from privfed.errors import PrivfedError
+from privfed.methods import get_method
 from privfed.privacy.dp_sgd_plan import DpSgdPlan, plan_dp_sgd
 from privfed.privacy.ledger import composed_epsilon
 
@@ -41,7 +42,7 @@ class PrivacyPlan:
     """How the run will spend its budget.
 
     Attributes:
-        mechanism: Mechanism name.
+        mechanism: Mechanism name (None: the run's method releases nothing).
         params: Keyword arguments every client builds the mechanism with.
         delta: The delta all epsilons are quoted at (None when neither the
             mechanism nor DP-SGD is DP).
@@ -57,7 +58,7 @@ class PrivacyPlan:
             (None unless both parts are DP).
     """
 
-    mechanism: str
+    mechanism: str | None
     params: dict[str, Any] = field(default_factory=dict)
     delta: float | None = None
     budget: float | None = None
@@ -118,6 +119,13 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
     releases = config.rounds + 1  # worst case: sampled in every round, round 0 included
     delta = config.delta if config.delta is not None else default_delta(client_sizes)
     dp_sgd = _plan_dp_sgd(config, client_sizes, delta)
+    if not get_method(config.method).releases:
+        if config.epsilon is not None or config.epsilon_per_release is not None:
+            raise PrivfedError(
+                f"method {config.method} releases nothing, so --epsilon and --epsilon-per-release do not apply"
+                + ("; for DP-SGD's budget use --dp-sgd-epsilon" if config.dp_sgd else "")
+            )
+        return PrivacyPlan(mechanism=None, delta=delta if dp_sgd else None, dp_sgd=dp_sgd)
     mechanism_class = get_mechanism_class(config.mechanism)
     if not mechanism_class.is_differentially_private():
         if config.epsilon is not None or config.epsilon_per_release is not None:

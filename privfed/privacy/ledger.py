@@ -170,7 +170,9 @@ class WorstCase:
 class PrivacyLedger:
     """Records every client's DP costs and answers "what has the worst-off client spent?"."""
 
-    def __init__(self, *, mechanism: str, delta: float | None, reference_epsilon: float = 1.0, path: Path | None = None) -> None:
+    def __init__(
+        self, *, mechanism: str | None, delta: float | None, reference_epsilon: float = 1.0, path: Path | None = None
+    ) -> None:
         self.mechanism = mechanism
         self.delta = delta
         self.reference_epsilon = reference_epsilon

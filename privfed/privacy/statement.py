@@ -65,8 +65,16 @@ def _encoder_update_clauses(*, dp_sgd: bool, worst: WorstCase | None, secagg: bo
     return [], [f"encoder updates: no DP-SGD ({protection})"]
 
 
-def _release_clauses(mechanism: type[Mechanism], *, dp_sgd: bool, worst: WorstCase | None, k: int | None) -> Clauses:
+#: What a client sends besides its encoder update when its method does not cluster.
+NOTHING_RELEASED = "no representations or centroids leave a client: the method releases nothing besides encoder updates"
+
+
+def _release_clauses(
+    mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCase | None, k: int | None
+) -> Clauses:
     """What protects the released vectors, by the kind of guarantee the mechanism gives."""
+    if mechanism is None:
+        return [NOTHING_RELEASED], []
     name = mechanism.name
     if mechanism.is_differentially_private():
         releases = f"released centroids ({name}): epsilon {_eps(worst.releases_worst)} at delta {worst.delta:.2g} alone"
@@ -103,8 +111,19 @@ def _public_facts(*, dp_sgd: bool) -> list[str]:
     return facts
 
 
-def _headline(mechanism: type[Mechanism], *, dp_sgd: bool, worst: WorstCase | None, k: int | None) -> str:
+def _headline(mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCase | None, k: int | None) -> str:
     """The statement's first sentences: the strongest claim the run supports."""
+    if mechanism is None:
+        if dp_sgd:
+            return (
+                f"Encoder updates, the only thing a client sends about its data, are ({_eps(worst.epsilon)}, "
+                f"{worst.delta:.2g})-differentially private with respect to {EXAMPLE_UNIT} (DP-SGD, PLD accountant, "
+                "worst-off client); the method releases no representations or centroids."
+            )
+        return (
+            "No guarantee: the method releases no representations or centroids, but encoder updates are not "
+            "covered."
+        )
     name = mechanism.name
     is_dp = mechanism.is_differentially_private()
     if dp_sgd and is_dp:
@@ -145,7 +164,7 @@ def _headline(mechanism: type[Mechanism], *, dp_sgd: bool, worst: WorstCase | No
 
 def privacy_statement(
     *,
-    mechanism: type[Mechanism],
+    mechanism: type[Mechanism] | None,
     dp_sgd: bool,
     worst: WorstCase | None,
     k: int | None,
@@ -155,14 +174,15 @@ def privacy_statement(
 
     Args:
         mechanism: The release mechanism's class (it says what kind of
-            guarantee it gives and whether it releases raw data).
+            guarantee it gives and whether it releases raw data); None when
+            the run's method releases nothing.
         dp_sgd: Whether clients trained with DP-SGD.
         worst: The ledger's :meth:`~privfed.privacy.ledger.PrivacyLedger.worst_case_summary`
             (None when nothing in the run is DP).
         k: Smallest anonymity-set size of k-anonymous releases, if any.
         secagg: Whether encoder updates went through secure aggregation.
     """
-    if (dp_sgd or mechanism.is_differentially_private()) and worst is None:
+    if (dp_sgd or (mechanism is not None and mechanism.is_differentially_private())) and worst is None:
         raise ValueError("a run with a DP part needs the ledger's worst case")
     covers: list[str] = []
     not_covered: list[str] = []

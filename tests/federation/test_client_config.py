@@ -23,10 +23,11 @@ SERVER_ONLY = (
 
 
 def test_client_config_round_trips_through_json(tiny_config):
-    config = ClientConfig.of(tiny_config.replace(dp_sgd=True, lr=0.25, client_cpus=2.0))
+    config = ClientConfig.of(tiny_config.replace(dp_sgd=True, lr=0.25, client_cpus=2.0, method="orchestra-no-target"))
     again = ClientConfig.from_json(config.to_json())
     assert again == config
     assert again.local.lr == 0.25 and again.threads == 2 and again.dp_sgd
+    assert again.method == "orchestra-no-target" and not again.local.objective.ema_targets
     assert again.split.num_clients == tiny_config.num_clients and again.split.download == tiny_config.download
 
 
@@ -52,8 +53,8 @@ def test_the_fit_message_carries_no_server_only_option(tiny_config):
 
 
 def test_the_client_builds_the_servers_network(tiny_config):
-    for dp_sgd in (False, True):
-        config = tiny_config.replace(dp_sgd=dp_sgd)
+    for dp_sgd, hidden in ((False, None), (True, None), (False, 40)):
+        config = tiny_config.replace(dp_sgd=dp_sgd, projection_hidden_dim=hidden)
         server_net, client_net = build_network(config), ClientConfig.of(config).build_network()
         assert shared_keys(server_net) == shared_keys(client_net)
         assert all(a.shape == b.shape for a, b in zip(server_net.state_dict().values(), client_net.state_dict().values()))

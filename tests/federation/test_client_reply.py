@@ -16,13 +16,14 @@ from flwr.common import FitRes, bytes_to_ndarray, ndarrays_to_parameters, parame
 
 from mechanisms import registry
 from privfed.federation.client import OrchestraClient
-from privfed.federation.messages import decode_release
 from privfed.federation.client_config import ClientConfig
+from privfed.federation.messages import decode_release, has_release
 from privfed.federation.strategy import OrchestraStrategy
-from privfed.privacy.budget import plan_privacy
+from privfed.methods import NO_CENTROIDS, get_method
 from privfed.models import OrchestraNetwork
 from privfed.orchestra.model_state import shared_keys
 from privfed.orchestra.server import OrchestraServer
+from privfed.privacy.budget import plan_privacy
 
 
 def reply_vectors(res: FitRes, dim: int) -> list[np.ndarray]:
@@ -63,9 +64,13 @@ def client_round(config, mechanism_name: str, monkeypatch, task: str) -> tuple[F
 
     monkeypatch.setattr(cls, "release", spy)
     torch.manual_seed(0)
-    server = OrchestraServer(OrchestraNetwork(config.backbone, config.projection_dim), num_global_centroids=8, seed=0)
+    method = get_method(config.method)
+    network = OrchestraNetwork(config.backbone, config.projection_dim)
+    server = OrchestraServer(network, num_global_centroids=8, seed=0, method=method)
     if task == "train":
-        server.centroids = F.normalize(torch.randn(8, config.projection_dim), dim=1)
+        server.initialised = True
+        if method.centroids != NO_CENTROIDS:
+            server.centroids = F.normalize(torch.randn(8, config.projection_dim), dim=1)
     plan = plan_privacy(config, [100] * config.num_clients)
     strategy = OrchestraStrategy(
         server, ClientConfig.of(config), on_round_end=lambda report: None,
@@ -74,8 +79,9 @@ def client_round(config, mechanism_name: str, monkeypatch, task: str) -> tuple[F
     state = ndarrays_to_parameters([server.global_state()[k].numpy() for k in shared_keys(server.network)])
     ins = strategy.fit_instructions(server_round=1 if task == "init" else 2, parameters=state)
     res = OrchestraClient(client_id=1).fit(ins)
-    assert len(seen) == 1
-    return res, seen[0]
+    assert ins.config["task"] == task
+    assert len(seen) == (1 if method.releases else 0)
+    return res, seen[0] if seen else None
 
 
 @pytest.mark.parametrize("task", ["init", "train"])
@@ -114,3 +120,12 @@ def test_reply_carries_a_delta_only_after_round_zero(tiny_config, monkeypatch):
     assert len(parameters_to_ndarrays(trained.parameters)) == len(
         shared_keys(OrchestraNetwork(tiny_config.backbone, tiny_config.projection_dim))
     )
+
+
+@pytest.mark.parametrize("task", ["init", "train"])
+@pytest.mark.parametrize("method", ["rotpred", "orchestra-fixed-centroids"])
+def test_a_method_that_does_not_cluster_sends_no_release(tiny_config, monkeypatch, task, method):
+    res, memory = client_round(tiny_config.replace(method=method), "kanon", monkeypatch, task)
+    assert memory is None  # the mechanism never ran
+    assert not has_release(res.metrics)
+    assert (len(parameters_to_ndarrays(res.parameters)) > 0) == (task == "train")

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
 from mechanisms import Guarantee, Release
-from privfed.federation.messages import encode_release
 from privfed.federation.client_config import ClientConfig
-from privfed.secagg_settings import secagg_settings
+from privfed.federation.messages import encode_release
 from privfed.federation.strategy import OrchestraStrategy
 from privfed.federation.update_encoding import encode_update
+from privfed.methods import get_method
 from privfed.models import OrchestraNetwork
 from privfed.orchestra.model_state import shared_state, state_delta
 from privfed.orchestra.server import OrchestraServer
+from privfed.secagg_settings import secagg_settings
 
 
 def reply(arrays: list[np.ndarray], num_examples: int, client: int) -> FitRes:
@@ -28,6 +30,7 @@ def reply(arrays: list[np.ndarray], num_examples: int, client: int) -> FitRes:
 def strategy_in_a_training_round(config, secagg: bool) -> OrchestraStrategy:
     config = config.replace(secagg=secagg, projection_dim=16)
     server = OrchestraServer(OrchestraNetwork("resnet8", 16), num_global_centroids=8, seed=0)
+    server.initialised = True
     server.centroids = F.normalize(torch.randn(8, 16), dim=1)
     rounds: list = []
     strategy = OrchestraStrategy(
@@ -59,3 +62,13 @@ def test_with_secagg_the_strategy_decodes_the_one_aggregate(tiny_config):
     for key, moved in state_delta(shared_state(strategy.server.network), start).items():
         assert torch.allclose(moved, torch.full_like(moved, 1.5), atol=1e-6), key
     assert np.array_equal(strategy.scales, scales)  # nothing came near the clipping range
+
+
+def test_a_release_the_method_does_not_make_is_refused(tiny_config):
+    config = tiny_config.replace(method="rotpred", secagg=False, projection_dim=16)
+    server = OrchestraServer(OrchestraNetwork("resnet8", 16), num_global_centroids=8, seed=0, method=get_method("rotpred"))
+    strategy = OrchestraStrategy(server, ClientConfig.of(config), [].append, clients_per_round=2, seed=0)
+    strategy._sampled_ids = (0, 1)
+    with pytest.raises(RuntimeError, match=r"clients \[1\] sent releases, but method rotpred makes none"):
+        strategy.aggregate_fit(1, [(None, reply([], 30, 1))], [])
+    assert not server.initialised  # the round was not applied

@@ -17,6 +17,7 @@ def run(config, centroids, seed=0):
         shared_state(network),
         centroids,
         FederatedSplit.of(config).client_images(0),
+        train=centroids is not None,
         config=LocalTrainingConfig.from_run(config),
         mechanism=create_mechanism("kanon"),
         num_local_centroids=config.num_local_centroids,

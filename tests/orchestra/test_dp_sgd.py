@@ -9,19 +9,21 @@ import torch.nn.functional as F
 from opacus.optimizers import DPOptimizer
 
 from mechanisms import create_mechanism
-from privfed.data.augment import OrchestraViews, orchestra_views
 from privfed.config import DEFAULTS
 from privfed.data import FederatedSplit
+from privfed.data.augment import OrchestraViews, orchestra_views
+from privfed.methods import get_method
 from privfed.models import OrchestraNetwork
 from privfed.orchestra.client_update import DP_SGD_METRICS, client_update
 from privfed.orchestra.dp_sgd_training import dp_optimizer, dp_step, per_sample_gradients, train_with_dp_sgd
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.memory_sampling import poisson_memory
-from privfed.orchestra.objective import orchestra_losses
 from privfed.orchestra.model_state import shared_state
+from privfed.orchestra.objective import orchestra_losses
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
 
 TEMPERATURE = 0.3
+LOCAL = LocalTrainingConfig.from_run(DEFAULTS).replace(temperature=TEMPERATURE)
 
 
 @pytest.fixture(scope="module")
@@ -46,18 +48,28 @@ def named_trainable(network):
     return [*network.online.named_parameters(), *(("rotation." + n, p) for n, p in network.rotation.named_parameters())]
 
 
-def test_per_sample_gradients_equal_each_example_trained_alone(batch):
+@pytest.mark.parametrize("method", ["orchestra", "orchestra-no-target", "rotpred"])
+def test_per_sample_gradients_equal_each_example_trained_alone(batch, method):
     network, views, centroids = batch
     network = copy.deepcopy(network)
+    objective = get_method(method).objective
     with per_sample_gradients(network):
-        orchestra_losses(network, views, centroids, TEMPERATURE).total.backward()
+        orchestra_losses(network, views, centroids, TEMPERATURE, objective).total.backward()
         per_sample = {name: p.grad_sample.clone() for name, p in named_trainable(network)}
     assert all(not hasattr(p, "grad_sample") for p in network.parameters())  # hooks and attributes gone
     for i in range(4):
         network.zero_grad(set_to_none=True)
-        orchestra_losses(network, subset(views, [i]), centroids, TEMPERATURE).total.backward()
+        orchestra_losses(network, subset(views, [i]), centroids, TEMPERATURE, objective).total.backward()
         for name, p in named_trainable(network):
             assert torch.allclose(per_sample[name][i], p.grad, rtol=1e-4, atol=1e-6), (name, i)
+
+
+def test_without_the_rotation_loss_dp_sgd_steps_only_the_encoder(tiny_config):
+    config = tiny_config.replace(method="orchestra-no-rotation")
+    centroids = F.normalize(torch.randn(8, config.projection_dim), dim=1)
+    update = dp_round(config, centroids, secret_seed=3)
+    assert all(not update.delta[k].any() for k in update.delta if k.startswith("rotation."))
+    assert any(update.delta[k].abs().sum() > 0 for k in update.delta if k.startswith("online."))
 
 
 def summed_clipped_gradient(network, views, centroids, clip):
@@ -71,7 +83,7 @@ def summed_clipped_gradient(network, views, centroids, clip):
             max_grad_norm=clip,
             expected_batch_size=1,
         )
-        dp_step(network, optimizer, views, centroids, TEMPERATURE)
+        dp_step(network, optimizer, views, centroids, LOCAL)
     return torch.cat([(b - p.detach()).flatten() for b, p in zip(before, network.trainable_parameters())])
 
 
@@ -101,7 +113,7 @@ def test_an_empty_poisson_batch_still_adds_calibrated_noise(batch):
         optimizer = dp_optimizer(
             network, config, settings, expected_batch_size=4.0, noise_generator=torch.Generator().manual_seed(0)
         )
-        assert dp_step(network, optimizer, None, centroids, TEMPERATURE) is None
+        assert dp_step(network, optimizer, None, centroids, LOCAL) is None
     change = torch.cat([p.detach().flatten() for p in network.trainable_parameters()]) - before
     assert change.std().item() == pytest.approx(0.1 * 2.0 * 0.5 / 4.0, rel=0.03)
     assert abs(change.mean().item()) < 1e-3
@@ -127,6 +139,7 @@ def dp_round(config, centroids, *, secret_seed):
         shared_state(network),
         centroids,
         FederatedSplit.of(config).client_images(2),
+        train=True,
         config=local,
         mechanism=create_mechanism("kanon"),
         num_local_centroids=config.num_local_centroids,
@@ -163,7 +176,7 @@ def test_round_zero_under_dp_sgd_releases_from_a_poisson_memory(tiny_config):
     network = OrchestraNetwork(tiny_config.backbone, tiny_config.projection_dim, norm="group")
     local = LocalTrainingConfig.from_run(tiny_config, DpSgdSettings(1.0, 1.0))
     update = client_update(
-        network, shared_state(network), None, FederatedSplit.of(tiny_config).client_images(2), config=local,
+        network, shared_state(network), None, FederatedSplit.of(tiny_config).client_images(2), train=False, config=local,
         mechanism=create_mechanism("reps"), num_local_centroids=4, seed=0, device=torch.device("cpu"),
     )
     assert update.delta is None and update.privacy_events == ()

@@ -3,6 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from mechanisms import Guarantee, Release
+from privfed.methods import get_method
 from privfed.models import OrchestraNetwork
 from privfed.orchestra.model_state import shared_state, state_delta, weighted_mean
 from privfed.orchestra.server import OrchestraServer
@@ -48,3 +49,29 @@ def test_weighted_mean_rejects_empty_input():
     with pytest.raises(ValueError):
         weighted_mean([], [])
 
+
+
+def test_the_fixed_centroid_control_draws_its_centroids_once_and_keeps_them():
+    server = OrchestraServer(
+        OrchestraNetwork("resnet8", 16), num_global_centroids=8, seed=0, method=get_method("orchestra-fixed-centroids")
+    )
+    assert not server.initialised
+    assert server.apply_round(None, []) == {}  # round 0: nothing released, nothing clustered
+    assert server.initialised and server.centroids.shape == (8, 16)
+    assert torch.allclose(server.centroids.norm(dim=1), torch.ones(8), atol=1e-5)
+    first = server.centroids.clone()
+    start = shared_state(server.network)
+    server.apply_round({k: torch.ones_like(v) for k, v in start.items()}, [])
+    assert torch.equal(server.centroids, first)  # the model moved, the centroids did not
+    assert any(not torch.equal(start[k], v) for k, v in shared_state(server.network).items())
+
+
+def test_rotpred_has_no_centroids_and_a_method_gets_only_the_releases_it_makes():
+    rotpred = OrchestraServer(OrchestraNetwork("resnet8", 16), num_global_centroids=8, seed=0, method=get_method("rotpred"))
+    rotpred.apply_round(None, [])
+    assert rotpred.initialised and rotpred.centroids is None
+    with pytest.raises(ValueError, match="releases nothing"):
+        rotpred.apply_round(None, [release(4, 16, 0)])
+    orchestra = OrchestraServer(OrchestraNetwork("resnet8", 16), num_global_centroids=8, seed=0)
+    with pytest.raises(ValueError, match="at least one client release"):
+        orchestra.apply_round(None, [])

@@ -78,3 +78,13 @@ def test_a_dp_plugin_is_planned_by_its_own_calibration(overshooting):
 def test_a_plugins_calibration_is_checked_with_privfeds_own_accountant(overshooting):
     with pytest.raises(PrivfedError, match=r"as overshooting-ldp calibrates them .*fix overshooting-ldp's calibrate\(\)"):
         plan_privacy(base(mechanism=overshooting, epsilon=2.0), SIZES)
+
+
+@pytest.mark.parametrize("method", ["rotpred", "orchestra-fixed-centroids"])
+def test_a_method_that_releases_nothing_plans_no_release_and_takes_no_release_budget(method):
+    plan = plan_privacy(base(method=method, mechanism="ldp"), SIZES)  # ldp would need a budget if it ran
+    assert plan.mechanism is None and plan.max_releases == 0 and plan.per_release_events == () and not plan.is_dp
+    with pytest.raises(PrivfedError, match=f"method {method} releases nothing"):
+        plan_privacy(base(method=method, mechanism="ldp", epsilon=1.0), SIZES)
+    with_dp_sgd = plan_privacy(base(method=method, dp_sgd=True, dp_sgd_noise_multiplier=1.0), SIZES)
+    assert with_dp_sgd.dp_sgd is not None and with_dp_sgd.delta is not None and with_dp_sgd.mechanism is None

@@ -4,7 +4,7 @@ import pytest
 
 from mechanisms import get_mechanism_class
 from privfed.privacy.ledger import WorstCase
-from privfed.privacy.statement import privacy_statement
+from privfed.privacy.statement import NOTHING_RELEASED, privacy_statement
 
 DELTA = 1e-4
 
@@ -65,3 +65,15 @@ def test_the_secagg_weakness_is_named_where_updates_are_not_covered():
     assert any("SecAgg+" in n and "32-bit mask seeds" in n for n in s.not_covered)
     clear = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4, secagg=False)
     assert any("sent in the clear" in n for n in clear.not_covered)
+
+
+def test_a_method_that_releases_nothing_claims_only_that():
+    plain = privacy_statement(mechanism=None, dp_sgd=False, worst=None, k=None)
+    assert plain.text.startswith("No guarantee") and "releases no representations or centroids" in plain.text
+    assert plain.covers == (NOTHING_RELEASED,)
+    assert any("encoder updates: no DP-SGD" in n for n in plain.not_covered)
+    private = privacy_statement(mechanism=None, dp_sgd=True, worst=worst(0.0, 7.5, 7.5), k=None)
+    assert private.text.startswith("Encoder updates, the only thing a client sends about its data, are (7.5, 0.0001)")
+    assert len(private.covers) == 2
+    with pytest.raises(ValueError):
+        privacy_statement(mechanism=None, dp_sgd=True, worst=None, k=None)
