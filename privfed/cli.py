@@ -116,9 +116,10 @@ def train(
 
     plan = plan_run(build_config(config, **options))
     resolved, privacy = plan.config, plan.privacy
+    releases = f"mechanism {privacy.mechanism}" if privacy.mechanism is not None else "no releases"
     typer.echo(
-        f"privfed: Orchestra on {resolved.dataset}, {resolved.num_clients} clients "
-        f"({resolved.clients_per_round} per round), {resolved.rounds} rounds, mechanism {resolved.mechanism}"
+        f"privfed: {resolved.method} on {resolved.dataset}, {resolved.num_clients} clients "
+        f"({resolved.clients_per_round} per round), {resolved.rounds} rounds, {releases}"
     )
     for line in privacy.describe():
         typer.echo(line)

@@ -78,7 +78,9 @@ class OrchestraClient(Client):
         train = str(ins.config["task"]) == "train"
         centroids = bytes_to_tensor(ins.config["centroids"]) if "centroids" in ins.config else None
         mechanism = None
-        if get_method(config.method).releases:
+        if get_method(config.method).releases != (config.mechanism is not None):
+            raise ValueError(f"method {config.method} and mechanism {config.mechanism} do not go together")
+        if config.mechanism is not None:
             mechanism = create_mechanism(config.mechanism, **json.loads(str(ins.config["mechanism_params"])))
         dp_sgd = DpSgdSettings.from_json(str(ins.config["dp_sgd"])) if "dp_sgd" in ins.config else None
         if config.dp_sgd and dp_sgd is None:

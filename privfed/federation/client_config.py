@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 from privfed.config import TrainConfig
 from privfed.data.federated import FederatedSplit
+from privfed.methods import get_method
 from privfed.models.network import OrchestraNetwork, network_norm
 from privfed.orchestra.local_training import LocalTrainingConfig
 
@@ -30,7 +31,7 @@ class ClientConfig:
         dp_sgd: Whether clients train with DP-SGD (GroupNorm networks); the
             DP-SGD settings themselves come from the server's plan.
         local: Local training hyperparameters (without DP-SGD settings).
-        mechanism: Release mechanism name.
+        mechanism: Release mechanism name (None when the method releases nothing).
         num_local_centroids: ``L``.
         device: ``auto``, ``cpu`` or ``cuda``.
         threads: CPU threads a client may use.
@@ -43,7 +44,7 @@ class ClientConfig:
     projection_hidden_dim: int | None
     dp_sgd: bool
     local: LocalTrainingConfig
-    mechanism: str
+    mechanism: str | None
     num_local_centroids: int
     device: str
     threads: int
@@ -58,7 +59,7 @@ class ClientConfig:
             projection_hidden_dim=config.projection_hidden_dim,
             dp_sgd=config.dp_sgd,
             local=LocalTrainingConfig.from_run(config),
-            mechanism=config.mechanism,
+            mechanism=config.mechanism if get_method(config.method).releases else None,
             num_local_centroids=config.num_local_centroids,
             device=config.device,
             threads=max(1, int(config.client_cpus)),

@@ -62,19 +62,18 @@ def _encoder_update_clauses(*, dp_sgd: bool, worst: WorstCase | None, secagg: bo
         if secagg
         else "sent in the clear"
     )
-    return [], [f"encoder updates: no DP-SGD ({protection})"]
-
-
-#: What a client sends besides its encoder update when its method does not cluster.
-NOTHING_RELEASED = "no representations or centroids leave a client: the method releases nothing besides encoder updates"
+    return [], [
+        f"encoder updates: no DP-SGD ({protection}); their BatchNorm running statistics are averages of the "
+        "client's representations"
+    ]
 
 
 def _release_clauses(
     mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCase | None, k: int | None
 ) -> Clauses:
     """What protects the released vectors, by the kind of guarantee the mechanism gives."""
-    if mechanism is None:
-        return [NOTHING_RELEASED], []
+    if mechanism is None:  # nothing released: nothing to protect or to disclaim here
+        return [], []
     name = mechanism.name
     if mechanism.is_differentially_private():
         releases = f"released centroids ({name}): epsilon {_eps(worst.releases_worst)} at delta {worst.delta:.2g} alone"
@@ -102,11 +101,11 @@ def _public_facts(*, dp_sgd: bool) -> list[str]:
     """What no part of the run protects: sizes and participation, and the metrics clients report."""
     facts = ["each client's dataset size (public: it weighs the FedAvg average) and which rounds it took part in"]
     if dp_sgd:
-        facts.append("wall-clock timings clients report (their losses are not reported)")
+        facts.append("the step counts and wall-clock timings clients report (their losses are not reported)")
     else:
         facts.append(
             "the training metrics clients report in plaintext every round (losses, target entropy, centroid "
-            "cosine: averages computed from their data)"
+            "cosine: averages computed from their data; step counts and timings)"
         )
     return facts
 
@@ -116,21 +115,22 @@ def _headline(mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCa
     if mechanism is None:
         if dp_sgd:
             return (
-                f"Encoder updates, the only thing a client sends about its data, are ({_eps(worst.epsilon)}, "
-                f"{worst.delta:.2g})-differentially private with respect to {EXAMPLE_UNIT} (DP-SGD, PLD accountant, "
-                "worst-off client); the method releases no representations or centroids."
+                f"Encoder updates are ({_eps(worst.epsilon)}, {worst.delta:.2g})-differentially private with respect "
+                f"to {EXAMPLE_UNIT}, given the client's dataset size (DP-SGD, PLD accountant, worst-off client). "
+                "The method runs no release mechanism: clients send no centroids or representations besides "
+                "their updates."
             )
         return (
-            "No guarantee: the method releases no representations or centroids, but encoder updates are not "
-            "covered."
+            "No guarantee: the method runs no release mechanism, but encoder updates, which carry averages of "
+            "each client's representations, are not covered."
         )
     name = mechanism.name
     is_dp = mechanism.is_differentially_private()
     if dp_sgd and is_dp:
         return (
-            f"Everything a client sends, encoder updates and released centroids, is ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
-            f"differentially private with respect to {EXAMPLE_UNIT}, for the worst-off client (client {worst.client}): "
-            "DP-SGD and the releases composed with the PLD accountant."
+            f"Encoder updates and released centroids together are ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
+            f"differentially private with respect to {EXAMPLE_UNIT}, given the client's dataset size, for the "
+            f"worst-off client (client {worst.client}): DP-SGD and the releases composed with the PLD accountant."
         )
     if dp_sgd:
         if mechanism.guarantee_kind == K_ANONYMITY:

@@ -72,3 +72,10 @@ def test_client_config_follows_the_run_config():
     )
     assert client.device == "cpu" and client.local.dp_sgd is None
     assert torch.equal(client.split.client_images(0), client.split.client_images(0))
+
+
+def test_a_method_that_releases_nothing_sends_clients_no_mechanism(tiny_config):
+    config = tiny_config.replace(method="rotpred", mechanism="reps")
+    client = ClientConfig.of(config)
+    assert client.mechanism is None and ClientConfig.from_json(client.to_json()).mechanism is None
+    assert ClientConfig.of(tiny_config).mechanism == tiny_config.mechanism

@@ -8,6 +8,8 @@ its memory on purpose, shows the check can fail.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -129,3 +131,15 @@ def test_a_method_that_does_not_cluster_sends_no_release(tiny_config, monkeypatc
     assert memory is None  # the mechanism never ran
     assert not has_release(res.metrics)
     assert (len(parameters_to_ndarrays(res.parameters)) > 0) == (task == "train")
+
+
+def test_a_client_refuses_a_method_and_mechanism_that_do_not_go_together(tiny_config):
+    config = tiny_config.replace(method="rotpred")
+    server = OrchestraServer(OrchestraNetwork(config.backbone, config.projection_dim), num_global_centroids=8, seed=0)
+    strategy = OrchestraStrategy(
+        server, dataclasses.replace(ClientConfig.of(config), mechanism="reps"), on_round_end=lambda report: None,
+        clients_per_round=config.clients_per_round, seed=config.seed,
+    )
+    state = ndarrays_to_parameters([server.global_state()[k].numpy() for k in shared_keys(server.network)])
+    with pytest.raises(ValueError, match="method rotpred and mechanism reps do not go together"):
+        OrchestraClient(client_id=1).fit(strategy.fit_instructions(server_round=1, parameters=state))

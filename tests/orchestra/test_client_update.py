@@ -55,3 +55,27 @@ def test_a_training_round_reports_whether_the_clustering_bites(tiny_config):
     assert 0.0 < update.metrics["target_entropy"] <= 1.0
     assert -1.0 <= update.metrics["centroid_cosine"] <= 1.0
     assert update.metrics["cluster_loss"] + update.metrics["rotation_loss"] == pytest.approx(update.metrics["loss"], rel=1e-5)
+
+
+def test_without_dp_sgd_the_update_carries_an_average_of_the_clients_representations(tiny_config):
+    """Why the privacy statement names BatchNorm statistics: the server can read a centroid off the delta."""
+    torch.manual_seed(0)
+    network = OrchestraNetwork(tiny_config.backbone, tiny_config.projection_dim)
+    start = shared_state(network)
+    batch_means: list[torch.Tensor] = []
+    last_norm = network.online.projector[4]  # BatchNorm1d(affine=False) on the online projector's output
+    last_norm.register_forward_hook(lambda module, inputs, output: batch_means.append(inputs[0].detach().mean(0)))
+    update = client_update(
+        network, start, None, FederatedSplit.of(tiny_config).client_images(0), train=True,
+        config=LocalTrainingConfig.from_run(tiny_config.replace(method="rotpred")), mechanism=None,
+        num_local_centroids=4, seed=0, device=torch.device("cpu"),
+    )
+    assert update.release is None
+    key = "online.projector.4.running_mean"
+    steps, momentum = len(batch_means), last_norm.momentum
+    # What the server computes from the global state it sent and the delta it got back:
+    decayed = (1 - momentum) ** steps
+    recovered = (start[key] + update.delta[key] - decayed * start[key]) / (1 - decayed)
+    weights = torch.tensor([momentum * (1 - momentum) ** (steps - 1 - t) for t in range(steps)])
+    truth = (weights[:, None] * torch.stack(batch_means)).sum(0) / weights.sum()
+    assert torch.allclose(recovered, truth, atol=1e-5)

@@ -4,7 +4,7 @@ import pytest
 
 from mechanisms import get_mechanism_class
 from privfed.privacy.ledger import WorstCase
-from privfed.privacy.statement import NOTHING_RELEASED, privacy_statement
+from privfed.privacy.statement import privacy_statement
 
 DELTA = 1e-4
 
@@ -16,7 +16,8 @@ def worst(releases: float, dp_sgd: float, combined: float) -> WorstCase:
 
 def test_ldp_with_dp_sgd_covers_everything_a_client_sends_per_example():
     s = privacy_statement(mechanism=get_mechanism_class("ldp"), dp_sgd=True, worst=worst(2.0, 8.0, 8.9), k=None)
-    assert "Everything a client sends" in s.text and "(8.9, 0.0001)" in s.text
+    assert s.text.startswith("Encoder updates and released centroids together are (8.9, 0.0001)")
+    assert "given the client's dataset size" in s.text
     assert "one training example" in s.text
     assert len(s.covers) == 2 and any("DP-SGD" in c for c in s.covers) and any("ldp" in c for c in s.covers)
     assert any("amplification" in n for n in s.not_covered)
@@ -67,13 +68,16 @@ def test_the_secagg_weakness_is_named_where_updates_are_not_covered():
     assert any("sent in the clear" in n for n in clear.not_covered)
 
 
-def test_a_method_that_releases_nothing_claims_only_that():
+def test_a_method_that_releases_nothing_claims_no_protection_for_it():
     plain = privacy_statement(mechanism=None, dp_sgd=False, worst=None, k=None)
-    assert plain.text.startswith("No guarantee") and "releases no representations or centroids" in plain.text
-    assert plain.covers == (NOTHING_RELEASED,)
-    assert any("encoder updates: no DP-SGD" in n for n in plain.not_covered)
+    assert plain.text.startswith("No guarantee: the method runs no release mechanism")
+    assert plain.covers == ()  # sending nothing is not a protection of what is sent
+    assert any("encoder updates: no DP-SGD" in n and "BatchNorm running statistics" in n for n in plain.not_covered)
+    assert any("step counts and timings" in n for n in plain.not_covered)
     private = privacy_statement(mechanism=None, dp_sgd=True, worst=worst(0.0, 7.5, 7.5), k=None)
-    assert private.text.startswith("Encoder updates, the only thing a client sends about its data, are (7.5, 0.0001)")
-    assert len(private.covers) == 2
+    assert private.text.startswith("Encoder updates are (7.5, 0.0001)-differentially private")
+    assert "given the client's dataset size" in private.text
+    assert len(private.covers) == 1 and "DP-SGD" in private.covers[0]
+    assert any("dataset size" in n for n in private.not_covered)
     with pytest.raises(ValueError):
         privacy_statement(mechanism=None, dp_sgd=True, worst=None, k=None)
