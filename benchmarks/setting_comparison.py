@@ -6,6 +6,12 @@ seed through the real Flower pipeline. Printed per setting: final kNN
 accuracy on the preset's test split (mean, sample std, min-max over seeds),
 and the last training round's normalised target entropy and mean best
 centroid cosine (means over seeds). The untrained encoder is a row of its own.
+With ``--baseline NAME`` each setting also gets its paired difference to that
+setting (same seeds): mean ± std of the per-seed kNN differences.
+
+A run already finished under ``--out`` is read back instead of trained again,
+so a comparison can be extended seed by seed; ``--tabulate`` prints the table
+of every finished ``NAME-seedN`` run under ``--out`` without training.
 
     python benchmarks/setting_comparison.py --config configs/cpu-cifar10.toml \\
         --setting kmeans:global_clustering=\\"kmeans\\" --setting official:global_clustering=\\"official\\" \\
@@ -36,8 +42,16 @@ def parse_setting(text: str) -> tuple[str, dict[str, Any]]:
 
 
 def run_one(config_file: Path, overrides: dict[str, Any], seed: int, out: Path) -> dict[str, Any]:
-    summary = simulate(plan_run(build_config(config_file, **overrides, seed=seed, out=str(out))))
-    trained = [m for m in RunDirectory(out).metrics() if m.get("target_entropy") is not None]
+    """Trains one setting at one seed, unless ``out`` already holds that finished run."""
+    if not (out / "summary.json").is_file():
+        simulate(plan_run(build_config(config_file, **overrides, seed=seed, out=str(out))))
+    return row_of(out, seed)
+
+
+def row_of(run_dir: Path, seed: int) -> dict[str, Any]:
+    """A finished run's final kNN and its last training round's clustering diagnostics."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    trained = [m for m in RunDirectory(run_dir).metrics() if m.get("target_entropy") is not None]
     last = trained[-1] if trained else {}
     return {
         "seed": seed,
@@ -47,6 +61,16 @@ def run_one(config_file: Path, overrides: dict[str, Any], seed: int, out: Path) 
         "centroid_cosine": last.get("centroid_cosine"),
         "wall_s": summary["wall_seconds"],
     }
+
+
+def finished_runs(root: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every finished ``NAME-seedN`` run under ``root``, grouped by setting name, in seed order."""
+    results: dict[str, list[dict[str, Any]]] = {}
+    for run_dir in sorted(root.glob("*-seed*")):
+        name, _, seed = run_dir.name.rpartition("-seed")
+        if seed.isdigit() and (run_dir / "summary.json").is_file():
+            results.setdefault(name, []).append(row_of(run_dir, int(seed)))
+    return {name: sorted(rows, key=lambda r: r["seed"]) for name, rows in results.items()}
 
 
 def describe(values: list[float]) -> str:
@@ -59,27 +83,58 @@ def mean_of(rows: list[dict[str, Any]], key: str) -> str:
     return f"{statistics.fmean(values):.3f}" if values else "-"
 
 
+def paired_difference(rows: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> str:
+    """kNN minus the baseline's, seed by seed, over the seeds both have."""
+    base = {r["seed"]: r["knn"] for r in baseline}
+    differences = [r["knn"] - base[r["seed"]] for r in rows if r["seed"] in base]
+    if not differences:
+        return "-"
+    spread = statistics.stdev(differences) if len(differences) > 1 else 0.0
+    return f"{statistics.fmean(differences):+.4f} ± {spread:.4f} (n={len(differences)})"
+
+
+def print_table(results: dict[str, list[dict[str, Any]]], baseline: str | None) -> None:
+    print(f"\n{'setting':<20} {'seeds':<8} {'kNN mean ± std (min–max)':<40} {'entropy':>8} {'cosine':>7}"
+          + (f"  vs {baseline} (paired)" if baseline else ""))
+    first = next(iter(results.values()))
+    print(f"{'untrained':<20} {'':<8} {describe([r['knn_init'] for r in first]):<40} {'-':>8} {'-':>7}")
+    for name, rows in results.items():
+        seeds = ",".join(str(r["seed"]) for r in rows)
+        line = (f"{name:<20} {seeds:<8} {describe([r['knn'] for r in rows]):<40} "
+                f"{mean_of(rows, 'target_entropy'):>8} {mean_of(rows, 'centroid_cosine'):>7}")
+        if baseline and name != baseline and baseline in results:
+            line += "  " + paired_difference(rows, results[baseline])
+        print(line)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=Path("configs/cpu-cifar10.toml"))
-    parser.add_argument("--setting", action="append", required=True, help="NAME:key=value,... (repeatable)")
+    parser.add_argument("--setting", action="append", default=[], help="NAME:key=value,... (repeatable)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--out", type=Path, default=None, help="keep the run directories here")
+    parser.add_argument("--out", type=Path, default=None, help="keep the run directories here (finished runs are reused)")
     parser.add_argument("--json", type=Path, default=None, help="also write every run's row as JSON")
+    parser.add_argument("--baseline", default=None, help="setting NAME to report paired differences against")
+    parser.add_argument("--tabulate", action="store_true", help="only print the table of the finished runs in --out")
     args = parser.parse_args()
+    if args.tabulate:
+        if args.out is None:
+            parser.error("--tabulate needs --out")
+        results = finished_runs(args.out)
+        if not results:
+            parser.error(f"no finished NAME-seedN runs under {args.out}")
+        print_table(results, args.baseline)
+        return
+    if not args.setting:
+        parser.error("give at least one --setting (or --tabulate)")
     root = args.out or Path(tempfile.mkdtemp(prefix="privfed-settings-"))
-    results: dict[str, list[dict[str, Any]]] = {}
+    results = {}
     for name, overrides in map(parse_setting, args.setting):
         for seed in args.seeds:
             row = run_one(args.config, overrides, seed, root / f"{name}-seed{seed}")
             results.setdefault(name, []).append(row)
             print(f"  {name} seed {seed}: kNN {row['knn']:.4f} ({row['wall_s']:.0f}s)", flush=True)
-    print(f"\n{'setting':<16} {'kNN mean ± std (min–max) over seeds ' + str(args.seeds):<46} {'entropy':>8} {'cosine':>7}")
-    first = next(iter(results.values()))
-    print(f"{'untrained':<16} {describe([r['knn_init'] for r in first]):<46} {'-':>8} {'-':>7}")
-    for name, rows in results.items():
-        print(f"{name:<16} {describe([r['knn'] for r in rows]):<46} {mean_of(rows, 'target_entropy'):>8} "
-              f"{mean_of(rows, 'centroid_cosine'):>7}")
+    print_table(results, args.baseline)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2))
 
