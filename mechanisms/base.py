@@ -178,3 +178,34 @@ class Mechanism(abc.ABC):
         Lets a mechanism use public, data-independent context, such as a
         hashing centre, without widening :meth:`release`.
         """
+
+
+def checked_release(mechanism: Mechanism, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
+    """``mechanism.release``, refusing non-finite input and malformed output.
+
+    Every caller in privfed releases through this, so a third-party
+    mechanism gets the same checks as a built-in one. Non-finite input is
+    refused before any mechanism sees it: a NaN survives clipping, and
+    rounding it to an integer gives -2**63, which wraps the noisy sums it
+    joins and can reveal exact counts.
+
+    Raises:
+        ValueError: naming the problem; the client then fails its round
+            instead of sending anything.
+    """
+    if reps.ndim != 2 or not reps.is_floating_point():
+        raise ValueError(f"representations must be a floating [n, D] tensor, got {reps.dtype} {tuple(reps.shape)}")
+    bad = int((~torch.isfinite(reps)).any(dim=1).sum())
+    if bad:
+        raise ValueError(f"{bad} of {reps.shape[0]} representations hold NaN or Inf; nothing is released")
+    release = mechanism.release(reps, num_centroids=num_centroids, generator=generator)
+    if release.num_vectors and release.vectors.shape[1] != reps.shape[1]:
+        raise ValueError(
+            f"mechanism {mechanism.name} released {release.vectors.shape[1]}-dimensional vectors "
+            f"from {reps.shape[1]}-dimensional representations"
+        )
+    if not bool(torch.isfinite(release.vectors).all()) or not bool(torch.isfinite(release.weights).all()):
+        raise ValueError(f"mechanism {mechanism.name} released NaN or Inf values")
+    if bool((release.weights < 0).any()):
+        raise ValueError(f"mechanism {mechanism.name} released negative weights")
+    return release

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from mechanisms.base import Mechanism, PrivacyEvent, Release
+from mechanisms.base import Mechanism, PrivacyEvent, Release, checked_release
 from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.local_training import LocalTrainingConfig, LocalTrainingResult, train_locally
 from privfed.orchestra.memory_sampling import initial_representations, poisson_memory
@@ -110,7 +110,7 @@ def client_update(
     release = None
     if mechanism is not None:
         start = time.perf_counter()
-        release = mechanism.release(memory, num_centroids=num_local_centroids, generator=generator)
+        release = checked_release(mechanism, memory, num_centroids=num_local_centroids, generator=generator)
         metrics["release_seconds"] = time.perf_counter() - start
     if config.dp_sgd is not None:
         metrics = {k: v for k, v in metrics.items() if k in DP_SGD_METRICS}

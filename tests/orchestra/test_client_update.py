@@ -79,3 +79,15 @@ def test_without_dp_sgd_the_update_carries_an_average_of_the_clients_representat
     weights = torch.tensor([momentum * (1 - momentum) ** (steps - 1 - t) for t in range(steps)])
     truth = (weights[:, None] * torch.stack(batch_means)).sum(0) / weights.sum()
     assert torch.allclose(recovered, truth, atol=1e-5)
+
+
+def test_a_client_whose_representations_are_not_finite_sends_nothing(tiny_config):
+    network = OrchestraNetwork(tiny_config.backbone, tiny_config.projection_dim)
+    poisoned = {k: torch.full_like(v, float("nan")) if k.startswith("target.projector") and v.is_floating_point() else v
+                for k, v in shared_state(network).items()}
+    with pytest.raises(ValueError, match="representations hold NaN or Inf; nothing is released"):
+        client_update(
+            network, poisoned, None, FederatedSplit.of(tiny_config).client_images(0), train=False,
+            config=LocalTrainingConfig.from_run(tiny_config), mechanism=create_mechanism("kanon"),
+            num_local_centroids=4, seed=0, device=torch.device("cpu"),
+        )
