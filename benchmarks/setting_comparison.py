@@ -6,6 +6,8 @@ seed through the real Flower pipeline. Printed per setting: final kNN
 accuracy on the preset's test split (mean, sample std, min-max over seeds),
 and the last training round's normalised target entropy and mean best
 centroid cosine (means over seeds). The untrained encoder is a row of its own.
+Because the encoder still moves from one evaluation to the next, the mean kNN
+of each run's last three evaluations is printed too (a steadier figure).
 With ``--baseline NAME`` each setting also gets its paired difference to that
 setting (same seeds): mean ± std of the per-seed kNN differences.
 
@@ -51,11 +53,14 @@ def run_one(config_file: Path, overrides: dict[str, Any], seed: int, out: Path) 
 def row_of(run_dir: Path, seed: int) -> dict[str, Any]:
     """A finished run's final kNN and its last training round's clustering diagnostics."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    trained = [m for m in RunDirectory(run_dir).metrics() if m.get("target_entropy") is not None]
+    metrics = RunDirectory(run_dir).metrics()
+    trained = [m for m in metrics if m.get("target_entropy") is not None]
     last = trained[-1] if trained else {}
+    evaluations = [m["knn_accuracy"] for m in metrics if m.get("knn_accuracy") is not None]
     return {
         "seed": seed,
         "knn": summary["knn_accuracy"],
+        "knn_last3": statistics.fmean(evaluations[-3:]) if evaluations else summary["knn_accuracy"],
         "knn_init": summary["knn_accuracy_init"],
         "target_entropy": last.get("target_entropy"),
         "centroid_cosine": last.get("centroid_cosine"),
@@ -83,10 +88,10 @@ def mean_of(rows: list[dict[str, Any]], key: str) -> str:
     return f"{statistics.fmean(values):.3f}" if values else "-"
 
 
-def paired_difference(rows: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> str:
-    """kNN minus the baseline's, seed by seed, over the seeds both have."""
-    base = {r["seed"]: r["knn"] for r in baseline}
-    differences = [r["knn"] - base[r["seed"]] for r in rows if r["seed"] in base]
+def paired_difference(rows: list[dict[str, Any]], baseline: list[dict[str, Any]], key: str = "knn") -> str:
+    """``key`` minus the baseline's, seed by seed, over the seeds both have."""
+    base = {r["seed"]: r[key] for r in baseline}
+    differences = [r[key] - base[r["seed"]] for r in rows if r["seed"] in base]
     if not differences:
         return "-"
     spread = statistics.stdev(differences) if len(differences) > 1 else 0.0
@@ -94,16 +99,18 @@ def paired_difference(rows: list[dict[str, Any]], baseline: list[dict[str, Any]]
 
 
 def print_table(results: dict[str, list[dict[str, Any]]], baseline: str | None) -> None:
-    print(f"\n{'setting':<20} {'seeds':<8} {'kNN mean ± std (min–max)':<40} {'entropy':>8} {'cosine':>7}"
-          + (f"  vs {baseline} (paired)" if baseline else ""))
+    print(f"\n{'setting':<20} {'seeds':<8} {'final kNN mean ± std (min–max)':<40} {'last-3 mean ± std':<18} "
+          f"{'entropy':>8} {'cosine':>7}" + (f"  final, last-3 vs {baseline} (paired)" if baseline else ""))
     first = next(iter(results.values()))
-    print(f"{'untrained':<20} {'':<8} {describe([r['knn_init'] for r in first]):<40} {'-':>8} {'-':>7}")
+    print(f"{'untrained':<20} {'':<8} {describe([r['knn_init'] for r in first]):<40} {'':<18} {'-':>8} {'-':>7}")
     for name, rows in results.items():
         seeds = ",".join(str(r["seed"]) for r in rows)
-        line = (f"{name:<20} {seeds:<8} {describe([r['knn'] for r in rows]):<40} "
+        tail = [r["knn_last3"] for r in rows]
+        tail_text = f"{statistics.fmean(tail):.4f} ± {statistics.stdev(tail) if len(tail) > 1 else 0.0:.4f}"
+        line = (f"{name:<20} {seeds:<8} {describe([r['knn'] for r in rows]):<40} {tail_text:<18} "
                 f"{mean_of(rows, 'target_entropy'):>8} {mean_of(rows, 'centroid_cosine'):>7}")
         if baseline and name != baseline and baseline in results:
-            line += "  " + paired_difference(rows, results[baseline])
+            line += f"  {paired_difference(rows, results[baseline])}, {paired_difference(rows, results[baseline], 'knn_last3')}"
         print(line)
 
 
