@@ -110,7 +110,8 @@ def print_table(results: dict[str, list[dict[str, Any]]], baseline: str | None) 
         line = (f"{name:<20} {seeds:<8} {describe([r['knn'] for r in rows]):<40} {tail_text:<18} "
                 f"{mean_of(rows, 'target_entropy'):>8} {mean_of(rows, 'centroid_cosine'):>7}")
         if baseline and name != baseline and baseline in results:
-            line += f"  {paired_difference(rows, results[baseline])}, {paired_difference(rows, results[baseline], 'knn_last3')}"
+            base = results[baseline]
+            line += f"  {paired_difference(rows, base)}, {paired_difference(rows, base, 'knn_last3')}"
         print(line)
 
 
@@ -119,7 +120,7 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=Path("configs/cpu-cifar10.toml"))
     parser.add_argument("--setting", action="append", default=[], help="NAME:key=value,... (repeatable)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--out", type=Path, default=None, help="keep the run directories here (finished runs are reused)")
+    parser.add_argument("--out", type=Path, default=None, help="keep the runs here (finished ones are reused)")
     parser.add_argument("--json", type=Path, default=None, help="also write every run's row as JSON")
     parser.add_argument("--baseline", default=None, help="setting NAME to report paired differences against")
     parser.add_argument("--tabulate", action="store_true", help="only print the table of the finished runs in --out")
