@@ -1,12 +1,15 @@
 """kNN accuracy of Orchestra under each release mechanism, with release vs training time.
 
-Runs the whole training (Flower simulation) once per setting and prints one
-row each: mechanism, privacy budget, final kNN accuracy (and the untrained
-encoder's), the worst-case client's spent epsilon, and the mean time of one
-release next to the mean time of a client's local training in a round.
+Runs the whole training (Flower simulation) once per setting and seed, and
+prints one row per setting: final kNN accuracy (mean ± std over seeds), its
+paired difference to ``reps`` (the no-privacy baseline, same seeds), the
+untrained encoder's kNN, the worst-case client's spent epsilon, the smallest
+anonymity set, and the mean time of one release next to the mean time of a
+client's local training in a round. ``rotpred`` (nothing released) is the
+floor: a mechanism no better than it gives the clustering nothing to use.
 
-    python benchmarks/mechanism_tradeoff.py --config configs/cpu-cifar10.toml
-    python benchmarks/mechanism_tradeoff.py --config configs/quick.toml --rounds 2 --epsilons 1 10
+    python benchmarks/mechanism_tradeoff.py --config configs/cpu-cifar10.toml --out runs/tradeoff
+    python benchmarks/mechanism_tradeoff.py --config configs/quick.toml --rounds 2 --seeds 0 --epsilons 1
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ import json
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from privfed.config import build_config
 from privfed.federation.simulation import simulate
-from privfed.runs import RunDirectory
 from privfed.run_plan import plan_run
+from privfed.runs import RunDirectory
 
 
 def _cell(value: float | int | None, spec: str) -> str:
@@ -29,54 +33,83 @@ def _cell(value: float | int | None, spec: str) -> str:
     return "-".rjust(width) if value is None else format(value, spec)
 
 
-def settings(epsilons: list[float]) -> list[tuple[str, float | None]]:
-    return [("reps", None), ("kanon", None), *[("ldp", eps) for eps in epsilons]]
+def settings(epsilons: list[float]) -> list[tuple[str, dict[str, Any]]]:
+    """(name, overrides) of every row: rotpred (nothing released: the floor), reps, kanon, ldp per epsilon."""
+    return [
+        ("rotpred", {"method": "rotpred"}),
+        ("reps", {"mechanism": "reps"}),
+        ("kanon", {"mechanism": "kanon"}),
+        *[(f"ldp-eps{eps:g}", {"mechanism": "ldp", "epsilon": eps}) for eps in epsilons],
+    ]
 
 
-def run_one(config_file: Path, mechanism: str, epsilon: float | None, out: Path, overrides: dict) -> dict:
-    config = build_config(config_file, mechanism=mechanism, epsilon=epsilon, out=str(out), **overrides)
-    summary = simulate(plan_run(config))
+def run_one(config_file: Path, overrides: dict[str, Any], seed: int, out: Path) -> dict[str, Any]:
+    """Trains one row at one seed, unless ``out`` already holds that finished run."""
+    if not (out / "summary.json").is_file():
+        simulate(plan_run(build_config(config_file, **overrides, seed=seed, out=str(out))))
+    summary = json.loads((out / "summary.json").read_text())
     metrics = RunDirectory(out).metrics()
     train = [m["train_seconds"] for m in metrics if m.get("train_seconds") is not None]
     release = [m["release_seconds"] for m in metrics if m.get("release_seconds") is not None]
     return {
-        "mechanism": mechanism,
-        "epsilon_budget": epsilon,
+        "seed": seed,
         "knn": summary["knn_accuracy"],
         "knn_init": summary["knn_accuracy_init"],
         "epsilon_spent": summary["privacy"]["epsilon"],
         "delta": summary["privacy"]["delta"],
         "k": summary["privacy"]["k"],
-        "release_s": statistics.fmean(release) if release else float("nan"),
+        "release_s": statistics.fmean(release) if release else None,
         "train_s": statistics.fmean(train) if train else float("nan"),
         "wall_s": summary["wall_seconds"],
     }
 
 
+def spread(values: list[float]) -> str:
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.4f} ± {std:.4f}"
+
+
+def mean_or_none(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=Path("configs/cpu-cifar10.toml"))
-    parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 10.0, 100.0])
+    parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 10.0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=None, help="override the preset's rounds (shorter runs)")
-    parser.add_argument("--out", type=Path, default=None, help="keep the run directories here")
+    parser.add_argument("--out", type=Path, default=None, help="keep the runs here (finished ones are reused)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     args = parser.parse_args()
-    overrides = {} if args.rounds is None else {"rounds": args.rounds}
+    extra = {} if args.rounds is None else {"rounds": args.rounds}
     root = args.out or Path(tempfile.mkdtemp(prefix="privfed-tradeoff-"))
-    rows = []
-    print(f"{'mechanism':<9} {'eps budget':>10} {'kNN':>7} {'kNN init':>8} {'eps spent':>9} {'delta':>8} {'k':>4} {'release s':>9} {'train s':>8} {'wall s':>7}")
-    for mechanism, epsilon in settings(args.epsilons):
-        name = mechanism if epsilon is None else f"{mechanism}-eps{epsilon:g}"
-        row = run_one(args.config, mechanism, epsilon, root / name, overrides)
-        rows.append(row)
+    results: dict[str, list[dict[str, Any]]] = {}
+    for seed in args.seeds:  # seed by seed, so an interrupted study still has every row for the first seeds
+        for name, overrides in settings(args.epsilons):
+            row = run_one(args.config, {**overrides, **extra}, seed, root / f"{name}-seed{seed}")
+            results.setdefault(name, []).append(row)
+            print(f"  {name} seed {seed}: kNN {row['knn']:.4f} ({row['wall_s']:.0f}s)", flush=True)
+    print(
+        f"\n{'setting':<12} {'kNN mean ± std':>16} {'vs reps (paired)':>18} {'kNN init':>8} {'eps spent':>9} "
+        f"{'delta':>8} {'k':>4} {'release s':>9} {'train s':>8}"
+    )
+    reps = {r["seed"]: r["knn"] for r in results.get("reps", [])}
+    for name, rows in results.items():
+        paired = [r["knn"] - reps[r["seed"]] for r in rows if r["seed"] in reps]
         print(
-            f"{mechanism:<9} {_cell(epsilon, '>10g')} {row['knn']:>7.4f} {row['knn_init']:>8.4f} "
-            f"{_cell(row['epsilon_spent'], '>9.3f')} {_cell(row['delta'], '>8.1e')} {_cell(row['k'], '>4d')} "
-            f"{row['release_s']:>9.4f} {row['train_s']:>8.2f} {row['wall_s']:>7.0f}",
+            f"{name:<12} {spread([r['knn'] for r in rows]):>16} {spread(paired) if paired else '-':>18} "
+            f"{statistics.fmean(r['knn_init'] for r in rows):>8.4f} "
+            f"{_cell(mean_or_none([r['epsilon_spent'] for r in rows]), '>9.3f')} "
+            f"{_cell(mean_or_none([r['delta'] for r in rows]), '>8.1e')} "
+            f"{_cell(min((r['k'] for r in rows if r['k'] is not None), default=None), '>4d')} "
+            f"{_cell(mean_or_none([r['release_s'] for r in rows]), '>9.4f')} "
+            f"{statistics.fmean(r['train_s'] for r in rows):>8.2f}",
             flush=True,
         )
     if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=2))
+        args.json.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
