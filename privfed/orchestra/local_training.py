@@ -100,12 +100,16 @@ class LocalTrainingResult:
 
 
 def step_means(totals: torch.Tensor, steps: int) -> dict[str, float]:
-    """The :data:`~privfed.orchestra.objective.STEP_VALUES` averaged over ``steps`` (0 steps give 0).
+    """The :data:`~privfed.orchestra.objective.STEP_VALUES` averaged over ``steps``.
 
-    A value the method does not compute (NaN: no centroids, no target
-    entropy) is left out.
+    A client that took no step (fewer than two images) has no means, so it
+    adds nothing to the round's averages rather than zeros. A value the
+    method does not compute (NaN: no centroids, no target entropy) is left
+    out.
     """
-    means = zip(STEP_VALUES, (totals / max(steps, 1)).tolist())
+    if steps == 0:
+        return {}
+    means = zip(STEP_VALUES, (totals / steps).tolist())
     return {name: value for name, value in means if not math.isnan(value)}
 
 

@@ -91,3 +91,16 @@ def test_a_client_whose_representations_are_not_finite_sends_nothing(tiny_config
             config=LocalTrainingConfig.from_run(tiny_config), mechanism=create_mechanism("kanon"),
             num_local_centroids=4, seed=0, device=torch.device("cpu"),
         )
+
+
+def test_a_client_too_small_to_take_a_step_reports_no_losses(tiny_config):
+    torch.manual_seed(0)
+    network = OrchestraNetwork(tiny_config.backbone, tiny_config.projection_dim)
+    one_image = FederatedSplit.of(tiny_config).client_images(0)[:1]  # BatchNorm needs two: no batch at all
+    update = client_update(
+        network, shared_state(network), torch.nn.functional.normalize(torch.randn(8, 16), dim=1), one_image,
+        train=True, config=LocalTrainingConfig.from_run(tiny_config), mechanism=None, num_local_centroids=4,
+        seed=0, device=torch.device("cpu"),
+    )
+    assert update.metrics["steps"] == 0
+    assert not {"loss", "cluster_loss", "rotation_loss", "target_entropy", "centroid_cosine"} & set(update.metrics)
