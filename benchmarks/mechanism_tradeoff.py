@@ -21,9 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from privfed.config import build_config
-from privfed.federation.simulation import simulate
-from privfed.run_plan import plan_run
+from setting_comparison import ensure_run  # benchmarks/ is on the path when run as a script
+
 from privfed.runs import RunDirectory
 
 
@@ -45,9 +44,7 @@ def settings(epsilons: list[float]) -> list[tuple[str, dict[str, Any]]]:
 
 def run_one(config_file: Path, overrides: dict[str, Any], seed: int, out: Path) -> dict[str, Any]:
     """Trains one row at one seed, unless ``out`` already holds that finished run."""
-    if not (out / "summary.json").is_file():
-        simulate(plan_run(build_config(config_file, **overrides, seed=seed, out=str(out))))
-    summary = json.loads((out / "summary.json").read_text())
+    summary = ensure_run(config_file, overrides, seed, out)
     metrics = RunDirectory(out).metrics()
     train = [m["train_seconds"] for m in metrics if m.get("train_seconds") is not None]
     release = [m["release_seconds"] for m in metrics if m.get("release_seconds") is not None]

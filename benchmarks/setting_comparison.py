@@ -43,10 +43,15 @@ def parse_setting(text: str) -> tuple[str, dict[str, Any]]:
     return name, overrides
 
 
-def run_one(config_file: Path, overrides: dict[str, Any], seed: int, out: Path) -> dict[str, Any]:
-    """Trains one setting at one seed, unless ``out`` already holds that finished run."""
+def ensure_run(config_file: Path, overrides: dict[str, Any], seed: int, out: Path) -> dict[str, Any]:
+    """The summary of one setting at one seed, trained unless ``out`` already holds that finished run."""
     if not (out / "summary.json").is_file():
         simulate(plan_run(build_config(config_file, **overrides, seed=seed, out=str(out))))
+    return json.loads((out / "summary.json").read_text())
+
+
+def run_one(config_file: Path, overrides: dict[str, Any], seed: int, out: Path) -> dict[str, Any]:
+    ensure_run(config_file, overrides, seed, out)
     return row_of(out, seed)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from privfed.errors import PrivfedError
-from privfed.methods import available_methods
+from privfed.methods import available_methods, get_method
 
 DEVICES = ("auto", "cpu", "cuda")
 GLOBAL_CLUSTERINGS = ("kmeans", "official")
@@ -167,6 +167,11 @@ class TrainConfig:
     knn_temperature: float = option(0.1, "Vote temperature of the kNN monitor.")
     client_cpus: float = option(1.0, "CPU cores reserved per simulated client (sets how many run in parallel).")
     client_gpus: float = option(0.0, "GPU fraction reserved per simulated client.")
+
+    @property
+    def release_mechanism(self) -> str | None:
+        """The mechanism clients release with; None when the method releases nothing (``mechanism`` does not apply)."""
+        return self.mechanism if get_method(self.method).releases else None
 
     @property
     def clients_per_round(self) -> int:

@@ -20,7 +20,6 @@ import torch
 
 from privfed.config import TrainConfig, load_saved_config, save_config
 from privfed.errors import PrivfedError
-from privfed.methods import get_method
 from privfed.models.network import OrchestraNetwork, build_network
 
 CHECKPOINT_NAMES = ("initial", "final")
@@ -29,7 +28,7 @@ CHECKPOINT_NAMES = ("initial", "final")
 def default_run_dir(config: TrainConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     # A method that releases nothing uses no mechanism, so the name leaves it out.
-    releases = f"-{config.mechanism}" if get_method(config.method).releases else ""
+    releases = "" if config.release_mechanism is None else f"-{config.release_mechanism}"
     return Path("runs") / f"{stamp}-{config.method}{releases}-seed{config.seed}"
 
 

@@ -13,8 +13,7 @@ from dataclasses import asdict, dataclass
 
 from privfed.config import TrainConfig
 from privfed.data.federated import FederatedSplit
-from privfed.methods import get_method
-from privfed.models.network import OrchestraNetwork, network_norm
+from privfed.models.network import OrchestraNetwork, build_network
 from privfed.orchestra.local_training import LocalTrainingConfig
 
 
@@ -59,7 +58,7 @@ class ClientConfig:
             projection_hidden_dim=config.projection_hidden_dim,
             dp_sgd=config.dp_sgd,
             local=LocalTrainingConfig.from_run(config),
-            mechanism=config.mechanism if get_method(config.method).releases else None,
+            mechanism=config.release_mechanism,
             num_local_centroids=config.num_local_centroids,
             device=config.device,
             threads=max(1, int(config.client_cpus)),
@@ -67,12 +66,7 @@ class ClientConfig:
 
     def build_network(self) -> OrchestraNetwork:
         """The run's network architecture (GroupNorm under DP-SGD), as the server built it."""
-        return OrchestraNetwork(
-            self.backbone,
-            self.projection_dim,
-            projection_hidden_dim=self.projection_hidden_dim,
-            norm=network_norm(dp_sgd=self.dp_sgd),
-        )
+        return build_network(self)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -13,9 +13,6 @@ from privfed.errors import PrivfedError
 from privfed.models.heads import projector, rotation_head
 from privfed.models.norms import check_norm
 from privfed.models.resnet import BACKBONES
-
-if TYPE_CHECKING:
-    from privfed.config import TrainConfig
 
 
 class Encoder(nn.Module):
@@ -75,8 +72,9 @@ class OrchestraNetwork(nn.Module):
         """L2-normalised target projector output: what clients cluster."""
         return F.normalize(self.target(x), dim=1)
 
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        return [*self.online.parameters(), *self.rotation.parameters()]
+    def trainable_parameters(self, *, rotation: bool = True) -> list[nn.Parameter]:
+        """The online encoder's parameters, and the rotation head's unless ``rotation`` is False."""
+        return [*self.online.parameters(), *(self.rotation.parameters() if rotation else ())]
 
 
 def network_norm(*, dp_sgd: bool) -> str:
@@ -84,7 +82,16 @@ def network_norm(*, dp_sgd: bool) -> str:
     return "group" if dp_sgd else "batch"
 
 
-def build_network(config: TrainConfig) -> OrchestraNetwork:
+class NetworkSpec(Protocol):
+    """What fixes the architecture: a run's :class:`~privfed.config.TrainConfig` or a client's configuration."""
+
+    backbone: str
+    projection_dim: int
+    projection_hidden_dim: int | None
+    dp_sgd: bool
+
+
+def build_network(config: NetworkSpec) -> OrchestraNetwork:
     """The run's network, as server, clients and checkpoint loading must all build it.
 
     The normalisation follows ``config.dp_sgd``, so a checkpoint always loads

@@ -105,10 +105,12 @@ def dp_optimizer(
     the objective trains are stepped: without the rotation loss the rotation
     head has no per-sample gradients (and so stays as it is).
     """
-    parameters = [*network.online.parameters()]
-    if config.objective.rotation_loss:
-        parameters += network.rotation.parameters()
-    optimizer = torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    optimizer = torch.optim.SGD(
+        network.trainable_parameters(rotation=config.objective.rotation_loss),
+        lr=config.lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+    )
     return DPOptimizer(
         optimizer,
         noise_multiplier=settings.noise_multiplier,

@@ -22,7 +22,6 @@ from mechanisms import Mechanism, available_mechanisms, get_mechanism_class
 from mechanisms.base import PrivacyEvent
 from privfed.config import DEFAULTS, TrainConfig
 from privfed.errors import PrivfedError
-from privfed.methods import get_method
 from privfed.privacy.dp_sgd_plan import DpSgdPlan, plan_dp_sgd
 from privfed.privacy.ledger import composed_epsilon
 
@@ -119,7 +118,7 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
     releases = config.rounds + 1  # worst case: sampled in every round, round 0 included
     delta = config.delta if config.delta is not None else default_delta(client_sizes)
     dp_sgd = _plan_dp_sgd(config, client_sizes, delta)
-    if not get_method(config.method).releases:
+    if config.release_mechanism is None:
         if config.epsilon is not None or config.epsilon_per_release is not None:
             raise PrivfedError(
                 f"method {config.method} releases nothing, so --epsilon and --epsilon-per-release do not apply"
