@@ -111,8 +111,11 @@ def secagg_settings(config: TrainConfig, client_sizes: list[int]) -> SecAggPlusS
     threshold = config.secagg_threshold if config.secagg_threshold is not None else default_threshold(shares)
     if not 2 <= threshold <= shares:
         raise PrivfedError(f"--secagg-threshold must be between 2 and the number of shares ({shares}), got {threshold}")
-    if config.secagg_clipping_range <= 0:
-        raise PrivfedError(f"--secagg-clipping-range must be > 0, got {config.secagg_clipping_range}")
+    if config.secagg_clipping_range < 1:
+        raise PrivfedError(
+            f"--secagg-clipping-range must be at least 1 (the overflow indicators travel as ones), "
+            f"got {config.secagg_clipping_range}"
+        )
     if config.secagg_timeout is not None and config.secagg_timeout <= 0:
         raise PrivfedError(f"--secagg-timeout must be > 0, got {config.secagg_timeout}")
     return SecAggPlusSettings(

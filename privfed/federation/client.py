@@ -40,7 +40,7 @@ from privfed.federation.messages import (
     state_to_arrays,
 )
 from privfed.federation.partitions import PARTITION_KEY
-from privfed.federation.update_encoding import encode_update
+from privfed.federation.update_encoding import encode_update, secagg_weight_ratio
 from privfed.methods import get_method
 from privfed.orchestra.client_update import client_update
 from privfed.orchestra.model_state import shared_keys
@@ -122,9 +122,12 @@ def prepare_for_secagg(arrays: list[np.ndarray], config: dict, num_samples: int)
             f"this client holds {num_samples} samples but the server set SecAgg+'s max_weight to {max_weight:g}; "
             "client and server disagree on the data partition"
         )
+    weight_ratio = secagg_weight_ratio(
+        num_samples, max_weight=max_weight, quantization_range=int(config["secagg_quantization_range"])
+    )
     return encode_update(
         arrays,
         bytes_to_ndarray(config["secagg_scales"]),
-        weight_ratio=num_samples / max_weight,
+        weight_ratio=weight_ratio,
         clipping_range=float(config["secagg_clipping_range"]),
     )

@@ -10,15 +10,16 @@ Server -> client (``FitIns``):
                 only the options a client reads) and ``mechanism_params``
                 (JSON keyword arguments of the release mechanism, calibrated
                 once by the server from the run's privacy budget); in SecAgg+
-                rounds also ``secagg_scales`` (bytes), ``secagg_max_weight``
-                and ``secagg_clipping_range``; with ``--dp-sgd`` also
+                rounds also ``secagg_scales`` (bytes), ``secagg_max_weight``,
+                ``secagg_clipping_range`` and ``secagg_quantization_range``; with ``--dp-sgd`` also
                 ``dp_sgd`` (JSON :class:`privfed.privacy.dp_sgd_plan.DpSgdSettings`,
                 calibrated once by the server)
 
 Client -> server (``FitRes``):
     parameters  the client's model delta, same keys (empty in round 0);
                 under SecAgg+ it is rescaled, followed by two indicator
-                vectors (:mod:`privfed.federation.update_encoding`), masked,
+                vectors that sum to counts of clients
+                (:mod:`privfed.federation.update_encoding`), masked,
                 and only the clients' weighted mean reaches the strategy
     metrics     training metrics plus the mechanism's release (absent when the
                 run's method releases nothing):

@@ -46,7 +46,7 @@ from privfed.federation.messages import (
     state_to_arrays,
     tensor_to_bytes,
 )
-from privfed.federation.update_encoding import decode_aggregate, initial_scales, next_scales
+from privfed.federation.update_encoding import decode_aggregate, initial_scales, next_scales, secagg_weight_ratio
 from privfed.orchestra.model_state import StateDict, shared_keys, weighted_mean
 from privfed.orchestra.round_report import RoundReport
 from privfed.orchestra.server import OrchestraServer
@@ -161,6 +161,7 @@ class OrchestraStrategy(Strategy):
             config["secagg_scales"] = ndarray_to_bytes(self.scales)
             config["secagg_max_weight"] = self.secagg.max_weight
             config["secagg_clipping_range"] = self.secagg.clipping_range
+            config["secagg_quantization_range"] = self.secagg.quantization_range
         return FitIns(parameters, config)
 
     def aggregate_fit(
@@ -220,7 +221,13 @@ class OrchestraStrategy(Strategy):
             deltas = [arrays_to_state(parameters_to_ndarrays(res.parameters), self._keys) for _, res in results]
             return weighted_mean(deltas, [float(res.num_examples) for _, res in results]), {}
         # SecAgg+ gave every reply the same aggregate; no single client's update exists here.
-        decoded = decode_aggregate(first, self.scales, client_weights=[float(res.num_examples) for _, res in results])
+        weight_ratios = [
+            secagg_weight_ratio(
+                res.num_examples, max_weight=self.secagg.max_weight, quantization_range=self.secagg.quantization_range
+            )
+            for _, res in results
+        ]
+        decoded = decode_aggregate(first, self.scales, weight_ratios=weight_ratios)
         rejected = [k for k, bad in zip(self._keys, decoded.overflow) if bad]
         if rejected:
             logger.warning(

@@ -1,8 +1,9 @@
 """How a client's model delta is written into SecAgg+'s fixed-point sum, and read back.
 
-SecAgg+ multiplies every value by the client's weight ratio ``n / max_weight``,
-clips it to ``±clipping_range`` and quantises it; whatever falls outside the
-range is silently saturated. Model deltas do not respect a fixed range: in the
+SecAgg+ multiplies every value by the client's weight ratio ``n / max_weight``
+(rounded to its fixed-point grid, :func:`secagg_weight_ratio`), clips it to
+``±clipping_range`` and quantises it; whatever falls outside the range is
+silently saturated. Model deltas do not respect a fixed range: in the
 first training rounds BatchNorm ``running_var`` deltas reach 10-20 while
 weight deltas stay below 0.5. So each tensor travels divided by a public
 scale, and the vector carries two extra indicators per tensor, summed
@@ -11,8 +12,11 @@ securely like everything else:
 * ``overflow``: this client's scaled tensor left the clipping range;
 * ``high``: it used more than half of the range.
 
-The server only learns the (weighted) fraction of clients that raised each
-indicator, never which client. It rejects the aggregate of any tensor that
+Each client divides its indicators by its own weight ratio, so a raised
+indicator adds exactly one to the sum whoever raised it. The server learns
+how many clients raised each indicator and nothing else: client sizes are
+public, and had the indicators been weighted like the update, their sum
+would be a subset sum of known sizes that usually names the clients. It rejects the aggregate of any tensor that
 overflowed and grows the scales of tensors that ran high, so the next rounds
 fit (see :func:`next_scales`).
 """
@@ -43,6 +47,21 @@ def initial_scales(keys: list[str]) -> np.ndarray:
     )
 
 
+def secagg_weight_ratio(num_examples: float, *, max_weight: float, quantization_range: int) -> float:
+    """The factor SecAgg+ multiplies a client's values by.
+
+    Flower rounds ``num_examples / max_weight`` to a multiple of
+    ``1 / quantization_range`` before using it; dividing an indicator by exactly
+    this value makes it contribute exactly 1 after the multiplication.
+    """
+    if not 0 < num_examples <= max_weight:
+        raise ValueError(f"a client of {num_examples:g} samples is outside SecAgg+'s max_weight {max_weight:g}")
+    ratio = round(num_examples / max_weight * quantization_range) / quantization_range
+    if ratio == 0:
+        raise ValueError(f"max_weight {max_weight:g} is too large for SecAgg+'s quantisation range {quantization_range}")
+    return ratio
+
+
 def encode_update(
     delta: list[np.ndarray], scales: np.ndarray, *, weight_ratio: float, clipping_range: float
 ) -> list[np.ndarray]:
@@ -51,17 +70,20 @@ def encode_update(
     Args:
         delta: The client's model delta, one array per travelling tensor.
         scales: One public scale per tensor (from the server).
-        weight_ratio: ``num_examples / max_weight``, the factor SecAgg+ applies.
-        clipping_range: SecAgg+'s clipping range.
+        weight_ratio: The factor SecAgg+ applies (:func:`secagg_weight_ratio`).
+        clipping_range: SecAgg+'s clipping range; at least 1, so that a raised
+            indicator survives the clipping.
     """
     if len(delta) != len(scales):
         raise ValueError(f"{len(delta)} tensors but {len(scales)} scales")
     if not 0 < weight_ratio <= 1:
         raise ValueError(f"weight ratio must be in (0, 1], got {weight_ratio}; max_weight is too small")
+    if clipping_range < 1:
+        raise ValueError(f"SecAgg+'s clipping range must be at least 1 to carry the indicators, got {clipping_range}")
     scaled = [np.asarray(d, dtype=np.float64) / s for d, s in zip(delta, scales)]
     peaks = np.array([np.abs(x).max(initial=0.0) * weight_ratio for x in scaled])
-    overflow = (peaks > clipping_range).astype(np.float64)
-    high = (peaks > HIGH_WATER * clipping_range).astype(np.float64)
+    overflow = (peaks > clipping_range) / weight_ratio
+    high = (peaks > HIGH_WATER * clipping_range) / weight_ratio
     return [*scaled, overflow, high]
 
 
@@ -71,40 +93,48 @@ class DecodedAggregate:
 
     Attributes:
         mean: Weighted-mean delta per tensor (rejected tensors are zero).
-        overflow: Per tensor, whether some client's values were clipped; such a
-            tensor's mean is wrong and has been zeroed.
-        high: Per tensor, whether some client used over half the range.
+        overflow_counts: Per tensor, how many clients' values were clipped; a
+            tensor with any has a wrong mean, which has been zeroed.
+        high_counts: Per tensor, how many clients used over half the range.
     """
 
     mean: list[np.ndarray]
-    overflow: np.ndarray
-    high: np.ndarray
+    overflow_counts: np.ndarray
+    high_counts: np.ndarray
+
+    @property
+    def overflow(self) -> np.ndarray:
+        return self.overflow_counts > 0
+
+    @property
+    def high(self) -> np.ndarray:
+        return self.high_counts > 0
 
 
 def decode_aggregate(
-    arrays: list[np.ndarray], scales: np.ndarray, *, client_weights: list[float]
+    arrays: list[np.ndarray], scales: np.ndarray, *, weight_ratios: list[float]
 ) -> DecodedAggregate:
     """Undoes :func:`encode_update` on the securely aggregated weighted mean.
 
     Args:
         arrays: SecAgg+'s aggregate: weighted means of the encoded arrays.
         scales: The scales the clients used this round.
-        client_weights: The ``num_examples`` of the clients in the sum; an
-            indicator raised by the lightest of them alone still shows up as
-            ``min(weights) / sum(weights)``, so half of that is the detection
-            threshold (far above the quantisation error).
+        weight_ratios: The weight ratios of the clients in the sum (public:
+            :func:`secagg_weight_ratio` of their sizes). SecAgg+ divides its
+            sum by their total, which turns the indicators' sum of ones back
+            into a count.
     """
     num_tensors = len(scales)
     if len(arrays) != num_tensors + 2:
         raise ValueError(f"expected {num_tensors + 2} aggregated arrays, got {len(arrays)}")
-    threshold = 0.5 * min(client_weights) / sum(client_weights)
-    overflow = np.asarray(arrays[num_tensors]) > threshold
-    high = np.asarray(arrays[num_tensors + 1]) > threshold
+    total = sum(weight_ratios)
+    overflow_counts = np.rint(np.asarray(arrays[num_tensors]) * total).astype(np.int64)
+    high_counts = np.rint(np.asarray(arrays[num_tensors + 1]) * total).astype(np.int64)
     mean = [
         np.zeros_like(a, dtype=np.float32) if bad else (np.asarray(a) * s).astype(np.float32)
-        for a, s, bad in zip(arrays[:num_tensors], scales, overflow)
+        for a, s, bad in zip(arrays[:num_tensors], scales, overflow_counts > 0)
     ]
-    return DecodedAggregate(mean=mean, overflow=overflow, high=high)
+    return DecodedAggregate(mean=mean, overflow_counts=overflow_counts, high_counts=high_counts)
 
 
 def next_scales(scales: np.ndarray, decoded: DecodedAggregate) -> np.ndarray:

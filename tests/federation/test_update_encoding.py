@@ -1,5 +1,9 @@
+import itertools
+
 import numpy as np
 import pytest
+from flwr.common.secure_aggregation.ndarrays_arithmetic import factor_combine, factor_extract
+from flwr.common.secure_aggregation.quantization import dequantize, quantize
 
 from privfed.federation.update_encoding import (
     HIGH_GROWTH,
@@ -8,12 +12,38 @@ from privfed.federation.update_encoding import (
     encode_update,
     initial_scales,
     next_scales,
+    secagg_weight_ratio,
 )
+
+QUANTIZATION_RANGE = 2**22
 
 
 def secagg_clip(arrays: list[np.ndarray], ratio: float, clipping_range: float) -> list[np.ndarray]:
     """What SecAgg+ does to a client's values before quantising them."""
     return [np.clip(a * ratio, -clipping_range, clipping_range) for a in arrays]
+
+
+def secagg_sum(encoded: list[list[np.ndarray]], sizes: list[int], *, max_weight: float, clipping_range: float):
+    """SecAgg+'s fixed-point arithmetic, with Flower's own functions (the masks cancel and are left out).
+
+    Each client multiplies by its rounded weight ratio, quantises stochastically
+    and prepends its ratio; the server sums, removes the shifts and divides by
+    the total ratio, as Flower 1.41's ``SecAggPlusWorkflow`` does.
+    """
+    summed = None
+    for arrays, n in zip(encoded, sizes):
+        q_ratio = round(n / max_weight * QUANTIZATION_RANGE)
+        scaled = [a * (q_ratio / QUANTIZATION_RANGE) for a in arrays]
+        quantised = factor_combine(q_ratio, quantize(scaled, clipping_range, QUANTIZATION_RANGE))
+        summed = quantised if summed is None else [s + q for s, q in zip(summed, quantised)]
+    q_total, summed = factor_extract(summed)
+    aggregate = dequantize(summed, clipping_range, QUANTIZATION_RANGE)
+    offset = -(len(sizes) - 1) * clipping_range
+    return [(a + offset) * (QUANTIZATION_RANGE / q_total) for a in aggregate]
+
+
+def ratio(n: int, max_weight: float) -> float:
+    return secagg_weight_ratio(n, max_weight=max_weight, quantization_range=QUANTIZATION_RANGE)
 
 
 def test_batchnorm_statistics_start_with_larger_scales():
@@ -34,7 +64,7 @@ def test_the_weight_ratio_counts_towards_the_range():
     delta = [np.array([12.0])]
     light = encode_update(delta, np.ones(1), weight_ratio=0.5, clipping_range=8.0)
     heavy = encode_update(delta, np.ones(1), weight_ratio=1.0, clipping_range=8.0)
-    assert light[1][0] == 0.0 and light[2][0] == 1.0  # 6: fits, but above half the range
+    assert light[1][0] == 0.0 and light[2][0] * 0.5 == 1.0  # 6: fits, but above half the range
     assert heavy[1][0] == 1.0
 
 
@@ -44,35 +74,79 @@ def test_encoding_rejects_a_weight_above_max_weight():
 
 
 def test_decoding_recovers_the_weighted_mean_and_rejects_overflowing_tensors():
+    np.random.seed(0)  # Flower's stochastic rounding draws from NumPy's global generator
     scales = np.array([1.0, 4.0])
     clients = [[np.array([0.2, -0.1]), np.array([10.0])], [np.array([0.4, 0.3]), np.array([40.0])]]
-    weights = [30.0, 10.0]
-    encoded = [encode_update(c, scales, weight_ratio=w / 30.0, clipping_range=8.0) for c, w in zip(clients, weights)]
-    # SecAgg+'s output, without quantisation: the weighted mean of the clipped values, divided back by the ratios.
-    total = sum(w / 30.0 for w in weights)
-    aggregate = [
-        sum(secagg_clip(e, w / 30.0, 8.0)[i] for e, w in zip(encoded, weights)) / total for i in range(len(encoded[0]))
-    ]
-    decoded = decode_aggregate(aggregate, scales, client_weights=weights)
-    np.testing.assert_allclose(decoded.mean[0], (30 * clients[0][0] + 10 * clients[1][0]) / 40, rtol=1e-6, atol=1e-9)
-    # 40 / 4 * (10 / 30) = 3.3 fits; the weighted mean 17.5 is recovered exactly.
+    sizes = [30, 10]
+    encoded = [encode_update(c, scales, weight_ratio=ratio(n, 30), clipping_range=8.0) for c, n in zip(clients, sizes)]
+    aggregate = secagg_sum(encoded, sizes, max_weight=30, clipping_range=8.0)
+    decoded = decode_aggregate(aggregate, scales, weight_ratios=[ratio(n, 30) for n in sizes])
+    np.testing.assert_allclose(decoded.mean[0], (30 * clients[0][0] + 10 * clients[1][0]) / 40, atol=1e-5)
+    # 40 / 4 * (10 / 30) = 3.3 fits; the weighted mean 17.5 is recovered up to quantisation.
     assert not decoded.overflow.any()
-    np.testing.assert_allclose(decoded.mean[1], [17.5], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(decoded.mean[1], [17.5], atol=1e-4)
 
     tight = np.array([1.0, 1.0])
-    encoded = [encode_update(c, tight, weight_ratio=w / 30.0, clipping_range=8.0) for c, w in zip(clients, weights)]
-    aggregate = [
-        sum(secagg_clip(e, w / 30.0, 8.0)[i] for e, w in zip(encoded, weights)) / total for i in range(len(encoded[0]))
-    ]
-    decoded = decode_aggregate(aggregate, tight, client_weights=weights)
+    encoded = [encode_update(c, tight, weight_ratio=ratio(n, 30), clipping_range=8.0) for c, n in zip(clients, sizes)]
+    aggregate = secagg_sum(encoded, sizes, max_weight=30, clipping_range=8.0)
+    decoded = decode_aggregate(aggregate, tight, weight_ratios=[ratio(n, 30) for n in sizes])
     assert decoded.overflow.tolist() == [False, True]
+    assert decoded.overflow_counts.tolist() == [0, 2]  # 10 and 40 * 10/30 both exceed 8
     assert np.all(decoded.mean[1] == 0)  # a saturated aggregate is never applied
-    np.testing.assert_allclose(decoded.mean[0], (30 * clients[0][0] + 10 * clients[1][0]) / 40, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(decoded.mean[0], (30 * clients[0][0] + 10 * clients[1][0]) / 40, atol=1e-5)
     assert next_scales(tight, decoded).tolist() == [1.0, OVERFLOW_GROWTH]
 
 
 def test_scales_double_where_a_tensor_ran_high():
     scales = np.array([1.0, 1.0])
     encoded = encode_update([np.array([5.0]), np.array([0.1])], scales, weight_ratio=1.0, clipping_range=8.0)
-    decoded = decode_aggregate(encoded, scales, client_weights=[1.0])
+    decoded = decode_aggregate(encoded, scales, weight_ratios=[1.0])
     assert next_scales(scales, decoded).tolist() == [HIGH_GROWTH, 1.0]
+
+
+def test_the_server_learns_how_many_clients_overflowed_not_which():
+    """Sizes are public: indicators weighted by size would sum to a subset sum that names the clients."""
+    np.random.seed(1)
+    sizes = [3, 17, 40, 112, 250]  # every subset of these has its own weighted sum
+    max_weight = 250.0
+    scales = np.ones(1)
+    aggregates = {}
+    for raised in itertools.combinations(range(len(sizes)), 2):
+        deltas = [[np.array([1e4 if i in raised else 0.01])] for i in range(len(sizes))]
+        encoded = [encode_update(d, scales, weight_ratio=ratio(n, max_weight), clipping_range=8.0)
+                   for d, n in zip(deltas, sizes)]
+        indicators = secagg_sum(encoded, sizes, max_weight=max_weight, clipping_range=8.0)[1:]
+        decoded = decode_aggregate([np.zeros(1), *indicators], scales, weight_ratios=[ratio(n, max_weight) for n in sizes])
+        assert decoded.overflow_counts.tolist() == [2]
+        aggregates[raised] = np.concatenate(indicators)
+    first = next(iter(aggregates.values()))
+    for raised, aggregate in aggregates.items():
+        assert np.array_equal(aggregate, first), f"clients {raised} are told apart by the aggregate"
+
+
+def test_one_small_client_overflowing_among_large_ones_is_counted():
+    np.random.seed(2)
+    sizes = [1, 5000, 5000, 5000]
+    deltas = [[np.array([9.0])], [np.array([0.1])], [np.array([0.1])], [np.array([0.1])]]
+    encoded = [encode_update(d, np.ones(1), weight_ratio=ratio(n, 5000.0), clipping_range=8.0)
+               for d, n in zip(deltas, sizes)]
+    decoded = decode_aggregate(secagg_sum(encoded, sizes, max_weight=5000.0, clipping_range=8.0), np.ones(1),
+                               weight_ratios=[ratio(n, 5000.0) for n in sizes])
+    # 9 * 1/5000 fits the range, so nothing overflowed, but nothing was lost either
+    assert decoded.overflow_counts.tolist() == [0]
+    deltas[0] = [np.array([9.0 * 5000])]
+    encoded[0] = encode_update(deltas[0], np.ones(1), weight_ratio=ratio(1, 5000.0), clipping_range=8.0)
+    decoded = decode_aggregate(secagg_sum(encoded, sizes, max_weight=5000.0, clipping_range=8.0), np.ones(1),
+                               weight_ratios=[ratio(n, 5000.0) for n in sizes])
+    assert decoded.overflow_counts.tolist() == [1]
+
+
+def test_a_clipping_range_below_one_cannot_carry_the_indicators():
+    with pytest.raises(ValueError, match="at least 1"):
+        encode_update([np.ones(2)], np.ones(1), weight_ratio=1.0, clipping_range=0.5)
+
+
+def test_the_weight_ratio_is_rounded_as_secagg_rounds_it():
+    assert ratio(1, 3.0) == round(QUANTIZATION_RANGE / 3) / QUANTIZATION_RANGE
+    with pytest.raises(ValueError, match="max_weight"):
+        ratio(4, 3.0)
