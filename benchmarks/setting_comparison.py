@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import shutil
 import tempfile
 import tomllib
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import Any
 
 from privfed.config import build_config
 from privfed.federation.simulation import simulate
+from privfed.methods import NO_CENTROIDS, get_method
 from privfed.run_plan import plan_run
 from privfed.runs import RunDirectory
 
@@ -43,10 +45,34 @@ def parse_setting(text: str) -> tuple[str, dict[str, Any]]:
     return name, overrides
 
 
+def incomplete(run_dir: Path) -> str | None:
+    """Why a run cannot stand for its setting (None: it ran every round with every sampled client)."""
+    if not (run_dir / "summary.json").is_file():
+        return "no summary.json"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    configured = json.loads((run_dir / "config.json").read_text())["rounds"]
+    if summary.get("stopped_early") or summary["rounds"] < configured:
+        return f"stopped after round {summary['rounds']} of {configured}: {summary.get('stopped_early')}"
+    failures = sum(m.get("client_failures", 0) for m in RunDirectory(run_dir).metrics())
+    if failures:
+        return f"{failures} client failures"
+    return None
+
+
 def ensure_run(config_file: Path, overrides: dict[str, Any], seed: int, out: Path) -> dict[str, Any]:
-    """The summary of one setting at one seed, trained unless ``out`` already holds that finished run."""
-    if not (out / "summary.json").is_file():
+    """The summary of one setting at one seed, trained unless ``out`` already holds that complete run.
+
+    An incomplete run (stopped early, or with failed clients) is trained again
+    from scratch, into the same directory.
+    """
+    reason = incomplete(out) if out.is_dir() else "not run"
+    if reason is not None:
+        if out.is_dir() and reason != "no summary.json":
+            print(f"  {out.name}: {reason}; training it again", flush=True)
+            shutil.rmtree(out)
         simulate(plan_run(build_config(config_file, **overrides, seed=seed, out=str(out))))
+        if (problem := incomplete(out)) is not None:
+            raise RuntimeError(f"{out.name} did not complete: {problem}")
     return json.loads((out / "summary.json").read_text())
 
 
@@ -59,7 +85,9 @@ def row_of(run_dir: Path, seed: int) -> dict[str, Any]:
     """A finished run's final kNN and its last training round's clustering diagnostics."""
     summary = json.loads((run_dir / "summary.json").read_text())
     metrics = RunDirectory(run_dir).metrics()
-    trained = [m for m in metrics if m.get("target_entropy") is not None]
+    method = json.loads((run_dir / "config.json").read_text()).get("method", "orchestra")
+    clusters = get_method(method).centroids != NO_CENTROIDS
+    trained = [m for m in metrics if m.get("target_entropy") is not None] if clusters else []
     last = trained[-1] if trained else {}
     evaluations = [m["knn_accuracy"] for m in metrics if m.get("knn_accuracy") is not None]
     return {
@@ -78,8 +106,12 @@ def finished_runs(root: Path) -> dict[str, list[dict[str, Any]]]:
     results: dict[str, list[dict[str, Any]]] = {}
     for run_dir in sorted(root.glob("*-seed*")):
         name, _, seed = run_dir.name.rpartition("-seed")
-        if seed.isdigit() and (run_dir / "summary.json").is_file():
-            results.setdefault(name, []).append(row_of(run_dir, int(seed)))
+        if not seed.isdigit() or not (run_dir / "summary.json").is_file():
+            continue
+        if (reason := incomplete(run_dir)) is not None:
+            print(f"left out {run_dir.name}: {reason}")
+            continue
+        results.setdefault(name, []).append(row_of(run_dir, int(seed)))
     return {name: sorted(rows, key=lambda r: r["seed"]) for name, rows in results.items()}
 
 

@@ -112,7 +112,11 @@ class Mechanism(abc.ABC):
     arguments) and :meth:`privacy_events` (what one release costs). Its
     guarantee must hold with respect to adding or removing one row of the
     ``reps`` it releases from (one representation): that is the unit
-    privfed's ledger composes and its privacy statement quotes.
+    privfed's ledger composes and its privacy statement quotes. privfed
+    hands a mechanism at most one row per image of the client (the latest
+    view). A k-anonymous mechanism takes a keyword-only ``min_k``, the run's
+    smallest anonymity set, and never releases a vector that averages fewer
+    rows.
 
     What privfed checks and what it trusts: the server recomposes the events
     of a calibrated mechanism with its own accountant, charges every release
@@ -162,7 +166,8 @@ class Mechanism(abc.ABC):
         """Computes the release for one client.
 
         Args:
-            reps: ``[n, D]`` L2-normalised representations held by the client.
+            reps: ``[n, D]`` L2-normalised representations held by the client,
+                one per distinct image.
             num_centroids: ``L``, how many centroids the protocol expects.
             generator: Source of randomness for non-private choices
                 (initialisation); DP noise must come from a secure source.

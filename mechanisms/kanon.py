@@ -1,15 +1,22 @@
-"""K-anonymous release: equal-size spherical k-means centroids.
+"""K-anonymous release: equal-size spherical k-means centroids of at least ``min_k`` images each.
 
 The clusters are made equal-size exactly, by a linear assignment of points
 to cluster slots (:func:`mechanisms.clustering.balanced_kmeans`), where the
 official code balances them approximately with Sinkhorn-Knopp.
 
-Each released centroid is the normalised mean of at least ``floor(n/L)`` of
-the client's representations, so the server cannot tell which of those
-members any single vector came from. Unlike the official Orchestra code, an
+The client hands a mechanism one representation per distinct image (the
+memory keeps the latest view of each, :class:`privfed.orchestra.memory.RepresentationMemory`),
+so each released centroid is the normalised mean of the representations of
+at least ``k`` distinct images, and the server cannot tell which of them any
+single vector came from. This is k-anonymity of the released vectors, not
+differential privacy: a centroid is still a deterministic function of its
+members, and an image far from the others moves it.
+
+``k`` is never below ``min_k``: a client with fewer than ``L * min_k``
+images releases ``floor(n / min_k)`` centroids, and one with fewer than
+``min_k`` images releases nothing. Unlike the official Orchestra code, an
 empty cluster is never replaced by a raw representation: the equal-size
-assignment makes empty clusters impossible, and a client with fewer than
-``L`` representations releases nothing.
+assignment makes empty clusters impossible.
 """
 
 from __future__ import annotations
@@ -20,26 +27,39 @@ from mechanisms.base import K_ANONYMITY, Guarantee, Mechanism, Release
 from mechanisms.clustering import balanced_kmeans
 from mechanisms.registry import register_mechanism
 
+#: Smallest anonymity set a centroid may have unless the run asks otherwise.
+DEFAULT_MIN_K = 5
+
 
 @register_mechanism
 class KAnonymousCentroids(Mechanism):
-    """Equal-size clustering so each centroid hides ``floor(n/L)`` members."""
+    """Equal-size clustering so each centroid hides at least ``min_k`` images."""
 
     name = "kanon"
-    description = "L equal-size spherical k-means centroids; each averages >= floor(n/L) representations"
+    description = "up to L equal-size spherical k-means centroids; each averages >= k >= min_k distinct images"
     guarantee_kind = K_ANONYMITY
 
-    def __init__(self, *, num_iters: int = 10) -> None:
+    def __init__(self, *, min_k: int = DEFAULT_MIN_K, num_iters: int = 10) -> None:
+        if min_k < 2:
+            raise ValueError(f"min_k must be at least 2 (a centroid of one image is that image), got {min_k}")
+        self.min_k = min_k
         self.num_iters = num_iters
 
+    def num_released(self, *, num_reps: int, num_centroids: int) -> int:
+        """How many centroids ``num_reps`` images allow: ``L``, or fewer so that each keeps ``min_k``."""
+        return min(num_centroids, num_reps // self.min_k)
+
     def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
-        k = num_reps // num_centroids
+        released = self.num_released(num_reps=num_reps, num_centroids=num_centroids)
+        k = num_reps // released if released else 0
         return Guarantee(
             kind=K_ANONYMITY,
             k=k,
             statement=(
-                f"Each released centroid is the mean of at least {k} of the client's "
-                "representations; no single representation is released."
+                f"Each released centroid is the mean of the representations of at least {k} distinct images "
+                "of the client; no single representation is released."
+                if released
+                else f"Nothing is released: fewer than {self.min_k} images."
             ),
         )
 
@@ -48,11 +68,10 @@ class KAnonymousCentroids(Mechanism):
     ) -> Release:
         n, dim = reps.shape
         guarantee = self.guarantee(num_reps=n, num_centroids=num_centroids)
-        if n < num_centroids:
+        released = self.num_released(num_reps=n, num_centroids=num_centroids)
+        if released == 0:
             empty = torch.zeros(0, dim, dtype=reps.dtype)
             return Release(empty, torch.zeros(0), guarantee, metrics={"skipped": 1.0})
-        centroids, assignment = balanced_kmeans(
-            reps, num_centroids, generator=generator, num_iters=self.num_iters
-        )
-        sizes = torch.bincount(assignment, minlength=num_centroids).float()
+        centroids, assignment = balanced_kmeans(reps, released, generator=generator, num_iters=self.num_iters)
+        sizes = torch.bincount(assignment, minlength=released).float()
         return Release(centroids.to(reps.dtype), sizes.cpu(), guarantee, metrics={"min_cluster_size": float(sizes.min())})

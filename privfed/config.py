@@ -114,6 +114,11 @@ class TrainConfig:
         "DP mechanisms: fix the epsilon of each single release instead; with --epsilon too, a run whose releases "
         "would exceed it is refused.",
     )
+    kanon_min_k: int = option(
+        5,
+        "k-anonymous mechanisms (kanon): fewest distinct images a released centroid may average. A client with "
+        "fewer than L*k images releases fewer centroids, one with fewer than k releases none.",
+    )
     # secure aggregation of model updates (Flower SecAgg+)
     secagg: bool = option(
         True,
@@ -276,6 +281,8 @@ def validate(config: TrainConfig) -> None:
         value = getattr(config, name)
         if value is not None and value <= 0:
             raise PrivfedError(f"{name} must be > 0, got {value}")
+    if config.kanon_min_k < 2:
+        raise PrivfedError(f"kanon_min_k must be at least 2 (a centroid of one image is that image), got {config.kanon_min_k}")
     if config.delta is not None and not 0 < config.delta < 1:
         raise PrivfedError(f"delta must be in (0, 1), got {config.delta}")
     if config.global_clustering not in GLOBAL_CLUSTERINGS:

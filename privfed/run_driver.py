@@ -117,9 +117,9 @@ class RunDriver:
         }
         for key in (*STEP_VALUES, "train_seconds", "release_seconds"):
             record[key] = _mean([m[key] for m in report.client_metrics if key in m])
-        if "min_k" in record:
-            record["min_k"] = int(record["min_k"])
-        self._record_releases(report)
+        charged_ks = self._record_releases(report)
+        if charged_ks:
+            record["min_k"] = min(charged_ks)
         self._record_training(report)
         if self.ledger.is_dp:
             worst = self.ledger.worst_case_summary()
@@ -141,7 +141,7 @@ class RunDriver:
         self._emit({"event": "round", **record})
         return self.stop_reason
 
-    def _record_releases(self, report: RoundReport) -> None:
+    def _record_releases(self, report: RoundReport) -> list[int]:
         """Charges every release that reached the server, after checking it against the plan and the mechanism's class.
 
         The server charges the events it planned, not the client's copy: a
@@ -150,11 +150,15 @@ class RunDriver:
         set k counts only for k-anonymous mechanisms and released vectors, and
         never exceeds the smallest weight (how many representations a vector
         stands for), nor above the client's size over the number of vectors.
+
+        Returns:
+            The anonymity sets charged this round (k-anonymous releases only).
         """
         mechanism = self.mechanism_class
         expected = self.plan.privacy.per_release_events
+        charged_ks: list[int] = []
         if mechanism is None:  # nothing released (the server refuses releases for such a method)
-            return
+            return charged_ks
         for client, release in report.releases:
             if release.guarantee.kind != mechanism.guarantee_kind:
                 raise RuntimeError(
@@ -168,8 +172,13 @@ class RunDriver:
                 # No vector can stand for more representations than its share of the client's data.
                 share = self.plan.client_sizes[client] // release.num_vectors
                 k = min(release.guarantee.k, int(release.weights.min()), share)
+                minimum = self.plan.privacy.params.get("min_k")
+                if minimum is not None and k < minimum:
+                    raise RuntimeError(f"client {client} released centroids of {k} images, below the run's min_k {minimum}")
+                charged_ks.append(k)
             guarantee = dataclasses.replace(release.guarantee, k=k)
             self.ledger.record(LedgerEntry(client, report.round, mechanism.name, guarantee, expected))
+        return charged_ks
 
     def _record_training(self, report: RoundReport) -> None:
         """Charges each client's DP-SGD steps to the ledger, after checking them against the plan.
@@ -240,6 +249,9 @@ class RunDriver:
                 aggregated (``summary.json``'s ``secure_aggregation``).
         """
         self.run_dir.save_checkpoint("final", self.server.network, self.server.centroids, self._rounds_done)
+        if self.stop_reason is None and self._rounds_done < self.config.rounds:
+            # The runtime gave up (e.g. its workers were lost) without the strategy deciding to stop.
+            self.stop_reason = f"the runtime ended after round {self._rounds_done} of {self.config.rounds}"
         if self._last_knn is None or self._rounds_done == 0:
             self._last_knn = self.monitor(self.server.network.online.backbone)
         privacy = self.privacy_summary()

@@ -68,12 +68,23 @@ def test_a_release_claiming_another_kind_of_guarantee_is_refused(ldp_driver):
 
 
 def test_k_counts_only_for_released_vectors_and_never_exceeds_their_weights(tiny_config, tmp_path):
-    driver = started(tiny_config.replace(out=str(tmp_path / "run")))  # kanon
+    driver = started(tiny_config.replace(kanon_min_k=2, out=str(tmp_path / "run")))
     overclaimed = Release(vectors(), torch.tensor([3.0, 9.0, 9.0, 9.0]), Guarantee(kind="k-anonymity", statement="", k=8))
     empty = Release(torch.zeros(0, 16), torch.zeros(0), Guarantee(kind="k-anonymity", statement="", k=0))
     driver.on_round_end(report((0, overclaimed), (1, empty)))
     assert driver.ledger.min_k == 3
     assert [line["guarantee"]["k"] for line in ledger_lines(driver)] == [3, None]
+    # the round's log shows the k the server charged, not the k the client claimed
+    (round_line,) = driver.run_dir.metrics()
+    assert round_line["min_k"] == 3
+
+
+def test_a_release_below_the_runs_min_k_is_refused(tiny_config, tmp_path):
+    driver = started(tiny_config.replace(out=str(tmp_path / "run")))  # kanon, min_k 5
+    assert driver.plan.privacy.params == {"min_k": 5}
+    small = Release(vectors(), torch.tensor([4.0, 9.0, 9.0, 9.0]), Guarantee(kind="k-anonymity", statement="", k=4))
+    with pytest.raises(RuntimeError, match="below the run's min_k 5"):
+        driver.on_round_end(report((0, small)))
 
 
 def test_a_k_claim_from_a_mechanism_that_is_not_k_anonymous_is_ignored(tiny_config, tmp_path):

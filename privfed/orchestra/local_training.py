@@ -141,8 +141,8 @@ def train_locally(
     Per batch at most three encoder passes run: target on view 1, online on
     view 2 (cluster loss) and online on the rotated view 3 (rotation loss).
     The target follows the online encoder by EMA after every step. The
-    memory holds the last batches' target representations (empty when the
-    method has no cluster loss).
+    memory holds the last batches' target representations, the latest view
+    of each image only (empty when the method has no cluster loss).
 
     Args:
         network: Global network, trained in place.
@@ -179,7 +179,7 @@ def train_locally(
             optimizer.step()
             ema_update(network.target, network.online, config.ema_decay)
             if losses.target_reps is not None:
-                memory.push(losses.target_reps)
+                memory.push(losses.target_reps, index)
             totals += losses.detached()
             steps += 1
     return LocalTrainingResult(

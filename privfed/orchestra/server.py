@@ -80,14 +80,11 @@ class OrchestraServer:
             method=self.global_clustering,
             cluster_temperature=self.cluster_temperature,
         )
-        ks = [r.guarantee.k for r in releases if r.guarantee.k is not None and r.num_vectors > 0]
         stats = {
             "clients": float(len(releases)),
             "released_vectors": float(sum(r.num_vectors for r in releases)),
             "centroid_usage": _centroid_usage(releases, self.centroids),
         }
-        if ks:
-            stats["min_k"] = float(min(ks))
         return stats
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mechanisms import Mechanism, available_mechanisms, get_mechanism_class
-from mechanisms.base import PrivacyEvent
+from mechanisms.base import K_ANONYMITY, PrivacyEvent
 from privfed.config import DEFAULTS, TrainConfig
 from privfed.errors import PrivfedError
 from privfed.privacy.dp_sgd_plan import DpSgdPlan, plan_dp_sgd
@@ -133,8 +133,10 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
                 f"--epsilon applies to differentially private mechanisms ({', '.join(dp_mechanisms())}), "
                 f"not {config.mechanism}{hint}"
             )
+        # A k-anonymous mechanism takes the run's smallest anonymity set as its min_k.
+        params = {"min_k": config.kanon_min_k} if mechanism_class.guarantee_kind == K_ANONYMITY else {}
         return PrivacyPlan(
-            mechanism=config.mechanism, max_releases=releases, delta=delta if dp_sgd else None, dp_sgd=dp_sgd
+            mechanism=config.mechanism, params=params, max_releases=releases, delta=delta if dp_sgd else None, dp_sgd=dp_sgd
         )
     if config.epsilon is None and config.epsilon_per_release is None:
         raise PrivfedError(f"mechanism {config.mechanism} needs --epsilon (total budget per client) or --epsilon-per-release")

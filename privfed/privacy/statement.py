@@ -83,15 +83,15 @@ def _release_clauses(
                 amplification
             ]
         return [f"{releases}, per representation in a client's memory"], [
-            "examples, as opposed to representations: one example can give several representations to the memory "
-            "(it holds the last training batches) and BatchNorm mixes every batch, so the release guarantee is "
-            "not a per-example one",
+            "examples, as opposed to representations: the memory keeps one representation per image, but "
+            "BatchNorm mixes every batch, so one example also moves the representations of others; the release "
+            "guarantee is not a per-example one",
             amplification,
         ]
     if mechanism.guarantee_kind == K_ANONYMITY:
         return [], [
-            f"released centroids ({name}): k-anonymity (each the mean of at least {_k(k)} of a client's "
-            "representations), not differential privacy; they are not in the epsilon"
+            f"released centroids ({name}): k-anonymity (each the mean of the representations of at least {_k(k)} "
+            "distinct images of a client), not differential privacy; they are not in the epsilon"
         ]
     raw = ", representations are sent in the clear" if mechanism.releases_raw_data else ""
     return [], [f"released vectors ({name}): no guarantee{raw}; they are not in the epsilon"]
@@ -154,8 +154,9 @@ def _headline(mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCa
         )
     if mechanism.guarantee_kind == K_ANONYMITY:
         return (
-            f"Every released centroid is the mean of at least {_k(k)} of a client's "
-            "representations (k-anonymity, not differential privacy). Encoder updates are not covered."
+            f"Every released centroid is the mean of the representations of at least {_k(k)} distinct images of "
+            "a client, one view each (k-anonymity, not differential privacy: an outlying image still moves its "
+            "centroid). Encoder updates are not covered."
         )
     if mechanism.releases_raw_data:
         return "No guarantee: clients release their representations in the clear. Encoder updates are not covered."

@@ -104,3 +104,22 @@ def test_a_client_too_small_to_take_a_step_reports_no_losses(tiny_config):
     )
     assert update.metrics["steps"] == 0
     assert not {"loss", "cluster_loss", "rotation_loss", "target_entropy", "centroid_cosine"} & set(update.metrics)
+
+
+@pytest.mark.parametrize("min_k,released", [(5, 0), (2, 2)])
+def test_k_counts_images_not_the_views_a_long_run_leaves_in_the_memory(tiny_config, min_k, released):
+    """4 images trained for 10 epochs fill a memory of 40 with 10 views each: an anonymity set of 4 images at most."""
+    torch.manual_seed(0)
+    network = OrchestraNetwork(tiny_config.backbone, tiny_config.projection_dim)
+    centroids = torch.nn.functional.normalize(torch.randn(8, tiny_config.projection_dim), dim=1)
+    config = LocalTrainingConfig.from_run(tiny_config.replace(local_epochs=10, batch_size=2, memory_size=40))
+    update = client_update(
+        network, shared_state(network), centroids, FederatedSplit.of(tiny_config).client_images(0)[:4], train=True,
+        config=config, mechanism=create_mechanism("kanon", min_k=min_k), num_local_centroids=8, seed=0,
+        device=torch.device("cpu"),
+    )
+    assert update.metrics["steps"] == 20
+    assert update.release.num_vectors == released
+    assert update.release.weights.sum() == (4 if released else 0)
+    if released:
+        assert update.release.guarantee.k == 2 and update.release.weights.tolist() == [2.0, 2.0]

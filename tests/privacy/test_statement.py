@@ -81,3 +81,14 @@ def test_a_method_that_releases_nothing_claims_no_protection_for_it():
     assert any("dataset size" in n for n in private.not_covered)
     with pytest.raises(ValueError):
         privacy_statement(mechanism=None, dp_sgd=True, worst=None, k=None)
+
+
+@pytest.mark.parametrize("dp_sgd", [False, True])
+def test_kanon_is_stated_as_distinct_images_per_centroid_and_never_as_differential_privacy(dp_sgd):
+    s = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=dp_sgd,
+                          worst=worst(0.0, 7.5, 7.5) if dp_sgd else None, k=6)
+    kanon_parts = [s.text, *(n for n in s.not_covered if "kanon" in n)]
+    assert any("at least 6 distinct images" in part for part in kanon_parts)
+    assert not any("kanon" in c for c in s.covers)  # k-anonymity is never inside an (epsilon, delta)
+    if not dp_sgd:
+        assert "not differential privacy" in s.text and "differentially private" not in s.text
