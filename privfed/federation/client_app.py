@@ -30,17 +30,41 @@ def client_fn(context: Context) -> Client:
 Mod = Callable[[Message, Context, Callable[[Message, Context], Message]], Message]
 
 
+#: Node config key (``--node-config "require-secagg=true"``): this node never trains without SecAgg+.
+REQUIRE_SECAGG = "require-secagg"
+
+
+class UnmaskedRoundRefused(RuntimeError):
+    """A training message asks for an update without SecAgg+ although the run or the node requires it."""
+
+
 def secaggplus_when_requested(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
     """Flower's SecAgg+ client mod, for the messages of a SecAgg+ round only.
 
     The same ClientApp then serves round 0 (plain), ``--no-secagg`` runs and
     secure rounds; Flower's mod alone fails on messages without its records.
+    A server that leaves SecAgg+'s records out of a training round would
+    otherwise get the update unmasked, so the node refuses such a round when
+    the message itself says it is a SecAgg+ round (it carries SecAgg+ scales)
+    or when the node's own config requires SecAgg+ (``require-secagg``, the
+    defence that does not rest on what the server sends).
     """
-    if msg.metadata.message_type == MessageType.TRAIN and RECORD_KEY_CONFIGS in msg.content.config_records:
+    if msg.metadata.message_type != MessageType.TRAIN:
+        return call_next(msg, context)
+    if RECORD_KEY_CONFIGS in msg.content.config_records:
         reply = secaggplus_mod(msg, context, call_next)
         np.random.seed()  # fresh OS entropy: the rounding seed must not predict later draws in this process
         return reply
+    fit = msg.content.config_records.get(FIT_CONFIG_RECORD, {})
+    trains = fit.get("task") == "train"
+    if trains and ("secagg_scales" in fit or _node_requires_secagg(context)):
+        raise UnmaskedRoundRefused("this node sends training updates only through SecAgg+, and the round has none")
     return call_next(msg, context)
+
+
+def _node_requires_secagg(context: Context) -> bool:
+    value = context.node_config.get(REQUIRE_SECAGG, False)
+    return value is True or str(value).lower() in ("true", "1", "yes")
 
 
 #: Config record of a legacy fit message (Flower's compat encoding of ``FitIns.config``).
