@@ -14,6 +14,7 @@ clipped (:mod:`privfed.federation.update_encoding`).
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import torch
@@ -46,6 +47,13 @@ from privfed.orchestra.client_update import client_update
 from privfed.orchestra.model_state import shared_keys
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
 from privfed.privacy.ledger import events_to_json
+
+
+logger = logging.getLogger(__name__)
+
+
+class ClientRoundFailed(RuntimeError):
+    """A client's round failed; the message the server sees says nothing about the client's data."""
 
 
 def client_seed(run_seed: int, round_index: int, client_id: int) -> int:
@@ -87,18 +95,26 @@ class OrchestraClient(Client):
             raise ValueError("the run trains with DP-SGD but the server sent no DP-SGD settings")
         if centroids is not None and mechanism is not None:
             mechanism.observe_global_centroids(centroids)
-        update = client_update(
-            network,
-            global_state,
-            centroids,
-            config.split.client_images(self.client_id),
-            train=train,
-            config=config.local.replace(dp_sgd=dp_sgd),
-            mechanism=mechanism,
-            num_local_centroids=config.num_local_centroids,
-            seed=client_seed(int(ins.config["seed"]), int(ins.config["round"]), self.client_id),
-            device=resolve_device(config.device),
-        )
+        try:
+            update = client_update(
+                network,
+                global_state,
+                centroids,
+                config.split.client_images(self.client_id),
+                train=train,
+                config=config.local.replace(dp_sgd=dp_sgd),
+                mechanism=mechanism,
+                num_local_centroids=config.num_local_centroids,
+                seed=client_seed(int(ins.config["seed"]), int(ins.config["round"]), self.client_id),
+                device=resolve_device(config.device),
+            )
+        except Exception as err:
+            # Flower forwards an exception's text to the server in plaintext, and a failed
+            # check can depend on the data (e.g. how many representations were NaN).
+            logger.error("client %d, round %s: update failed: %s", self.client_id, ins.config["round"], err)
+            raise ClientRoundFailed(
+                "this client's round failed; the reason is logged on the client only, since it may depend on its data"
+            ) from None
         arrays = [] if update.delta is None else state_to_arrays(update.delta, keys)
         if arrays and "secagg_scales" in ins.config:
             arrays = prepare_for_secagg(arrays, ins.config, update.num_samples)

@@ -143,3 +143,24 @@ def test_a_client_refuses_a_method_and_mechanism_that_do_not_go_together(tiny_co
     state = ndarrays_to_parameters([server.global_state()[k].numpy() for k in shared_keys(server.network)])
     with pytest.raises(ValueError, match="method rotpred and mechanism reps do not go together"):
         OrchestraClient(client_id=1).fit(strategy.fit_instructions(server_round=1, parameters=state))
+
+
+def test_a_failed_round_tells_the_server_nothing_about_the_clients_data(tiny_config, caplog):
+    """Flower sends an exception's text to the server: a NaN count must stay on the client."""
+    from privfed.federation.client import ClientRoundFailed
+
+    torch.manual_seed(0)
+    network = OrchestraNetwork(tiny_config.backbone, tiny_config.projection_dim)
+    server = OrchestraServer(network, num_global_centroids=8, seed=0)
+    strategy = OrchestraStrategy(
+        server, ClientConfig.of(tiny_config), on_round_end=lambda report: None,
+        clients_per_round=tiny_config.clients_per_round, seed=tiny_config.seed,
+    )
+    poisoned = {k: (torch.full_like(v, float("nan")) if k.startswith("target.") and v.is_floating_point() else v)
+                for k, v in server.global_state().items()}
+    state = ndarrays_to_parameters([poisoned[k].numpy() for k in shared_keys(network)])
+    ins = strategy.fit_instructions(server_round=1, parameters=state)
+    with pytest.raises(ClientRoundFailed) as failure:
+        OrchestraClient(client_id=1).fit(ins)
+    assert not any(ch.isdigit() for ch in str(failure.value))
+    assert "NaN or Inf" in caplog.text  # the reason is in the client's own log
