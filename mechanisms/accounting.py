@@ -1,20 +1,38 @@
 """Privacy accounting for the noise the mechanisms add, on ``dp_accounting``'s PLD.
 
-Epsilons are never added up: every cost is expressed as a ``DpEvent`` and a
-privacy-loss-distribution (PLD) accountant composes them, which is both
-correct under adaptive composition and much tighter than summing.
+Epsilons are never added up: every cost is a :class:`~mechanisms.base.PrivacyEvent`
+record, turned into a privacy-loss distribution (PLD) and composed, which is
+both correct under adaptive composition and much tighter than summing.
 
-The neighbouring relation is add/remove-one: the privacy unit is a single
-representation of one client for the release mechanisms, and a single
-training example for DP-SGD's Poisson-subsampled Gaussian steps
-(``"poisson_gaussian"`` events). When a client's memory holds at most one
-representation per example, the two units coincide and both kinds of event
-compose in one accountant.
+The neighbouring relation is **replace-one**: two datasets of a client are
+neighbours when one example is replaced by another, so both have the same
+size. A client's size is public in privfed (it weighs FedAvg, sets DP-SGD's
+sampling rate and the memory's), and its randomness is drawn by position
+from a round seed the server knows, so adding or removing an example moves
+far more than that example's own representation: add/remove-one would not
+hold. Replacing one example, under the same seed, changes only that
+example's representation, its DP-SGD gradient and nothing else
+(``tests/privacy/test_neighbouring_datasets.py``). The price is the doubled
+sensitivity of replacement:
+
+* ``"gaussian"`` (``noise_multiplier`` = noise std / the clip radius): a
+  replaced representation moves a sum by up to twice the radius (both in
+  the same leaf), accounted as ``dp_accounting``'s ``REPLACE_ONE`` Gaussian;
+* ``"discrete_laplace"`` (``sensitivity`` = how much one example moves one
+  count): a replacement moves two disjoint counts (one down, one up), so it
+  is charged as two compositions of the add/remove mechanism, which is the
+  exact PLD of that worst case;
+* ``"poisson_gaussian"`` (DP-SGD steps): the Poisson-subsampled Gaussian
+  under ``REPLACE_ONE``, whose analysis ``dp_accounting`` implements.
+
+For the release mechanisms the unit is one representation of the memory,
+which holds at most one per image; under DP-SGD the memory is a Poisson
+sample of the examples, and both kinds of event compose in one PLD.
 
 Approximation, stated once: the leaf sums of the ``ldp`` mechanism use the
 *discrete* Gaussian on an integer grid, but are accounted as a continuous
-``GaussianDpEvent`` with noise multiplier ``sigma / sensitivity`` (both in
-grid units). Canonne, Kamath and Steinke (2020, Thm. 14-15) show that the
+Gaussian with noise multiplier ``sigma / sensitivity`` (both in grid
+units). Canonne, Kamath and Steinke (2020, Thm. 14-15) show that the
 multivariate discrete Gaussian satisfies the continuous Gaussian's
 concentrated-DP bound up to an additive term below ``d * 10 * exp(-pi^2
 sigma^2)`` in the Renyi divergences; with sigma of hundreds of grid units
@@ -22,24 +40,39 @@ that term is far below double precision. The PLD of the discrete Gaussian
 is not proven to be dominated by the continuous one, so treat the reported
 epsilon as exact to within that (negligible) gap rather than as a theorem.
 
-Calibration is conservative on three counts: the PLD accountant's
-pessimistic discretisation rounds every privacy loss up (check a
-calibration with a grid at least as fine as
-:func:`calibration_discretisation`'s, or finer), the samplers round noise
-*up* (see :mod:`mechanisms.noise`), and the search keeps the side of the
-root whose epsilon is at most the target.
+Calibration is conservative on three counts: the PLD's pessimistic
+discretisation rounds every privacy loss up (check a calibration with a grid
+at least as fine as :func:`calibration_discretisation`'s, or finer), the
+samplers round noise *up* (see :mod:`mechanisms.noise`), and the search
+keeps the side of the root whose epsilon is at most the target.
 """
-
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Callable, Iterable
 
 from dp_accounting import dp_event, gaussian_mechanism, mechanism_calibration
 from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.pld.privacy_loss_distribution import (
+    PrivacyLossDistribution,
+    from_discrete_laplace_mechanism,
+    from_gaussian_mechanism,
+)
+from dp_accounting.privacy_accountant import NeighboringRelation
 
 from mechanisms.base import PrivacyEvent
+
+#: privfed's neighbouring relation (see the module docstring).
+NEIGHBOURING_RELATION = NeighboringRelation.REPLACE_ONE
+#: Counts a replaced representation moves per count query (one down, one up).
+REPLACED_COUNTS = 2
+#: How far a replacement moves a sum, in units of one representation's largest contribution.
+REPLACEMENT_SHIFT = 2.0
+#: The ledger's event families, as :func:`replace_one_pld` reads them.
+EVENT_NAMES = ("discrete_laplace", "gaussian", "poisson_gaussian")
+
 
 #: Coarsest value-discretisation interval used while calibrating. The PLD
 #: accountant rounds every loss *up* to this grid, and the rounding can add
@@ -87,13 +120,13 @@ class NoiseParameters:
 
     Attributes:
         tree_count_parameter: Discrete-Laplace decay ``a`` (pmf proportional
-            to ``exp(-a|k|)``) added to each tree-node count; sensitivity 1
-            per tree level.
+            to ``exp(-a|k|)``) added to each tree-node count; a replaced
+            representation moves at most two counts per level, by one each.
         leaf_count_parameter: Discrete-Laplace decay for the leaf counts;
-            sensitivity 1 overall (leaves are disjoint).
+            at most two move, by one each (leaves are disjoint).
         sum_noise_multiplier: Gaussian standard deviation of the leaf sums
-            divided by their L2 sensitivity (leaves are disjoint, so one
-            representation moves one leaf sum by at most the clip radius).
+            divided by the clip radius (one representation's largest
+            contribution); a replacement moves the sums by up to twice that.
     """
 
     tree_count_parameter: float
@@ -160,7 +193,12 @@ def compose(event: dp_event.DpEvent, count: int) -> dp_event.DpEvent:
 
 
 def release_event(noise: NoiseParameters, *, tree_levels: int) -> dp_event.DpEvent:
-    """The DpEvent of one ``ldp`` release.
+    """One ``ldp`` release under replace-one, written as add/remove-one DpEvents with the same PLD.
+
+    ``dp_accounting``'s accountants do not take discrete-Laplace events under
+    replace-one, and calibration needs one accountant; the translation is
+    exact: a replacement moves two counts per query (two compositions of the
+    add/remove count) and a sum by twice the radius (half the multiplier).
 
     Args:
         noise: The release's noise parameters.
@@ -170,9 +208,9 @@ def release_event(noise: NoiseParameters, *, tree_levels: int) -> dp_event.DpEve
     """
     return dp_event.ComposedDpEvent(
         events=[
-            discrete_laplace_event(noise.tree_count_parameter, count=tree_levels),
-            discrete_laplace_event(noise.leaf_count_parameter),
-            gaussian_event(noise.sum_noise_multiplier),
+            discrete_laplace_event(noise.tree_count_parameter, count=REPLACED_COUNTS * tree_levels),
+            discrete_laplace_event(noise.leaf_count_parameter, count=REPLACED_COUNTS),
+            gaussian_event(noise.sum_noise_multiplier / REPLACEMENT_SHIFT),
         ]
     )
 
@@ -189,8 +227,8 @@ def release_privacy_events(noise: NoiseParameters, *, tree_levels: int) -> tuple
     )
 
 
-def to_dp_event(event: PrivacyEvent) -> dp_event.DpEvent:
-    """A ledger record back to the ``DpEvent`` it stands for.
+def replace_one_pld(event: PrivacyEvent, *, discretisation: float = 1e-4) -> PrivacyLossDistribution:
+    """The PLD of a ledger record under replace-one neighbouring.
 
     Understands ``"discrete_laplace"`` (``noise_parameter``, ``sensitivity``,
     optional ``count``), ``"gaussian"`` (``noise_multiplier``, optional
@@ -198,26 +236,41 @@ def to_dp_event(event: PrivacyEvent) -> dp_event.DpEvent:
     ``noise_multiplier``, optional ``count``: DP-SGD steps).
     """
     count = int(event.params.get("count", 1))
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
     if event.name == "poisson_gaussian":
-        return poisson_gaussian_event(event.params["sampling_rate"], event.params["noise_multiplier"], count=count)
-    if event.name == "discrete_laplace":
-        return discrete_laplace_event(
-            event.params["noise_parameter"], sensitivity=int(event.params.get("sensitivity", 1)), count=count
+        rate = event.params["sampling_rate"]
+        if not 0 < rate <= 1:
+            raise ValueError(f"sampling rate must be in (0, 1], got {rate}")
+        step = from_gaussian_mechanism(
+            event.params["noise_multiplier"], sampling_prob=rate, value_discretization_interval=discretisation,
+            neighboring_relation=NEIGHBOURING_RELATION,
         )
-    if event.name == "gaussian":
-        return gaussian_event(event.params["noise_multiplier"], count=count)
-    raise ValueError(f"unknown privacy event {event.name!r}")
+        return step.self_compose(count) if count > 1 else step
+    if event.name == "gaussian":  # count Gaussians of multiplier z are one of z / sqrt(count)
+        return from_gaussian_mechanism(
+            event.params["noise_multiplier"] / math.sqrt(count), value_discretization_interval=discretisation,
+            neighboring_relation=NEIGHBOURING_RELATION,
+        )
+    if event.name == "discrete_laplace":
+        return from_discrete_laplace_mechanism(
+            event.params["noise_parameter"], sensitivity=int(event.params.get("sensitivity", 1)),
+            value_discretization_interval=discretisation,
+        ).self_compose(REPLACED_COUNTS * count)
+    raise ValueError(f"unknown privacy event {event.name!r} (privfed accounts {', '.join(EVENT_NAMES)})")
 
 
-def to_composed_event(events: Iterable[PrivacyEvent]) -> dp_event.DpEvent:
-    """Several ledger records composed into one ``DpEvent``."""
-    return dp_event.ComposedDpEvent(events=[to_dp_event(e) for e in events])
+def epsilon_of(events: Iterable[PrivacyEvent], delta: float, *, discretisation: float = 1e-4) -> float:
+    """Epsilon at ``delta`` of ``events`` composed, under replace-one neighbouring (0 for none)."""
+    composed: PrivacyLossDistribution | None = None
+    for event in events:
+        pld = replace_one_pld(event, discretisation=discretisation)
+        composed = pld if composed is None else composed.compose(pld)
+    return 0.0 if composed is None else float(composed.get_epsilon_for_delta(delta))
 
 
-def epsilon_for(
-    event: dp_event.DpEvent, delta: float, *, discretisation: float = 1e-4
-) -> float:
-    """Epsilon of ``event`` at ``delta`` under add/remove-one neighbouring (PLD)."""
+def add_remove_epsilon(event: dp_event.DpEvent, delta: float, *, discretisation: float = 1e-4) -> float:
+    """Epsilon of an add/remove-one ``DpEvent`` (PLD): the currency of calibration (see :func:`release_event`)."""
     accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretisation)
     accountant.compose(event)
     return float(accountant.get_epsilon(delta))
@@ -243,7 +296,12 @@ CONNECT_THE_DOTS_EVENTS = frozenset({"poisson_gaussian"})
 
 def rounding_compositions(events: Iterable[PrivacyEvent]) -> int:
     """How many compositions of ``events`` :func:`calibration_discretisation` must budget for."""
-    return int(sum(e.params.get("count", 1.0) for e in events if e.name not in CONNECT_THE_DOTS_EVENTS))
+    return int(sum(_pld_compositions(e) for e in events if e.name not in CONNECT_THE_DOTS_EVENTS))
+
+
+def _pld_compositions(event: PrivacyEvent) -> float:
+    """How many PLDs :func:`replace_one_pld` composes for ``event``."""
+    return event.params.get("count", 1.0) * (REPLACED_COUNTS if event.name == "discrete_laplace" else 1)
 
 
 def _accountant_factory(discretisation: float) -> Callable[[], pld_privacy_accountant.PLDAccountant]:
@@ -251,17 +309,17 @@ def _accountant_factory(discretisation: float) -> Callable[[], pld_privacy_accou
 
 
 def _calibrate_decay(epsilon: float, delta: float, count: int, discretisation: float) -> float:
-    """Largest discrete-Laplace decay whose ``count``-fold composition fits (epsilon, delta).
+    """Largest discrete-Laplace decay whose ``count``-fold composition fits (epsilon, delta) under replace-one.
 
-    The search starts at half the pure-DP answer ``epsilon / count`` (which
+    The search starts at half the pure-DP answer (which
     always fits, even after grid rounding) and doubles upwards, so the PLDs
     it builds never get much wider than the answer's.
     """
-    pure = epsilon / count
+    pure = epsilon / (REPLACED_COUNTS * count)
     return float(
         mechanism_calibration.calibrate_dp_mechanism(
             _accountant_factory(discretisation),
-            lambda a: discrete_laplace_event(a, count=count),
+            lambda a: discrete_laplace_event(a, count=REPLACED_COUNTS * count),
             epsilon,
             delta,
             bracket_interval=mechanism_calibration.LowerEndpointAndGuess(0.5 * pure, pure),
@@ -271,13 +329,13 @@ def _calibrate_decay(epsilon: float, delta: float, count: int, discretisation: f
 
 
 def _calibrate_gaussian(epsilon: float, delta: float, count: int) -> float:
-    """Smallest Gaussian noise multiplier whose ``count``-fold composition fits.
+    """Smallest Gaussian noise multiplier whose ``count``-fold composition fits under replace-one.
 
     ``count`` Gaussians of multiplier ``z`` are exactly one Gaussian of
     multiplier ``z / sqrt(count)``, whose optimal calibration is analytic
-    (Balle and Wang 2018).
+    (Balle and Wang 2018); replacement doubles the shift.
     """
-    return float(gaussian_mechanism.get_sigma_gaussian(epsilon, delta)) * count**0.5
+    return REPLACEMENT_SHIFT * float(gaussian_mechanism.get_sigma_gaussian(epsilon, delta)) * count**0.5
 
 
 @lru_cache(maxsize=256)
@@ -313,7 +371,7 @@ def calibrate(
         raise ValueError(f"need epsilon > 0 and 0 < delta < 1, got ({epsilon}, {delta})")
     if num_releases < 1 or tree_levels < 1:
         raise ValueError("num_releases and tree_levels must be >= 1")
-    grid = calibration_discretisation(epsilon, (tree_levels + 2) * num_releases)
+    grid = calibration_discretisation(epsilon, (REPLACED_COUNTS * (tree_levels + 1) + 1) * num_releases)
     separate = NoiseParameters(
         tree_count_parameter=_calibrate_decay(
             split.tree_counts * epsilon, split.tree_counts * delta, tree_levels * num_releases, grid

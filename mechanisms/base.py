@@ -110,8 +110,9 @@ class Mechanism(abc.ABC):
     and state it without knowing its name: a differentially private one
     implements :meth:`calibrate` (a total budget turned into constructor
     arguments) and :meth:`privacy_events` (what one release costs). Its
-    guarantee must hold with respect to adding or removing one row of the
-    ``reps`` it releases from (one representation): that is the unit
+    guarantee must hold with respect to replacing one row of the ``reps``
+    it releases from by another (one representation, replace-one, as
+    :mod:`mechanisms.accounting` composes its events): that is the unit
     privfed's ledger composes and its privacy statement quotes. privfed
     hands a mechanism at most one row per image of the client (the latest
     view). A k-anonymous mechanism takes a keyword-only ``min_k``, the run's

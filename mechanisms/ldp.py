@@ -17,11 +17,13 @@ k-Means in One Round" / "Practical differentially private clustering"
    padded to exactly ``L``. This step, and everything after step 4, only
    reads noisy values: it is post-processing and costs no privacy.
 
-Privacy unit: one representation of the client, add/remove-one neighbours.
-One representation changes at most one node count per tree level, one leaf
-count, and one leaf sum (by at most ``r`` in L2), so a release is the
-composition of ``max_depth + 1`` discrete-Laplace count queries, one
-discrete-Laplace leaf-count query and one Gaussian sum query. Every level is
+Privacy unit: one representation of the client, replace-one neighbours
+(see :mod:`mechanisms.accounting` for why not add/remove). Replacing one
+representation changes at most two node counts per tree level (by one
+each), two leaf counts, and the leaf sums by at most ``2r`` in L2 (both in
+one leaf), so a release is the composition of ``max_depth + 1``
+discrete-Laplace count queries, one discrete-Laplace leaf-count query and
+one Gaussian sum query, each at that replacement sensitivity. Every level is
 charged even when the tree stops early. Nothing here branches on the true
 number of representations: a client with zero representations runs the same
 code and releases ``L`` vectors, so ``n = 0`` is indistinguishable from
@@ -44,8 +46,9 @@ metrics, which are functions of noisy values). It does not cover the
 client's encoder update, which SecAgg+ hides from the server but does not
 make differentially private.
 
-Default delta: ``1e-5``, i.e. ``delta <= 1/(10 n)`` for any client holding
-up to 10,000 representations; pass a smaller one for larger clients.
+Default delta when the mechanism is built on its own: ``1e-5``. privfed
+always passes the run's delta (``privfed.privacy.budget.default_delta``:
+``min(1e-6, 1/(100 n))`` unless ``--delta`` says otherwise).
 """
 
 from __future__ import annotations
@@ -114,9 +117,8 @@ def ldp_parameters(
 
 @lru_cache(maxsize=256)
 def release_epsilon(noise: NoiseParameters, *, tree_levels: int, delta: float) -> float:
-    """Epsilon of one release at ``delta`` (PLD, grid fine enough for one release)."""
-    event = accounting.release_event(noise, tree_levels=tree_levels)
-    return accounting.epsilon_for(event, delta, discretisation=1e-4)
+    """Epsilon of one release at ``delta`` under replace-one (PLD, grid fine enough for one release)."""
+    return accounting.epsilon_of(accounting.release_privacy_events(noise, tree_levels=tree_levels), delta)
 
 
 # ---------------------------------------------------------------------------
@@ -502,7 +504,7 @@ class LshCoresetMechanism(Mechanism):
             delta=self.delta,
             statement=(
                 f"This release is ({eps:.3g}, {self.delta:.3g})-differentially private with respect to "
-                "adding or removing any one of the client's representations (PLD accountant; leaf sums "
+                "replacing any one of the client's representations by another (PLD accountant; leaf sums "
                 "accounted as a Gaussian). It covers the released centroids, weights and metrics, not the "
                 "encoder update; repeated releases compose in the ledger."
             ),

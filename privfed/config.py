@@ -107,7 +107,7 @@ class TrainConfig:
     delta: float | None = option(
         None,
         "DP mechanisms and DP-SGD: delta of that budget.",
-        default_text="1/(10 n) for the largest client's n samples, so below 1/n for every client",
+        default_text="min(1e-6, 1/(100 n)) for the largest client's n samples, so n * delta <= 1% for every client",
     )
     epsilon_per_release: float | None = option(
         None,

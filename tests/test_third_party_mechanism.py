@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.privacy_accountant import NeighboringRelation
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 NAME = "fakegauss"
@@ -65,8 +66,8 @@ def _privfed(env: dict[str, str], *args: str, cwd: Path) -> subprocess.Completed
 
 
 def _independent_epsilon(events: list[dict], delta: float) -> float:
-    """The events composed by dp_accounting directly (fine grid), without privfed's helpers."""
-    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    """The events composed by dp_accounting directly (replace-one, fine grid), without privfed's helpers."""
+    accountant = pld_privacy_accountant.PLDAccountant(NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-4)
     for event in events:
         assert event["name"] == "gaussian"
         gaussian = dp_event.GaussianDpEvent(noise_multiplier=event["params"]["noise_multiplier"])
@@ -105,7 +106,7 @@ def test_third_party_dp_mechanism_is_budgeted_and_described_end_to_end(plugin_en
     assert privacy["releases_epsilon"] == privacy["epsilon"]  # no DP-SGD: the releases are all there is
 
     # The statement describes it as a DP mechanism, per representation, without knowing its name.
-    assert "differentially private with respect to one of its representations" in privacy["statement"]
+    assert "differentially private with respect to replacing one of its representations" in privacy["statement"]
     assert any(item.startswith(f"released centroids ({NAME}): epsilon") for item in privacy["covers"]), privacy
     assert "no guarantee" not in privacy["statement"].lower()
 

@@ -31,9 +31,19 @@ def dp_mechanisms() -> list[str]:
     return [name for name in available_mechanisms() if get_mechanism_class(name).is_differentially_private()]
 
 
+#: Largest default delta, whatever the client sizes.
+MAX_DEFAULT_DELTA = 1e-6
+
+
 def default_delta(client_sizes: list[int]) -> float:
-    """``1 / (10 n)`` for the largest client: below 1/n for every client, as DP practice asks."""
-    return 1.0 / (10 * max(max(client_sizes), 1))
+    """``min(1e-6, 1 / (100 n))`` for the largest client's ``n``.
+
+    Under the example unit, delta bounds the chance that the guarantee fails
+    for an example; summed over a client's ``n`` examples this stays at most
+    1 %. (``1 / (10 n)``, the default before, allowed 10 % for the largest
+    client.)
+    """
+    return min(MAX_DEFAULT_DELTA, 1.0 / (100 * max(max(client_sizes), 1)))
 
 
 @dataclass(frozen=True)

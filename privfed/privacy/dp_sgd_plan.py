@@ -1,6 +1,7 @@
 """DP-SGD on clients: its schedule, its privacy events and its noise calibration.
 
-Privacy unit: one training example of one client, add/remove neighbouring.
+Privacy unit: one training example of one client, replaced by another
+(replace-one neighbouring, :mod:`mechanisms.accounting`; the size is public).
 Every local step draws a Poisson sample of the client's examples with rate
 ``q = min(1, batch_size / n)``, clips each example's gradient to
 ``max_grad_norm`` and adds Gaussian noise of standard deviation
@@ -14,8 +15,8 @@ Calibration: ``--dp-sgd-epsilon`` is what the encoder updates of ONE client
 may spend over the whole run, at the run's delta, in the worst case of
 taking part in every training round (round 0 does not train). Clients of
 different sizes need different noise; the run uses the largest, so every
-client stays within the target. Epsilons come from the same PLD accountant
-(``dp_accounting``) the ledger uses.
+client stays within the target. Epsilons come from the same replace-one
+PLD composition (``dp_accounting``) the ledger uses.
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from dp_accounting import dp_event, gaussian_mechanism
-from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting import gaussian_mechanism
 
-from mechanisms.accounting import MAX_CALIBRATION_DISCRETISATION, poisson_gaussian_event, poisson_gaussian_privacy_event
+from mechanisms.accounting import MAX_CALIBRATION_DISCRETISATION, epsilon_of, poisson_gaussian_privacy_event
 from mechanisms.base import PrivacyEvent
 
 #: ``--dp-sgd-epsilon`` when neither it nor ``--dp-sgd-noise-multiplier`` is given.
@@ -95,11 +95,6 @@ def round_events(num_samples: int, *, batch_size: int, epochs: int, noise_multip
     )
 
 
-def _run_event(num_samples: int, noise_multiplier: float, batch_size: int, epochs: int, rounds: int) -> dp_event.DpEvent:
-    steps = steps_per_round(num_samples, batch_size=batch_size, epochs=epochs)
-    return poisson_gaussian_event(sampling_rate(num_samples, batch_size), noise_multiplier, count=steps * rounds)
-
-
 @lru_cache(maxsize=4096)
 def run_epsilon(
     num_samples: int,
@@ -111,10 +106,10 @@ def run_epsilon(
     rounds: int,
     grid: float = CALIBRATION_GRID,
 ) -> float:
-    """Epsilon (PLD) of a client of ``num_samples`` examples training in ``rounds`` rounds."""
-    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=grid)
-    accountant.compose(_run_event(num_samples, noise_multiplier, batch_size, epochs, rounds))
-    return float(accountant.get_epsilon(delta))
+    """Epsilon (PLD, replace-one) of a client of ``num_samples`` examples training in ``rounds`` rounds."""
+    steps = steps_per_round(num_samples, batch_size=batch_size, epochs=epochs) * rounds
+    event = poisson_gaussian_privacy_event(sampling_rate(num_samples, batch_size), noise_multiplier, count=steps)
+    return epsilon_of((event,), delta, discretisation=grid)
 
 
 def _calibrate_one(epsilon: float, delta: float, num_samples: int, batch_size: int, epochs: int, rounds: int) -> float:

@@ -2,8 +2,8 @@
 
 Two kinds of entry: a client's *release* (what the mechanism sent) and, with
 ``--dp-sgd``, its *training* cost (the round's DP-SGD steps). Both are
-charged to the same privacy unit, one example of the client, so they compose
-in one PLD accountant; the ledger can also say what each part alone costs.
+charged to the same privacy unit, one example of the client, replaced by
+another (:mod:`mechanisms.accounting`), so they compose in one PLD; the ledger can also say what each part alone costs.
 DP costs compose across rounds with the PLD accountant (never by adding
 epsilons); k-anonymity is reported as k and never folded into epsilon. No
 subsampling amplification is claimed for releases: a client's memory is not
@@ -21,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
-from mechanisms.accounting import calibration_discretisation, epsilon_for, rounding_compositions, to_composed_event
+from mechanisms.accounting import calibration_discretisation, epsilon_of, rounding_compositions
 from mechanisms.base import Guarantee, PrivacyEvent
 
 #: Ledger parts: everything composed, the mechanism's releases, DP-SGD training.
@@ -52,7 +52,7 @@ def _key(merged: tuple[PrivacyEvent, ...]) -> _EventKey:
 def _composed_epsilon(key: _EventKey, delta: float, reference_epsilon: float) -> float:
     merged = tuple(PrivacyEvent(name, dict(params)) for name, params in key)
     grid = calibration_discretisation(reference_epsilon, rounding_compositions(merged))
-    return epsilon_for(to_composed_event(merged), delta, discretisation=grid)
+    return epsilon_of(merged, delta, discretisation=grid)
 
 
 def composed_epsilon(events: Iterable[PrivacyEvent], delta: float, *, reference_epsilon: float = 1.0) -> float:

@@ -16,7 +16,7 @@ from mechanisms.base import K_ANONYMITY, Mechanism
 from privfed.privacy.ledger import WorstCase
 
 #: The privacy unit of DP-SGD, and of DP releases under DP-SGD.
-EXAMPLE_UNIT = "one training example of a client (add/remove)"
+EXAMPLE_UNIT = "replacing one training example of a client by another (replace-one: its dataset size is public)"
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,13 @@ def _k(k: int | None) -> str:
 
 Clauses = tuple[list[str], list[str]]  # (covers, not_covered)
 
+#: Every guarantee assumes the server follows the run's plan (docs/privacy.md, trust model).
+DEVIATING_SERVER = (
+    "a server that deviates from the run's plan: clients build the mechanism and DP-SGD from the parameters it "
+    "sends and keep no ledger of their own, so such a server can weaken the noise or sample a client more often "
+    "(a node started with require-secagg does refuse to train without SecAgg+)"
+)
+
 
 def _encoder_update_clauses(*, dp_sgd: bool, worst: WorstCase | None, secagg: bool) -> Clauses:
     """What protects the encoder updates: DP-SGD, or nothing that is a DP bound."""
@@ -57,8 +64,9 @@ def _encoder_update_clauses(*, dp_sgd: bool, worst: WorstCase | None, secagg: bo
             "amplification, which relies on each client's batch sampling staying secret"
         ], []
     protection = (
-        "SecAgg+ shows a server that follows the protocol only their sum, which is not a DP bound; Flower 1.41's "
-        "32-bit mask seeds let a server that searches them strip a client's masks"
+        "SecAgg+ shows a server that follows the protocol only their sum, which is not a DP bound; a server that "
+        "deviates can leave SecAgg+ out of a round (a node refuses if the round or its own config says SecAgg+), "
+        "and Flower 1.41's 32-bit mask seeds let a server that searches them strip a client's masks"
         if secagg
         else "sent in the clear"
     )
@@ -82,7 +90,7 @@ def _release_clauses(
             return [f"{releases}, per {EXAMPLE_UNIT}: each example gives at most one representation to the memory"], [
                 amplification
             ]
-        return [f"{releases}, per representation in a client's memory"], [
+        return [f"{releases}, per representation in a client's memory, replaced by another"], [
             "examples, as opposed to representations: the memory keeps one representation per image, but "
             "BatchNorm mixes every batch, so one example also moves the representations of others; the release "
             "guarantee is not a per-example one",
@@ -116,7 +124,7 @@ def _headline(mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCa
         if dp_sgd:
             return (
                 f"Encoder updates are ({_eps(worst.epsilon)}, {worst.delta:.2g})-differentially private with respect "
-                f"to {EXAMPLE_UNIT}, given the client's dataset size (DP-SGD, PLD accountant, worst-off client). "
+                f"to {EXAMPLE_UNIT} (DP-SGD, PLD accountant, worst-off client). "
                 "The method runs no release mechanism: clients send no centroids or representations besides "
                 "their updates."
             )
@@ -129,7 +137,7 @@ def _headline(mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCa
     if dp_sgd and is_dp:
         return (
             f"Encoder updates and released centroids together are ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
-            f"differentially private with respect to {EXAMPLE_UNIT}, given the client's dataset size, for the "
+            f"differentially private with respect to {EXAMPLE_UNIT}, for the "
             f"worst-off client (client {worst.client}): DP-SGD and the releases composed with the PLD accountant."
         )
     if dp_sgd:
@@ -149,7 +157,7 @@ def _headline(mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCa
     if is_dp:
         return (
             f"Every client's released centroids over the whole run are ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
-            "differentially private with respect to one of its representations (PLD accountant, no subsampling "
+            "differentially private with respect to replacing one of its representations by another (PLD accountant, no subsampling "
             "amplification). Encoder updates are not covered."
         )
     if mechanism.guarantee_kind == K_ANONYMITY:
@@ -194,5 +202,6 @@ def privacy_statement(
         covers += part_covers
         not_covered += part_not_covered
     not_covered += _public_facts(dp_sgd=dp_sgd)
+    not_covered.append(DEVIATING_SERVER)
     text = _headline(mechanism, dp_sgd=dp_sgd, worst=worst, k=k) + " Not covered: " + "; ".join(not_covered) + "."
     return PrivacyStatement(text=text, covers=tuple(covers), not_covered=tuple(not_covered))

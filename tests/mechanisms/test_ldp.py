@@ -43,9 +43,7 @@ def test_release_has_exactly_L_unit_centroids_and_dp_metadata(n, eps):
     assert g.kind == "differential-privacy" and g.epsilon <= eps and g.delta == mech.delta
     assert "differentially private" in g.statement
     assert {e.name for e in release.events} == {"discrete_laplace", "gaussian"}
-    assert accounting.epsilon_for(accounting.to_composed_event(release.events), g.delta) == pytest.approx(
-        g.epsilon, rel=1e-6
-    )
+    assert accounting.epsilon_of(release.events, g.delta) == pytest.approx(g.epsilon, rel=1e-6)
     assert set(release.metrics) >= {"coreset_size", "noisy_num_reps", "padded_centroids"}
 
 
@@ -137,8 +135,7 @@ def test_total_budget_parameters_build_a_mechanism_that_composes_to_the_total():
     params = ldp_parameters(3.0, 1e-5, num_releases=4, max_depth=6)
     mech = create_mechanism("ldp", **params)
     release = mech.release(clustered(100, 8)[0], num_centroids=4, generator=gen())
-    total = accounting.compose(accounting.to_composed_event(release.events), 4)
-    assert accounting.epsilon_for(total, 1e-5, discretisation=1e-5) <= 3.0
+    assert accounting.epsilon_of(release.events * 4, 1e-5, discretisation=1e-5) <= 3.0
     assert release.guarantee.epsilon < 3.0
 
 

@@ -17,12 +17,14 @@ The mechanism (Gaussian noisy cell sums over a public partition):
    (the public direction if that sum is exactly zero), each weight its noisy
    count clamped at 0 (all ones if every clamped count is 0).
 
-Privacy unit: one representation, add/remove-one neighbours. Cells are
-disjoint, so adding or removing one representation changes exactly one cell
-sum by a vector of norm at most 1 and one cell count by 1: the concatenated
-``L * D`` sums have L2 sensitivity 1, and so do the ``L`` counts. One release
-is therefore two Gaussian mechanisms of noise multiplier ``noise_multiplier``,
-recorded as one ``"gaussian"`` privacy event with ``count = 2``.
+Privacy unit: one representation, replaced by another (privfed's replace-one
+neighbours). Cells are disjoint, so one representation contributes a vector
+of norm at most 1 to one cell sum and 1 to one cell count; replacing it moves
+the concatenated ``L * D`` sums by at most 2 in L2 and the ``L`` counts by at
+most sqrt(2). One release is therefore two Gaussian mechanisms of noise
+multiplier ``noise_multiplier`` (per unit contribution), recorded as one
+``"gaussian"`` privacy event with ``count = 2``, which privfed's accountant
+charges at the replacement shift of 2.
 
 DP noise comes from the operating system's CSPRNG (:class:`random.SystemRandom`).
 """
@@ -35,7 +37,7 @@ from typing import Any
 
 import torch
 
-from mechanisms.accounting import calibration_discretisation, epsilon_for, gaussian_event
+from mechanisms.accounting import calibration_discretisation, epsilon_of
 from mechanisms.base import DIFFERENTIAL_PRIVACY, Guarantee, Mechanism, PrivacyEvent, Release
 
 #: Gaussian mechanisms per release: the cell sums and the cell counts.
@@ -44,7 +46,8 @@ GAUSSIANS_PER_RELEASE = 2
 
 @lru_cache(maxsize=64)
 def _epsilon(noise_multiplier: float, delta: float, compositions: int, discretisation: float) -> float:
-    return epsilon_for(gaussian_event(noise_multiplier, count=compositions), delta, discretisation=discretisation)
+    event = PrivacyEvent("gaussian", {"noise_multiplier": noise_multiplier, "count": float(compositions)})
+    return epsilon_of([event], delta, discretisation=discretisation)
 
 
 class FakeGaussianMechanism(Mechanism):
@@ -71,7 +74,8 @@ class FakeGaussianMechanism(Mechanism):
     def calibrate(cls, *, epsilon: float, delta: float, num_releases: int) -> dict[str, Any]:
         """Smallest noise multiplier (to 1e-4 relative) whose ``num_releases`` releases fit (epsilon, delta).
 
-        The composition is computed with dp_accounting's PLD accountant on the
+        The composition is privfed's (replace-one: a replaced representation
+        moves a cell sum by at most twice the radius) on the
         same grid privfed's ledger uses for these events
         (:func:`mechanisms.accounting.calibration_discretisation`), and the
         bisection keeps the side whose epsilon is at most the target.

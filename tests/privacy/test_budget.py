@@ -16,7 +16,7 @@ def base(**overrides):
 
 def test_total_budget_is_calibrated_for_every_possible_release():
     plan = plan_privacy(base(mechanism="ldp", epsilon=2.0), SIZES)
-    assert plan.delta == default_delta(SIZES) == 1 / 2500
+    assert plan.delta == default_delta(SIZES) == 1e-6
     assert plan.max_releases == 5
     # Independent check: compose the per-release event max_releases times in dp_accounting.
     mechanism = LshCoresetMechanism(**plan.params)
@@ -24,6 +24,12 @@ def test_total_budget_is_calibrated_for_every_possible_release():
     accountant.compose(release_event(mechanism.noise, tree_levels=mechanism.tree_levels), plan.max_releases)
     assert accountant.get_epsilon(plan.delta) <= 2.0 * 1.005
     assert 0.9 * 2.0 <= plan.planned_epsilon <= 2.0
+
+
+@pytest.mark.parametrize("sizes,delta", [([40, 250], 1e-6), ([5000, 20_000], 5e-7), ([1], 1e-6)])
+def test_default_delta_keeps_n_times_delta_at_most_one_percent(sizes, delta):
+    assert default_delta(sizes) == pytest.approx(delta)
+    assert max(sizes) * default_delta(sizes) <= 0.01
 
 
 def test_a_run_certain_to_exceed_its_budget_is_refused_with_what_fits():

@@ -6,6 +6,7 @@ import time
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.privacy_accountant import NeighboringRelation
 
 from privfed.config import build_config
 from privfed.errors import PrivfedError
@@ -20,10 +21,10 @@ def base(**overrides):
 
 
 def independent_epsilon(n: int, sigma: float, delta: float, *, batch: int, epochs: int, rounds: int, grid: float = 1e-4) -> float:
-    """A client of n examples training every round, straight from dp_accounting on a fine grid."""
+    """A client of n examples training every round, straight from dp_accounting (replace-one) on a fine grid."""
     q = min(1.0, batch / n)
     steps = epochs * math.ceil(n / batch) * rounds
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=grid)
+    acc = pld_privacy_accountant.PLDAccountant(NeighboringRelation.REPLACE_ONE, value_discretization_interval=grid)
     acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps)
     return acc.get_epsilon(delta)
 

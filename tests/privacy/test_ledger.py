@@ -1,8 +1,7 @@
 """The ledger composes releases with the PLD accountant; checked against dp_accounting directly."""
 
 import pytest
-from dp_accounting import dp_event
-from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.pld import privacy_loss_distribution as pld
 
 from mechanisms.base import Guarantee, PrivacyEvent
 from privfed.privacy.ledger import LedgerEntry, PrivacyLedger, merge_events
@@ -17,17 +16,16 @@ DP = Guarantee(kind="differential-privacy", statement="test")
 
 
 def reference_epsilon(releases: int, grid: float = 1e-4) -> float:
-    """The same cost built by hand in dp_accounting, not through privfed's helpers."""
-    one = dp_event.ComposedDpEvent(
-        [
-            dp_event.SelfComposedDpEvent(dp_event.DiscreteLaplaceDpEvent(0.8, 1), 11),
-            dp_event.DiscreteLaplaceDpEvent(1.5, 1),
-            dp_event.GaussianDpEvent(2.0),
-        ]
-    )
-    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=grid)
-    accountant.compose(one, releases)
-    return accountant.get_epsilon(DELTA)
+    """The same cost built by hand from dp_accounting's PLDs under replace-one, not through privfed's helpers.
+
+    A replacement moves two counts per count query and a leaf sum by twice the radius.
+    """
+    tree = pld.from_discrete_laplace_mechanism(0.8, value_discretization_interval=grid).self_compose(2 * 11)
+    leaf = pld.from_discrete_laplace_mechanism(1.5, value_discretization_interval=grid).self_compose(2)
+    one = tree.compose(leaf)
+    total = one.self_compose(releases) if releases > 1 else one
+    sums = pld.from_gaussian_mechanism(2.0 / releases**0.5, sensitivity=2.0, value_discretization_interval=grid)
+    return total.compose(sums).get_epsilon_for_delta(DELTA)
 
 
 def test_worst_case_client_is_the_one_with_most_releases():

@@ -5,6 +5,8 @@ import time
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.pld import privacy_loss_distribution as pld
+from dp_accounting.privacy_accountant import NeighboringRelation
 
 from mechanisms.base import Guarantee, PrivacyEvent
 from privfed.privacy.ledger import (
@@ -26,17 +28,20 @@ DP = Guarantee(kind="differential-privacy", statement="test")
 
 
 def by_hand(releases: int, rounds: int) -> float:
-    events = []
+    """Releases and DP-SGD steps composed from dp_accounting's PLDs under replace-one."""
+    parts = []
     if releases:
-        counts = dp_event.SelfComposedDpEvent(dp_event.DiscreteLaplaceDpEvent(0.8, 1), 11)
-        one = dp_event.ComposedDpEvent([counts, dp_event.GaussianDpEvent(2.0)])
-        events.append(dp_event.SelfComposedDpEvent(one, releases))
+        counts = pld.from_discrete_laplace_mechanism(0.8, value_discretization_interval=1e-4).self_compose(2 * 11 * releases)
+        sums = pld.from_gaussian_mechanism(2.0 / releases**0.5, sensitivity=2.0, value_discretization_interval=1e-4)
+        parts += [counts, sums]
     if rounds:
-        step = dp_event.PoissonSampledDpEvent(0.1, dp_event.GaussianDpEvent(1.2))
-        events.append(dp_event.SelfComposedDpEvent(step, 40 * rounds))
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
-    acc.compose(dp_event.ComposedDpEvent(events))
-    return acc.get_epsilon(DELTA)
+        step = pld.from_gaussian_mechanism(1.2, sampling_prob=0.1, value_discretization_interval=1e-4,
+                                           neighboring_relation=NeighboringRelation.REPLACE_ONE)
+        parts.append(step.self_compose(40 * rounds))
+    total = parts[0]
+    for part in parts[1:]:
+        total = total.compose(part)
+    return total.get_epsilon_for_delta(DELTA)
 
 
 def ledger_with_history() -> PrivacyLedger:
@@ -81,7 +86,7 @@ def test_thousands_of_dp_sgd_steps_compose_quickly(tmp_path):
     start = time.perf_counter()
     spent = ledger.spent(0)
     assert time.perf_counter() - start < 2.0
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    acc = pld_privacy_accountant.PLDAccountant(NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-4)
     acc.compose(dp_event.PoissonSampledDpEvent(0.02, dp_event.GaussianDpEvent(0.9)), 5000)
     assert spent == pytest.approx(acc.get_epsilon(DELTA), rel=2e-3)
     assert ledger.min_k == 8  # k-anonymity stays k, next to the DP-SGD epsilon

@@ -17,8 +17,8 @@ def worst(releases: float, dp_sgd: float, combined: float) -> WorstCase:
 def test_ldp_with_dp_sgd_covers_everything_a_client_sends_per_example():
     s = privacy_statement(mechanism=get_mechanism_class("ldp"), dp_sgd=True, worst=worst(2.0, 8.0, 8.9), k=None)
     assert s.text.startswith("Encoder updates and released centroids together are (8.9, 0.0001)")
-    assert "given the client's dataset size" in s.text
-    assert "one training example" in s.text
+    assert "replace-one" in s.text and "dataset size is public" in s.text
+    assert "replacing one training example of a client by another" in s.text
     assert len(s.covers) == 2 and any("DP-SGD" in c for c in s.covers) and any("ldp" in c for c in s.covers)
     assert any("amplification" in n for n in s.not_covered)
     assert any("dataset size" in n for n in s.not_covered)
@@ -26,7 +26,7 @@ def test_ldp_with_dp_sgd_covers_everything_a_client_sends_per_example():
 
 def test_ldp_without_dp_sgd_is_per_representation_and_leaves_updates_out():
     s = privacy_statement(mechanism=get_mechanism_class("ldp"), dp_sgd=False, worst=worst(2.0, 0.0, 2.0), k=None)
-    assert "one of its representations" in s.text and "Encoder updates are not covered" in s.text
+    assert "replacing one of its representations by another" in s.text and "Encoder updates are not covered" in s.text
     assert any("not a per-example one" in n for n in s.not_covered)
 
 
@@ -76,7 +76,7 @@ def test_a_method_that_releases_nothing_claims_no_protection_for_it():
     assert any("step counts and timings" in n for n in plain.not_covered)
     private = privacy_statement(mechanism=None, dp_sgd=True, worst=worst(0.0, 7.5, 7.5), k=None)
     assert private.text.startswith("Encoder updates are (7.5, 0.0001)-differentially private")
-    assert "given the client's dataset size" in private.text
+    assert "replacing one training example" in private.text and "replace-one" in private.text
     assert len(private.covers) == 1 and "DP-SGD" in private.covers[0]
     assert any("dataset size" in n for n in private.not_covered)
     with pytest.raises(ValueError):
@@ -92,3 +92,26 @@ def test_kanon_is_stated_as_distinct_images_per_centroid_and_never_as_differenti
     assert not any("kanon" in c for c in s.covers)  # k-anonymity is never inside an (epsilon, delta)
     if not dp_sgd:
         assert "not differential privacy" in s.text and "differentially private" not in s.text
+
+
+@pytest.mark.parametrize("mechanism", [None, "kanon", "ldp", "reps"])
+@pytest.mark.parametrize("dp_sgd", [False, True])
+def test_every_differential_privacy_claim_names_replace_one_and_never_add_remove(mechanism, dp_sgd):
+    """The accountant composes under replace-one: a statement quoting add/remove would claim a smaller epsilon than holds."""
+    cls = None if mechanism is None else get_mechanism_class(mechanism)
+    is_dp = dp_sgd or (cls is not None and cls.is_differentially_private())
+    s = privacy_statement(mechanism=cls, dp_sgd=dp_sgd, worst=worst(2.0, 7.5, 8.0) if is_dp else None, k=6)
+    everything = " ".join([s.text, *s.covers, *s.not_covered])
+    assert "add/remove" not in everything and "adding or removing" not in everything
+    if is_dp:
+        assert "differentially private with respect to replacing one" in s.text
+
+
+@pytest.mark.parametrize("mechanism", [None, "kanon", "ldp", "reps"])
+@pytest.mark.parametrize("dp_sgd", [False, True])
+def test_every_statement_says_it_assumes_a_server_that_follows_the_plan(mechanism, dp_sgd):
+    cls = None if mechanism is None else get_mechanism_class(mechanism)
+    is_dp = dp_sgd or (cls is not None and cls.is_differentially_private())
+    s = privacy_statement(mechanism=cls, dp_sgd=dp_sgd, worst=worst(2.0, 7.5, 8.0) if is_dp else None, k=6)
+    assert any("deviates from the run's plan" in n for n in s.not_covered)
+    assert "deviates from the run's plan" in s.text
