@@ -42,7 +42,10 @@ def global_centroids(
     (a ``kanon`` centroid of 16 members weighs 16, a raw representation 1);
     ``kmeans`` uses the weights, ``official`` only drops weight-0 padding.
     When every release is padding (e.g. DP coresets too small to keep any
-    point), last round's centroids stay.
+    point), or fewer vectors than ``G`` arrive (small clients release fewer
+    centroids under ``--kanon-min-k``), last round's centroids stay; in
+    round 0 the released vectors become centroids as they are and random
+    unit vectors fill up to ``G``.
 
     Args:
         releases: This round's releases.
@@ -52,15 +55,15 @@ def global_centroids(
         method: :data:`KMEANS` or :data:`OFFICIAL`.
         cluster_temperature: The cluster loss's temperature ``tau``; ``official`` needs it.
 
-    Raises:
-        ValueError: if fewer vectors were released than centroids requested.
     """
     nonempty = [r for r in releases if r.num_vectors > 0]
     total = sum(r.num_vectors for r in nonempty)
     if total < num_centroids:
-        raise ValueError(
-            f"clients released {total} vectors, fewer than the {num_centroids} global centroids"
-        )
+        if previous is not None:
+            return previous
+        dim = nonempty[0].vectors.shape[1] if nonempty else releases[0].vectors.shape[1]
+        released = [F.normalize(r.vectors.float(), dim=1) for r in nonempty]
+        return torch.cat([*released, random_centroids(num_centroids - total, dim, generator)])
     vectors = torch.cat([r.vectors.float() for r in nonempty])
     weights = torch.cat([r.weights.float() for r in nonempty])
     if weights.sum() <= 0:

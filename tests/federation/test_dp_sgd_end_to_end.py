@@ -7,6 +7,7 @@ import json
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.privacy_accountant import NeighboringRelation
 
 TINY = (
     "--dataset", "shapes:240", "--num-clients", "3", "--participation", "1.0", "--alpha", "1.0",
@@ -51,7 +52,7 @@ def test_the_ledger_holds_every_dp_sgd_round_and_recomposes_to_the_summary(dp_ru
             if event["name"] == "poisson_gaussian":
                 inner = dp_event.PoissonSampledDpEvent(p["sampling_rate"], dp_event.GaussianDpEvent(p["noise_multiplier"]))
                 events.append(dp_event.SelfComposedDpEvent(inner, int(p["count"])))
-    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    accountant = pld_privacy_accountant.PLDAccountant(NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-4)
     accountant.compose(dp_event.ComposedDpEvent(events))
     assert accountant.get_epsilon(summary["privacy"]["delta"]) == pytest.approx(summary["privacy"]["dp_sgd"]["epsilon"], rel=0.02)
 
