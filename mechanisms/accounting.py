@@ -10,18 +10,22 @@ size. A client's size is public in privfed (it weighs FedAvg, sets DP-SGD's
 sampling rate and the memory's), and its randomness is drawn by position
 from a round seed the server knows, so adding or removing an example moves
 far more than that example's own representation: add/remove-one would not
-hold. Replacing one example, under the same seed, changes only that
-example's representation, its DP-SGD gradient and nothing else
-(``tests/privacy/test_neighbouring_datasets.py``). The price is the doubled
-sensitivity of replacement:
+hold. Under DP-SGD, replacing one example, under the same seed, changes
+only that example's representation and its DP-SGD gradient
+(``tests/privacy/test_neighbouring_datasets.py``). Without DP-SGD the unit
+is one representation of the memory. The price is the doubled sensitivity
+of replacement:
 
 * ``"gaussian"`` (``noise_multiplier`` = noise std / the clip radius): a
   replaced representation moves a sum by up to twice the radius (both in
   the same leaf), accounted as ``dp_accounting``'s ``REPLACE_ONE`` Gaussian;
-* ``"discrete_laplace"`` (``sensitivity`` = how much one example moves one
-  count): a replacement moves two disjoint counts (one down, one up), so it
-  is charged as two compositions of the add/remove mechanism, which is the
-  exact PLD of that worst case;
+* ``"discrete_laplace"`` (``sensitivity``, a positive integer = how much one
+  example moves one count): a replacement moves two disjoint counts (one
+  down, one up) by at most that much each, so it is charged as two
+  compositions of the add/remove mechanism, which is the exact PLD of that
+  worst case. A mechanism whose count query does not have this shape (one
+  replacement moving one count by twice its sensitivity, say) must declare
+  the sensitivity of the replacement itself;
 * ``"poisson_gaussian"`` (DP-SGD steps): the Poisson-subsampled Gaussian
   under ``REPLACE_ONE``, whose analysis ``dp_accounting`` implements.
 
@@ -253,8 +257,11 @@ def replace_one_pld(event: PrivacyEvent, *, discretisation: float = 1e-4) -> Pri
             neighboring_relation=NEIGHBOURING_RELATION,
         )
     if event.name == "discrete_laplace":
+        sensitivity = event.params.get("sensitivity", 1)
+        if sensitivity != int(sensitivity) or sensitivity < 1:
+            raise ValueError(f"a discrete-Laplace sensitivity must be a positive whole number, got {sensitivity}")
         return from_discrete_laplace_mechanism(
-            event.params["noise_parameter"], sensitivity=int(event.params.get("sensitivity", 1)),
+            event.params["noise_parameter"], sensitivity=int(sensitivity),
             value_discretization_interval=discretisation,
         ).self_compose(REPLACED_COUNTS * count)
     raise ValueError(f"unknown privacy event {event.name!r} (privfed accounts {', '.join(EVENT_NAMES)})")

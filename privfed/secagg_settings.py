@@ -10,6 +10,7 @@ sizes, so they are fixed once, in the run's plan, and recorded in
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -19,6 +20,19 @@ from privfed.errors import PrivfedError
 #: Up to this many sampled clients every pair of clients shares masks (the
 #: original SecAgg); beyond it, SecAgg+'s sparse neighbourhoods take over.
 COMPLETE_GRAPH_LIMIT = 20
+
+
+def indicators_are_exact(clipping_range: float, quantization_range: int) -> bool:
+    """Whether a raised indicator (1 after SecAgg+'s weighting) lands exactly on SecAgg+'s fixed-point grid.
+
+    Flower rounds ``(value + c) * Q / (2c)`` stochastically, from a seed the
+    server can compute (``privfed.federation.client_app``). Off the grid, a
+    flag would be rounded up or down by each client's own draw, and the sum
+    would again say which clients raised it. Powers of two up to ``Q / 2``
+    are on the grid.
+    """
+    position = (Fraction(clipping_range) + 1) * quantization_range / (2 * Fraction(clipping_range))
+    return position.denominator == 1
 
 
 @dataclass(frozen=True)
@@ -115,6 +129,11 @@ def secagg_settings(config: TrainConfig, client_sizes: list[int]) -> SecAggPlusS
         raise PrivfedError(
             f"--secagg-clipping-range must be at least 1 (the overflow indicators travel as ones), "
             f"got {config.secagg_clipping_range}"
+        )
+    if not indicators_are_exact(config.secagg_clipping_range, SecAggPlusSettings.quantization_range):
+        raise PrivfedError(
+            f"--secagg-clipping-range {config.secagg_clipping_range:g} puts the overflow indicators off SecAgg+'s "
+            "fixed-point grid, where their rounding would say which clients raised them; use a power of two (e.g. 8)"
         )
     if config.secagg_timeout is not None and config.secagg_timeout <= 0:
         raise PrivfedError(f"--secagg-timeout must be > 0, got {config.secagg_timeout}")

@@ -108,6 +108,8 @@ class OrchestraClient(Client):
                 seed=client_seed(int(ins.config["seed"]), int(ins.config["round"]), self.client_id),
                 device=resolve_device(config.device),
             )
+            if update.delta is not None and not all(bool(torch.isfinite(v).all()) for v in update.delta.values()):
+                raise ValueError("the model delta holds NaN or Inf")  # FedAvg or SecAgg+ would spread it to everyone
         except Exception as err:
             # Flower forwards an exception's text to the server in plaintext, and a failed
             # check can depend on the data (e.g. how many representations were NaN).
@@ -138,12 +140,12 @@ def prepare_for_secagg(arrays: list[np.ndarray], config: dict, num_samples: int)
             f"this client holds {num_samples} samples but the server set SecAgg+'s max_weight to {max_weight:g}; "
             "client and server disagree on the data partition"
         )
-    weight_ratio = secagg_weight_ratio(
-        num_samples, max_weight=max_weight, quantization_range=int(config["secagg_quantization_range"])
-    )
+    quantization_range = int(config["secagg_quantization_range"])
+    weight_ratio = secagg_weight_ratio(num_samples, max_weight=max_weight, quantization_range=quantization_range)
     return encode_update(
         arrays,
         bytes_to_ndarray(config["secagg_scales"]),
         weight_ratio=weight_ratio,
         clipping_range=float(config["secagg_clipping_range"]),
+        quantization_range=quantization_range,
     )

@@ -46,8 +46,10 @@ def secaggplus_when_requested(msg: Message, context: Context, call_next: Callabl
     A server that leaves SecAgg+'s records out of a training round would
     otherwise get the update unmasked, so the node refuses such a round when
     the message itself says it is a SecAgg+ round (it carries SecAgg+ scales)
-    or when the node's own config requires SecAgg+ (``require-secagg``, the
-    defence that does not rest on what the server sends).
+    or when the node's own config requires SecAgg+ (``require-secagg``).
+    It checks only that SecAgg+'s records are there: a server that runs
+    SecAgg+ with the node alone, or with a threshold of 1, still recovers
+    the update (the node does not yet hold minimums of its own).
     """
     if msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, context)

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from privfed.secagg_settings import indicators_are_exact
+
 #: Fraction of the clipping range above which a tensor's scale is doubled.
 HIGH_WATER = 0.5
 #: Scale growth after an overflow (the tensor's aggregate was rejected).
@@ -63,7 +65,12 @@ def secagg_weight_ratio(num_examples: float, *, max_weight: float, quantization_
 
 
 def encode_update(
-    delta: list[np.ndarray], scales: np.ndarray, *, weight_ratio: float, clipping_range: float
+    delta: list[np.ndarray],
+    scales: np.ndarray,
+    *,
+    weight_ratio: float,
+    clipping_range: float,
+    quantization_range: int | None = None,
 ) -> list[np.ndarray]:
     """The arrays a client hands to SecAgg+: scaled tensors, then the two indicator vectors.
 
@@ -73,6 +80,14 @@ def encode_update(
         weight_ratio: The factor SecAgg+ applies (:func:`secagg_weight_ratio`).
         clipping_range: SecAgg+'s clipping range; at least 1, so that a raised
             indicator survives the clipping.
+        quantization_range: SecAgg+'s quantisation range; when given, the
+            clipping range must put the indicators on its grid
+            (:func:`privfed.secagg_settings.indicators_are_exact`).
+
+    Raises:
+        ValueError: for a delta that is not finite (SecAgg+ would quantise a
+            NaN to garbage that no indicator flags), or a range that cannot
+            carry the indicators exactly.
     """
     if len(delta) != len(scales):
         raise ValueError(f"{len(delta)} tensors but {len(scales)} scales")
@@ -80,7 +95,14 @@ def encode_update(
         raise ValueError(f"weight ratio must be in (0, 1], got {weight_ratio}; max_weight is too small")
     if clipping_range < 1:
         raise ValueError(f"SecAgg+'s clipping range must be at least 1 to carry the indicators, got {clipping_range}")
+    if quantization_range is not None and not indicators_are_exact(clipping_range, quantization_range):
+        raise ValueError(
+            f"SecAgg+'s clipping range {clipping_range:g} puts the overflow indicators off its fixed-point grid, "
+            "where their rounding would tell the server which clients raised them; use a power of two"
+        )
     scaled = [np.asarray(d, dtype=np.float64) / s for d, s in zip(delta, scales)]
+    if not all(np.isfinite(x).all() for x in scaled):
+        raise ValueError("the model delta holds NaN or Inf")
     peaks = np.array([np.abs(x).max(initial=0.0) * weight_ratio for x in scaled])
     overflow = (peaks > clipping_range) / weight_ratio
     high = (peaks > HIGH_WATER * clipping_range) / weight_ratio

@@ -51,7 +51,8 @@ Clauses = tuple[list[str], list[str]]  # (covers, not_covered)
 DEVIATING_SERVER = (
     "a server that deviates from the run's plan: clients build the mechanism and DP-SGD from the parameters it "
     "sends and keep no ledger of their own, so such a server can weaken the noise or sample a client more often "
-    "(a node started with require-secagg does refuse to train without SecAgg+)"
+    "(a node started with require-secagg refuses a training round without SecAgg+'s records, but not a SecAgg+ "
+    "round the server runs with parameters of its choosing, e.g. the node alone)"
 )
 
 
@@ -107,7 +108,10 @@ def _release_clauses(
 
 def _public_facts(*, dp_sgd: bool) -> list[str]:
     """What no part of the run protects: sizes and participation, and the metrics clients report."""
-    facts = ["each client's dataset size (public: it weighs the FedAvg average) and which rounds it took part in"]
+    facts = [
+        "each client's dataset size (public: it weighs the FedAvg average), which rounds it took part in, and "
+        "whether its round failed"
+    ]
     if dp_sgd:
         facts.append("the step counts and wall-clock timings clients report (their losses are not reported)")
     else:

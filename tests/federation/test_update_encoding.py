@@ -150,3 +150,21 @@ def test_the_weight_ratio_is_rounded_as_secagg_rounds_it():
     assert ratio(1, 3.0) == round(QUANTIZATION_RANGE / 3) / QUANTIZATION_RANGE
     with pytest.raises(ValueError, match="max_weight"):
         ratio(4, 3.0)
+
+
+@pytest.mark.parametrize("clipping_range,exact", [(8.0, True), (1.0, True), (16.0, True), (3.0, False), (1.5, False), (10.0, False)])
+def test_only_ranges_that_put_a_raised_flag_on_the_grid_are_accepted(clipping_range, exact):
+    """Off the grid, each client's (server-predictable) stochastic rounding of its flag would say who raised it."""
+    from privfed.secagg_settings import indicators_are_exact
+
+    assert indicators_are_exact(clipping_range, QUANTIZATION_RANGE) == exact
+    if not exact:
+        with pytest.raises(ValueError, match="power of two"):
+            encode_update([np.ones(2)], np.ones(1), weight_ratio=1.0, clipping_range=clipping_range,
+                          quantization_range=QUANTIZATION_RANGE)
+
+
+def test_a_delta_that_is_not_finite_is_refused_before_secagg_quantises_it():
+    """SecAgg+ would turn a NaN into a large wrong value that no indicator flags."""
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        encode_update([np.array([0.1, np.nan])], np.ones(1), weight_ratio=1.0, clipping_range=8.0)
