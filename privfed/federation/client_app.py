@@ -16,7 +16,7 @@ from flwr.app.message_type import MessageType
 from flwr.client import Client, ClientApp
 from flwr.client.mod import secaggplus_mod
 from flwr.common import Context
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 
 
 def client_fn(context: Context) -> Client:
@@ -32,6 +32,8 @@ Mod = Callable[[Message, Context, Callable[[Message, Context], Message]], Messag
 
 #: Node config key (``--node-config "require-secagg=true"``): this node never trains without SecAgg+.
 REQUIRE_SECAGG = "require-secagg"
+#: Node config key (``--node-config "secagg-min-clients=5"``): the smallest SecAgg+ round this node joins.
+SECAGG_MIN_CLIENTS = "secagg-min-clients"
 
 
 class UnmaskedRoundRefused(RuntimeError):
@@ -54,6 +56,7 @@ def secaggplus_when_requested(msg: Message, context: Context, call_next: Callabl
     if msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, context)
     if RECORD_KEY_CONFIGS in msg.content.config_records:
+        check_secagg_round(msg.content.config_records[RECORD_KEY_CONFIGS], context)
         reply = secaggplus_mod(msg, context, call_next)
         np.random.seed()  # fresh OS entropy: the rounding seed must not predict later draws in this process
         return reply
@@ -62,6 +65,36 @@ def secaggplus_when_requested(msg: Message, context: Context, call_next: Callabl
     if trains and ("secagg_scales" in fit or _node_requires_secagg(context)):
         raise UnmaskedRoundRefused("this node sends training updates only through SecAgg+, and the round has none")
     return call_next(msg, context)
+
+
+def check_secagg_round(configs, context: Context) -> None:
+    """Refuses a SecAgg+ round too small to hide this node's update, by the node's own ``secagg-min-clients``.
+
+    Flower's mod accepts whatever the server sets: with the node alone and a
+    threshold of 1 it hands back the only share of its mask seed, and the
+    server unmasks the update. With the minimum set, the node refuses at
+    setup a round of fewer clients or neighbours, a threshold below 2, or a
+    threshold that is not a strict majority of the shares (so no minority of
+    neighbours can rebuild both of its secrets), and at key sharing a
+    neighbourhood smaller than the minimum. Sybil neighbours the server
+    invents are not caught: that needs authenticated node keys.
+    """
+    minimum = context.node_config.get(SECAGG_MIN_CLIENTS)
+    if minimum is None:
+        return
+    minimum = int(minimum)
+    stage = configs.get(Key.STAGE)
+    if stage == Stage.SETUP:
+        sample, shares, threshold = (int(configs[k]) for k in (Key.SAMPLE_NUMBER, Key.SHARE_NUMBER, Key.THRESHOLD))
+        if sample < minimum or shares < minimum or threshold < 2 or 2 * threshold <= shares:
+            raise UnmaskedRoundRefused(
+                f"this node joins SecAgg+ rounds of at least {minimum} clients with a strict-majority threshold; "
+                f"the server asked for {sample} clients, {shares} shares, threshold {threshold}"
+            )
+    elif stage == Stage.SHARE_KEYS:
+        neighbours = len(configs) - 1  # every entry but the stage is one neighbour's public keys
+        if neighbours < minimum:
+            raise UnmaskedRoundRefused(f"this node shares keys with at least {minimum} neighbours, got {neighbours}")
 
 
 def _node_requires_secagg(context: Context) -> bool:

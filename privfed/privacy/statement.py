@@ -51,8 +51,8 @@ Clauses = tuple[list[str], list[str]]  # (covers, not_covered)
 DEVIATING_SERVER = (
     "a server that deviates from the run's plan: clients build the mechanism and DP-SGD from the parameters it "
     "sends and keep no ledger of their own, so such a server can weaken the noise or sample a client more often "
-    "(a node started with require-secagg refuses a training round without SecAgg+'s records, but not a SecAgg+ "
-    "round the server runs with parameters of its choosing, e.g. the node alone)"
+    "(a node started with require-secagg refuses a training round without SecAgg+'s records, and one with "
+    "secagg-min-clients a smaller SecAgg+ round or a minority threshold; neither stops neighbours the server invents)"
 )
 
 

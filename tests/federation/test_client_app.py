@@ -9,6 +9,7 @@ from flwr.app.message_type import MessageType
 from privfed.federation.client_app import (
     FIT_CONFIG_RECORD,
     REQUIRE_SECAGG,
+    SECAGG_MIN_CLIENTS,
     UnmaskedRoundRefused,
     secaggplus_when_requested,
 )
@@ -58,3 +59,36 @@ def test_round_zero_and_runs_without_secagg_go_through(config, node):
     client = Recorder()
     secaggplus_when_requested(fit_message(**config), context(**node), client)
     assert client.calls == 1
+
+
+def secagg_message(**configs) -> Message:
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+
+    content = RecordDict({RECORD_KEY_CONFIGS: ConfigRecord(configs), FIT_CONFIG_RECORD: ConfigRecord({"task": "train"})})
+    metadata = Metadata(run_id=1, message_id="m", src_node_id=0, dst_node_id=1, reply_to_message_id="", group_id="1",
+                        created_at=0.0, ttl=60.0, message_type=MessageType.TRAIN)
+    return Message(metadata=metadata, content=content)
+
+
+def setup(sample: int, shares: int, threshold: int) -> Message:
+    return secagg_message(stage="setup", sample_num=sample, share_num=shares, threshold=threshold, clipping_range=8.0,
+                          target_range=2**22, mod_range=2**32, max_weight=100.0)
+
+
+@pytest.mark.parametrize("sample,shares,threshold", [(1, 1, 1), (5, 5, 1), (5, 5, 2), (2, 2, 2), (6, 6, 3)])
+def test_a_node_with_a_minimum_refuses_a_secagg_round_that_cannot_hide_its_update(sample, shares, threshold):
+    """A server running SecAgg+ with the node alone and threshold 1 would get the only share of its mask seed."""
+    with pytest.raises(UnmaskedRoundRefused):
+        secaggplus_when_requested(setup(sample, shares, threshold), context(**{SECAGG_MIN_CLIENTS: 3}), Recorder())
+
+
+def test_a_node_with_a_minimum_refuses_too_few_neighbours_at_key_sharing():
+    keys = {str(i): [b"a%d" % i, b"b%d" % i] for i in range(2)}
+    with pytest.raises(UnmaskedRoundRefused, match="at least 3 neighbours, got 2"):
+        secaggplus_when_requested(secagg_message(stage="share_keys", **keys), context(**{SECAGG_MIN_CLIENTS: 3}),
+                                  Recorder())
+
+
+def test_a_round_that_meets_the_minimum_goes_on_to_secagg():
+    reply = secaggplus_when_requested(setup(5, 5, 3), context(**{SECAGG_MIN_CLIENTS: 3}), Recorder())
+    assert not reply.has_error()
