@@ -116,7 +116,8 @@ class RunDriver:
             **report.server_stats,
         }
         for key in (*STEP_VALUES, "train_seconds", "release_seconds"):
-            record[key] = _mean([m[key] for m in report.client_metrics if key in m])
+            if key not in record:  # SecAgg+ rounds bring the means of the secure sum in server_stats
+                record[key] = _mean([m[key] for m in report.client_metrics if key in m])
         charged_ks = self._record_releases(report)
         if charged_ks:
             record["min_k"] = min(charged_ks)

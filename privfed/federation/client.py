@@ -41,7 +41,7 @@ from privfed.federation.messages import (
     state_to_arrays,
 )
 from privfed.federation.partitions import PARTITION_KEY
-from privfed.federation.update_encoding import encode_update, secagg_weight_ratio
+from privfed.federation.update_encoding import SECURE_METRIC_SCALES, encode_metrics, encode_update, secagg_weight_ratio
 from privfed.methods import get_method
 from privfed.orchestra.client_update import client_update
 from privfed.orchestra.model_state import shared_keys
@@ -118,14 +118,18 @@ class OrchestraClient(Client):
                 "this client's round failed; the reason is logged on the client only, since it may depend on its data"
             ) from None
         arrays = [] if update.delta is None else state_to_arrays(update.delta, keys)
+        metrics = update.metrics
         if arrays and "secagg_scales" in ins.config:
-            arrays = prepare_for_secagg(arrays, ins.config, update.num_samples)
+            # The training metrics join the masked sum; only their round means reach the server.
+            secure = encode_metrics(metrics, clipping_range=float(ins.config["secagg_clipping_range"]))
+            arrays = [*prepare_for_secagg(arrays, ins.config, update.num_samples), secure]
+            metrics = {k: v for k, v in metrics.items() if k not in SECURE_METRIC_SCALES}
         return FitRes(
             status=Status(code=Code.OK, message="ok"),
             parameters=ndarrays_to_parameters(arrays),
             num_examples=update.num_samples,
             metrics={
-                **update.metrics,
+                **metrics,
                 "client_id": self.client_id,
                 **({} if update.release is None else encode_release(update.release)),
                 "dp_sgd_events": events_to_json(update.privacy_events),

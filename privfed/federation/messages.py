@@ -18,11 +18,12 @@ Server -> client (``FitIns``):
 Client -> server (``FitRes``):
     parameters  the client's model delta, same keys (empty in round 0);
                 under SecAgg+ it is rescaled, followed by two indicator
-                vectors that sum to counts of clients
-                (:mod:`privfed.federation.update_encoding`), masked,
+                vectors that sum to counts of clients and one array of
+                training metrics (:mod:`privfed.federation.update_encoding`), masked,
                 and only the clients' weighted mean reaches the strategy
-    metrics     training metrics plus the mechanism's release (absent when the
-                run's method releases nothing):
+    metrics     training metrics (in SecAgg+ rounds they travel inside the
+                masked parameters instead) plus the mechanism's release
+                (absent when the run's method releases nothing):
                 ``release_vectors``/``release_weights`` (bytes),
                 ``release_guarantee`` and ``release_events`` (JSON). These are not summed: the
                 server needs every client's release separately. ``dp_sgd_events``

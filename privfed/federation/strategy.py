@@ -46,7 +46,13 @@ from privfed.federation.messages import (
     state_to_arrays,
     tensor_to_bytes,
 )
-from privfed.federation.update_encoding import decode_aggregate, initial_scales, next_scales, secagg_weight_ratio
+from privfed.federation.update_encoding import (
+    decode_aggregate,
+    decode_metrics,
+    initial_scales,
+    next_scales,
+    secagg_weight_ratio,
+)
 from privfed.orchestra.model_state import StateDict, shared_keys, weighted_mean
 from privfed.orchestra.round_report import RoundReport
 from privfed.orchestra.server import OrchestraServer
@@ -227,7 +233,8 @@ class OrchestraStrategy(Strategy):
             )
             for _, res in results
         ]
-        decoded = decode_aggregate(first, self.scales, weight_ratios=weight_ratios)
+        # The last array is the clients' training metrics (encode_metrics), summed like the update.
+        decoded = decode_aggregate(first[:-1], self.scales, weight_ratios=weight_ratios)
         rejected = [k for k, bad in zip(self._keys, decoded.overflow) if bad]
         if rejected:
             logger.warning(
@@ -237,7 +244,11 @@ class OrchestraStrategy(Strategy):
             )
         self.rejected_tensor_updates += len(rejected)
         self.scales = next_scales(self.scales, decoded)
-        stats = {"secagg_rejected_tensors": float(len(rejected)), "secagg_max_scale": float(self.scales.max())}
+        stats = {
+            "secagg_rejected_tensors": float(len(rejected)),
+            "secagg_max_scale": float(self.scales.max()),
+            **decode_metrics(first[-1]),
+        }
         return arrays_to_state(decoded.mean, self._keys), stats
 
     def _close_round(

@@ -23,6 +23,7 @@ fit (see :func:`next_scales`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,3 +164,48 @@ def next_scales(scales: np.ndarray, decoded: DecodedAggregate) -> np.ndarray:
     """Public scales for the next round: grown wherever this round came close to clipping."""
     growth = np.where(decoded.overflow, OVERFLOW_GROWTH, np.where(decoded.high, HIGH_GROWTH, 1.0))
     return scales * growth
+
+
+#: Training metrics that travel inside the secure sum in SecAgg+ rounds, each
+#: divided by a public scale so that typical values fit the clipping range.
+SECURE_METRIC_SCALES: dict[str, float] = {
+    "loss": 16.0,
+    "cluster_loss": 16.0,
+    "rotation_loss": 4.0,
+    "target_entropy": 1.0,
+    "centroid_cosine": 1.0,
+    "steps": 1024.0,
+    "train_seconds": 1024.0,
+    "release_seconds": 64.0,
+}
+
+
+def encode_metrics(metrics: dict[str, float], *, clipping_range: float) -> np.ndarray:
+    """A client's training metrics as one more array of the secure sum: ``[value / scale, present]`` per metric.
+
+    Summed by SecAgg+ like the update, they reach the server only as the
+    round's weighted means, never one client's own values. ``present`` lets a
+    metric some clients do not report (no step taken, a term switched off)
+    average over the clients that do; whether a client reports a metric
+    follows from its public size and the run's method. Values beyond the
+    clipping range are clipped (a mean that is off, never a saturated sum).
+    """
+    pairs = []
+    for name, scale in SECURE_METRIC_SCALES.items():
+        value = metrics.get(name)
+        present = value is not None and math.isfinite(value)
+        pairs += [float(np.clip(value / scale, -clipping_range, clipping_range)) if present else 0.0, float(present)]
+    return np.asarray(pairs, dtype=np.float64)
+
+
+def decode_metrics(aggregate: np.ndarray) -> dict[str, float]:
+    """The round's weighted mean of every metric some client reported, from SecAgg+'s aggregate of :func:`encode_metrics`."""
+    aggregate = np.asarray(aggregate, dtype=np.float64)
+    if aggregate.shape != (2 * len(SECURE_METRIC_SCALES),):
+        raise ValueError(f"expected {2 * len(SECURE_METRIC_SCALES)} aggregated metric values, got {aggregate.shape}")
+    means = {}
+    for index, (name, scale) in enumerate(SECURE_METRIC_SCALES.items()):
+        weighted, present = aggregate[2 * index], aggregate[2 * index + 1]
+        if present > 1e-3:  # far above the fixed point's error, far below one client's share
+            means[name] = float(weighted / present * scale)
+    return means

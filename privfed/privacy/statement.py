@@ -106,19 +106,26 @@ def _release_clauses(
     return [], [f"released vectors ({name}): no guarantee{raw}; they are not in the epsilon"]
 
 
-def _public_facts(*, dp_sgd: bool) -> list[str]:
+def _public_facts(*, dp_sgd: bool, secagg: bool) -> list[str]:
     """What no part of the run protects: sizes and participation, and the metrics clients report."""
     facts = [
         "each client's dataset size (public: it weighs the FedAvg average), which rounds it took part in, and "
         "whether its round failed"
     ]
-    if dp_sgd:
-        facts.append("the step counts and wall-clock timings clients report (their losses are not reported)")
-    else:
+    reported = (
+        "step counts and wall-clock timings (their losses are not reported)"
+        if dp_sgd
+        else "training metrics (losses, target entropy, centroid cosine: averages computed from their data; step "
+        "counts and timings)"
+    )
+    if secagg:
         facts.append(
-            "the training metrics clients report in plaintext every round (losses, target entropy, centroid "
-            "cosine: averages computed from their data; step counts and timings)"
+            f"the round's weighted means of the clients' {reported}, summed inside SecAgg+ like the update (no "
+            "client's own values, but not a DP bound); in round 0, which has no secure sum, each client's release "
+            "time in plaintext"
         )
+    else:
+        facts.append(f"the {reported} each client reports in plaintext every round")
     return facts
 
 
@@ -205,7 +212,7 @@ def privacy_statement(
     ):
         covers += part_covers
         not_covered += part_not_covered
-    not_covered += _public_facts(dp_sgd=dp_sgd)
+    not_covered += _public_facts(dp_sgd=dp_sgd, secagg=secagg)
     not_covered.append(DEVIATING_SERVER)
     text = _headline(mechanism, dp_sgd=dp_sgd, worst=worst, k=k) + " Not covered: " + "; ".join(not_covered) + "."
     return PrivacyStatement(text=text, covers=tuple(covers), not_covered=tuple(not_covered))

@@ -164,3 +164,28 @@ def test_a_failed_round_tells_the_server_nothing_about_the_clients_data(tiny_con
         OrchestraClient(client_id=1).fit(ins)
     assert not any(ch.isdigit() for ch in str(failure.value))
     assert "NaN or Inf" in caplog.text  # the reason is in the client's own log
+
+
+
+def test_under_secagg_a_training_reply_carries_no_training_metric_in_plaintext(tiny_config):
+    """The losses, entropy, cosine, steps and timings travel inside the masked sum instead."""
+    from privfed.federation.update_encoding import SECURE_METRIC_SCALES
+    from privfed.secagg_settings import secagg_settings
+
+    config = tiny_config.replace(secagg=True)
+    torch.manual_seed(0)
+    network = OrchestraNetwork(config.backbone, config.projection_dim)
+    server = OrchestraServer(network, num_global_centroids=8, seed=0)
+    server.initialised = True
+    server.centroids = F.normalize(torch.randn(8, config.projection_dim), dim=1)
+    strategy = OrchestraStrategy(
+        server, ClientConfig.of(config), on_round_end=lambda report: None,
+        clients_per_round=config.clients_per_round, seed=config.seed,
+        secagg=secagg_settings(config, [100] * config.num_clients),
+    )
+    state = ndarrays_to_parameters([server.global_state()[k].numpy() for k in shared_keys(network)])
+    res = OrchestraClient(client_id=1).fit(strategy.fit_instructions(server_round=2, parameters=state))
+    assert not set(SECURE_METRIC_SCALES) & set(res.metrics)
+    arrays = parameters_to_ndarrays(res.parameters)
+    assert len(arrays) == len(shared_keys(network)) + 3  # the update, two indicator vectors, the metrics
+    assert arrays[-1].shape == (2 * len(SECURE_METRIC_SCALES),) and arrays[-1][1] == 1.0  # the loss is there

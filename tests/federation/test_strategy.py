@@ -12,7 +12,7 @@ from mechanisms import Guarantee, Release
 from privfed.federation.client_config import ClientConfig
 from privfed.federation.messages import encode_release
 from privfed.federation.strategy import OrchestraStrategy
-from privfed.federation.update_encoding import encode_update
+from privfed.federation.update_encoding import encode_metrics, encode_update
 from privfed.methods import get_method
 from privfed.models import OrchestraNetwork
 from privfed.orchestra.model_state import shared_state, state_delta
@@ -38,7 +38,12 @@ def strategy_in_a_training_round(config, secagg: bool) -> OrchestraStrategy:
         secagg=secagg_settings(config, [30, 10]),
     )
     strategy._sampled_ids = (0, 1)
+    strategy.test_rounds = rounds
     return strategy
+
+
+def strategy_rounds(strategy: OrchestraStrategy) -> list:
+    return strategy.test_rounds
 
 
 def test_without_secagg_the_strategy_forms_fedavg_of_the_deltas(tiny_config):
@@ -57,11 +62,15 @@ def test_with_secagg_the_strategy_decodes_the_one_aggregate(tiny_config):
     delta = [np.full(v.shape, 1.5) for v in start.values()]
     scales = strategy.scales.copy()
     # SecAgg+ hands every reply the same weighted mean of the encoded updates; here both clients sent `delta`.
-    aggregate = encode_update(delta, scales, weight_ratio=1.0, clipping_range=8.0)
+    aggregate = [*encode_update(delta, scales, weight_ratio=1.0, clipping_range=8.0),
+                 encode_metrics({"loss": 3.0, "target_entropy": 0.5}, clipping_range=8.0)]
     strategy.aggregate_fit(2, [(None, reply(aggregate, 30, 0)), (None, reply(aggregate, 10, 1))], [])
     for key, moved in state_delta(shared_state(strategy.server.network), start).items():
         assert torch.allclose(moved, torch.full_like(moved, 1.5), atol=1e-6), key
     assert np.array_equal(strategy.scales, scales)  # nothing came near the clipping range
+    (report,) = strategy_rounds(strategy)
+    assert report.server_stats["loss"] == pytest.approx(3.0) and report.server_stats["target_entropy"] == pytest.approx(0.5)
+    assert "rotation_loss" not in report.server_stats  # no client reported it
 
 
 def test_a_release_the_method_does_not_make_is_refused(tiny_config):

@@ -168,3 +168,19 @@ def test_a_delta_that_is_not_finite_is_refused_before_secagg_quantises_it():
     """SecAgg+ would turn a NaN into a large wrong value that no indicator flags."""
     with pytest.raises(ValueError, match="NaN or Inf"):
         encode_update([np.array([0.1, np.nan])], np.ones(1), weight_ratio=1.0, clipping_range=8.0)
+
+
+
+def test_training_metrics_reach_the_server_only_as_weighted_means_over_the_clients_that_report_them():
+    from privfed.federation.update_encoding import decode_metrics, encode_metrics
+
+    np.random.seed(3)
+    sizes = [30, 10, 20]
+    metrics = [{"loss": 4.0, "target_entropy": 0.9}, {"loss": 2.0}, {"loss": 6.0, "target_entropy": 0.3, "steps": 12.0}]
+    encoded = [[encode_metrics(m, clipping_range=8.0)] for m in metrics]
+    (aggregate,) = secagg_sum(encoded, sizes, max_weight=30.0, clipping_range=8.0)
+    means = decode_metrics(aggregate)
+    assert means["loss"] == pytest.approx((30 * 4 + 10 * 2 + 20 * 6) / 60, abs=1e-3)
+    assert means["target_entropy"] == pytest.approx((30 * 0.9 + 20 * 0.3) / 50, abs=1e-3)
+    assert means["steps"] == pytest.approx(12.0, abs=1e-2)
+    assert "rotation_loss" not in means
