@@ -94,24 +94,30 @@ def test_kanon_is_stated_as_distinct_images_per_centroid_and_never_as_differenti
         assert "not differential privacy" in s.text and "differentially private" not in s.text
 
 
-@pytest.mark.parametrize("mechanism", [None, "kanon", "ldp", "reps"])
-@pytest.mark.parametrize("dp_sgd", [False, True])
-def test_every_differential_privacy_claim_names_replace_one_and_never_add_remove(mechanism, dp_sgd):
-    """The accountant composes under replace-one: a statement quoting add/remove would claim a smaller epsilon than holds."""
+EVERY_MODE = pytest.mark.parametrize(
+    "mechanism,dp_sgd", [(m, d) for m in (None, "kanon", "ldp", "reps") for d in (False, True)]
+)
+
+
+def statement_of_mode(mechanism: str | None, dp_sgd: bool):
+    """The statement of a run with this mechanism (None: a method that releases nothing) and DP-SGD setting."""
     cls = None if mechanism is None else get_mechanism_class(mechanism)
     is_dp = dp_sgd or (cls is not None and cls.is_differentially_private())
-    s = privacy_statement(mechanism=cls, dp_sgd=dp_sgd, worst=worst(2.0, 7.5, 8.0) if is_dp else None, k=6)
+    return privacy_statement(mechanism=cls, dp_sgd=dp_sgd, worst=worst(2.0, 7.5, 8.0) if is_dp else None, k=6), is_dp
+
+
+@EVERY_MODE
+def test_every_differential_privacy_claim_names_replace_one_and_never_add_remove(mechanism, dp_sgd):
+    """The accountant composes under replace-one: a statement quoting add/remove would claim a smaller epsilon than holds."""
+    s, is_dp = statement_of_mode(mechanism, dp_sgd)
     everything = " ".join([s.text, *s.covers, *s.not_covered])
     assert "add/remove" not in everything and "adding or removing" not in everything
     if is_dp:
         assert "differentially private with respect to replacing one" in s.text
 
 
-@pytest.mark.parametrize("mechanism", [None, "kanon", "ldp", "reps"])
-@pytest.mark.parametrize("dp_sgd", [False, True])
+@EVERY_MODE
 def test_every_statement_says_it_assumes_a_server_that_follows_the_plan(mechanism, dp_sgd):
-    cls = None if mechanism is None else get_mechanism_class(mechanism)
-    is_dp = dp_sgd or (cls is not None and cls.is_differentially_private())
-    s = privacy_statement(mechanism=cls, dp_sgd=dp_sgd, worst=worst(2.0, 7.5, 8.0) if is_dp else None, k=6)
+    s, _ = statement_of_mode(mechanism, dp_sgd)
     assert any("deviates from the run's plan" in n for n in s.not_covered)
     assert "deviates from the run's plan" in s.text
