@@ -49,14 +49,18 @@ def secaggplus_when_requested(msg: Message, context: Context, call_next: Callabl
     otherwise get the update unmasked, so the node refuses such a round when
     the message itself says it is a SecAgg+ round (it carries SecAgg+ scales)
     or when the node's own config requires SecAgg+ (``require-secagg``).
-    It checks only that SecAgg+'s records are there: a server that runs
-    SecAgg+ with the node alone, or with a threshold of 1, still recovers
-    the update (the node does not yet hold minimums of its own).
+    A SecAgg+ training round must also carry privfed's own SecAgg+ settings,
+    which put the training metrics into the masked sum. Minimums on the
+    round's size are :func:`check_secagg_round`'s.
     """
     if msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, context)
     if RECORD_KEY_CONFIGS in msg.content.config_records:
         check_secagg_round(msg.content.config_records[RECORD_KEY_CONFIGS], context)
+        fit = msg.content.config_records.get(FIT_CONFIG_RECORD, {})
+        if fit.get("task") == "train" and "secagg_scales" not in fit:
+            # privfed masks its metrics and indicators only with its own SecAgg+ settings.
+            raise UnmaskedRoundRefused("a SecAgg+ training round without privfed's SecAgg+ settings")
         reply = secaggplus_mod(msg, context, call_next)
         np.random.seed()  # fresh OS entropy: the rounding seed must not predict later draws in this process
         return reply
@@ -74,16 +78,24 @@ def check_secagg_round(configs, context: Context) -> None:
     threshold of 1 it hands back the only share of its mask seed, and the
     server unmasks the update. With the minimum set, the node refuses at
     setup a round of fewer clients or neighbours, a threshold below 2, or a
-    threshold that is not a strict majority of the shares (so no minority of
-    neighbours can rebuild both of its secrets), and at key sharing a
-    neighbourhood smaller than the minimum. Sybil neighbours the server
-    invents are not caught: that needs authenticated node keys.
+    threshold that is not a strict majority of the shares, and at key sharing
+    fewer distinct nodes (itself included) than the minimum. Whatever the
+    minimum, at unmasking it refuses a request that lists a node as both
+    surviving and dropped, or itself as dropped: shares of both of a node's
+    secrets remove its masks. Not caught: neighbours the server invents (no
+    authenticated node keys), and fit-config SecAgg+ settings that differ
+    from the ones Flower set up with.
     """
+    stage = configs.get(Key.STAGE)
+    if stage == Stage.UNMASK:
+        # Shares of both secrets of one node unmask it: an honest server never asks for both.
+        active, dead = set(configs.get(Key.ACTIVE_NODE_ID_LIST, [])), set(configs.get(Key.DEAD_NODE_ID_LIST, []))
+        if active & dead or context.node_id in dead:
+            raise UnmaskedRoundRefused("the server lists a node as both surviving and dropped")
     minimum = context.node_config.get(SECAGG_MIN_CLIENTS)
     if minimum is None:
         return
     minimum = int(minimum)
-    stage = configs.get(Key.STAGE)
     if stage == Stage.SETUP:
         sample, shares, threshold = (int(configs[k]) for k in (Key.SAMPLE_NUMBER, Key.SHARE_NUMBER, Key.THRESHOLD))
         if sample < minimum or shares < minimum or threshold < 2 or 2 * threshold <= shares:
@@ -92,7 +104,8 @@ def check_secagg_round(configs, context: Context) -> None:
                 f"the server asked for {sample} clients, {shares} shares, threshold {threshold}"
             )
     elif stage == Stage.SHARE_KEYS:
-        neighbours = len(configs) - 1  # every entry but the stage is one neighbour's public keys
+        # Every entry but the stage is one node's public keys, keyed by its id (Flower reads the ids as integers).
+        neighbours = len({int(node) for node in configs if node != Key.STAGE})
         if neighbours < minimum:
             raise UnmaskedRoundRefused(f"this node shares keys with at least {minimum} neighbours, got {neighbours}")
 

@@ -52,7 +52,8 @@ DEVIATING_SERVER = (
     "a server that deviates from the run's plan: clients build the mechanism and DP-SGD from the parameters it "
     "sends and keep no ledger of their own, so such a server can weaken the noise or sample a client more often "
     "(a node started with require-secagg refuses a training round without SecAgg+'s records, and one with "
-    "secagg-min-clients a smaller SecAgg+ round or a minority threshold; neither stops neighbours the server invents)"
+    "secagg-min-clients a smaller SecAgg+ round; neither stops neighbours the server invents or SecAgg+ settings that "
+    "differ from the ones Flower set up with)"
 )
 
 

@@ -64,7 +64,7 @@ def test_round_zero_and_runs_without_secagg_go_through(config, node):
 def secagg_message(**configs) -> Message:
     from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
-    content = RecordDict({RECORD_KEY_CONFIGS: ConfigRecord(configs), FIT_CONFIG_RECORD: ConfigRecord({"task": "train"})})
+    content = RecordDict({RECORD_KEY_CONFIGS: ConfigRecord(configs)})  # only the collect stage carries the fit
     metadata = Metadata(run_id=1, message_id="m", src_node_id=0, dst_node_id=1, reply_to_message_id="", group_id="1",
                         created_at=0.0, ttl=60.0, message_type=MessageType.TRAIN)
     return Message(metadata=metadata, content=content)
@@ -92,3 +92,31 @@ def test_a_node_with_a_minimum_refuses_too_few_neighbours_at_key_sharing():
 def test_a_round_that_meets_the_minimum_goes_on_to_secagg():
     reply = secaggplus_when_requested(setup(5, 5, 3), context(**{SECAGG_MIN_CLIENTS: 3}), Recorder())
     assert not reply.has_error()
+
+
+
+@pytest.mark.parametrize("active,dead", [([1, 2, 3], [3]), ([2, 3], [1])])
+def test_an_unmask_request_for_both_secrets_of_a_node_is_refused_whatever_the_node_config(active, dead):
+    """Listing a node as surviving and dropped asks its neighbours for both of its secrets, which unmasks it."""
+    message = secagg_message(stage="unmask", active_nids=active, dead_nids=dead)
+    with pytest.raises(UnmaskedRoundRefused, match="both surviving and dropped"):
+        secaggplus_when_requested(message, context(), Recorder())
+
+
+def test_a_secagg_training_round_without_privfeds_settings_is_refused():
+    """Without them the client would send its metrics beside the masked update, in plaintext."""
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+
+    content = RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({"stage": "collect_masked_vectors"}),
+                          FIT_CONFIG_RECORD: ConfigRecord({"task": "train"})})
+    metadata = Metadata(run_id=1, message_id="m", src_node_id=0, dst_node_id=1, reply_to_message_id="", group_id="1",
+                        created_at=0.0, ttl=60.0, message_type=MessageType.TRAIN)
+    with pytest.raises(UnmaskedRoundRefused, match="without privfed's SecAgg"):
+        secaggplus_when_requested(Message(metadata=metadata, content=content), context(), Recorder())
+
+
+def test_neighbours_are_counted_by_node_not_by_spelling():
+    keys = {"7": [b"a", b"b"], "07": [b"c", b"d"], "8": [b"e", b"f"]}
+    with pytest.raises(UnmaskedRoundRefused, match="got 2"):
+        secaggplus_when_requested(secagg_message(stage="share_keys", **keys), context(**{SECAGG_MIN_CLIENTS: 3}),
+                                  Recorder())
