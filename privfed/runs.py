@@ -42,6 +42,11 @@ class RunDirectory:
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
 
+    @property
+    def client_ledgers(self) -> Path:
+        """Where simulated clients keep their own privacy ledgers (a deployed node uses its ``state-dir``)."""
+        return self.path / "client-ledgers"
+
     def holds_a_run(self) -> bool:
         return (self.path / "config.json").is_file()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -45,8 +46,10 @@ from privfed.federation.update_encoding import SECURE_METRIC_SCALES, encode_metr
 from privfed.methods import get_method
 from privfed.orchestra.client_update import client_update
 from privfed.orchestra.model_state import shared_keys
+from privfed.privacy.client_guard import ClientGuard, RoundRefused
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
 from privfed.privacy.ledger import events_to_json
+from privfed.secagg_settings import SecAggPlusSettings
 
 
 logger = logging.getLogger(__name__)
@@ -61,12 +64,36 @@ def client_seed(run_seed: int, round_index: int, client_id: int) -> int:
     return int(np.random.SeedSequence([run_seed, round_index, client_id]).generate_state(1)[0])
 
 
-class OrchestraClient(Client):
-    """Answers the server's fit instructions for one data partition."""
+@dataclass
+class DeclaredRun:
+    """The run as its user declared it, which a client holds the server to.
 
-    def __init__(self, client_id: int, num_partitions: int | None = None) -> None:
+    Attributes:
+        client_config: What every fit instruction's client configuration must be.
+        secagg: The SecAgg+ settings the declared run plans (None: ``--no-secagg``);
+            a training round must use SecAgg+ with exactly these encodings.
+        guard: The client's own calibration and ledger (:mod:`privfed.privacy.client_guard`).
+    """
+
+    client_config: ClientConfig
+    secagg: SecAggPlusSettings | None
+    guard: ClientGuard
+
+
+class OrchestraClient(Client):
+    """Answers the server's fit instructions for one data partition.
+
+    Args:
+        client_id: The partition this client holds.
+        num_partitions: How many the federation has (None: not checked).
+        declared: The declared run the client holds the server to (None
+            trusts the server, for library use without a declaration).
+    """
+
+    def __init__(self, client_id: int, num_partitions: int | None = None, *, declared: DeclaredRun | None = None) -> None:
         self.client_id = client_id
         self.num_partitions = num_partitions
+        self.declared = declared
 
     def get_properties(self, ins: GetPropertiesIns) -> GetPropertiesRes:
         """Which partition this node holds: the server samples partitions, not node IDs."""
@@ -88,11 +115,16 @@ class OrchestraClient(Client):
         mechanism = None
         if get_method(config.method).releases != (config.mechanism is not None):
             raise ValueError(f"method {config.method} and mechanism {config.mechanism} do not go together")
-        if config.mechanism is not None:
-            mechanism = create_mechanism(config.mechanism, **json.loads(str(ins.config["mechanism_params"])))
+        params = json.loads(str(ins.config.get("mechanism_params", "{}")))
         dp_sgd = DpSgdSettings.from_json(str(ins.config["dp_sgd"])) if "dp_sgd" in ins.config else None
         if config.dp_sgd and dp_sgd is None:
             raise ValueError("the run trains with DP-SGD but the server sent no DP-SGD settings")
+        images = config.split.client_images(self.client_id)
+        if self.declared is not None:
+            # Before anything touches the data: the round is checked and charged, or refused.
+            self._admit(ins.config, config, params, dp_sgd, int(images.shape[0]), train)
+        if config.mechanism is not None:
+            mechanism = create_mechanism(config.mechanism, **params)
         if centroids is not None and mechanism is not None:
             mechanism.observe_global_centroids(centroids)
         try:
@@ -100,7 +132,7 @@ class OrchestraClient(Client):
                 network,
                 global_state,
                 centroids,
-                config.split.client_images(self.client_id),
+                images,
                 train=train,
                 config=config.local.replace(dp_sgd=dp_sgd),
                 mechanism=mechanism,
@@ -135,6 +167,46 @@ class OrchestraClient(Client):
                 "dp_sgd_events": events_to_json(update.privacy_events),
             },
         )
+
+
+    def _admit(
+        self, fit: dict, config: ClientConfig, params: dict, dp_sgd: DpSgdSettings | None, num_samples: int, train: bool
+    ) -> None:
+        """Refuses a round that departs from the declared run or its budget (:class:`RoundRefused`)."""
+        declared = self.declared
+        assert declared is not None
+        differing = declared.client_config.differences(config)
+        if differing:
+            raise RoundRefused(f"the server's client configuration differs from the declared run in {', '.join(differing)}")
+        if train and declared.secagg is not None:
+            check_secagg_encoding(fit, declared.secagg)
+        declared.guard.admit(
+            round_index=int(fit["round"]), mechanism=config.mechanism, params=params, dp_sgd=dp_sgd,
+            batch_size=config.local.batch_size, epochs=config.local.epochs, num_samples=num_samples, train=train,
+        )
+
+
+def check_secagg_encoding(fit: dict, declared: SecAggPlusSettings) -> None:
+    """Refuses a training round without SecAgg+ or with SecAgg+ encodings other than the declared run's.
+
+    The client divides its overflow indicators by its own weight ratio at the
+    declared ``max_weight`` and quantisation; other values would make a
+    raised flag count other than 1 and name the client again.
+
+    Raises:
+        RoundRefused: naming the setting.
+    """
+    if "secagg_scales" not in fit:
+        raise RoundRefused("the run declared SecAgg+; the server asked for an update without it")
+    sent = {key: fit.get(f"secagg_{key}") for key in SECAGG_ENCODING}
+    own = {key: getattr(declared, key) for key in SECAGG_ENCODING}
+    if any(sent[key] is None or float(sent[key]) != float(own[key]) for key in SECAGG_ENCODING):
+        raise RoundRefused(f"the server's SecAgg+ encoding {sent} differs from the declared run's {own}")
+
+
+#: The SecAgg+ settings a client encodes its update and indicators with (fit config ``secagg_<name>``).
+SECAGG_ENCODING = ("max_weight", "clipping_range", "quantization_range")
+
 
 
 def prepare_for_secagg(arrays: list[np.ndarray], config: dict, num_samples: int) -> list[np.ndarray]:

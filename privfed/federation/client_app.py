@@ -8,7 +8,9 @@ a client is actually built (:mod:`privfed.federation.client`).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 from flwr.app import Message
@@ -16,15 +18,59 @@ from flwr.app.message_type import MessageType
 from flwr.client import Client, ClientApp
 from flwr.client.mod import secaggplus_mod
 from flwr.common import Context
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
+
+if TYPE_CHECKING:
+    from privfed.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+#: Node config key (``--node-config "state-dir='/var/lib/privfed'"``): where the node keeps its own privacy
+#: ledger, one file per partition, across restarts and runs.
+STATE_DIR = "state-dir"
 
 
-def client_fn(context: Context) -> Client:
-    """Builds the client for this node's partition (``partition-id`` in the node config)."""
-    from privfed.federation.client import OrchestraClient
+def make_client_fn(declared: TrainConfig | None = None, state_dir: Path | None = None) -> Callable[[Context], Client]:
+    """``client_fn`` for a run declared as ``declared`` (None: the run config Flower hands the node).
 
-    node = context.node_config
-    return OrchestraClient(int(node["partition-id"]), int(node["num-partitions"]))
+    Every client holds the server to the declared run with its own budget and
+    ledger (:mod:`privfed.privacy.client_guard`). The ledger lives in the
+    node's ``state-dir`` (or ``state_dir``): a file per partition, so it
+    survives restarts, and a node's later runs spend from the same budget.
+    Without one, it lives in the client process only.
+    """
+
+    def client_fn(context: Context) -> Client:
+        """Builds the client for this node's partition (``partition-id`` in the node config)."""
+        from privfed.federation.client import DeclaredRun, OrchestraClient
+        from privfed.federation.client_config import ClientConfig
+        from privfed.privacy.client_guard import ClientGuard, declared_budget, node_cap_from
+        from privfed.secagg_settings import secagg_settings
+
+        node = context.node_config
+        partition = int(node["partition-id"])
+        run = declared if declared is not None else _declared_by_run_config(context)
+        folder = Path(str(node[STATE_DIR])) if node.get(STATE_DIR) else state_dir
+        ledger = None
+        if folder is None:
+            logger.warning("partition %d keeps its privacy ledger in memory only: set the node config %s", partition, STATE_DIR)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            ledger = folder / f"privfed-ledger-partition-{partition}.jsonl"
+        client_config = ClientConfig.of(run)
+        sizes = client_config.split.client_sizes()
+        guard = ClientGuard(declared_budget(run, sizes[partition], node_cap=node_cap_from(node)), ledger)
+        declared_run = DeclaredRun(client_config, secagg_settings(run, sizes), guard)
+        return OrchestraClient(partition, int(node["num-partitions"]), declared=declared_run)
+
+    def _declared_by_run_config(context: Context) -> TrainConfig:
+        from privfed.config import config_from_run_config
+
+        if not context.run_config:
+            raise RuntimeError("this ClientApp has no declared run: start it with `flwr run` or privfed train")
+        return config_from_run_config(dict(context.run_config))
+
+    return client_fn
 
 
 Mod = Callable[[Message, Context, Callable[[Message, Context], Message]], Message]
@@ -61,6 +107,8 @@ def secaggplus_when_requested(msg: Message, context: Context, call_next: Callabl
         if fit.get("task") == "train" and "secagg_scales" not in fit:
             # privfed masks its metrics and indicators only with its own SecAgg+ settings.
             raise UnmaskedRoundRefused("a SecAgg+ training round without privfed's SecAgg+ settings")
+        if fit.get("task") == "train":
+            check_encoding_matches_setup(fit, context.state.config_records.get(RECORD_KEY_STATE))
         reply = secaggplus_mod(msg, context, call_next)
         np.random.seed()  # fresh OS entropy: the rounding seed must not predict later draws in this process
         return reply
@@ -83,8 +131,7 @@ def check_secagg_round(configs, context: Context) -> None:
     minimum, at unmasking it refuses a request that lists a node as both
     surviving and dropped, or itself as dropped: shares of both of a node's
     secrets remove its masks. Not caught: neighbours the server invents (no
-    authenticated node keys), and fit-config SecAgg+ settings that differ
-    from the ones Flower set up with.
+    authenticated node keys).
     """
     stage = configs.get(Key.STAGE)
     if stage == Stage.UNMASK:
@@ -108,6 +155,31 @@ def check_secagg_round(configs, context: Context) -> None:
         neighbours = len({int(node) for node in configs if node != Key.STAGE})
         if neighbours < minimum:
             raise UnmaskedRoundRefused(f"this node shares keys with at least {minimum} neighbours, got {neighbours}")
+
+
+#: privfed's fit config key -> the SecAgg+ state key Flower's mod set up with.
+ENCODING_IN_SETUP = {
+    "secagg_max_weight": "max_weight",
+    "secagg_clipping_range": "clipping_range",
+    "secagg_quantization_range": "target_range",
+}
+
+
+def check_encoding_matches_setup(fit, state) -> None:
+    """Refuses privfed's SecAgg+ encoding when it differs from the one Flower's mod set up the round with.
+
+    The client divides its indicators by its weight ratio as the fit config
+    says; Flower multiplies by the ratio it set up with. If the two differ a
+    raised flag no longer adds exactly 1, and the sum names the client again.
+    """
+    if state is None:
+        raise UnmaskedRoundRefused("a SecAgg+ training round before SecAgg+ was set up on this node")
+    for fit_key, setup_key in ENCODING_IN_SETUP.items():
+        if fit_key not in fit or float(fit[fit_key]) != float(state.get(setup_key, float("nan"))):
+            raise UnmaskedRoundRefused(
+                f"privfed's SecAgg+ {fit_key} {fit.get(fit_key)!r} differs from the {setup_key} "
+                f"{state.get(setup_key)!r} SecAgg+ was set up with"
+            )
 
 
 def _node_requires_secagg(context: Context) -> bool:
@@ -144,8 +216,14 @@ def seeded_secagg_rounding(msg: Message, context: Context, call_next: Callable[[
     return reply
 
 
-def make_client_app(*, outer_mods: Sequence[Mod] = (), inner_mods: Sequence[Mod] = ()) -> ClientApp:
-    """The ClientApp, optionally with extra mods outside or inside SecAgg+'s masking.
+def make_client_app(
+    *,
+    declared: TrainConfig | None = None,
+    state_dir: Path | None = None,
+    outer_mods: Sequence[Mod] = (),
+    inner_mods: Sequence[Mod] = (),
+) -> ClientApp:
+    """The ClientApp for a declared run (see :func:`make_client_fn`), optionally with extra mods.
 
     An inner mod sees the client's plaintext reply before it is masked (what
     never leaves the node); an outer mod sees what the server receives. Mods
@@ -153,7 +231,8 @@ def make_client_app(*, outer_mods: Sequence[Mod] = (), inner_mods: Sequence[Mod]
     node which partition it holds (a legacy ``get_properties`` message).
     """
     return ClientApp(
-        client_fn=client_fn, mods=[*outer_mods, secaggplus_when_requested, seeded_secagg_rounding, *inner_mods]
+        client_fn=make_client_fn(declared, state_dir),
+        mods=[*outer_mods, secaggplus_when_requested, seeded_secagg_rounding, *inner_mods],
     )
 
 

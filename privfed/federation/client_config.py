@@ -64,6 +64,11 @@ class ClientConfig:
             threads=max(1, int(config.client_cpus)),
         )
 
+    def differences(self, other: ClientConfig) -> list[str]:
+        """The fields whose values differ from ``other``'s (compared as the JSON both travel as)."""
+        mine, theirs = json.loads(self.to_json()), json.loads(other.to_json())
+        return sorted(k for k in mine if mine[k] != theirs.get(k))
+
     def build_network(self) -> OrchestraNetwork:
         """The run's network architecture (GroupNorm under DP-SGD), as the server built it."""
         return build_network(self)

@@ -19,7 +19,7 @@ from flwr.common import Context
 from flwr.server import Grid, LegacyContext, ServerApp, ServerConfig
 from flwr.server.workflow import DefaultWorkflow
 
-from privfed.config import TrainConfig, build_config
+from privfed.config import config_from_run_config
 from privfed.federation.client_config import ClientConfig
 from privfed.federation.partitions import discover_partitions
 from privfed.federation.secagg_workflow import OrchestraFitWorkflow
@@ -77,12 +77,6 @@ def make_server_app(plan: RunPlan, progress: ProgressCallback | None = None, out
             outcome["summary"] = summary
 
     return app
-
-
-def config_from_run_config(run_config: dict[str, Any]) -> TrainConfig:
-    """``[tool.flwr.app.config]`` keys use dashes; empty strings mean "not set"."""
-    values = {k.replace("-", "_"): (None if v == "" else v) for k, v in run_config.items()}
-    return build_config(**values)
 
 
 app = ServerApp()

@@ -7,10 +7,11 @@ import os
 import warnings
 from typing import Any
 
-from flwr.client import ClientApp
+from typing import Sequence
+
 from flwr.simulation import run_simulation
 
-from privfed.federation.client_app import app as default_client_app
+from privfed.federation.client_app import Mod, make_client_app
 from privfed.federation.server_app import make_server_app
 from privfed.run_driver import ProgressCallback
 from privfed.run_plan import RunPlan
@@ -21,11 +22,15 @@ def simulate(
     progress: ProgressCallback | None = None,
     *,
     verbose: bool = False,
-    client_app: ClientApp | None = None,
+    outer_mods: Sequence[Mod] = (),
+    inner_mods: Sequence[Mod] = (),
 ) -> dict[str, Any]:
     """Runs a planned training with ``num_clients`` virtual SuperNodes; returns the summary.
 
-    ``client_app`` replaces privfed's ClientApp, e.g. one with extra mods
+    Each virtual node holds the server to the planned run's configuration,
+    as the user declared it, and keeps its own privacy ledger in the run
+    directory (:mod:`privfed.privacy.client_guard`). ``outer_mods`` and
+    ``inner_mods`` go into the ClientApp
     (:func:`privfed.federation.client_app.make_client_app`).
 
     Raises:
@@ -43,7 +48,9 @@ def simulate(
     resources: dict[str, Any] = {"num_cpus": config.client_cpus, "num_gpus": config.client_gpus}
     run_simulation(
         server_app=make_server_app(plan, progress, outcome),
-        client_app=client_app or default_client_app,
+        client_app=make_client_app(
+            declared=config, state_dir=plan.run_dir.client_ledgers, outer_mods=outer_mods, inner_mods=inner_mods
+        ),
         num_supernodes=config.num_clients,
         backend_config={"client_resources": resources, "init_args": {"logging_level": "WARNING", "log_to_driver": verbose}},
         verbose_logging=verbose,

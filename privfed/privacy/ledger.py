@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
@@ -133,6 +134,18 @@ class LedgerEntry:
         """The entry for one client's DP-SGD training in one round."""
         return cls(client, round_index, DP_SGD, dp_sgd_guarantee(), tuple(events), kind=DP_SGD)
 
+    @classmethod
+    def from_dict(cls, values: dict) -> LedgerEntry:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            client=int(values["client"]),
+            round=int(values["round"]),
+            mechanism=str(values["mechanism"]),
+            guarantee=Guarantee(**values["guarantee"]),
+            events=tuple(PrivacyEvent(e["name"], {k: float(v) for k, v in e["params"].items()}) for e in values["events"]),
+            kind=str(values["kind"]),
+        )
+
     def to_dict(self) -> dict:
         return {
             "client": self.client,
@@ -182,8 +195,28 @@ class PrivacyLedger:
         self._min_k: int | None = None
         self._epsilon_cache: dict[tuple[int, str], float] = {}
 
+    @classmethod
+    def resume(
+        cls, path: Path | None, *, mechanism: str | None, delta: float | None, reference_epsilon: float = 1.0
+    ) -> PrivacyLedger:
+        """A ledger that goes on from the entries ``path`` already holds (a fresh one when it holds none).
+
+        Raises:
+            ValueError: when the file has a line that is not a ledger entry
+                (e.g. cut short by a crash): the spent budget is then unknown.
+        """
+        ledger = cls(mechanism=mechanism, delta=delta, reference_epsilon=reference_epsilon)
+        if path is not None and path.exists():
+            for number, line in enumerate(path.read_text().splitlines(), start=1):
+                try:
+                    ledger.record(LedgerEntry.from_dict(json.loads(line)))
+                except (ValueError, KeyError, TypeError) as err:
+                    raise ValueError(f"{path}, line {number}, is not a ledger entry ({err}); the spent budget is unknown") from None
+        ledger.path = path
+        return ledger
+
     def record(self, entry: LedgerEntry) -> None:
-        """Adds a release or a DP-SGD entry (and appends it to the ledger file)."""
+        """Adds a release or a DP-SGD entry (and appends it to the ledger file, on disk before it returns)."""
         part = DP_SGD if entry.kind == DP_SGD else RELEASES
         if part == RELEASES:
             self._releases[entry.client] += 1
@@ -196,6 +229,8 @@ class PrivacyLedger:
         if self.path is not None:
             with open(self.path, "a") as fh:
                 fh.write(json.dumps(entry.to_dict()) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
 
     @property
     def is_dp(self) -> bool:

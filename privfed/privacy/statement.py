@@ -49,11 +49,12 @@ Clauses = tuple[list[str], list[str]]  # (covers, not_covered)
 
 #: Every guarantee assumes the server follows the run's plan (docs/privacy.md, trust model).
 DEVIATING_SERVER = (
-    "a server that deviates from the run's plan: clients build the mechanism and DP-SGD from the parameters it "
-    "sends and keep no ledger of their own, so such a server can weaken the noise or sample a client more often "
-    "(a node started with require-secagg refuses a training round without SecAgg+'s records, and one with "
-    "secagg-min-clients a smaller SecAgg+ round; neither stops neighbours the server invents or SecAgg+ settings that "
-    "differ from the ones Flower set up with)"
+    "a server that deviates from the run's plan beyond what clients check: each client refuses a configuration other "
+    "than the declared run's, mechanism or DP-SGD parameters weaker than its own calibration, SecAgg+ encodings "
+    "other than the declared ones, and rounds past the budget in its own ledger; but in deployment the declared run "
+    "is the run config the SuperLink delivers (a node's own privacy-epsilon caps it), a node's ledger outlives a round "
+    "only in its state-dir, and the server still chooses the model and centroids clients compute on, which clients "
+    "it samples within their budgets, and SecAgg+ neighbours (require-secagg and secagg-min-clients narrow the rest)"
 )
 
 

@@ -120,3 +120,31 @@ def test_neighbours_are_counted_by_node_not_by_spelling():
     with pytest.raises(UnmaskedRoundRefused, match="got 2"):
         secaggplus_when_requested(secagg_message(stage="share_keys", **keys), context(**{SECAGG_MIN_CLIENTS: 3}),
                                   Recorder())
+
+
+def collect_message(**fit) -> Message:
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+
+    content = RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({"stage": "collect_masked_vectors"}),
+                          FIT_CONFIG_RECORD: ConfigRecord({"task": "train", "secagg_scales": b"\x00", **fit})})
+    metadata = Metadata(run_id=1, message_id="m", src_node_id=0, dst_node_id=1, reply_to_message_id="", group_id="1",
+                        created_at=0.0, ttl=60.0, message_type=MessageType.TRAIN)
+    return Message(metadata=metadata, content=content)
+
+
+SET_UP = {"max_weight": 100.0, "clipping_range": 8.0, "target_range": 2**22}
+ENCODED = {"secagg_max_weight": 100.0, "secagg_clipping_range": 8.0, "secagg_quantization_range": 2**22}
+
+
+@pytest.mark.parametrize("key", sorted(ENCODED))
+def test_a_fit_encoding_other_than_the_one_secagg_was_set_up_with_is_refused(key):
+    """A client divides its flags by its weight ratio at the fit's max_weight; Flower multiplies at its own.
+    If they differ a raised flag no longer adds exactly 1, and the sum names the client."""
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE
+
+    ctx = context()
+    ctx.state.config_records[RECORD_KEY_STATE] = ConfigRecord(dict(SET_UP))
+    with pytest.raises(UnmaskedRoundRefused, match=key):
+        secaggplus_when_requested(collect_message(**{**ENCODED, key: ENCODED[key] * 2}), ctx, Recorder())
+    with pytest.raises(UnmaskedRoundRefused, match="before SecAgg"):
+        secaggplus_when_requested(collect_message(**ENCODED), context(), Recorder())

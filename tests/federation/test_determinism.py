@@ -18,7 +18,6 @@ import ray.cloudpickle
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 
 from privfed.config import build_config
-from privfed.federation.client_app import make_client_app
 from privfed.federation.simulation import simulate
 from privfed.run_plan import plan_run
 
@@ -50,7 +49,7 @@ def run(tmp_path, name: str, seed: int) -> list[dict]:
     masked = tmp_path / f"{name}-masked"
     masked.mkdir()
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import this module
-    simulate(plan_run(config), client_app=make_client_app(outer_mods=[record_masked_vectors(str(masked))]))
+    simulate(plan_run(config), outer_mods=[record_masked_vectors(str(masked))])
     metrics = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in record.items() if k not in TIMINGS} for record in metrics]
 

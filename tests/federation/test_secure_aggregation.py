@@ -21,7 +21,6 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.compat.common import recorddict_compat
 
 from privfed.config import build_config
-from privfed.federation.client_app import make_client_app
 from privfed.federation.simulation import simulate
 from privfed.federation.strategy import OrchestraStrategy
 from privfed.run_plan import plan_run
@@ -95,12 +94,11 @@ def secagg_run(tmp_path_factory):
 
     # The mods are defined in this test module, which Ray's workers cannot import.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    client_app = make_client_app(
-        outer_mods=[drop_out_after_key_exchange], inner_mods=[record_plaintext(str(plaintext))]
-    )
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(OrchestraStrategy, "aggregate_fit", spy)
-        summary = simulate(plan_run(config), client_app=client_app)
+        summary = simulate(
+            plan_run(config), outer_mods=[drop_out_after_key_exchange], inner_mods=[record_plaintext(str(plaintext))]
+        )
     metrics = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
     return {"summary": summary, "seen": seen, "plaintext": plaintext, "metrics": metrics, "config": config}
 

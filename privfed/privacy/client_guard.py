@@ -1,0 +1,313 @@
+"""A client's own defence against a server that would weaken its privacy.
+
+The server sends every round's mechanism parameters and DP-SGD settings, so
+a curious server could send a noise multiplier of 1e-6, ``min_k = 1``, the
+``reps`` mechanism instead of ``ldp``, or sample one client again and again.
+A client therefore never takes the server's word for its privacy:
+
+- it computes its own calibration from the run's *declared* configuration
+  (what the user declared: ``privfed train``'s options, or the run config of
+  ``flwr run``; a SuperNode may tighten it with its own cap), and refuses a
+  round whose parameters are weaker than that calibration
+  (:func:`check_release_parameters`, :func:`check_dp_sgd_settings`);
+- it keeps its own ledger of every cost it pays (a
+  :class:`~privfed.privacy.ledger.PrivacyLedger` with one client, in a file
+  when the node has a state directory, so it survives restarts), charges a
+  round *before* it computes anything, and refuses a round that would take it
+  past its budget (:class:`ClientGuard`).
+
+A refused round raises :class:`RoundRefused`; Flower reports it to the server
+as a failed reply and the round goes on without this client. What stays
+possible for a malicious server is in ``docs/privacy.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from mechanisms import get_mechanism_class
+from mechanisms.base import K_ANONYMITY, Guarantee, PrivacyEvent
+from privfed.config import TrainConfig
+from privfed.data.federated import FederatedSplit
+from privfed.errors import PrivfedError
+from privfed.privacy.budget import plan_privacy
+from privfed.privacy.dp_sgd_plan import DpSgdSettings, round_events
+from privfed.privacy.ledger import DP_SGD, RELEASES, LedgerEntry, PrivacyLedger, composed_epsilon, merge_events
+
+#: Relative slack of the budget comparisons (the client and the server compute identical floats).
+TOLERANCE = 1e-9
+#: The ledger's one client: the node's own data.
+SELF = 0
+
+
+class RoundRefused(PrivfedError):
+    """The client refuses a round: its parameters are weaker than the client's own calibration, or its budget is spent.
+
+    The message names the parameter and the numbers; none of them depends on
+    the client's data beyond its (public) size and participation.
+    """
+
+
+@dataclass(frozen=True)
+class ClientBudget:
+    """What one client holds the server to, computed on the client.
+
+    Attributes:
+        mechanism: The declared release mechanism (None: the method releases nothing).
+        params: The client's own calibration of it.
+        release_events: What one release may cost at most (own calibration; empty unless DP).
+        dp_sgd: The client's own DP-SGD settings (None without DP-SGD).
+        delta: The delta every epsilon here is quoted at (None: nothing is DP).
+        release_cap: Epsilon the releases may spend in total (None: not DP).
+        dp_sgd_cap: Epsilon DP-SGD may spend in total, for this client's size (None: no DP-SGD).
+        reference_epsilon: Sets the accountant's grid, as the server's ledger does.
+        node_cap: ``(epsilon, delta)`` the node itself allows, releases and DP-SGD composed (None: none).
+    """
+
+    mechanism: str | None
+    params: dict[str, Any]
+    release_events: tuple[PrivacyEvent, ...]
+    dp_sgd: DpSgdSettings | None
+    delta: float | None
+    release_cap: float | None
+    dp_sgd_cap: float | None
+    reference_epsilon: float
+    node_cap: tuple[float, float] | None = None
+
+
+def declared_budget(
+    declared: TrainConfig, num_samples: int, *, node_cap: tuple[float, float] | None = None
+) -> ClientBudget:
+    """The client's own calibration of the declared run, for a client of ``num_samples`` examples.
+
+    It runs the same planning code as the server (:func:`plan_privacy`) on the
+    declared configuration; nothing the server sends in a round enters it.
+
+    Raises:
+        PrivfedError: when the declared run cannot be planned, or the node cap is not positive.
+    """
+    if node_cap is not None and not (node_cap[0] > 0 and 0 < node_cap[1] < 1):
+        raise PrivfedError(f"a node's privacy cap needs epsilon > 0 and 0 < delta < 1, got {node_cap}")
+    return _declared_budget(declared, num_samples, node_cap)
+
+
+@lru_cache(maxsize=16)  # a client process plans the declared run once, not every round
+def _declared_budget(declared: TrainConfig, num_samples: int, node_cap: tuple[float, float] | None) -> ClientBudget:
+    plan = plan_privacy(declared, FederatedSplit.of(declared).client_sizes())
+    reference = declared.epsilon or declared.epsilon_per_release or 1.0
+    release_cap = None
+    if plan.is_dp:
+        release_cap = plan.budget or composed_epsilon(
+            plan.per_release_events * plan.max_releases, plan.delta, reference_epsilon=reference
+        )
+    dp_sgd = None if plan.dp_sgd is None else plan.dp_sgd.settings
+    dp_sgd_cap = None
+    if dp_sgd is not None:
+        training = round_events(
+            num_samples, batch_size=declared.batch_size, epochs=declared.local_epochs,
+            noise_multiplier=dp_sgd.noise_multiplier,
+        )
+        dp_sgd_cap = composed_epsilon(training * declared.rounds, plan.delta, reference_epsilon=reference)
+    return ClientBudget(
+        mechanism=plan.mechanism,
+        params=plan.params,
+        release_events=plan.per_release_events,
+        dp_sgd=dp_sgd,
+        delta=plan.delta,
+        release_cap=release_cap,
+        dp_sgd_cap=dp_sgd_cap,
+        reference_epsilon=reference,
+        node_cap=node_cap,
+    )
+
+
+def check_release_parameters(budget: ClientBudget, mechanism: str | None, params: dict[str, Any]) -> None:
+    """Refuses a mechanism or parameters weaker than the client's own calibration.
+
+    The mechanism must be the declared one, with the keys the client's own
+    calibration sets. A DP mechanism's events must be no weaker, event by
+    event, than the calibrated ones (more noise passes, less does not); a
+    k-anonymous one's ``min_k`` no smaller; anything else must be identical.
+
+    Raises:
+        RoundRefused: naming what differs.
+    """
+    if mechanism != budget.mechanism:
+        raise RoundRefused(f"the run declared mechanism {budget.mechanism}, the server asked for {mechanism}")
+    if mechanism is None:
+        return
+    if set(params) != set(budget.params):
+        raise RoundRefused(
+            f"the server's {mechanism} parameters set {sorted(params)}, the client's own calibration {sorted(budget.params)}"
+        )
+    cls = get_mechanism_class(mechanism)
+    if cls.is_differentially_private():
+        try:
+            events = cls(**params).privacy_events()
+        except (TypeError, ValueError) as err:
+            raise RoundRefused(f"the server's {mechanism} parameters do not build the mechanism: {err}") from None
+        weaker = weaker_event(merge_events(events), merge_events(budget.release_events))
+        if weaker:
+            raise RoundRefused(f"the server's {mechanism} parameters are weaker than the declared budget allows: {weaker}")
+        return
+    if cls.guarantee_kind == K_ANONYMITY:
+        own, sent = int(budget.params["min_k"]), params["min_k"]
+        if not (isinstance(sent, int) and sent >= own):
+            raise RoundRefused(f"the server asked for min_k {sent!r}; the run declared at least {own}")
+        return
+    if params != budget.params:
+        raise RoundRefused(f"the server's {mechanism} parameters {params} differ from the declared {budget.params}")
+
+
+def check_dp_sgd_settings(budget: ClientBudget, settings: DpSgdSettings | None) -> None:
+    """Refuses DP-SGD settings weaker than the client's own: less noise, or none at all.
+
+    The batch size and the epochs, which fix the sampling rate and the step
+    count, are part of the client configuration, which must equal the
+    declared one. The clipping norm is the server's choice: the noise scales
+    with it.
+
+    Raises:
+        RoundRefused: naming what differs.
+    """
+    if budget.dp_sgd is None:
+        if settings is not None:
+            raise RoundRefused("the run declared no DP-SGD; the server asked for it")
+        return
+    if settings is None:
+        raise RoundRefused("the run declared DP-SGD; the server asked for training without it")
+    if not settings.noise_multiplier >= budget.dp_sgd.noise_multiplier * (1 - TOLERANCE):
+        raise RoundRefused(
+            f"the server's DP-SGD noise multiplier {settings.noise_multiplier:.6g} is below the client's own "
+            f"calibration {budget.dp_sgd.noise_multiplier:.6g}"
+        )
+
+
+#: Per event family: parameters whose larger value costs more (+1) or less (-1).
+_COST_DIRECTION: dict[str, dict[str, int]] = {
+    "discrete_laplace": {"noise_parameter": +1, "sensitivity": +1, "count": +1},
+    "gaussian": {"noise_multiplier": -1, "count": +1},
+    "poisson_gaussian": {"sampling_rate": +1, "noise_multiplier": -1, "count": +1},
+}
+
+
+def weaker_event(sent: tuple[PrivacyEvent, ...], own: tuple[PrivacyEvent, ...]) -> str | None:
+    """Why ``sent`` costs more than ``own`` in some event, or None when it costs at most as much, event by event.
+
+    Both are merged event lists; they must have the same families in the same
+    order. A family the client does not know is refused (it cannot compare it).
+    """
+    if [e.name for e in sent] != [e.name for e in own]:
+        return f"events {[e.name for e in sent]} instead of {[e.name for e in own]}"
+    for mine, theirs in zip(own, sent):
+        directions = _COST_DIRECTION.get(mine.name)
+        if directions is None or set(theirs.params) - set(directions) or set(mine.params) - set(directions):
+            return f"event {mine.name} with parameters {sorted(theirs.params)} cannot be compared"
+        for key, direction in directions.items():
+            a, b = float(theirs.params.get(key, 1.0)), float(mine.params.get(key, 1.0))
+            if not math.isfinite(a) or direction * (a - b) > TOLERANCE * abs(b):
+                return f"{mine.name} {key} {a:.6g} where the client's calibration has {b:.6g}"
+    return None
+
+
+class ClientGuard:
+    """Checks every round against the client's own budget and charges it to the client's own ledger.
+
+    Args:
+        budget: The client's own calibration (:func:`declared_budget`).
+        ledger_path: A JSONL file that survives restarts (None: this process's memory only).
+    """
+
+    def __init__(self, budget: ClientBudget, ledger_path: Path | None = None) -> None:
+        self.budget = budget
+        self.ledger = PrivacyLedger.resume(
+            ledger_path, mechanism=budget.mechanism, delta=budget.delta, reference_epsilon=budget.reference_epsilon
+        )
+
+    def admit(
+        self,
+        *,
+        round_index: int,
+        mechanism: str | None,
+        params: dict[str, Any],
+        dp_sgd: DpSgdSettings | None,
+        batch_size: int,
+        epochs: int,
+        num_samples: int,
+        train: bool,
+    ) -> None:
+        """Checks the round's parameters and budget, then charges the round before anything is computed.
+
+        Charging first means a round that fails later is paid for anyway:
+        the client may overcount, never undercount.
+
+        Raises:
+            RoundRefused: when the parameters are weaker than declared or the round would overrun a cap.
+        """
+        check_release_parameters(self.budget, mechanism, params)
+        check_dp_sgd_settings(self.budget, dp_sgd)
+        releases: tuple[PrivacyEvent, ...] = ()
+        if mechanism is not None:
+            releases = tuple(get_mechanism_class(mechanism)(**params).privacy_events())
+        training: tuple[PrivacyEvent, ...] = ()
+        if train and dp_sgd is not None:
+            training = round_events(
+                num_samples, batch_size=batch_size, epochs=epochs, noise_multiplier=dp_sgd.noise_multiplier
+            )
+        self._check_caps(releases, training)
+        if mechanism is not None:
+            self.ledger.record(LedgerEntry(SELF, round_index, mechanism, _charged(mechanism), releases))
+        if training:
+            self.ledger.record(LedgerEntry.dp_sgd(SELF, round_index, training))
+
+    def spent(self, part: str) -> float:
+        """Epsilon the client's ledger holds for ``part`` (0 when nothing DP was charged)."""
+        return self.ledger.spent(SELF, part) if self.ledger.is_dp else 0.0
+
+    def _check_caps(self, releases: tuple[PrivacyEvent, ...], training: tuple[PrivacyEvent, ...]) -> None:
+        budget, ledger = self.budget, self.ledger
+        caps = ((RELEASES, releases, budget.release_cap), (DP_SGD, training, budget.dp_sgd_cap))
+        for part, events, cap in caps:
+            if not events or cap is None:
+                continue
+            after = composed_epsilon(
+                [*ledger.events(SELF, part), *events], budget.delta, reference_epsilon=budget.reference_epsilon
+            )
+            if after > cap * (1 + TOLERANCE):
+                raise RoundRefused(
+                    f"this round would take the client's {part.replace('_', '-')} epsilon to {after:.4f}, "
+                    f"past its budget {cap:.4f} (delta {budget.delta:.2g}); it has spent "
+                    f"{self.spent(part):.4f}"
+                )
+        if budget.node_cap is not None and (releases or training):
+            epsilon, delta = budget.node_cap
+            after = composed_epsilon([*ledger.events(SELF), *releases, *training], delta, reference_epsilon=epsilon)
+            if after > epsilon * (1 + TOLERANCE):
+                raise RoundRefused(
+                    f"this round would take the node's epsilon to {after:.4f} at delta {delta:.2g}, "
+                    f"past the node's own cap {epsilon:g}"
+                )
+
+
+def _charged(mechanism: str) -> Guarantee:
+    """What the client's ledger records with a release it charged (its epsilon is the ledger's to compute)."""
+    kind = get_mechanism_class(mechanism).guarantee_kind
+    return Guarantee(kind=kind, statement=f"a {mechanism} release, charged by the client before it was computed")
+
+
+#: Node config keys: the most the node's data may spend, releases and DP-SGD composed, over every
+#: run that uses its state directory (``privacy-delta`` defaults to :data:`NODE_DEFAULT_DELTA`).
+PRIVACY_EPSILON = "privacy-epsilon"
+PRIVACY_DELTA = "privacy-delta"
+NODE_DEFAULT_DELTA = 1e-6
+
+
+def node_cap_from(node_config: dict[str, Any]) -> tuple[float, float] | None:
+    """The node's own ``(privacy-epsilon, privacy-delta)``, or None when it sets no epsilon."""
+    if node_config.get(PRIVACY_EPSILON) in (None, ""):
+        return None
+    return float(node_config[PRIVACY_EPSILON]), float(node_config.get(PRIVACY_DELTA, NODE_DEFAULT_DELTA))

@@ -1,0 +1,97 @@
+"""The ClientApp's client holds the server to the declared run: configuration, SecAgg+ encoding, budget.
+
+Each test builds the client with the ClientApp's own ``client_fn`` and
+hands it fit instructions from the real strategy, honest or with one thing
+changed, as a deviating server would send them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from flwr.app import Context, RecordDict
+from flwr.common import ndarrays_to_parameters
+
+from privfed.federation.client_app import make_client_fn
+from privfed.federation.client_config import ClientConfig
+from privfed.federation.strategy import OrchestraStrategy
+from privfed.models import OrchestraNetwork
+from privfed.orchestra.model_state import shared_keys
+from privfed.orchestra.server import OrchestraServer
+from privfed.privacy.client_guard import RoundRefused
+from privfed.run_plan import plan_run
+
+PARTITION = 1
+
+
+def instructions(plan, *, client_config=None, secagg="planned", params=None, task="train"):
+    """A fit instruction from the real strategy, for the planned run unless told otherwise."""
+    config = plan.config
+    torch.manual_seed(0)
+    network = OrchestraNetwork(config.backbone, config.projection_dim)
+    server = OrchestraServer(network, num_global_centroids=config.num_global_centroids, seed=0)
+    if task == "train":
+        server.initialised = True
+        server.centroids = F.normalize(torch.randn(config.num_global_centroids, config.projection_dim), dim=1)
+    strategy = OrchestraStrategy(
+        server, client_config or ClientConfig.of(config), on_round_end=lambda report: None,
+        clients_per_round=config.clients_per_round, seed=config.seed,
+        mechanism_params=plan.privacy.params if params is None else params,
+        secagg=plan.secagg if secagg == "planned" else secagg,
+    )
+    state = ndarrays_to_parameters([server.global_state()[k].numpy() for k in shared_keys(network)])
+    return strategy.fit_instructions(server_round=2 if task == "train" else 1, parameters=state)
+
+
+def client(plan, tmp_path):
+    node = {"partition-id": PARTITION, "num-partitions": plan.config.num_clients}
+    context = Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config={})
+    return make_client_fn(plan.config, tmp_path / "state")(context)
+
+
+@pytest.fixture
+def plan(tiny_config, tmp_path):
+    return plan_run(tiny_config.replace(mechanism="ldp", epsilon=2.0, out=str(tmp_path / "run")))
+
+
+def test_the_honest_servers_round_is_answered_and_charged(plan, tmp_path):
+    res = client(plan, tmp_path).fit(instructions(plan))
+    assert res.num_examples > 0
+    ledger = (tmp_path / "state" / f"privfed-ledger-partition-{PARTITION}.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in ledger] == [1]
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (lambda c: dataclasses.replace(c, mechanism="reps"), "mechanism"),
+        (lambda c: dataclasses.replace(c, local=dataclasses.replace(c.local, epochs=c.local.epochs + 5)), "local"),
+        (lambda c: dataclasses.replace(c, split=dataclasses.replace(c.split, alpha=100.0)), "split"),
+    ],
+)
+def test_a_client_configuration_other_than_the_declared_one_is_refused(plan, tmp_path, change, named):
+    tampered = change(ClientConfig.of(plan.config))
+    with pytest.raises(RoundRefused, match=f"differs from the declared run in .*{named}"):
+        client(plan, tmp_path).fit(instructions(plan, client_config=tampered))
+    assert not (tmp_path / "state" / f"privfed-ledger-partition-{PARTITION}.jsonl").exists()
+
+
+def test_weakened_noise_is_refused_with_a_clear_error(plan, tmp_path):
+    params = {**plan.privacy.params, "sum_noise_multiplier": plan.privacy.params["sum_noise_multiplier"] / 100}
+    with pytest.raises(RoundRefused, match="weaker than the declared budget allows: gaussian noise_multiplier"):
+        client(plan, tmp_path).fit(instructions(plan, params=params))
+
+
+def test_a_secagg_encoding_other_than_the_declared_one_is_refused(plan, tmp_path):
+    doubled = dataclasses.replace(plan.secagg, max_weight=2 * plan.secagg.max_weight)
+    with pytest.raises(RoundRefused, match="SecAgg\\+ encoding"):
+        client(plan, tmp_path).fit(instructions(plan, secagg=doubled))
+
+
+def test_a_training_round_without_secagg_is_refused_when_the_run_declared_it(plan, tmp_path):
+    with pytest.raises(RoundRefused, match="declared SecAgg"):
+        client(plan, tmp_path).fit(instructions(plan, secagg=None))

@@ -1,0 +1,175 @@
+"""A client computes its own calibration, refuses weaker parameters, and keeps a ledger that survives restarts.
+
+Threat model: the server sends weakened privacy parameters or samples one
+client beyond its budget. The budgets below come from the declared run
+alone; the "server" is whatever dict a test passes in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from privfed.config import build_config
+from privfed.data.federated import FederatedSplit
+from privfed.privacy.budget import plan_privacy
+from privfed.privacy.client_guard import (
+    ClientGuard,
+    RoundRefused,
+    check_dp_sgd_settings,
+    check_release_parameters,
+    declared_budget,
+    weaker_event,
+)
+from privfed.privacy.ledger import DP_SGD, RELEASES
+from mechanisms.base import PrivacyEvent
+
+SMALL = dict(dataset="shapes:200", num_clients=4, participation=0.5, rounds=2, out="unused")
+
+
+def ldp_run(**changes):
+    return build_config(**{**SMALL, "mechanism": "ldp", "epsilon": 1.0, **changes})
+
+
+def sizes(config) -> list[int]:
+    return FederatedSplit.of(config).client_sizes()
+
+
+def server_params(config) -> dict:
+    """What an honest server sends: its own plan of the same run."""
+    return dict(plan_privacy(config, sizes(config)).params)
+
+
+def admit(guard: ClientGuard, config, round_index: int, *, params=None, dp_sgd=None, train=True) -> None:
+    guard.admit(
+        round_index=round_index, mechanism=config.release_mechanism,
+        params=server_params(config) if params is None else params, dp_sgd=dp_sgd,
+        batch_size=config.batch_size, epochs=config.local_epochs, num_samples=sizes(config)[0], train=train,
+    )
+
+
+def test_the_honest_servers_parameters_pass_and_more_noise_passes_too():
+    config = ldp_run()
+    budget = declared_budget(config, sizes(config)[0])
+    params = server_params(config)
+    check_release_parameters(budget, "ldp", params)
+    noisier = {**params, "sum_noise_multiplier": 2 * params["sum_noise_multiplier"], "leaf_count_parameter": params["leaf_count_parameter"] / 2}
+    check_release_parameters(budget, "ldp", noisier)
+
+
+@pytest.mark.parametrize(
+    "key, weaken, named",
+    [
+        ("sum_noise_multiplier", lambda v: v / 2, "gaussian noise_multiplier"),
+        ("tree_count_parameter", lambda v: v * 2, "discrete_laplace noise_parameter"),  # a larger decay is less noise
+        ("max_depth", lambda v: v + 10, "discrete_laplace count"),  # more tree levels released
+    ],
+)
+def test_a_client_refuses_ldp_parameters_weaker_than_its_own_calibration(key, weaken, named):
+    config = ldp_run()
+    budget = declared_budget(config, sizes(config)[0])
+    params = server_params(config)
+    with pytest.raises(RoundRefused, match=named):
+        check_release_parameters(budget, "ldp", {**params, key: weaken(params[key])})
+
+
+def test_a_client_refuses_another_mechanism_extra_parameters_and_a_smaller_anonymity_set():
+    config = ldp_run()
+    budget = declared_budget(config, sizes(config)[0])
+    with pytest.raises(RoundRefused, match="declared mechanism ldp, the server asked for reps"):
+        check_release_parameters(budget, "reps", {})
+    with pytest.raises(RoundRefused, match="declared mechanism ldp, the server asked for None"):
+        check_release_parameters(budget, None, {})
+    with pytest.raises(RoundRefused, match="grid_resolution"):
+        check_release_parameters(budget, "ldp", {**server_params(config), "grid_resolution": 10.0})
+    kanon = build_config(**SMALL, mechanism="kanon")
+    kanon_budget = declared_budget(kanon, sizes(kanon)[0])
+    check_release_parameters(kanon_budget, "kanon", {"min_k": 8})  # larger sets are stronger
+    for weaker in (1, 4, 4.5, "5"):
+        with pytest.raises(RoundRefused, match="min_k"):
+            check_release_parameters(kanon_budget, "kanon", {"min_k": weaker})
+
+
+def test_a_client_refuses_weaker_dp_sgd_or_none_at_all():
+    config = build_config(**SMALL, mechanism="kanon", dp_sgd=True)
+    budget = declared_budget(config, sizes(config)[0])
+    own = plan_privacy(config, sizes(config)).dp_sgd.settings
+    assert budget.dp_sgd == own
+    check_dp_sgd_settings(budget, own)
+    check_dp_sgd_settings(budget, dataclasses.replace(own, noise_multiplier=2 * own.noise_multiplier))
+    with pytest.raises(RoundRefused, match="noise multiplier"):
+        check_dp_sgd_settings(budget, dataclasses.replace(own, noise_multiplier=own.noise_multiplier / 2))
+    with pytest.raises(RoundRefused, match="without it"):
+        check_dp_sgd_settings(budget, None)
+
+
+def test_events_the_client_cannot_compare_are_refused():
+    own = (PrivacyEvent("gaussian", {"noise_multiplier": 3.0, "count": 1.0}),)
+    assert weaker_event(own, own) is None
+    assert "cannot be compared" in weaker_event((PrivacyEvent("gaussian", {"noise_multiplier": 3.0, "scale": 1.0}),), own)
+    assert "instead of" in weaker_event((PrivacyEvent("laplace", {"b": 3.0}),), own)
+    assert "noise_multiplier" in weaker_event((PrivacyEvent("gaussian", {"noise_multiplier": float("nan")}),), own)
+
+
+def test_the_ledger_refuses_past_the_budget_and_survives_a_restart(tmp_path):
+    """rounds + 1 releases fit the declared budget exactly; one more, before or after a restart, does not."""
+    config = ldp_run()
+    path = tmp_path / "ledger.jsonl"
+    guard = ClientGuard(declared_budget(config, sizes(config)[0]), path)
+    for round_index in range(config.rounds + 1):
+        admit(guard, config, round_index, train=round_index > 0)
+    spent = guard.spent(RELEASES)
+    planned = plan_privacy(config, sizes(config)).planned_epsilon
+    assert spent == pytest.approx(planned, rel=1e-9) and spent <= config.epsilon
+    with pytest.raises(RoundRefused, match="past its budget"):
+        admit(guard, config, config.rounds + 1)
+    restarted = ClientGuard(declared_budget(config, sizes(config)[0]), path)  # a new process, the same file
+    assert restarted.spent(RELEASES) == pytest.approx(spent, rel=1e-12)
+    with pytest.raises(RoundRefused, match="past its budget"):
+        admit(restarted, config, 0, train=False)  # a restarted run starts at round 0 again: still refused
+    assert len(path.read_text().splitlines()) == config.rounds + 1  # refused rounds charge nothing
+
+
+def test_a_round_is_charged_before_it_runs_and_a_weakened_round_charges_nothing(tmp_path):
+    config = ldp_run()
+    path = tmp_path / "ledger.jsonl"
+    guard = ClientGuard(declared_budget(config, sizes(config)[0]), path)
+    params = server_params(config)
+    with pytest.raises(RoundRefused):
+        admit(guard, config, 1, params={**params, "sum_noise_multiplier": params["sum_noise_multiplier"] / 2})
+    assert not path.exists() and guard.spent(RELEASES) == 0.0
+    admit(guard, config, 1)
+    assert len(path.read_text().splitlines()) == 1 and guard.spent(RELEASES) > 0
+
+
+def test_a_node_cap_below_the_runs_budget_stops_the_node_earlier(tmp_path):
+    config = ldp_run()
+    guard = ClientGuard(declared_budget(config, sizes(config)[0], node_cap=(0.7, 1e-6)), tmp_path / "l.jsonl")
+    admitted = 0
+    with pytest.raises(RoundRefused, match="node's own cap"):
+        for round_index in range(config.rounds + 1):
+            admit(guard, config, round_index)
+            admitted += 1
+    assert 1 <= admitted < config.rounds + 1
+
+
+def test_dp_sgd_is_charged_on_the_clients_own_ledger_as_the_server_plans_it(tmp_path):
+    config = build_config(**SMALL, mechanism="kanon", dp_sgd=True)
+    plan = plan_privacy(config, sizes(config))
+    guard = ClientGuard(declared_budget(config, sizes(config)[0]), tmp_path / "l.jsonl")
+    for round_index in range(config.rounds + 1):
+        admit(guard, config, round_index, dp_sgd=plan.dp_sgd.settings, train=round_index > 0)
+    assert 0 < guard.spent(DP_SGD) <= plan.dp_sgd.planned_epsilon * (1 + 1e-9)
+    with pytest.raises(RoundRefused, match="dp-sgd epsilon"):
+        admit(guard, config, config.rounds + 1, dp_sgd=plan.dp_sgd.settings)
+
+
+def test_a_cut_short_ledger_is_refused_rather_than_read_as_empty(tmp_path):
+    config = ldp_run()
+    path = tmp_path / "ledger.jsonl"
+    guard = ClientGuard(declared_budget(config, sizes(config)[0]), path)
+    admit(guard, config, 0, train=False)
+    path.write_text(path.read_text() + '{"client": 0, "rou')
+    with pytest.raises(ValueError, match="line 2"):
+        ClientGuard(declared_budget(config, sizes(config)[0]), path)
