@@ -91,7 +91,7 @@ def run(config, images: torch.Tensor, spy: Spy, *, train: bool) -> tuple[ClientU
     mechanism.observe_global_centroids(centroids)
     update = client_update(
         network, shared_state(network), centroids if train else None, images, train=train,
-        config=client.local.replace(dp_sgd=plan.dp_sgd.settings), mechanism=mechanism,
+        config=client.local.replace(dp_sgd=None if plan.dp_sgd is None else plan.dp_sgd.settings), mechanism=mechanism,
         num_local_centroids=config.num_local_centroids, seed=11, device=torch.device("cpu"), secret_seed=5,
     )
     return update, Seen(spy.memory, spy.hyperplanes, [b.tolist() for b in spy.batches])
@@ -158,3 +158,17 @@ def test_removing_one_image_moves_other_memory_rows_so_add_remove_is_not_claimed
     _, spy_a = run(dp_config, images, spy, train=False)
     _, spy_b = run(dp_config, images[1:], spy, train=False)
     assert rows_without_a_match(spy_b.memory, spy_a.memory) > 1
+
+
+def test_without_dp_sgd_replacing_one_image_moves_other_rows_so_the_unit_is_one_representation(dp_config, spy):
+    """BatchNorm normalises each batch by its own statistics: one image changes its batch-mates' representations.
+
+    This is why, without DP-SGD, the statement's unit is one representation
+    of the memory (the rest held fixed), not one image (docs/privacy.md).
+    """
+    config = dp_config.replace(dp_sgd=False, dp_sgd_noise_multiplier=None)
+    split = FederatedSplit.of(config)
+    images, other = split.client_images(1), split.client_images(2)[0]
+    _, spy_a = run(config, images, spy, train=False)
+    _, spy_b = run(config, replaced(images, 0, other), spy, train=False)
+    assert rows_without_a_match(spy_a.memory, spy_b.memory) > 1
