@@ -72,3 +72,25 @@ def test_dp_sgd_steps_do_not_shrink_the_ledger_grid_and_stay_accurate():
     assert time.perf_counter() - start < 2.0
     fine = pld_epsilon(0.01, 0.8, steps, 1e-5, 1e-4)
     assert fine <= coarse <= fine * 1.001
+
+
+#: docs/privacy.md's table: (sampling rate, noise multiplier, steps, delta) -> (add/remove, replace-one) as printed.
+DOCS_TABLE = [
+    ((32 / 39, 3.165, 48, 1 / 12330), ("7.99", "19.1")),
+    ((32 / 1233, 3.165, 936, 1 / 12330), ("0.83", "1.73")),
+    ((0.16, 1.0, 84, 1e-5), ("10.5", "16.3")),
+]
+
+
+@pytest.mark.parametrize("row, printed", DOCS_TABLE)
+def test_the_docs_table_of_add_remove_against_replace_one_is_what_the_accountants_say(row, printed):
+    from pathlib import Path
+
+    from mechanisms.accounting import add_remove_epsilon, epsilon_of, poisson_gaussian_event, poisson_gaussian_privacy_event
+
+    rate, sigma, steps, delta = row
+    add_remove = add_remove_epsilon(poisson_gaussian_event(rate, sigma, count=steps), delta)
+    replace_one = epsilon_of([poisson_gaussian_privacy_event(rate, sigma, count=steps)], delta)
+    assert (f"{add_remove:.{len(printed[0].split('.')[1])}f}", f"{replace_one:.{len(printed[1].split('.')[1])}f}") == printed
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "privacy.md").read_text()
+    assert f"| {printed[0]} | {printed[1]} |" in docs
