@@ -73,11 +73,13 @@ class DeclaredRun:
         secagg: The SecAgg+ settings the declared run plans (None: ``--no-secagg``);
             a training round must use SecAgg+ with exactly these encodings.
         guard: The client's own calibration and ledger (:mod:`privfed.privacy.client_guard`).
+        run: The Flower run id the node's ledger charges rounds to.
     """
 
     client_config: ClientConfig
     secagg: SecAggPlusSettings | None
     guard: ClientGuard
+    run: int
 
 
 class OrchestraClient(Client):
@@ -181,7 +183,7 @@ class OrchestraClient(Client):
         if train and declared.secagg is not None:
             check_secagg_encoding(fit, declared.secagg)
         declared.guard.admit(
-            round_index=int(fit["round"]), mechanism=config.mechanism, params=params, dp_sgd=dp_sgd,
+            run=declared.run, round_index=int(fit["round"]), mechanism=config.mechanism, params=params, dp_sgd=dp_sgd,
             batch_size=config.local.batch_size, epochs=config.local.epochs, num_samples=num_samples, train=train,
         )
 

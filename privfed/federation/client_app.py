@@ -60,7 +60,7 @@ def make_client_fn(declared: TrainConfig | None = None, state_dir: Path | None =
         client_config = ClientConfig.of(run)
         sizes = client_config.split.client_sizes()
         guard = ClientGuard(declared_budget(run, sizes[partition], node_cap=node_cap_from(node)), ledger)
-        declared_run = DeclaredRun(client_config, secagg_settings(run, sizes), guard)
+        declared_run = DeclaredRun(client_config, secagg_settings(run, sizes), guard, int(context.run_id))
         return OrchestraClient(partition, int(node["num-partitions"]), declared=declared_run)
 
     def _declared_by_run_config(context: Context) -> TrainConfig:

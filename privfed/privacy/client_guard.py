@@ -23,6 +23,9 @@ possible for a malicious server is in ``docs/privacy.md``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import logging
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -37,6 +40,8 @@ from privfed.errors import PrivfedError
 from privfed.privacy.budget import plan_privacy
 from privfed.privacy.dp_sgd_plan import DpSgdSettings, round_events
 from privfed.privacy.ledger import DP_SGD, RELEASES, LedgerEntry, PrivacyLedger, composed_epsilon, merge_events
+
+logger = logging.getLogger(__name__)
 
 #: Relative slack of the budget comparisons (the client and the server compute identical floats).
 TOLERANCE = 1e-9
@@ -65,6 +70,7 @@ class ClientBudget:
         release_cap: Epsilon the releases may spend in total (None: not DP).
         dp_sgd_cap: Epsilon DP-SGD may spend in total, for this client's size (None: no DP-SGD).
         reference_epsilon: Sets the accountant's grid, as the server's ledger does.
+        rounds: Training rounds the declared run has (round 0 aside).
         node_cap: ``(epsilon, delta)`` the node itself allows, releases and DP-SGD composed (None: none).
     """
 
@@ -76,6 +82,7 @@ class ClientBudget:
     release_cap: float | None
     dp_sgd_cap: float | None
     reference_epsilon: float
+    rounds: int
     node_cap: tuple[float, float] | None = None
 
 
@@ -121,6 +128,7 @@ def _declared_budget(declared: TrainConfig, num_samples: int, node_cap: tuple[fl
         release_cap=release_cap,
         dp_sgd_cap=dp_sgd_cap,
         reference_epsilon=reference,
+        rounds=declared.rounds,
         node_cap=node_cap,
     )
 
@@ -153,6 +161,9 @@ def check_release_parameters(budget: ClientBudget, mechanism: str | None, params
         weaker = weaker_event(merge_events(events), merge_events(budget.release_events))
         if weaker:
             raise RoundRefused(f"the server's {mechanism} parameters are weaker than the declared budget allows: {weaker}")
+        if "delta" in budget.params and params["delta"] != budget.params["delta"]:
+            # Not noise, but the delta the release quotes: it must be the run's.
+            raise RoundRefused(f"the server's {mechanism} delta {params['delta']!r} is not the declared {budget.params['delta']!r}")
         return
     if cls.guarantee_kind == K_ANONYMITY:
         own, sent = int(budget.params["min_k"]), params["min_k"]
@@ -207,6 +218,9 @@ def weaker_event(sent: tuple[PrivacyEvent, ...], own: tuple[PrivacyEvent, ...]) 
         directions = _COST_DIRECTION.get(mine.name)
         if directions is None or set(theirs.params) - set(directions) or set(mine.params) - set(directions):
             return f"event {mine.name} with parameters {sorted(theirs.params)} cannot be compared"
+        count = float(theirs.params.get("count", 1.0))
+        if not (math.isfinite(count) and count.is_integer()):
+            return f"{mine.name} count {count!r} is not a whole number"
         for key, direction in directions.items():
             a, b = float(theirs.params.get(key, 1.0)), float(mine.params.get(key, 1.0))
             if not math.isfinite(a) or direction * (a - b) > TOLERANCE * abs(b):
@@ -220,17 +234,19 @@ class ClientGuard:
     Args:
         budget: The client's own calibration (:func:`declared_budget`).
         ledger_path: A JSONL file that survives restarts (None: this process's memory only).
+            Every admission reads it back and appends to it under an exclusive
+            lock, so processes sharing it cannot both spend the same budget.
     """
 
     def __init__(self, budget: ClientBudget, ledger_path: Path | None = None) -> None:
         self.budget = budget
-        self.ledger = PrivacyLedger.resume(
-            ledger_path, mechanism=budget.mechanism, delta=budget.delta, reference_epsilon=budget.reference_epsilon
-        )
+        self.ledger_path = ledger_path
+        self.ledger = self._read()
 
     def admit(
         self,
         *,
+        run: int,
         round_index: int,
         mechanism: str | None,
         params: dict[str, Any],
@@ -243,13 +259,18 @@ class ClientGuard:
         """Checks the round's parameters and budget, then charges the round before anything is computed.
 
         Charging first means a round that fails later is paid for anyway:
-        the client may overcount, never undercount.
+        the client may overcount, never undercount. A round index past the
+        declared rounds, or not after the last one charged in the same run, is
+        refused: answering one round twice lets a server difference two
+        SecAgg+ sums that differ by this client alone.
 
         Raises:
             RoundRefused: when the parameters are weaker than declared or the round would overrun a cap.
         """
         check_release_parameters(self.budget, mechanism, params)
         check_dp_sgd_settings(self.budget, dp_sgd)
+        if not 0 <= round_index <= self.budget.rounds:
+            raise RoundRefused(f"round {round_index} is outside the declared run's rounds 0 to {self.budget.rounds}")
         releases: tuple[PrivacyEvent, ...] = ()
         if mechanism is not None:
             releases = tuple(get_mechanism_class(mechanism)(**params).privacy_events())
@@ -258,17 +279,52 @@ class ClientGuard:
             training = round_events(
                 num_samples, batch_size=batch_size, epochs=epochs, noise_multiplier=dp_sgd.noise_multiplier
             )
-        self._check_caps(releases, training)
-        if mechanism is not None:
-            self.ledger.record(LedgerEntry(SELF, round_index, mechanism, _charged(mechanism), releases))
-        if training:
-            self.ledger.record(LedgerEntry.dp_sgd(SELF, round_index, training))
+        self._check_node_cap_covers(mechanism, train, dp_sgd)
+        with self._locked():
+            self.ledger = self._read()
+            last = self.ledger.last_round(run)
+            if last is not None and round_index <= last:
+                raise RoundRefused(f"round {round_index} of run {run} comes after round {last} was answered")
+            self._check_caps(releases, training)
+            if mechanism is not None:
+                self.ledger.record(LedgerEntry(SELF, round_index, mechanism, _charged(mechanism), releases, run=run))
+            if training:
+                self.ledger.record(LedgerEntry.dp_sgd(SELF, round_index, training, run=run))
 
     def spent(self, part: str) -> float:
         """Epsilon the client's ledger holds for ``part`` (0 when nothing DP was charged)."""
         return self.ledger.spent(SELF, part) if self.ledger.is_dp else 0.0
 
+    def _read(self) -> PrivacyLedger:
+        budget = self.budget
+        return PrivacyLedger.resume(
+            self.ledger_path, mechanism=budget.mechanism, delta=budget.delta, reference_epsilon=budget.reference_epsilon
+        )
+
+    @contextlib.contextmanager
+    def _locked(self):
+        if self.ledger_path is None:
+            yield
+            return
+        with open(self.ledger_path.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _check_node_cap_covers(self, mechanism: str | None, train: bool, dp_sgd: DpSgdSettings | None) -> None:
+        """Under a node cap, refuses what no epsilon covers: a non-DP release, or an update trained without DP-SGD."""
+        if self.budget.node_cap is None:
+            return
+        if mechanism is not None and not get_mechanism_class(mechanism).is_differentially_private():
+            raise RoundRefused("this node caps its epsilon and takes part only in differentially private releases")
+        if train and dp_sgd is None:
+            raise RoundRefused("this node caps its epsilon and sends model updates only under DP-SGD")
+
     def _check_caps(self, releases: tuple[PrivacyEvent, ...], training: tuple[PrivacyEvent, ...]) -> None:
+        """Refuses a round past a cap. The numbers stay in the node's log: its spending in other runs and its own
+        cap are none of the server's business."""
         budget, ledger = self.budget, self.ledger
         caps = ((RELEASES, releases, budget.release_cap), (DP_SGD, training, budget.dp_sgd_cap))
         for part, events, cap in caps:
@@ -278,19 +334,14 @@ class ClientGuard:
                 [*ledger.events(SELF, part), *events], budget.delta, reference_epsilon=budget.reference_epsilon
             )
             if after > cap * (1 + TOLERANCE):
-                raise RoundRefused(
-                    f"this round would take the client's {part.replace('_', '-')} epsilon to {after:.4f}, "
-                    f"past its budget {cap:.4f} (delta {budget.delta:.2g}); it has spent "
-                    f"{self.spent(part):.4f}"
-                )
+                logger.warning("refused: %s epsilon would reach %.4f, past %.4f (delta %.2g)", part, after, cap, budget.delta)
+                raise RoundRefused(f"this round would take the client past its declared {part.replace('_', '-')} budget")
         if budget.node_cap is not None and (releases or training):
             epsilon, delta = budget.node_cap
             after = composed_epsilon([*ledger.events(SELF), *releases, *training], delta, reference_epsilon=epsilon)
             if after > epsilon * (1 + TOLERANCE):
-                raise RoundRefused(
-                    f"this round would take the node's epsilon to {after:.4f} at delta {delta:.2g}, "
-                    f"past the node's own cap {epsilon:g}"
-                )
+                logger.warning("refused: the node's epsilon would reach %.4f at delta %.2g, past its cap %g", after, delta, epsilon)
+                raise RoundRefused("this round would take the node past its own privacy cap")
 
 
 def _charged(mechanism: str) -> Guarantee:

@@ -114,6 +114,7 @@ class LedgerEntry:
         guarantee: What the entry's own release carries.
         events: Its privacy events (empty for non-DP releases).
         kind: ``"release"`` or ``"dp_sgd"``.
+        run: The Flower run it was charged in, where a ledger spans runs (a node's own).
     """
 
     client: int
@@ -122,6 +123,7 @@ class LedgerEntry:
     guarantee: Guarantee
     events: tuple[PrivacyEvent, ...]
     kind: str = "release"
+    run: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("release", DP_SGD):
@@ -130,9 +132,11 @@ class LedgerEntry:
             check_event(event)
 
     @classmethod
-    def dp_sgd(cls, client: int, round_index: int, events: tuple[PrivacyEvent, ...]) -> LedgerEntry:
+    def dp_sgd(
+        cls, client: int, round_index: int, events: tuple[PrivacyEvent, ...], *, run: int | None = None
+    ) -> LedgerEntry:
         """The entry for one client's DP-SGD training in one round."""
-        return cls(client, round_index, DP_SGD, dp_sgd_guarantee(), tuple(events), kind=DP_SGD)
+        return cls(client, round_index, DP_SGD, dp_sgd_guarantee(), tuple(events), kind=DP_SGD, run=run)
 
     @classmethod
     def from_dict(cls, values: dict) -> LedgerEntry:
@@ -144,6 +148,7 @@ class LedgerEntry:
             guarantee=Guarantee(**values["guarantee"]),
             events=tuple(PrivacyEvent(e["name"], {k: float(v) for k, v in e["params"].items()}) for e in values["events"]),
             kind=str(values["kind"]),
+            run=None if values.get("run") is None else int(values["run"]),
         )
 
     def to_dict(self) -> dict:
@@ -154,6 +159,7 @@ class LedgerEntry:
             "mechanism": self.mechanism,
             "guarantee": self.guarantee.to_dict(),
             "events": [{"name": e.name, "params": e.params} for e in self.events],
+            **({} if self.run is None else {"run": self.run}),
         }
 
 
@@ -194,6 +200,11 @@ class PrivacyLedger:
         self._releases: Counter[int] = Counter()
         self._min_k: int | None = None
         self._epsilon_cache: dict[tuple[int, str], float] = {}
+        self._last_round: dict[int, int] = {}
+
+    def last_round(self, run: int) -> int | None:
+        """The latest round charged in ``run`` (None: none yet)."""
+        return self._last_round.get(run)
 
     @classmethod
     def resume(
@@ -218,6 +229,8 @@ class PrivacyLedger:
     def record(self, entry: LedgerEntry) -> None:
         """Adds a release or a DP-SGD entry (and appends it to the ledger file, on disk before it returns)."""
         part = DP_SGD if entry.kind == DP_SGD else RELEASES
+        if entry.run is not None:
+            self._last_round[entry.run] = max(entry.round, self._last_round.get(entry.run, entry.round))
         if part == RELEASES:
             self._releases[entry.client] += 1
             if entry.guarantee.k is not None:

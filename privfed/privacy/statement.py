@@ -54,7 +54,9 @@ DEVIATING_SERVER = (
     "other than the declared ones, and rounds past the budget in its own ledger; but in deployment the declared run "
     "is the run config the SuperLink delivers (a node's own privacy-epsilon caps it), a node's ledger outlives a round "
     "only in its state-dir, and the server still chooses the model and centroids clients compute on, which clients "
-    "it samples within their budgets, and SecAgg+ neighbours (require-secagg and secagg-min-clients narrow the rest)"
+    "it samples within their budgets (two rounds' SecAgg+ sums over cohorts that differ by one client reveal that "
+    "client's update, up to augmentation noise, unless DP-SGD bounds it), and SecAgg+ neighbours (require-secagg "
+    "and secagg-min-clients narrow the rest)"
 )
 
 

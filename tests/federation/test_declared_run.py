@@ -95,3 +95,11 @@ def test_a_secagg_encoding_other_than_the_declared_one_is_refused(plan, tmp_path
 def test_a_training_round_without_secagg_is_refused_when_the_run_declared_it(plan, tmp_path):
     with pytest.raises(RoundRefused, match="declared SecAgg"):
         client(plan, tmp_path).fit(instructions(plan, secagg=None))
+
+
+def test_the_same_round_is_not_answered_twice(plan, tmp_path):
+    """Two answers to one round would let the server difference two SecAgg+ sums that differ by this client."""
+    ins = instructions(plan)
+    client(plan, tmp_path).fit(ins)
+    with pytest.raises(RoundRefused, match="comes after round 1"):
+        client(plan, tmp_path).fit(ins)  # a fresh process, as Flower starts one per message

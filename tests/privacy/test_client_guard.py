@@ -41,9 +41,9 @@ def server_params(config) -> dict:
     return dict(plan_privacy(config, sizes(config)).params)
 
 
-def admit(guard: ClientGuard, config, round_index: int, *, params=None, dp_sgd=None, train=True) -> None:
+def admit(guard: ClientGuard, config, round_index: int, *, params=None, dp_sgd=None, train=True, run=1) -> None:
     guard.admit(
-        round_index=round_index, mechanism=config.release_mechanism,
+        run=run, round_index=round_index, mechanism=config.release_mechanism,
         params=server_params(config) if params is None else params, dp_sgd=dp_sgd,
         batch_size=config.batch_size, epochs=config.local_epochs, num_samples=sizes(config)[0], train=train,
     )
@@ -104,6 +104,16 @@ def test_a_client_refuses_weaker_dp_sgd_or_none_at_all():
         check_dp_sgd_settings(budget, None)
 
 
+def test_a_fractional_tree_depth_and_another_delta_are_refused():
+    config = ldp_run()
+    budget = declared_budget(config, sizes(config)[0])
+    params = server_params(config)
+    with pytest.raises(RoundRefused, match="not a whole number"):
+        check_release_parameters(budget, "ldp", {**params, "max_depth": params["max_depth"] - 0.5})
+    with pytest.raises(RoundRefused, match="delta"):
+        check_release_parameters(budget, "ldp", {**params, "delta": 0.999})
+
+
 def test_events_the_client_cannot_compare_are_refused():
     own = (PrivacyEvent("gaussian", {"noise_multiplier": 3.0, "count": 1.0}),)
     assert weaker_event(own, own) is None
@@ -113,7 +123,7 @@ def test_events_the_client_cannot_compare_are_refused():
 
 
 def test_the_ledger_refuses_past_the_budget_and_survives_a_restart(tmp_path):
-    """rounds + 1 releases fit the declared budget exactly; one more, before or after a restart, does not."""
+    """rounds + 1 releases fit the declared budget exactly; one more, in another run or after a restart, does not."""
     config = ldp_run()
     path = tmp_path / "ledger.jsonl"
     guard = ClientGuard(declared_budget(config, sizes(config)[0]), path)
@@ -122,13 +132,61 @@ def test_the_ledger_refuses_past_the_budget_and_survives_a_restart(tmp_path):
     spent = guard.spent(RELEASES)
     planned = plan_privacy(config, sizes(config)).planned_epsilon
     assert spent == pytest.approx(planned, rel=1e-9) and spent <= config.epsilon
-    with pytest.raises(RoundRefused, match="past its budget"):
-        admit(guard, config, config.rounds + 1)
+    with pytest.raises(RoundRefused, match="past its declared releases budget"):
+        admit(guard, config, 0, train=False, run=2)  # the server starts the run over
     restarted = ClientGuard(declared_budget(config, sizes(config)[0]), path)  # a new process, the same file
     assert restarted.spent(RELEASES) == pytest.approx(spent, rel=1e-12)
-    with pytest.raises(RoundRefused, match="past its budget"):
-        admit(restarted, config, 0, train=False)  # a restarted run starts at round 0 again: still refused
+    with pytest.raises(RoundRefused, match="past its declared releases budget"):
+        admit(restarted, config, 0, train=False, run=3)
     assert len(path.read_text().splitlines()) == config.rounds + 1  # refused rounds charge nothing
+
+
+def test_a_round_answered_once_is_not_answered_again_and_rounds_stay_within_the_run(tmp_path):
+    """Answering one round twice lets the server difference two SecAgg+ sums that differ by this client alone."""
+    config = build_config(**SMALL, mechanism="kanon")
+    path = tmp_path / "ledger.jsonl"
+    guard = ClientGuard(declared_budget(config, sizes(config)[0]), path)
+    admit(guard, config, 0, train=False)
+    admit(guard, config, 1)
+    for replay in (1, 0):
+        with pytest.raises(RoundRefused, match="comes after round 1"):
+            admit(ClientGuard(declared_budget(config, sizes(config)[0]), path), config, replay)
+    with pytest.raises(RoundRefused, match="outside the declared run"):
+        admit(guard, config, config.rounds + 1)
+    admit(guard, config, 0, train=False, run=2)  # another run numbers its rounds afresh
+
+
+def test_admission_reads_the_ledger_again_under_a_lock(tmp_path):
+    """Two processes sharing a node's ledger cannot both spend the last of its budget."""
+    import fcntl
+    import threading
+
+    config = ldp_run()
+    budget = declared_budget(config, sizes(config)[0])
+    spender = ClientGuard(budget, tmp_path / "elsewhere.jsonl")
+    for round_index in range(config.rounds + 1):
+        admit(spender, config, round_index, train=round_index > 0)
+    path = tmp_path / "ledger.jsonl"
+    waiting = ClientGuard(budget, path)  # read while the ledger was still empty
+    outcome: list[BaseException | None] = []
+
+    def admit_now() -> None:
+        try:
+            admit(waiting, config, 0, train=False, run=9)
+            outcome.append(None)
+        except RoundRefused as err:
+            outcome.append(err)
+
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process is admitting a round
+        thread = threading.Thread(target=admit_now)
+        thread.start()
+        thread.join(timeout=2)
+        assert thread.is_alive() and not outcome  # it waits for the lock
+        path.write_text((tmp_path / "elsewhere.jsonl").read_text())  # what the other process spent meanwhile
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    thread.join(timeout=60)
+    assert len(outcome) == 1 and isinstance(outcome[0], RoundRefused)
 
 
 def test_a_round_is_charged_before_it_runs_and_a_weakened_round_charges_nothing(tmp_path):
@@ -147,11 +205,23 @@ def test_a_node_cap_below_the_runs_budget_stops_the_node_earlier(tmp_path):
     config = ldp_run()
     guard = ClientGuard(declared_budget(config, sizes(config)[0], node_cap=(0.7, 1e-6)), tmp_path / "l.jsonl")
     admitted = 0
-    with pytest.raises(RoundRefused, match="node's own cap"):
-        for round_index in range(config.rounds + 1):
-            admit(guard, config, round_index)
+    with pytest.raises(RoundRefused, match="past its own privacy cap"):
+        for run in range(config.rounds + 1):
+            admit(guard, config, 0, train=False, run=run)
             admitted += 1
     assert 1 <= admitted < config.rounds + 1
+
+
+def test_a_node_cap_refuses_what_no_epsilon_covers(tmp_path):
+    """A capped node takes part only in DP releases and DP-SGD updates, whatever the run config declares."""
+    kanon = build_config(**SMALL, mechanism="kanon")
+    with pytest.raises(RoundRefused, match="only in differentially private releases"):
+        admit(ClientGuard(declared_budget(kanon, sizes(kanon)[0], node_cap=(5.0, 1e-6))), kanon, 0, train=False)
+    config = ldp_run()
+    guard = ClientGuard(declared_budget(config, sizes(config)[0], node_cap=(5.0, 1e-6)))
+    admit(guard, config, 0, train=False)  # round 0 releases only
+    with pytest.raises(RoundRefused, match="only under DP-SGD"):
+        admit(guard, config, 1)
 
 
 def test_dp_sgd_is_charged_on_the_clients_own_ledger_as_the_server_plans_it(tmp_path):
@@ -161,8 +231,8 @@ def test_dp_sgd_is_charged_on_the_clients_own_ledger_as_the_server_plans_it(tmp_
     for round_index in range(config.rounds + 1):
         admit(guard, config, round_index, dp_sgd=plan.dp_sgd.settings, train=round_index > 0)
     assert 0 < guard.spent(DP_SGD) <= plan.dp_sgd.planned_epsilon * (1 + 1e-9)
-    with pytest.raises(RoundRefused, match="dp-sgd epsilon"):
-        admit(guard, config, config.rounds + 1, dp_sgd=plan.dp_sgd.settings)
+    with pytest.raises(RoundRefused, match="past its declared dp-sgd budget"):
+        admit(guard, config, 1, dp_sgd=plan.dp_sgd.settings, run=2)
 
 
 def test_a_cut_short_ledger_is_refused_rather_than_read_as_empty(tmp_path):
