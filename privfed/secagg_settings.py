@@ -35,6 +35,11 @@ def indicators_are_exact(clipping_range: float, quantization_range: int) -> bool
     return position.denominator == 1
 
 
+#: The settings a client encodes its update, indicators and metrics with, each sent in the fit config as
+#: ``secagg_<name>``, and the key under which Flower's client mod keeps the same value from the round's setup.
+ENCODING_IN_FLOWER_STATE = {"max_weight": "max_weight", "clipping_range": "clipping_range", "quantization_range": "target_range"}
+
+
 @dataclass(frozen=True)
 class SecAggPlusSettings:
     """The SecAgg+ parameters of a run (recorded in ``summary.json``).
@@ -58,6 +63,10 @@ class SecAggPlusSettings:
     quantization_range: int = 2**22
     modulus_range: int = 2**32
     timeout: float | None = None
+
+    def encoding_config(self) -> dict[str, float | int]:
+        """The fit-config entries a client encodes with (see :data:`ENCODING_IN_FLOWER_STATE`)."""
+        return {f"secagg_{name}": getattr(self, name) for name in ENCODING_IN_FLOWER_STATE}
 
     @property
     def tolerated_dropouts(self) -> int:

@@ -170,7 +170,6 @@ class OrchestraClient(Client):
             },
         )
 
-
     def _admit(
         self, fit: dict, config: ClientConfig, params: dict, dp_sgd: DpSgdSettings | None, num_samples: int, train: bool
     ) -> None:
@@ -200,15 +199,10 @@ def check_secagg_encoding(fit: dict, declared: SecAggPlusSettings) -> None:
     """
     if "secagg_scales" not in fit:
         raise RoundRefused("the run declared SecAgg+; the server asked for an update without it")
-    sent = {key: fit.get(f"secagg_{key}") for key in SECAGG_ENCODING}
-    own = {key: getattr(declared, key) for key in SECAGG_ENCODING}
-    if any(sent[key] is None or float(sent[key]) != float(own[key]) for key in SECAGG_ENCODING):
+    own = declared.encoding_config()
+    sent = {key: fit.get(key) for key in own}
+    if any(sent[key] is None or float(sent[key]) != float(own[key]) for key in own):
         raise RoundRefused(f"the server's SecAgg+ encoding {sent} differs from the declared run's {own}")
-
-
-#: The SecAgg+ settings a client encodes its update and indicators with (fit config ``secagg_<name>``).
-SECAGG_ENCODING = ("max_weight", "clipping_range", "quantization_range")
-
 
 
 def prepare_for_secagg(arrays: list[np.ndarray], config: dict, num_samples: int) -> list[np.ndarray]:

@@ -20,6 +20,8 @@ from flwr.client.mod import secaggplus_mod
 from flwr.common import Context
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 
+from privfed.secagg_settings import ENCODING_IN_FLOWER_STATE
+
 if TYPE_CHECKING:
     from privfed.config import TrainConfig
 
@@ -157,14 +159,6 @@ def check_secagg_round(configs, context: Context) -> None:
             raise UnmaskedRoundRefused(f"this node shares keys with at least {minimum} neighbours, got {neighbours}")
 
 
-#: privfed's fit config key -> the SecAgg+ state key Flower's mod set up with.
-ENCODING_IN_SETUP = {
-    "secagg_max_weight": "max_weight",
-    "secagg_clipping_range": "clipping_range",
-    "secagg_quantization_range": "target_range",
-}
-
-
 def check_encoding_matches_setup(fit, state) -> None:
     """Refuses privfed's SecAgg+ encoding when it differs from the one Flower's mod set up the round with.
 
@@ -174,7 +168,8 @@ def check_encoding_matches_setup(fit, state) -> None:
     """
     if state is None:
         raise UnmaskedRoundRefused("a SecAgg+ training round before SecAgg+ was set up on this node")
-    for fit_key, setup_key in ENCODING_IN_SETUP.items():
+    for name, setup_key in ENCODING_IN_FLOWER_STATE.items():
+        fit_key = f"secagg_{name}"
         if fit_key not in fit or float(fit[fit_key]) != float(state.get(setup_key, float("nan"))):
             raise UnmaskedRoundRefused(
                 f"privfed's SecAgg+ {fit_key} {fit.get(fit_key)!r} differs from the {setup_key} "

@@ -5,9 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Any
-
-from typing import Sequence
+from typing import Any, Sequence
 
 from flwr.simulation import run_simulation
 

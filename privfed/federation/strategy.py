@@ -165,9 +165,7 @@ class OrchestraStrategy(Strategy):
             config["centroids"] = tensor_to_bytes(self.server.centroids)
         if self.server.initialised and self.secagg is not None:
             config["secagg_scales"] = ndarray_to_bytes(self.scales)
-            config["secagg_max_weight"] = self.secagg.max_weight
-            config["secagg_clipping_range"] = self.secagg.clipping_range
-            config["secagg_quantization_range"] = self.secagg.quantization_range
+            config.update(self.secagg.encoding_config())
         return FitIns(parameters, config)
 
     def aggregate_fit(

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mechanisms import get_mechanism_class
+from mechanisms.accounting import COST_DIRECTION
 from mechanisms.base import K_ANONYMITY, Guarantee, PrivacyEvent
 from privfed.config import TrainConfig
 from privfed.data.federated import FederatedSplit
@@ -52,8 +53,9 @@ SELF = 0
 class RoundRefused(PrivfedError):
     """The client refuses a round: its parameters are weaker than the client's own calibration, or its budget is spent.
 
-    The message names the parameter and the numbers; none of them depends on
-    the client's data beyond its (public) size and participation.
+    The message names the parameter at fault. A budget refusal names only
+    the budget: what the node spent, here or in other runs, and its own cap
+    stay in the node's log.
     """
 
 
@@ -133,13 +135,18 @@ def _declared_budget(declared: TrainConfig, num_samples: int, node_cap: tuple[fl
     )
 
 
-def check_release_parameters(budget: ClientBudget, mechanism: str | None, params: dict[str, Any]) -> None:
-    """Refuses a mechanism or parameters weaker than the client's own calibration.
+def check_release_parameters(
+    budget: ClientBudget, mechanism: str | None, params: dict[str, Any]
+) -> tuple[PrivacyEvent, ...]:
+    """What one release with the server's parameters costs, refusing parameters weaker than the client's own calibration.
 
     The mechanism must be the declared one, with the keys the client's own
     calibration sets. A DP mechanism's events must be no weaker, event by
     event, than the calibrated ones (more noise passes, less does not); a
     k-anonymous one's ``min_k`` no smaller; anything else must be identical.
+
+    Returns:
+        The release's privacy events (empty unless the mechanism is DP).
 
     Raises:
         RoundRefused: naming what differs.
@@ -147,7 +154,7 @@ def check_release_parameters(budget: ClientBudget, mechanism: str | None, params
     if mechanism != budget.mechanism:
         raise RoundRefused(f"the run declared mechanism {budget.mechanism}, the server asked for {mechanism}")
     if mechanism is None:
-        return
+        return ()
     if set(params) != set(budget.params):
         raise RoundRefused(
             f"the server's {mechanism} parameters set {sorted(params)}, the client's own calibration {sorted(budget.params)}"
@@ -164,14 +171,15 @@ def check_release_parameters(budget: ClientBudget, mechanism: str | None, params
         if "delta" in budget.params and params["delta"] != budget.params["delta"]:
             # Not noise, but the delta the release quotes: it must be the run's.
             raise RoundRefused(f"the server's {mechanism} delta {params['delta']!r} is not the declared {budget.params['delta']!r}")
-        return
+        return tuple(events)
     if cls.guarantee_kind == K_ANONYMITY:
         own, sent = int(budget.params["min_k"]), params["min_k"]
         if not (isinstance(sent, int) and sent >= own):
             raise RoundRefused(f"the server asked for min_k {sent!r}; the run declared at least {own}")
-        return
+        return ()
     if params != budget.params:
         raise RoundRefused(f"the server's {mechanism} parameters {params} differ from the declared {budget.params}")
+    return ()
 
 
 def check_dp_sgd_settings(budget: ClientBudget, settings: DpSgdSettings | None) -> None:
@@ -198,14 +206,6 @@ def check_dp_sgd_settings(budget: ClientBudget, settings: DpSgdSettings | None) 
         )
 
 
-#: Per event family: parameters whose larger value costs more (+1) or less (-1).
-_COST_DIRECTION: dict[str, dict[str, int]] = {
-    "discrete_laplace": {"noise_parameter": +1, "sensitivity": +1, "count": +1},
-    "gaussian": {"noise_multiplier": -1, "count": +1},
-    "poisson_gaussian": {"sampling_rate": +1, "noise_multiplier": -1, "count": +1},
-}
-
-
 def weaker_event(sent: tuple[PrivacyEvent, ...], own: tuple[PrivacyEvent, ...]) -> str | None:
     """Why ``sent`` costs more than ``own`` in some event, or None when it costs at most as much, event by event.
 
@@ -215,7 +215,7 @@ def weaker_event(sent: tuple[PrivacyEvent, ...], own: tuple[PrivacyEvent, ...]) 
     if [e.name for e in sent] != [e.name for e in own]:
         return f"events {[e.name for e in sent]} instead of {[e.name for e in own]}"
     for mine, theirs in zip(own, sent):
-        directions = _COST_DIRECTION.get(mine.name)
+        directions = COST_DIRECTION.get(mine.name)
         if directions is None or set(theirs.params) - set(directions) or set(mine.params) - set(directions):
             return f"event {mine.name} with parameters {sorted(theirs.params)} cannot be compared"
         count = float(theirs.params.get("count", 1.0))
@@ -267,13 +267,10 @@ class ClientGuard:
         Raises:
             RoundRefused: when the parameters are weaker than declared or the round would overrun a cap.
         """
-        check_release_parameters(self.budget, mechanism, params)
+        releases = check_release_parameters(self.budget, mechanism, params)
         check_dp_sgd_settings(self.budget, dp_sgd)
         if not 0 <= round_index <= self.budget.rounds:
             raise RoundRefused(f"round {round_index} is outside the declared run's rounds 0 to {self.budget.rounds}")
-        releases: tuple[PrivacyEvent, ...] = ()
-        if mechanism is not None:
-            releases = tuple(get_mechanism_class(mechanism)(**params).privacy_events())
         training: tuple[PrivacyEvent, ...] = ()
         if train and dp_sgd is not None:
             training = round_events(

@@ -3,7 +3,8 @@
 Two kinds of entry: a client's *release* (what the mechanism sent) and, with
 ``--dp-sgd``, its *training* cost (the round's DP-SGD steps). Both are
 charged to the same privacy unit, one example of the client, replaced by
-another (:mod:`mechanisms.accounting`), so they compose in one PLD; the ledger can also say what each part alone costs.
+another (:mod:`mechanisms.accounting`), so they compose in one PLD; the
+ledger can also say what each part alone costs.
 DP costs compose across rounds with the PLD accountant (never by adding
 epsilons); k-anonymity is reported as k and never folded into epsilon. No
 subsampling amplification is claimed for releases: a client's memory is not

@@ -172,8 +172,8 @@ def _headline(mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCa
     if is_dp:
         return (
             f"Every client's released centroids over the whole run are ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
-            "differentially private with respect to replacing one of its representations by another (PLD accountant, no subsampling "
-            "amplification). Encoder updates are not covered."
+            "differentially private with respect to replacing one of its representations by another (PLD "
+            "accountant, no subsampling amplification). Encoder updates are not covered."
         )
     if mechanism.guarantee_kind == K_ANONYMITY:
         return (
