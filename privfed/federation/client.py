@@ -42,7 +42,13 @@ from privfed.federation.messages import (
     state_to_arrays,
 )
 from privfed.federation.partitions import PARTITION_KEY
-from privfed.federation.update_encoding import SECURE_METRIC_SCALES, encode_metrics, encode_update, secagg_weight_ratio
+from privfed.federation.update_encoding import (
+    SECURE_METRIC_SCALES,
+    encode_metrics,
+    encode_update,
+    initial_scales,
+    secagg_weight_ratio,
+)
 from privfed.methods import get_method
 from privfed.orchestra.client_update import client_update
 from privfed.orchestra.model_state import shared_keys
@@ -124,7 +130,7 @@ class OrchestraClient(Client):
         images = config.split.client_images(self.client_id)
         if self.declared is not None:
             # Before anything touches the data: the round is checked and charged, or refused.
-            self._admit(ins.config, config, params, dp_sgd, int(images.shape[0]), train)
+            self._admit(ins.config, config, params, dp_sgd, int(images.shape[0]), train, keys)
         if config.mechanism is not None:
             mechanism = create_mechanism(config.mechanism, **params)
         if centroids is not None and mechanism is not None:
@@ -171,7 +177,14 @@ class OrchestraClient(Client):
         )
 
     def _admit(
-        self, fit: dict, config: ClientConfig, params: dict, dp_sgd: DpSgdSettings | None, num_samples: int, train: bool
+        self,
+        fit: dict,
+        config: ClientConfig,
+        params: dict,
+        dp_sgd: DpSgdSettings | None,
+        num_samples: int,
+        train: bool,
+        keys: list[str],
     ) -> None:
         """Refuses a round that departs from the declared run or its budget (:class:`RoundRefused`)."""
         declared = self.declared
@@ -180,19 +193,23 @@ class OrchestraClient(Client):
         if differing:
             raise RoundRefused(f"the server's client configuration differs from the declared run in {', '.join(differing)}")
         if train and declared.secagg is not None:
-            check_secagg_encoding(fit, declared.secagg)
+            check_secagg_encoding(fit, declared.secagg, keys)
         declared.guard.admit(
             run=declared.run, round_index=int(fit["round"]), mechanism=config.mechanism, params=params, dp_sgd=dp_sgd,
             batch_size=config.local.batch_size, epochs=config.local.epochs, num_samples=num_samples, train=train,
         )
 
 
-def check_secagg_encoding(fit: dict, declared: SecAggPlusSettings) -> None:
+def check_secagg_encoding(fit: dict, declared: SecAggPlusSettings, keys: list[str]) -> None:
     """Refuses a training round without SecAgg+ or with SecAgg+ encodings other than the declared run's.
 
     The client divides its overflow indicators by its own weight ratio at the
     declared ``max_weight`` and quantisation; other values would make a
-    raised flag count other than 1 and name the client again.
+    raised flag count other than 1 and name the client again. The public
+    scales must be finite and no smaller than the initial ones (the strategy
+    only grows them): a tiny scale would turn a finite update into Inf, and
+    the failure of that client's round would tell the server that its update
+    passed a threshold the server chose.
 
     Raises:
         RoundRefused: naming the setting.
@@ -203,6 +220,10 @@ def check_secagg_encoding(fit: dict, declared: SecAggPlusSettings) -> None:
     sent = {key: fit.get(key) for key in own}
     if any(sent[key] is None or float(sent[key]) != float(own[key]) for key in own):
         raise RoundRefused(f"the server's SecAgg+ encoding {sent} differs from the declared run's {own}")
+    scales = bytes_to_ndarray(fit["secagg_scales"])
+    smallest = initial_scales(keys)
+    if scales.shape != smallest.shape or not (np.isfinite(scales).all() and (scales >= smallest).all()):
+        raise RoundRefused("the server's SecAgg+ scales are not finite, or below the initial scales, or of another shape")
 
 
 def prepare_for_secagg(arrays: list[np.ndarray], config: dict, num_samples: int) -> list[np.ndarray]:

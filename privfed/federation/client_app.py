@@ -46,6 +46,7 @@ def make_client_fn(declared: TrainConfig | None = None, state_dir: Path | None =
         """Builds the client for this node's partition (``partition-id`` in the node config)."""
         from privfed.federation.client import DeclaredRun, OrchestraClient
         from privfed.federation.client_config import ClientConfig
+        from privfed.errors import PrivfedError
         from privfed.privacy.client_guard import ClientGuard, declared_budget, node_cap_from
         from privfed.secagg_settings import secagg_settings
 
@@ -61,7 +62,12 @@ def make_client_fn(declared: TrainConfig | None = None, state_dir: Path | None =
             ledger = folder / f"privfed-ledger-partition-{partition}.jsonl"
         client_config = ClientConfig.of(run)
         sizes = client_config.split.client_sizes()
-        guard = ClientGuard(declared_budget(run, sizes[partition], node_cap=node_cap_from(node)), ledger)
+        try:
+            guard = ClientGuard(declared_budget(run, sizes[partition], node_cap=node_cap_from(node)), ledger)
+        except (ValueError, PrivfedError) as err:
+            # A cut-short ledger names the node's state path; a bad cap names the node's own cap.
+            logger.error("partition %d cannot hold the server to its budget: %s", partition, err)
+            raise NodeGuardFailed("this node cannot check its privacy budget; the reason is in its log") from None
         declared_run = DeclaredRun(client_config, secagg_settings(run, sizes), guard, int(context.run_id))
         return OrchestraClient(partition, int(node["num-partitions"]), declared=declared_run)
 
@@ -82,6 +88,10 @@ Mod = Callable[[Message, Context, Callable[[Message, Context], Message]], Messag
 REQUIRE_SECAGG = "require-secagg"
 #: Node config key (``--node-config "secagg-min-clients=5"``): the smallest SecAgg+ round this node joins.
 SECAGG_MIN_CLIENTS = "secagg-min-clients"
+
+
+class NodeGuardFailed(RuntimeError):
+    """The node cannot build its privacy guard (its ledger or its cap is unusable); it answers no round."""
 
 
 class UnmaskedRoundRefused(RuntimeError):

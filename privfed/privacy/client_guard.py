@@ -311,13 +311,18 @@ class ClientGuard:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _check_node_cap_covers(self, mechanism: str | None, train: bool, dp_sgd: DpSgdSettings | None) -> None:
-        """Under a node cap, refuses what no epsilon covers: a non-DP release, or an update trained without DP-SGD."""
+        """Under a node cap, refuses what no per-image epsilon covers.
+
+        That is a non-DP release, an update trained without DP-SGD, and any
+        release of a run without DP-SGD: there BatchNorm mixes a batch, so a
+        release's epsilon is per representation, not per image.
+        """
         if self.budget.node_cap is None:
             return
         if mechanism is not None and not get_mechanism_class(mechanism).is_differentially_private():
             raise RoundRefused("this node caps its epsilon and takes part only in differentially private releases")
-        if train and dp_sgd is None:
-            raise RoundRefused("this node caps its epsilon and sends model updates only under DP-SGD")
+        if (train or mechanism is not None) and dp_sgd is None:
+            raise RoundRefused("this node caps its epsilon per image and takes part only in runs with DP-SGD")
 
     def _check_caps(self, releases: tuple[PrivacyEvent, ...], training: tuple[PrivacyEvent, ...]) -> None:
         """Refuses a round past a cap. The numbers stay in the node's log: its spending in other runs and its own

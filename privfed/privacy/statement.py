@@ -50,13 +50,14 @@ Clauses = tuple[list[str], list[str]]  # (covers, not_covered)
 #: Every guarantee assumes the server follows the run's plan (docs/privacy.md, trust model).
 DEVIATING_SERVER = (
     "a server that deviates from the run's plan beyond what clients check: each client refuses a configuration other "
-    "than the declared run's, mechanism or DP-SGD parameters weaker than its own calibration, SecAgg+ encodings "
-    "other than the declared ones, and rounds past the budget in its own ledger; but in deployment the declared run "
-    "is the run config the SuperLink delivers (a node's own privacy-epsilon caps it), a node's ledger outlives a round "
-    "only in its state-dir, and the server still chooses the model and centroids clients compute on, which clients "
-    "it samples within their budgets (two rounds' SecAgg+ sums over cohorts that differ by one client reveal that "
-    "client's update, up to augmentation noise, unless DP-SGD bounds it), and SecAgg+ neighbours (require-secagg "
-    "and secagg-min-clients narrow the rest)"
+    "than the declared run's, mechanism or DP-SGD parameters weaker than its own calibration, SecAgg+ encodings or "
+    "scales other than the declared ones, a round index it was charged for already in the same run, and rounds past "
+    "the budget in its own ledger; but in deployment the declared run is the run config the SuperLink delivers (a "
+    "node's own privacy-epsilon caps it), a node's ledger outlives a round only in its state-dir, and the server still "
+    "chooses the model and centroids clients compute on, which clients it samples within their budgets, and SecAgg+ "
+    "neighbours (require-secagg and secagg-min-clients narrow the rest); it can get the same answer again under a new "
+    "run id or a slightly changed model, and two SecAgg+ sums over cohorts that differ by one client reveal that "
+    "client's update (up to augmentation noise), unless DP-SGD bounds it"
 )
 
 
@@ -110,11 +111,12 @@ def _release_clauses(
     return [], [f"released vectors ({name}): no guarantee{raw}; they are not in the epsilon"]
 
 
-def _public_facts(*, dp_sgd: bool, secagg: bool) -> list[str]:
+def _public_facts(*, dp_sgd: bool, secagg: bool, releases: bool) -> list[str]:
     """What no part of the run protects: sizes and participation, and the metrics clients report."""
     facts = [
-        "each client's dataset size (public: it weighs the FedAvg average), which rounds it took part in, and "
-        "whether its round failed"
+        "each client's dataset size (public: it weighs the FedAvg average), which rounds it took part in, whether "
+        "its round failed or was refused (a refusal for the budget also shows that the client's ledger ran out, "
+        "counting every run that shares it), and when its reply arrived"
     ]
     reported = (
         "step counts and wall-clock timings (their losses are not reported)"
@@ -123,10 +125,16 @@ def _public_facts(*, dp_sgd: bool, secagg: bool) -> list[str]:
         "counts and timings)"
     )
     if secagg:
+        plain = (
+            "; in rounds sent as initialisation (round 0, or any round the server labels so), which have no secure "
+            "sum, each client's release time in plaintext"
+            if releases
+            else ""
+        )
         facts.append(
             f"the round's weighted means of the clients' {reported}, summed inside SecAgg+ like the update (no "
-            "client's own values, but not a DP bound); in round 0, which has no secure sum, each client's release "
-            "time in plaintext"
+            f"client's own values, but not a DP bound), and per tensor how many clients' updates overflowed or ran "
+            f"high{plain}"
         )
     else:
         facts.append(f"the {reported} each client reports in plaintext every round")
@@ -216,7 +224,7 @@ def privacy_statement(
     ):
         covers += part_covers
         not_covered += part_not_covered
-    not_covered += _public_facts(dp_sgd=dp_sgd, secagg=secagg)
+    not_covered += _public_facts(dp_sgd=dp_sgd, secagg=secagg, releases=mechanism is not None)
     not_covered.append(DEVIATING_SERVER)
     text = _headline(mechanism, dp_sgd=dp_sgd, worst=worst, k=k) + " Not covered: " + "; ".join(not_covered) + "."
     return PrivacyStatement(text=text, covers=tuple(covers), not_covered=tuple(not_covered))

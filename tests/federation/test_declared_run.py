@@ -103,3 +103,29 @@ def test_the_same_round_is_not_answered_twice(plan, tmp_path):
     client(plan, tmp_path).fit(ins)
     with pytest.raises(RoundRefused, match="comes after round 1"):
         client(plan, tmp_path).fit(ins)  # a fresh process, as Flower starts one per message
+
+
+@pytest.mark.parametrize("scale", [1e-308, float("nan"), float("inf")])
+def test_secagg_scales_that_could_turn_an_update_into_inf_are_refused(plan, tmp_path, scale):
+    """A tiny scale would make a finite update Inf, and the client's failure would tell the server it passed a
+    threshold the server chose."""
+    import numpy as np
+    from flwr.common import bytes_to_ndarray, ndarray_to_bytes
+
+    ins = instructions(plan)
+    scales = bytes_to_ndarray(ins.config["secagg_scales"]).copy()
+    scales[0] = scale
+    ins.config["secagg_scales"] = ndarray_to_bytes(np.asarray(scales))
+    with pytest.raises(RoundRefused, match="scales"):
+        client(plan, tmp_path).fit(ins)
+
+
+def test_a_node_whose_ledger_is_unreadable_says_nothing_about_it_to_the_server(plan, tmp_path):
+    from privfed.federation.client_app import NodeGuardFailed
+
+    folder = tmp_path / "state"
+    folder.mkdir()
+    (folder / f"privfed-ledger-partition-{PARTITION}.jsonl").write_text('{"client": 0, "rou')
+    with pytest.raises(NodeGuardFailed) as failure:
+        client(plan, tmp_path)
+    assert "state" not in str(failure.value) and "line" not in str(failure.value)

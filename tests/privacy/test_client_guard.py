@@ -202,26 +202,33 @@ def test_a_round_is_charged_before_it_runs_and_a_weakened_round_charges_nothing(
 
 
 def test_a_node_cap_below_the_runs_budget_stops_the_node_earlier(tmp_path):
-    config = ldp_run()
+    config = ldp_run(dp_sgd=True)
+    dp_sgd = plan_privacy(config, sizes(config)).dp_sgd.settings
     guard = ClientGuard(declared_budget(config, sizes(config)[0], node_cap=(0.7, 1e-6)), tmp_path / "l.jsonl")
     admitted = 0
     with pytest.raises(RoundRefused, match="past its own privacy cap"):
         for run in range(config.rounds + 1):
-            admit(guard, config, 0, train=False, run=run)
+            admit(guard, config, 0, train=False, run=run, dp_sgd=dp_sgd)
             admitted += 1
     assert 1 <= admitted < config.rounds + 1
 
 
-def test_a_node_cap_refuses_what_no_epsilon_covers(tmp_path):
-    """A capped node takes part only in DP releases and DP-SGD updates, whatever the run config declares."""
+def test_a_node_cap_refuses_what_no_per_image_epsilon_covers(tmp_path):
+    """A capped node takes part only in DP releases and DP-SGD updates of runs with DP-SGD, whatever the run config
+    declares: without DP-SGD, BatchNorm makes a release's epsilon one per representation, not per image."""
     kanon = build_config(**SMALL, mechanism="kanon")
     with pytest.raises(RoundRefused, match="only in differentially private releases"):
         admit(ClientGuard(declared_budget(kanon, sizes(kanon)[0], node_cap=(5.0, 1e-6))), kanon, 0, train=False)
     config = ldp_run()
     guard = ClientGuard(declared_budget(config, sizes(config)[0], node_cap=(5.0, 1e-6)))
-    admit(guard, config, 0, train=False)  # round 0 releases only
-    with pytest.raises(RoundRefused, match="only under DP-SGD"):
-        admit(guard, config, 1)
+    for round_index, train in ((0, False), (1, True)):
+        with pytest.raises(RoundRefused, match="only in runs with DP-SGD"):
+            admit(guard, config, round_index, train=train)
+    private = ldp_run(dp_sgd=True)
+    dp_sgd = plan_privacy(private, sizes(private)).dp_sgd.settings
+    guard = ClientGuard(declared_budget(private, sizes(private)[0], node_cap=(50.0, 1e-6)))
+    admit(guard, private, 0, train=False, dp_sgd=dp_sgd)
+    admit(guard, private, 1, dp_sgd=dp_sgd)
 
 
 def test_dp_sgd_is_charged_on_the_clients_own_ledger_as_the_server_plans_it(tmp_path):

@@ -121,3 +121,14 @@ def test_every_statement_says_it_assumes_a_server_that_follows_the_plan(mechanis
     s, _ = statement_of_mode(mechanism, dp_sgd)
     assert any("deviates from the run's plan" in n for n in s.not_covered)
     assert "deviates from the run's plan" in s.text
+
+
+@EVERY_MODE
+def test_what_travels_in_plaintext_under_secagg_is_named_and_only_what_travels(mechanism, dp_sgd):
+    """Release times go in plaintext only in initialisation rounds of a method that releases; overflow counts,
+    failures and refusals are named in every mode."""
+    s, _ = statement_of_mode(mechanism, dp_sgd)
+    facts = " ".join(s.not_covered)
+    assert ("release time in plaintext" in facts) == (mechanism is not None)
+    assert "how many clients' updates overflowed" in facts
+    assert "whether its round failed or was refused" in facts
