@@ -1,6 +1,20 @@
-"""Inversion attacks a semi-honest server can mount on each mechanism's releases.
+"""Inversion attacks of a semi-honest server on what each mechanism releases.
 
-Planned (DESIGN §6): learned decoder inversion and optimisation inversion,
-scored with PSNR/SSIM against null reconstructions. Depends on :mod:`privfed`
-and :mod:`mechanisms`; nothing depends on it but the CLI.
+``attacks.attackers`` holds what the server can do with public information
+(the models it sent, the releases it got, auxiliary images); ``attacks.scoring``
+holds the ground truth it is scored against, which no attacker may import.
+``attacks.evaluation`` puts the two together for ``privfed attack``.
 """
+
+from attacks.base import Attack, AttackTarget, Inversion
+from attacks.registry import UnknownAttackError, available_attacks, get_attack_class, register_attack
+
+__all__ = [
+    "Attack",
+    "AttackTarget",
+    "Inversion",
+    "UnknownAttackError",
+    "available_attacks",
+    "get_attack_class",
+    "register_attack",
+]

@@ -181,6 +181,23 @@ class Mechanism(abc.ABC):
     def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
         """The guarantee a release of ``num_reps`` representations would carry."""
 
+    def release_with_members(
+        self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
+    ) -> tuple[Release, torch.Tensor | None]:
+        """:meth:`release`, and which released vector each row of ``reps`` fed, where the mechanism knows it.
+
+        The members never leave a client: privfed asks for them only when it
+        replays a recorded round to score an inversion attack
+        (:mod:`attacks.scoring`), so that a reconstruction can be compared
+        with the images behind the vector it came from.
+
+        Returns:
+            ``(release, members)``: ``members[i]`` is the index of the
+            released vector row ``i`` contributed to, ``-1`` for none; None
+            when the mechanism cannot say (the default).
+        """
+        return self.release(reps, num_centroids=num_centroids, generator=generator), None
+
     def observe_global_centroids(self, centroids: torch.Tensor) -> None:
         """Sees the public global centroids before a release (no-op by default).
 
@@ -190,7 +207,14 @@ class Mechanism(abc.ABC):
 
 
 def checked_release(mechanism: Mechanism, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
-    """``mechanism.release``, refusing non-finite input and malformed output.
+    """``mechanism.release``, refusing non-finite input and malformed output (see :func:`checked_release_with_members`)."""
+    return checked_release_with_members(mechanism, reps, num_centroids=num_centroids, generator=generator)[0]
+
+
+def checked_release_with_members(
+    mechanism: Mechanism, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
+) -> tuple[Release, torch.Tensor | None]:
+    """``mechanism.release_with_members``, refusing non-finite input and malformed output.
 
     Every caller in privfed releases through this, so a third-party
     mechanism gets the same checks as a built-in one. Non-finite input is
@@ -207,7 +231,7 @@ def checked_release(mechanism: Mechanism, reps: torch.Tensor, *, num_centroids: 
     bad = int((~torch.isfinite(reps)).any(dim=1).sum())
     if bad:
         raise ValueError(f"{bad} of {reps.shape[0]} representations hold NaN or Inf; nothing is released")
-    release = mechanism.release(reps, num_centroids=num_centroids, generator=generator)
+    release, members = mechanism.release_with_members(reps, num_centroids=num_centroids, generator=generator)
     if release.num_vectors and release.vectors.shape[1] != reps.shape[1]:
         raise ValueError(
             f"mechanism {mechanism.name} released {release.vectors.shape[1]}-dimensional vectors "
@@ -217,4 +241,6 @@ def checked_release(mechanism: Mechanism, reps: torch.Tensor, *, num_centroids: 
         raise ValueError(f"mechanism {mechanism.name} released NaN or Inf values")
     if bool((release.weights < 0).any()):
         raise ValueError(f"mechanism {mechanism.name} released negative weights")
-    return release
+    if members is not None and members.shape != (reps.shape[0],):
+        raise ValueError(f"mechanism {mechanism.name} named members for {tuple(members.shape)} of {reps.shape[0]} rows")
+    return release, members

@@ -66,12 +66,21 @@ class KAnonymousCentroids(Mechanism):
     def release(
         self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
     ) -> Release:
+        return self.release_with_members(reps, num_centroids=num_centroids, generator=generator)[0]
+
+    def release_with_members(
+        self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
+    ) -> tuple[Release, torch.Tensor]:
+        """The centroids, and each row's cluster (``-1`` for every row when nothing is released)."""
         n, dim = reps.shape
         guarantee = self.guarantee(num_reps=n, num_centroids=num_centroids)
         released = self.num_released(num_reps=n, num_centroids=num_centroids)
         if released == 0:
             empty = torch.zeros(0, dim, dtype=reps.dtype)
-            return Release(empty, torch.zeros(0), guarantee, metrics={"skipped": 1.0})
+            return Release(empty, torch.zeros(0), guarantee, metrics={"skipped": 1.0}), torch.full((n,), -1)
         centroids, assignment = balanced_kmeans(reps, released, generator=generator, num_iters=self.num_iters)
         sizes = torch.bincount(assignment, minlength=released).float()
-        return Release(centroids.to(reps.dtype), sizes.cpu(), guarantee, metrics={"min_cluster_size": float(sizes.min())})
+        release = Release(
+            centroids.to(reps.dtype), sizes.cpu(), guarantee, metrics={"min_cluster_size": float(sizes.min())}
+        )
+        return release, assignment.cpu()

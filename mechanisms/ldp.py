@@ -282,6 +282,7 @@ class Coreset:
     noisy_counts: np.ndarray  # [leaves] all leaves, before dropping
     noisy_sums: torch.Tensor  # [leaves, D] in data units
     tree: Tree
+    leaf_of_row: np.ndarray  # [n] each input row's leaf, -1 for none (never released: for scoring attacks)
 
 
 def noisy_leaf_statistics(
@@ -551,7 +552,10 @@ class LshCoresetMechanism(Mechanism):
             x, membership, len(tree.leaf_codes), grid=self.grid(dim), noise=self.noise, source=source
         )
         points, weights = coreset_points(noisy_counts, noisy_sums, self.radius)
-        return Coreset(points=points, weights=weights, noisy_counts=noisy_counts, noisy_sums=noisy_sums, tree=tree)
+        return Coreset(
+            points=points, weights=weights, noisy_counts=noisy_counts, noisy_sums=noisy_sums, tree=tree,
+            leaf_of_row=membership,
+        )
 
     def cluster(
         self, coreset: Coreset, *, num_centroids: int, dim: int, generator: torch.Generator
@@ -577,6 +581,17 @@ class LshCoresetMechanism(Mechanism):
     def release(
         self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
     ) -> Release:
+        return self.release_with_members(reps, num_centroids=num_centroids, generator=generator)[0]
+
+    def release_with_members(
+        self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
+    ) -> tuple[Release, torch.Tensor]:
+        """The release, and for each row the centre its leaf's coreset point is nearest (``-1``: no usable leaf).
+
+        A padding centre (weight 0) has no members. Which centre a coreset
+        point "fed" is approximated by the nearest one: the weighted k-means
+        that made them ends with that assignment.
+        """
         if reps.ndim != 2:
             raise ValueError(f"reps must be [n, D], got shape {tuple(reps.shape)}")
         if num_centroids < 1:
@@ -585,7 +600,7 @@ class LshCoresetMechanism(Mechanism):
         coreset = self.coreset(reps, num_centroids=num_centroids, generator=generator)
         centres, weights = self.cluster(coreset, num_centroids=num_centroids, dim=dim, generator=generator)
         real = int((weights > 0).sum())
-        return Release(
+        release = Release(
             vectors=centres.to(reps.dtype if reps.is_floating_point() else torch.float32),
             weights=weights.float(),
             guarantee=self.guarantee(num_reps=n, num_centroids=num_centroids),
@@ -601,3 +616,21 @@ class LshCoresetMechanism(Mechanism):
                 "delta": self.delta,
             },
         )
+        return release, _centre_of_row(coreset, centres, weights)
+
+
+def _centre_of_row(coreset: Coreset, centres: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Each row's released centre via its leaf's coreset point (``-1``: dropped leaf, no leaf, or only padding)."""
+    members = torch.full((coreset.leaf_of_row.shape[0],), -1, dtype=torch.long)
+    real = torch.nonzero(weights > 0).squeeze(1)
+    kept = torch.nonzero(torch.from_numpy(coreset.noisy_counts) > 0).squeeze(1)  # leaf of each coreset point
+    usable = coreset.points.norm(dim=1) > 0
+    if real.numel() == 0 or not bool(usable.any()):
+        return members
+    nearest = real[(F.normalize(coreset.points[usable], dim=1) @ centres[real].double().T).argmax(dim=1)]
+    centre_of_leaf = torch.full((len(coreset.noisy_counts),), -1, dtype=torch.long)
+    centre_of_leaf[kept[usable]] = nearest
+    rows = torch.from_numpy(coreset.leaf_of_row)
+    in_leaf = rows >= 0
+    members[in_leaf] = centre_of_leaf[rows[in_leaf]]
+    return members

@@ -42,3 +42,10 @@ class RawRepresentations(Mechanism):
             guarantee=self.guarantee(num_reps=n, num_centroids=num_centroids),
             metrics={"num_released": float(n)},
         )
+
+    def release_with_members(
+        self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
+    ) -> tuple[Release, torch.Tensor]:
+        """Row ``i`` is released vector ``i``."""
+        release = self.release(reps, num_centroids=num_centroids, generator=generator)
+        return release, torch.arange(reps.shape[0])

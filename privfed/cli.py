@@ -162,6 +162,57 @@ def evaluate(
     typer.echo(f"{result['protocol']} accuracy: {result['accuracy']:.4f} ({result['checkpoint']}, {test_data})")
 
 
+def _parse_rounds(text: Optional[str]) -> Optional[list[int]]:
+    if not text:
+        return None
+    try:
+        return sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise PrivfedError(f"--rounds takes comma-separated round numbers, e.g. 1,40; got {text!r}") from None
+
+
+def _print_attack_progress(stage: str, done: int, total: int, figures: dict[str, float]) -> None:
+    shown = "  ".join(f"{k} {v:.4f}" for k, v in figures.items())
+    typer.echo(f"  {stage}: {done}/{total}  {shown}")
+
+
+@app.command()
+def attack(
+    run_dir: Path = typer.Argument(..., help="A run directory trained with --record-releases."),
+    method: str = typer.Option(..., "--method", help="Attack: decoder, decoder-releases (mechanism-aware) or optimization (see `privfed attacks`)."),
+    aux: Optional[str] = typer.Option(None, "--aux", help="Auxiliary data the server holds (its test split); must share no image with the clients. [default: the run's test split]"),
+    rounds: Optional[str] = typer.Option(None, "--rounds", help="Comma-separated recorded rounds to attack. [default: the first training round and the last]"),
+    device: str = config_option("device"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the attack (vector choice, auxiliary split, training)."),
+    max_vectors: int = typer.Option(200, "--max-vectors", min=1, help="Released vectors attacked per round, drawn at random among those with weight."),
+    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="The attack's step budget: decoder training steps, or optimisation steps per vector. [default: the attack's own, 2000 / 200]"),
+) -> None:
+    """Invert a run's recorded releases as a semi-honest server would; writes RUN_DIR/attack.json and attack.png."""
+    from attacks.evaluation import attack_run
+
+    result = attack_run(
+        run_dir, method=method, aux=aux, rounds=_parse_rounds(rounds), device=device, seed=seed,
+        max_vectors=max_vectors, attack_settings=None if steps is None else {"steps": steps},
+        progress=_print_attack_progress, log=typer.echo,
+    )
+    for row in result["rounds"]:
+        parts = [f"round {row['round']}: {row['vectors']} vectors"]
+        for name in ("psnr_source", "psnr_best_member", "psnr_best_client", "reid_rate"):
+            if name in row:
+                parts.append(f"{name} {row[name]:.3f} (null {row['null_' + name]:.3f})")
+        typer.echo("  ".join(parts))
+    typer.echo(f"wrote {run_dir / 'attack.json'} and {run_dir / 'attack.png'}")
+
+
+@app.command(name="attacks")
+def list_attacks() -> None:
+    """List the installed inversion attacks."""
+    from attacks import available_attacks
+
+    for name, description in available_attacks().items():
+        typer.echo(f"{name:<17} {description}")
+
+
 @app.command()
 def mechanisms() -> None:
     """List the installed release mechanisms."""

@@ -31,6 +31,7 @@ from privfed.orchestra.server import OrchestraServer
 from privfed.privacy import PrivacyLedger
 from privfed.privacy.ledger import LedgerEntry
 from privfed.privacy.statement import privacy_statement
+from privfed.recording import RecordedRound, write_round
 from privfed.run_plan import RunPlan
 
 ProgressCallback = Callable[[dict[str, Any]], None]
@@ -99,6 +100,7 @@ class RunDriver:
             global_clustering=config.global_clustering,
             cluster_temperature=config.temperature,
         )
+        self._sent_state = self.server.global_state(), self.server.centroids
         self._emit({"event": "start", "knn_accuracy_init": self.knn_init, "rounds": config.rounds})
         return self.server
 
@@ -118,7 +120,9 @@ class RunDriver:
         for key in (*STEP_VALUES, "train_seconds", "release_seconds"):
             if key not in record:  # SecAgg+ rounds bring the means of the secure sum in server_stats
                 record[key] = _mean([m[key] for m in report.client_metrics if key in m])
-        charged_ks = self._record_releases(report)
+        charged_ks = self._charge_releases(report)
+        if config.record_releases:
+            self._record_round(report)
         if charged_ks:
             record["min_k"] = min(charged_ks)
         self._record_training(report)
@@ -142,7 +146,27 @@ class RunDriver:
         self._emit({"event": "round", **record})
         return self.stop_reason
 
-    def _record_releases(self, report: RoundReport) -> list[int]:
+    def _record_round(self, report: RoundReport) -> None:
+        """Keeps the round as the server saw it (``--record-releases``): the state it sent and the releases it got.
+
+        The state every client of round r started from is the server's after
+        round r-1 (or the initial one), which is why it is remembered here
+        until the next round ends.
+        """
+        state, centroids = self._sent_state
+        if self.mechanism_class is not None:
+            recorded = RecordedRound.of(
+                report.round,
+                model_state=state,
+                centroids=centroids,
+                mechanism=self.mechanism_class.name,
+                mechanism_params=self.plan.privacy.params,
+                releases=report.releases,
+            )
+            write_round(self.run_dir.releases, recorded)
+        self._sent_state = self.server.global_state(), self.server.centroids
+
+    def _charge_releases(self, report: RoundReport) -> list[int]:
         """Charges every release that reached the server, after checking it against the plan and the mechanism's class.
 
         The server charges the events it planned, not the client's copy: a

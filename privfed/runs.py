@@ -7,6 +7,8 @@ Layout::
     RUN_DIR/summary.json         final figures (written at the end, or on a clean stop)
     RUN_DIR/checkpoints/initial.pt, final.pt   network state + global centroids
     RUN_DIR/evaluation.json      results of ``privfed evaluate`` (appended per call)
+    RUN_DIR/releases/round-XXXX.pt   what the server received per round (``--record-releases``)
+    RUN_DIR/attack.json, attack.png  results of ``privfed attack``
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ class RunDirectory:
     def client_ledgers(self) -> Path:
         """Where simulated clients keep their own privacy ledgers (a deployed node uses its ``state-dir``)."""
         return self.path / "client-ledgers"
+
+    @property
+    def releases(self) -> Path:
+        """Where ``--record-releases`` keeps each round's releases (:mod:`privfed.recording`)."""
+        return self.path / "releases"
 
     def holds_a_run(self) -> bool:
         return (self.path / "config.json").is_file()

@@ -17,11 +17,11 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
-from mechanisms.base import Mechanism, PrivacyEvent, Release, checked_release
+from mechanisms.base import Mechanism, PrivacyEvent, Release, checked_release_with_members
 from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.local_training import LocalTrainingConfig, LocalTrainingResult, train_locally
 from privfed.orchestra.memory_sampling import initial_representations, poisson_memory
@@ -51,7 +51,29 @@ class ClientUpdate:
     privacy_events: tuple[PrivacyEvent, ...] = ()
 
 
-def client_update(
+@dataclass(frozen=True)
+class PrivateRoundState:
+    """What a client's round computed and never sends, for replays that score attacks (:mod:`attacks.scoring`).
+
+    Attributes:
+        memory: ``[m, D]`` the representations the mechanism released from
+            (None when the round released nothing).
+        memory_examples: ``[m]`` the client example each memory row is a view of.
+        members: ``[m]`` the released vector each memory row fed (``-1``:
+            none); None when the mechanism cannot say.
+    """
+
+    memory: torch.Tensor | None
+    memory_examples: torch.Tensor | None
+    members: torch.Tensor | None
+
+
+def client_update(*args: Any, **kwargs: Any) -> ClientUpdate:
+    """Runs a client's round (:func:`run_client_round`) and returns only what is sent."""
+    return run_client_round(*args, **kwargs)[0]
+
+
+def run_client_round(
     network: OrchestraNetwork,
     global_state: StateDict,
     centroids: torch.Tensor | None,
@@ -64,8 +86,8 @@ def client_update(
     seed: int,
     device: torch.device,
     secret_seed: int | None = None,
-) -> ClientUpdate:
-    """Runs a client's round: initialise (round 0) or train.
+) -> tuple[ClientUpdate, PrivateRoundState]:
+    """Runs a client's round: initialise (round 0) or train; returns the reply and what stays on the client.
 
     Args:
         network: A network of the run's architecture; overwritten with
@@ -89,17 +111,17 @@ def client_update(
     load_shared_state(network, global_state)
     events: tuple[PrivacyEvent, ...] = ()
     if not train:
-        memory = None
+        memory = examples = None
         if mechanism is not None:
             # Under DP-SGD the memory is a Poisson sample from the start, as after training.
             initial_memory = poisson_memory if config.dp_sgd is not None else initial_representations
-            memory = initial_memory(network, images, config, generator=generator, device=device)
+            memory, examples = initial_memory(network, images, config, generator=generator, device=device)
         delta = None
         metrics: dict[str, float] = {}
     else:
         train = _trainer(config, secret_seed)
         result = train(network, images, centroids, config, generator=generator, device=device)
-        memory = result.memory
+        memory, examples = result.memory, result.memory_examples
         delta = state_delta(shared_state(network), global_state)
         events = result.privacy_events
         metrics = {
@@ -107,16 +129,24 @@ def client_update(
             "train_seconds": result.seconds,
             "steps": float(result.num_steps),
         }
-    release = None
+    release = members = None
     if mechanism is not None:
         start = time.perf_counter()
-        release = checked_release(mechanism, memory, num_centroids=num_local_centroids, generator=generator)
+        release, members = checked_release_with_members(
+            mechanism, memory, num_centroids=num_local_centroids, generator=generator
+        )
         metrics["release_seconds"] = time.perf_counter() - start
     if config.dp_sgd is not None:
         metrics = {k: v for k, v in metrics.items() if k in DP_SGD_METRICS}
-    return ClientUpdate(
+    update = ClientUpdate(
         delta=delta, release=release, num_samples=int(images.shape[0]), metrics=metrics, privacy_events=events
     )
+    private = PrivateRoundState(
+        memory=None if release is None else memory,
+        memory_examples=None if release is None else examples,
+        members=members,
+    )
+    return update, private
 
 
 def _trainer(config: LocalTrainingConfig, secret_seed: int | None) -> Callable[..., LocalTrainingResult]:

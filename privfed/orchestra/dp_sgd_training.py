@@ -237,9 +237,10 @@ def train_with_dp_sgd(
             if losses is not None:
                 totals += losses.detached()
                 nonempty += 1
-    memory = poisson_memory(network, images, config, generator=generator, device=device)
+    memory, examples = poisson_memory(network, images, config, generator=generator, device=device)
     return LocalTrainingResult(
         memory=memory,
+        memory_examples=examples,
         num_samples=n,
         num_steps=num_steps,
         step_means=step_means(totals, nonempty),

@@ -84,14 +84,16 @@ class LocalTrainingConfig:
 
 @dataclass(frozen=True)
 class LocalTrainingResult:
-    """What local training produced; ``memory`` stays on the client.
+    """What local training produced; ``memory`` and ``memory_examples`` stay on the client.
 
-    ``privacy_events`` is the DP-SGD cost of this round (empty without DP-SGD).
+    ``memory_examples[i]`` is the client example memory row ``i`` is a view
+    of (kept for replays that score attacks). ``privacy_events`` is the DP-SGD cost of this round (empty without DP-SGD).
     The loss values are local diagnostics: under DP-SGD they are not covered
     by the guarantee and must not leave the client.
     """
 
     memory: torch.Tensor
+    memory_examples: torch.Tensor
     num_samples: int
     num_steps: int
     step_means: dict[str, float]
@@ -184,6 +186,7 @@ def train_locally(
             steps += 1
     return LocalTrainingResult(
         memory=memory.contents(),
+        memory_examples=memory.examples(),
         num_samples=int(images.shape[0]),
         num_steps=steps,
         step_means=step_means(totals, steps),

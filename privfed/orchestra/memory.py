@@ -44,8 +44,14 @@ class RepresentationMemory:
 
     def contents(self) -> torch.Tensor:
         """``[m, D]`` copy of the latest stored view of each distinct example, oldest first."""
+        return self._buffer[self._latest_positions()].clone()
+
+    def examples(self) -> torch.Tensor:
+        """``[m]`` the example each row of :meth:`contents` is a view of."""
+        return self._examples[self._latest_positions()].clone()
+
+    def _latest_positions(self) -> torch.Tensor:
         order = torch.arange(self._size) if self._size < self.capacity else (torch.arange(self.capacity) + self._next) % self.capacity
         examples = self._examples[order].tolist()
         latest = {example: position for position, example in enumerate(examples)}  # later views overwrite earlier ones
-        keep = order[sorted(latest.values())]
-        return self._buffer[keep].clone()
+        return order[sorted(latest.values())]

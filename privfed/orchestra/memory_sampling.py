@@ -28,8 +28,8 @@ def initial_representations(
     *,
     generator: torch.Generator,
     device: torch.device,
-) -> torch.Tensor:
-    """Round 0: target representations of up to ``memory_size`` augmented images.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round 0: target representations of up to ``memory_size`` augmented images, and which images.
 
     Fills the same memory local training would, without training, so the
     server can form the first global centroids. The network is left unchanged
@@ -51,15 +51,15 @@ def _target_representations(
     *,
     aug_generator: torch.Generator,
     device: torch.device,
-) -> torch.Tensor:
-    """Target representations of view 1 of the images in ``batches``, on the CPU (``[0, D]`` if none)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target representations of view 1 of the images in ``batches``, on the CPU (``[0, D]`` if none), and their indices."""
     reps = [
         cluster_targets(network, orchestra_views(images[index].to(device), generator=aug_generator).view1, config.objective)
         for index in batches
     ]
     if not reps:
-        return torch.zeros(0, network.projection_dim)
-    return torch.cat(reps).cpu()
+        return torch.zeros(0, network.projection_dim), torch.zeros(0, dtype=torch.long)
+    return torch.cat(reps).cpu(), torch.cat(batches).cpu()
 
 
 def poisson_sample(num_samples: int, rate: float, generator: torch.Generator) -> torch.Tensor:
@@ -80,7 +80,7 @@ def poisson_memory(
     *,
     generator: torch.Generator,
     device: torch.device,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The memory under DP-SGD: one target representation per example of a Poisson sample.
 
     Each example joins independently with probability
@@ -97,7 +97,8 @@ def poisson_memory(
 
     Returns:
         ``[m, D]`` L2-normalised target representations of one augmented
-        view (view 1) each, ``m`` random with mean ``min(n, memory_size)``.
+        view (view 1) each, ``m`` random with mean ``min(n, memory_size)``,
+        and the ``[m]`` examples they are views of.
     """
     if network.norm != "group":
         raise ValueError("a Poisson memory needs a GroupNorm network: BatchNorm mixes examples")

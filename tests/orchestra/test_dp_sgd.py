@@ -190,7 +190,7 @@ def test_poisson_memory_is_an_uncapped_poisson_sample_of_examples(batch):
 
     def memory(size: int, seed: int, net=network) -> torch.Tensor:
         config = LocalTrainingConfig.from_run(DEFAULTS).replace(memory_size=size)
-        return poisson_memory(net, images, config, generator=torch.Generator().manual_seed(seed), device=cpu)
+        return poisson_memory(net, images, config, generator=torch.Generator().manual_seed(seed), device=cpu)[0]
 
     assert memory(128, 0).shape == (60, 16)  # rate 1: every example exactly once, none twice
     sizes = [memory(15, seed).shape[0] for seed in range(12)]

@@ -1,0 +1,112 @@
+"""Representations and releases the attacker makes from its own auxiliary images.
+
+The mechanism-aware decoder trains on them, and the null reconstruction
+(:mod:`attacks.evaluation`) inverts one of them: both are things the
+server can compute without any client's data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attacks.base import AttackTarget
+from mechanisms import create_mechanism
+from privfed.data.augment import orchestra_views, to_float
+
+
+@torch.no_grad()
+def aux_views_and_representations(
+    target: AttackTarget, aux_images: torch.Tensor, *, generator: torch.Generator, passes: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Representations of ``passes`` augmented views of every auxiliary image, as a client computes them.
+
+    Clients release target representations of Orchestra's first view,
+    computed in training mode in batches of their batch size, so this does
+    the same.
+
+    Returns:
+        ``(reps, index)``: ``[passes * N, D]`` representations and the
+        auxiliary image each is a view of.
+    """
+    encoder = target.frozen_encoder().train()
+    device = target.device
+    aug = torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
+    reps, index = [], []
+    for _ in range(passes):
+        order = torch.randperm(aux_images.shape[0], generator=generator)
+        for batch in order.split(max(target.batch_size, 2)):
+            if batch.numel() < 2:
+                continue  # BatchNorm needs two
+            view = orchestra_views(aux_images[batch].to(device), generator=aug).view1
+            reps.append(torch.nn.functional.normalize(encoder(view), dim=1).cpu())
+            index.append(batch)
+    return torch.cat(reps), torch.cat(index)
+
+
+@dataclass(frozen=True)
+class AuxReleases:
+    """Released vectors of simulated auxiliary clients, each with the mean of its members' images.
+
+    Attributes:
+        vectors: ``[m, D]`` released vectors that carry weight (padding dropped).
+        member_means: ``[m, 3, H, W]`` mean image (float, [0, 1]) of each
+            vector's members; of the whole memory when the mechanism cannot
+            say which rows a vector came from.
+    """
+
+    vectors: torch.Tensor
+    member_means: torch.Tensor
+
+
+def aux_releases(
+    target: AttackTarget,
+    reps: torch.Tensor,
+    image_of_rep: torch.Tensor,
+    aux_images: torch.Tensor,
+    *,
+    num_memories: int,
+    generator: torch.Generator,
+) -> AuxReleases:
+    """Runs the round's mechanism, with its parameters, on ``num_memories`` memories of auxiliary representations.
+
+    Each memory holds ``memory_size`` representations of distinct auxiliary
+    images, as a client's does.
+    """
+    mechanism = create_mechanism(target.mechanism, **target.mechanism_params)
+    if target.centroids is not None:
+        mechanism.observe_global_centroids(target.centroids)
+    images = to_float(aux_images)
+    size = min(target.memory_size, aux_images.shape[0])
+    vectors, means = [], []
+    for _ in range(num_memories):
+        rows = _distinct_image_rows(image_of_rep, size, generator)
+        release, members = mechanism.release_with_members(
+            reps[rows], num_centroids=target.num_local_centroids, generator=generator
+        )
+        member_images = images[image_of_rep[rows]]
+        for j in torch.nonzero(release.weights > 0).squeeze(1).tolist():
+            chosen = member_images if members is None else member_images[members == j]
+            if chosen.shape[0]:
+                vectors.append(release.vectors[j].float())
+                means.append(chosen.mean(dim=0))
+    if not vectors:
+        dim = reps.shape[1]
+        return AuxReleases(torch.zeros(0, dim), torch.zeros(0, *aux_images.shape[1:]))
+    return AuxReleases(torch.stack(vectors), torch.stack(means))
+
+
+def _distinct_image_rows(image_of_rep: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
+    """``size`` rows of distinct images (a memory holds one view per image)."""
+    order = torch.randperm(image_of_rep.shape[0], generator=generator)
+    seen: set[int] = set()
+    rows = []
+    for row in order.tolist():
+        image = int(image_of_rep[row])
+        if image not in seen:
+            seen.add(image)
+            rows.append(row)
+            if len(rows) == size:
+                break
+    return torch.tensor(rows, dtype=torch.long)

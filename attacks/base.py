@@ -1,0 +1,104 @@
+"""The inversion-attack interface, and the one object an attacker is handed.
+
+An attack is the semi-honest server's: it knows every model it sent and
+every release it received, and holds public auxiliary images disjoint from
+the clients'. It never sees a client's images or memory. :class:`AttackTarget`
+is all it gets of a round; everything it learns from data comes from the
+auxiliary images passed to :meth:`Attack.fit`. Ground truth for scoring
+lives in :mod:`attacks.scoring`, which no attacker imports (a test checks).
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privfed.data.augment import normalize
+
+#: Reconstructs images in [0, 1] (``[m, 3, H, W]``) from released vectors (``[m, D]``).
+Inversion = Callable[[torch.Tensor], torch.Tensor]
+#: Progress reports: (stage, done, total, figures such as the current loss).
+ProgressCallback = Callable[[str, int, int, dict[str, float]], None]
+
+
+@dataclass(frozen=True)
+class AttackTarget:
+    """What the server knows of one round: the model it sent and how clients were told to release.
+
+    Attributes:
+        round: The Orchestra round attacked.
+        encoder: The encoder whose normalised outputs clients released
+            (the target encoder, or the online one for ablations without it),
+            in the state the round started from. Attacks must not change it;
+            use :meth:`frozen_encoder` for a private copy.
+        mechanism: Release mechanism's registered name.
+        mechanism_params: The parameters clients built it with.
+        centroids: ``[G, D]`` global centroids sent in the round (None in round 0).
+        num_local_centroids: ``L``.
+        memory_size: Representations a client keeps (and releases from).
+        batch_size: Clients' batch size (representations were computed in such batches).
+        device: Where attacks compute.
+    """
+
+    round: int
+    encoder: nn.Module
+    mechanism: str
+    mechanism_params: dict[str, Any]
+    centroids: torch.Tensor | None
+    num_local_centroids: int
+    memory_size: int
+    batch_size: int
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def frozen_encoder(self) -> nn.Module:
+        """A copy of the encoder on :attr:`device`, without gradients for its parameters."""
+        encoder = copy.deepcopy(self.encoder).to(self.device)
+        for p in encoder.parameters():
+            p.requires_grad_(False)
+        return encoder
+
+
+def represent(encoder: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """What a client would release of ``images`` (float in [0, 1]): the normalised encoder output."""
+    return F.normalize(encoder(normalize(images)), dim=1)
+
+
+class Attack(abc.ABC):
+    """Learns, from public information only, to turn released vectors into images.
+
+    Subclasses set ``name`` and ``description``, take keyword-only settings
+    (a fixed budget: steps, restarts...) and implement :meth:`fit`.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    #: Whether :meth:`fit` depends on the mechanism (else one fit serves every mechanism's releases of a round).
+    uses_mechanism: ClassVar[bool] = False
+
+    def __init__(self, *, seed: int = 0) -> None:
+        self.seed = seed
+
+    def settings(self) -> dict[str, Any]:
+        """The attack's budget and settings, recorded next to its scores."""
+        return {"seed": self.seed}
+
+    @abc.abstractmethod
+    def fit(
+        self, target: AttackTarget, aux_images: torch.Tensor, *, progress: ProgressCallback | None = None
+    ) -> Inversion:
+        """Prepares the attack on one round's model.
+
+        Args:
+            target: The round as the server knows it.
+            aux_images: ``[N, 3, H, W]`` uint8 public auxiliary images.
+            progress: Called as the attack trains or optimises.
+
+        Returns:
+            The inversion: released vectors to images in [0, 1].
+        """

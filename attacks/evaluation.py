@@ -1,0 +1,283 @@
+"""``privfed attack``: run an attack on recorded rounds and score it against the recomputed truth.
+
+The attacker side (:mod:`attacks.attackers`) gets each round's
+:class:`attacks.base.AttackTarget` and auxiliary images; the scoring side
+(:mod:`attacks.scoring`) replays the clients to know which images stand
+behind each released vector. This module is the only place both meet.
+
+The null reconstruction of a vector is the same attack applied to a random
+vector the same mechanism released from auxiliary memories: something the
+server could make without any client's release, scored against the same
+candidates. Best-of-n matching inflates with n; the null shows by how much.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from attacks.attackers.aux_releases import aux_releases, aux_views_and_representations
+from attacks.base import AttackTarget, Inversion, ProgressCallback
+from attacks.figure import save_attack_figure
+from attacks.registry import get_attack_class
+from attacks.scoring.ground_truth import ClientMemory, VectorTruth, recorded_truth, training_images
+from attacks.scoring.report import summarize
+from attacks.scoring.vector_scores import best_member, score_client_vectors
+from privfed.config import TrainConfig
+from privfed.data import cached_dataset
+from privfed.data.augment import to_float
+from privfed.device import resolve_device
+from privfed.errors import PrivfedError
+from privfed.methods import get_method
+from privfed.models.network import build_network
+from privfed.orchestra.model_state import load_shared_state
+from privfed.recording import RecordedRound, read_round, recorded_rounds
+from privfed.runs import RunDirectory
+
+#: Auxiliary images held out of the attack's training, to serve as re-identification distractors.
+DEFAULT_DISTRACTORS = 256
+NULL_DEFINITION = "the same attack applied to a random vector the same mechanism released from auxiliary memories"
+
+
+@dataclass(frozen=True)
+class ClientRelease:
+    """One client's released vectors with the truth behind each."""
+
+    memory: ClientMemory
+    vectors: torch.Tensor
+    weights: torch.Tensor
+    truths: list[VectorTruth]
+
+
+def attack_target(
+    config: TrainConfig,
+    recorded: RecordedRound,
+    device: torch.device,
+    *,
+    mechanism: str | None = None,
+    mechanism_params: dict[str, Any] | None = None,
+) -> AttackTarget:
+    """The round as the server knows it (another mechanism may stand in for a comparison)."""
+    network = build_network(config)
+    load_shared_state(network, recorded.model_state)
+    encoder = network.target if get_method(config.method).objective.ema_targets else network.online
+    return AttackTarget(
+        round=recorded.round,
+        encoder=encoder,
+        mechanism=mechanism or recorded.mechanism,
+        mechanism_params=recorded.mechanism_params if mechanism_params is None else mechanism_params,
+        centroids=recorded.centroids,
+        num_local_centroids=config.num_local_centroids,
+        memory_size=config.memory_size,
+        batch_size=config.batch_size,
+        device=device,
+    )
+
+
+def load_auxiliary(config: TrainConfig, spec: str | None) -> tuple[torch.Tensor, str]:
+    """Auxiliary images: ``spec``'s test split, by default the run's own test split (no client holds it).
+
+    Raises:
+        PrivfedError: the images overlap the clients' data, or their shape differs.
+    """
+    name = spec or config.test_dataset or config.dataset
+    images = cached_dataset(name, "test", config.data_dir, config.download).to_tensor()
+    train = training_images(config)
+    if images.shape[1:] != train.shape[1:]:
+        raise PrivfedError(f"auxiliary images are {tuple(images.shape[1:])}, the run's are {tuple(train.shape[1:])}")
+    shared = len(_fingerprints(images) & _fingerprints(train))
+    if shared:
+        raise PrivfedError(f"the auxiliary data {name} shares {shared} images with the clients' data; use disjoint images")
+    return images, f"{name} (test split)"
+
+
+def split_auxiliary(
+    images: torch.Tensor, distractors: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(re-identification distractors, images the attack learns from): disjoint, at most a quarter held out."""
+    order = torch.randperm(images.shape[0], generator=generator)
+    held_out = min(distractors, images.shape[0] // 4)
+    return images[order[:held_out]], images[order[held_out:]]
+
+
+def _fingerprints(images: torch.Tensor) -> set[bytes]:
+    return {hashlib.blake2b(image.numpy().tobytes(), digest_size=16).digest() for image in images}
+
+
+def selected_vectors(releases: list[ClientRelease], max_vectors: int, generator: torch.Generator) -> list[tuple[int, int]]:
+    """(release, vector) pairs to attack: vectors that carry weight, at most ``max_vectors`` drawn uniformly."""
+    pairs = [(r, j) for r, release in enumerate(releases) for j in range(release.vectors.shape[0]) if release.weights[j] > 0]
+    if len(pairs) > max_vectors:
+        keep = torch.randperm(len(pairs), generator=generator)[:max_vectors].sort().values
+        pairs = [pairs[i] for i in keep.tolist()]
+    return pairs
+
+
+def null_vectors(
+    target: AttackTarget, aux_images: torch.Tensor, count: int, generator: torch.Generator
+) -> torch.Tensor:
+    """``count`` vectors drawn from the mechanism's releases of auxiliary memories (see the module docstring).
+
+    When every auxiliary release is padding (weight 0), a random auxiliary
+    representation stands in.
+    """
+    reps, image_of_rep = aux_views_and_representations(target, aux_images, generator=generator)
+    memories = max(1, math.ceil(count / max(1, target.num_local_centroids)))
+    released = aux_releases(target, reps, image_of_rep, aux_images, num_memories=min(memories, 64), generator=generator)
+    pool = released.vectors if released.vectors.shape[0] else reps
+    return pool[torch.randint(pool.shape[0], (count,), generator=generator)]
+
+
+def attack_releases(
+    inversion: Inversion,
+    target: AttackTarget,
+    releases: list[ClientRelease],
+    *,
+    aux_images: torch.Tensor,
+    distractors: torch.Tensor,
+    max_vectors: int,
+    generator: torch.Generator,
+) -> tuple[dict[str, Any], list[tuple[torch.Tensor, ...]]]:
+    """Inverts up to ``max_vectors`` released vectors and their nulls, and scores both.
+
+    Returns:
+        The round's summary (:func:`attacks.scoring.report.summarize`) and,
+        per attacked vector, (private image, reconstruction, best-matching
+        member, null) for the figure.
+    """
+    pairs = selected_vectors(releases, max_vectors, generator)
+    if not pairs:
+        raise PrivfedError(f"round {target.round} has no released vector with weight to attack")
+    vectors = torch.stack([releases[r].vectors[j].float() for r, j in pairs])
+    reconstructions = inversion(vectors)
+    nulls = inversion(null_vectors(target, aux_images, len(pairs), generator))
+    rows: list[dict[str, float | None]] = []
+    figure: list[tuple[torch.Tensor, ...]] = []
+    for r, release in enumerate(releases):
+        mine = [i for i, (owner, _) in enumerate(pairs) if owner == r]
+        if not mine:
+            continue
+        truths = [release.truths[pairs[i][1]] for i in mine]
+        rows += score_client_vectors(
+            reconstructions[mine], nulls[mine], truths, release.memory.images, distractors
+        )
+        for i, truth in zip(mine, truths):
+            private = _private_image(truth, release.memory.images)
+            figure.append((private, reconstructions[i], best_member(reconstructions[i], truth, release.memory.images), nulls[i]))
+    summary = summarize(rows)
+    summary.update(vectors_released=sum(r.vectors.shape[0] for r in releases), vectors_with_weight=sum(int((r.weights > 0).sum()) for r in releases))
+    return summary, figure
+
+
+def _private_image(truth: VectorTruth, client_images: torch.Tensor) -> torch.Tensor:
+    """What the vector stands for: its source image, or its members' mean image (unknown members: a blank)."""
+    images = to_float(client_images)
+    if truth.members is None or truth.members.numel() == 0:
+        return torch.zeros_like(images[0])
+    return images[truth.members].mean(dim=0)
+
+
+def recorded_releases(config: TrainConfig, recorded: RecordedRound, device: torch.device) -> tuple[list[ClientRelease], list[str]]:
+    """Each recorded release with the replayed truth behind it, and how each client's membership was established."""
+    out, statuses = [], []
+    for release in recorded.releases:
+        memory, truths, status = recorded_truth(config, recorded, release, device=device)
+        out.append(ClientRelease(memory, release.vectors, release.weights, truths))
+        statuses.append(status)
+    return out, statuses
+
+
+def attack_run(
+    run_dir: Path,
+    *,
+    method: str,
+    aux: str | None = None,
+    rounds: list[int] | None = None,
+    device: str = "auto",
+    seed: int = 0,
+    max_vectors: int = 200,
+    distractors: int = DEFAULT_DISTRACTORS,
+    attack_settings: dict[str, Any] | None = None,
+    progress: ProgressCallback | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Attacks a recorded run's rounds; writes ``attack.json`` and ``attack.png`` into the run directory.
+
+    Raises:
+        PrivfedError: an unknown attack, a run recorded without ``--record-releases``,
+            a round not recorded or without anything to attack, overlapping auxiliary data.
+    """
+    attack_class = get_attack_class(method)
+    run = RunDirectory(run_dir)
+    config = run.config()
+    available = recorded_rounds(run.releases)
+    if not available:
+        raise PrivfedError(f"{run_dir} holds no recorded releases: train with --record-releases to attack a run")
+    chosen = rounds or _default_rounds(available)
+    missing = [r for r in chosen if r not in available]
+    if missing:
+        raise PrivfedError(f"rounds {missing} were not recorded (recorded: {available[0]}..{available[-1]})")
+    attack = attack_class(seed=seed, **(attack_settings or {}))
+    torch_device = resolve_device(device)
+    aux_images, aux_name = load_auxiliary(config, aux)
+    generator = torch.Generator().manual_seed(seed)
+    distractor_images, fit_images = split_auxiliary(aux_images, distractors, generator)
+    results, figure_rows = [], []
+    for round_index in chosen:
+        start = time.perf_counter()
+        recorded = read_round(run.releases, round_index)
+        if not recorded.releases or all(r.vectors.shape[0] == 0 for r in recorded.releases):
+            raise PrivfedError(f"round {round_index} holds no released vectors")
+        if log is not None:
+            log(f"round {round_index}: replaying {len(recorded.releases)} clients for the ground truth")
+        releases, statuses = recorded_releases(config, recorded, torch_device)
+        target = attack_target(config, recorded, torch_device)
+        fit_start = time.perf_counter()
+        inversion = attack.fit(target, fit_images, progress=progress)
+        fit_seconds = time.perf_counter() - fit_start
+        summary, figure = attack_releases(
+            inversion, target, releases, aux_images=fit_images, distractors=distractor_images,
+            max_vectors=max_vectors, generator=generator,
+        )
+        results.append({
+            "round": round_index,
+            "membership": sorted(set(statuses)),
+            **summary,
+            "fit_seconds": fit_seconds,
+            "seconds": time.perf_counter() - start,
+        })
+        figure_rows = figure
+    payload = {
+        "run_dir": str(run_dir),
+        "attack": {"method": method, **attack.settings()},
+        "mechanism": {"name": config.release_mechanism, "params": read_round(run.releases, chosen[0]).mechanism_params},
+        "privacy_statement": _statement(run),
+        "auxiliary": {
+            "data": aux_name, "fit_images": int(fit_images.shape[0]), "distractors": int(distractor_images.shape[0]),
+            "disjoint_from_clients": True,
+        },
+        "null": NULL_DEFINITION,
+        "rounds": results,
+    }
+    run.write_json("attack.json", payload)
+    save_attack_figure(run.path / "attack.png", figure_rows, title=f"{method} on {config.release_mechanism}, round {chosen[-1]}", seed=seed)
+    return payload
+
+
+def _default_rounds(available: list[int]) -> list[int]:
+    """The first training round and the last recorded one."""
+    training = [r for r in available if r > 0] or available
+    return sorted({training[0], available[-1]})
+
+
+def _statement(run: RunDirectory) -> Any:
+    try:
+        return run.read_json("summary.json")["privacy"]["statement"]
+    except (OSError, KeyError, ValueError):
+        return None

@@ -1,0 +1,45 @@
+"""Name → attack registry (``privfed attack --method NAME``)."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from attacks.base import Attack
+from privfed.errors import PrivfedError
+
+_REGISTRY: dict[str, type[Attack]] = {}
+
+A = TypeVar("A", bound=type[Attack])
+
+
+class UnknownAttackError(PrivfedError):
+    """An attack name nobody registered."""
+
+
+def register_attack(cls: A) -> A:
+    """Class decorator: makes an attack available by its ``name``."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{cls.__qualname__} needs a non-empty class attribute `name`")
+    if name in _REGISTRY and _REGISTRY[name] is not cls:
+        raise ValueError(f"attack name {name!r} is already taken by {_REGISTRY[name].__qualname__}")
+    _REGISTRY[name] = cls
+    return cls
+
+
+def get_attack_class(name: str) -> type[Attack]:
+    _load_builtin()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownAttackError(f"unknown attack {name!r} (choose from {', '.join(sorted(_REGISTRY))})") from None
+
+
+def available_attacks() -> dict[str, str]:
+    """Registered attacks and their one-line descriptions."""
+    _load_builtin()
+    return {name: cls.description for name, cls in sorted(_REGISTRY.items())}
+
+
+def _load_builtin() -> None:
+    import attacks.attackers  # noqa: F401  (registers the built-in attacks)

@@ -1,0 +1,133 @@
+"""Which images stand behind each released vector, recomputed from the run, never read from the recording.
+
+A run's dataset, seed and partition say which images each client held. A
+client's round is deterministic given the state it started from (recorded),
+its seed and its data, so replaying it gives back its memory, which example
+each memory row is a view of, and, where the mechanism knows it, which
+released vector each row fed. The replay is checked against the recorded
+release; DP noise comes from the operating system, so a DP mechanism's
+release cannot be replayed and its members stay unknown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mechanisms import create_mechanism, get_mechanism_class
+from mechanisms.base import Mechanism
+from privfed.config import TrainConfig
+from privfed.data.federated import FederatedSplit
+from privfed.federation.client import client_seed
+from privfed.models.network import build_network
+from privfed.orchestra.client_update import run_client_round
+from privfed.orchestra.local_training import LocalTrainingConfig
+from privfed.privacy.budget import plan_privacy
+from privfed.recording import RecordedRelease, RecordedRound
+
+#: How membership was established.
+VERIFIED = "replayed and matches the recorded release"
+NOT_REPLAYABLE = "unknown: the mechanism draws noise the replay cannot repeat"
+REPLAY_DIFFERS = "unknown: the replayed release differs from the recorded one"
+NO_MEMBERS = "unknown: the mechanism does not say which rows fed a vector"
+
+
+@dataclass(frozen=True)
+class ClientMemory:
+    """One client's data and its replayed memory in one round.
+
+    Attributes:
+        client: Partition id.
+        images: ``[n, 3, H, W]`` uint8, the client's whole dataset.
+        memory: ``[m, D]`` the representations it released from.
+        memory_examples: ``[m]`` the example each memory row is a view of.
+    """
+
+    client: int
+    images: torch.Tensor
+    memory: torch.Tensor
+    memory_examples: torch.Tensor
+
+
+@dataclass(frozen=True)
+class VectorTruth:
+    """The images behind one released vector.
+
+    Attributes:
+        client: Whose release it is.
+        members: Client example indices whose representations fed the vector
+            (a ``reps`` vector has exactly one); None when unknown.
+    """
+
+    client: int
+    members: torch.Tensor | None
+
+
+def replay_round(config: TrainConfig, recorded: RecordedRound, client: int, *, device: torch.device):
+    """Replays one client's round as it ran; returns its memory, the replayed release and the rows' members."""
+    sizes = FederatedSplit.of(config).client_sizes()
+    dp_sgd = plan_privacy(config, sizes).dp_sgd if config.dp_sgd else None
+    local = LocalTrainingConfig.from_run(config, dp_sgd=dp_sgd)
+    images = FederatedSplit.of(config).client_images(client)
+    mechanism = _mechanism(recorded)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(config.client_cpus)))  # as the client ran it: reductions follow the thread count
+    try:
+        update, private = run_client_round(
+            build_network(config),
+            recorded.model_state,
+            recorded.centroids,
+            images,
+            train=recorded.round > 0,
+            config=local,
+            mechanism=mechanism,
+            num_local_centroids=config.num_local_centroids,
+            seed=client_seed(config.seed, recorded.round, client),
+            device=device,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    memory = ClientMemory(client, images, private.memory, private.memory_examples)
+    return memory, update.release, private.members
+
+
+def recorded_truth(
+    config: TrainConfig, recorded: RecordedRound, release: RecordedRelease, *, device: torch.device
+) -> tuple[ClientMemory, list[VectorTruth], str]:
+    """The truth behind every vector of one recorded release, and how it was established."""
+    memory, replayed, members = replay_round(config, recorded, release.client, device=device)
+    if get_mechanism_class(recorded.mechanism).is_differentially_private():
+        status = NOT_REPLAYABLE
+    elif members is None:
+        status = NO_MEMBERS
+    elif replayed is None or not _same_vectors(replayed.vectors, release.vectors):
+        status = REPLAY_DIFFERS
+    else:
+        status = VERIFIED
+    known = members if status == VERIFIED else None
+    return memory, vector_truths(memory, known, release.vectors.shape[0]), status
+
+
+def vector_truths(memory: ClientMemory, members: torch.Tensor | None, num_vectors: int) -> list[VectorTruth]:
+    """Per released vector, the client examples whose memory rows fed it (None throughout when unknown)."""
+    if members is None:
+        return [VectorTruth(memory.client, None) for _ in range(num_vectors)]
+    return [VectorTruth(memory.client, memory.memory_examples[members == j]) for j in range(num_vectors)]
+
+
+def training_images(config: TrainConfig) -> torch.Tensor:
+    """``[N, 3, H, W]`` uint8: every image any client of the run holds."""
+    split = FederatedSplit.of(config)
+    return split.train_data().subset(torch.cat([torch.as_tensor(p) for p in split.partition()]).numpy()).to_tensor()
+
+
+def _mechanism(recorded: RecordedRound) -> Mechanism:
+    mechanism = create_mechanism(recorded.mechanism, **recorded.mechanism_params)
+    if recorded.centroids is not None:
+        mechanism.observe_global_centroids(recorded.centroids)
+    return mechanism
+
+
+def _same_vectors(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool(torch.allclose(a.float(), b.float(), atol=1e-4))

@@ -1,0 +1,41 @@
+"""PSNR and SSIM of reconstructions against candidate images (torchmetrics), and re-identification.
+
+Images are float in [0, 1]. Every score here is per pair, so a
+reconstruction can be compared with one true image or with each image of a
+candidate set (the members of a cluster, a client's whole dataset).
+"""
+
+from __future__ import annotations
+
+import torch
+from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
+
+#: Cap on one PSNR: identical images would otherwise score infinity (1e-10 MSE on [0, 1] images).
+MAX_PSNR = 100.0
+
+
+def psnr(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``[n]`` PSNR in dB of ``preds[i]`` against ``target[i]`` (both ``[n, C, H, W]`` in [0, 1])."""
+    values = peak_signal_noise_ratio(preds, target, data_range=1.0, reduction="none", dim=(1, 2, 3))
+    return values.clamp(max=MAX_PSNR).nan_to_num(MAX_PSNR)
+
+
+def ssim(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``[n]`` SSIM (Gaussian window 11, sigma 1.5) of ``preds[i]`` against ``target[i]``."""
+    return structural_similarity_index_measure(preds, target, data_range=1.0, reduction="none")
+
+
+def pairwise(score, reconstructions: torch.Tensor, candidates: torch.Tensor, *, chunk: int = 4096) -> torch.Tensor:
+    """``[m, c]`` ``score`` of every reconstruction against every candidate."""
+    m, c = reconstructions.shape[0], candidates.shape[0]
+    if m == 0 or c == 0:
+        return torch.zeros(m, c)
+    rows = torch.arange(m).repeat_interleave(c)
+    cols = torch.arange(c).repeat(m)
+    values = [score(reconstructions[r], candidates[k]) for r, k in zip(rows.split(chunk), cols.split(chunk))]
+    return torch.cat(values).view(m, c)
+
+
+def reidentified(similarity: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``[m]`` whether each row's most similar candidate is one of its targets (``[m, c]`` bool mask)."""
+    return targets[torch.arange(similarity.shape[0]), similarity.argmax(dim=1)]

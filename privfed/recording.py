@@ -1,0 +1,153 @@
+"""What a semi-honest server keeps of a run (``privfed train --record-releases``), round by round.
+
+One file per round, ``RUN_DIR/releases/round-XXXX.pt``, holds exactly what
+the server had in that round: the model state and global centroids it sent,
+the mechanism and parameters it told clients to release with, and each
+client's decoded release (vectors, weights, guarantee). That is enough to
+attack any round after the run (:mod:`attacks`). Nothing here comes from a
+client's data beyond what the client sent: no images, labels, example
+indices or memories. Scoring an attack needs those; it recomputes them
+apart (:mod:`attacks.scoring`), never from this file.
+
+Cost per round: one model state (online and target encoders; 0.65 MB for
+resnet8 at D = 32, about 90 MB for resnet18) plus 4·D bytes per released
+vector (a ``reps`` client sends its whole memory; ``kanon``/``ldp`` send L).
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mechanisms.base import Release
+from privfed.errors import PrivfedError
+from privfed.orchestra.model_state import StateDict
+
+_ROUND_FILE = re.compile(r"round-(\d{4,})\.pt")
+
+
+@dataclass(frozen=True)
+class RecordedRelease:
+    """One client's release as the server decoded it.
+
+    Attributes:
+        client: The client (partition) id the reply came from.
+        vectors: ``[m, D]`` released vectors.
+        weights: ``[m]`` how many representations each stands for (as claimed).
+        guarantee: The release's :class:`mechanisms.base.Guarantee` as a dict.
+    """
+
+    client: int
+    vectors: torch.Tensor
+    weights: torch.Tensor
+    guarantee: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RecordedRound:
+    """Everything the server sent and received in one round.
+
+    Attributes:
+        round: Orchestra round (0 initialises).
+        model_state: The travelling state every client of the round started from.
+        centroids: ``[G, D]`` global centroids sent (None in round 0 and for methods without).
+        mechanism: The release mechanism's registered name.
+        mechanism_params: The parameters clients built it with.
+        releases: One per reply, in client order.
+    """
+
+    round: int
+    model_state: StateDict
+    centroids: torch.Tensor | None
+    mechanism: str
+    mechanism_params: dict[str, Any]
+    releases: tuple[RecordedRelease, ...]
+
+    @staticmethod
+    def of(
+        round_index: int,
+        *,
+        model_state: StateDict,
+        centroids: torch.Tensor | None,
+        mechanism: str,
+        mechanism_params: dict[str, Any],
+        releases: list[tuple[int, Release]],
+    ) -> RecordedRound:
+        """Keeps what the server received of each release (not its metrics or events, which the ledger holds)."""
+        return RecordedRound(
+            round=round_index,
+            model_state={k: v.detach().cpu().clone() for k, v in model_state.items()},
+            centroids=None if centroids is None else centroids.detach().cpu().clone(),
+            mechanism=mechanism,
+            mechanism_params=dict(mechanism_params),
+            releases=tuple(
+                RecordedRelease(client, r.vectors.detach().cpu().float(), r.weights.detach().cpu().float(), r.guarantee.to_dict())
+                for client, r in releases
+            ),
+        )
+
+
+def round_path(directory: Path, round_index: int) -> Path:
+    return Path(directory) / f"round-{round_index:04d}.pt"
+
+
+def write_round(directory: Path, recorded: RecordedRound) -> Path:
+    """Writes one round's file whole (a temporary file renamed into place)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "round": recorded.round,
+        "model_state": recorded.model_state,
+        "centroids": recorded.centroids,
+        "mechanism": recorded.mechanism,
+        "mechanism_params": recorded.mechanism_params,
+        "releases": [
+            {"client": r.client, "vectors": r.vectors, "weights": r.weights, "guarantee": r.guarantee}
+            for r in recorded.releases
+        ],
+    }
+    path = round_path(directory, recorded.round)
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(payload, tmp)
+    tmp.replace(path)
+    return path
+
+
+def recorded_rounds(directory: Path) -> list[int]:
+    """The rounds recorded in ``directory``, ascending (empty if there is none)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = (_ROUND_FILE.fullmatch(p.name) for p in directory.iterdir())
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def read_round(directory: Path, round_index: int) -> RecordedRound:
+    """Reads one round back.
+
+    Raises:
+        PrivfedError: the round was not recorded, or its file is unreadable.
+    """
+    path = round_path(directory, round_index)
+    if not path.is_file():
+        raise PrivfedError(f"round {round_index} was not recorded (no {path})")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        return RecordedRound(
+            round=int(payload["round"]),
+            model_state=payload["model_state"],
+            centroids=payload["centroids"],
+            mechanism=str(payload["mechanism"]),
+            mechanism_params=dict(payload["mechanism_params"]),
+            releases=tuple(
+                RecordedRelease(int(r["client"]), r["vectors"], r["weights"], dict(r["guarantee"]))
+                for r in payload["releases"]
+            ),
+        )
+    except (RuntimeError, KeyError, OSError, TypeError, ValueError, pickle.UnpicklingError) as err:
+        raise PrivfedError(f"cannot read recorded round {path}: {str(err).splitlines()[0]}") from None

@@ -1,0 +1,96 @@
+"""`privfed attack` on a real recorded run: the figures it writes, the truth it replays, and its errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from attacks.scoring.ground_truth import NOT_REPLAYABLE, REPLAY_DIFFERS, VERIFIED, recorded_truth
+from privfed.config import build_config
+from privfed.data import FederatedSplit, load_dataset
+from privfed.recording import RecordedRelease, read_round, write_round
+from privfed.runs import RunDirectory
+
+
+def tiny_run(out, **overrides):
+    from privfed.federation.simulation import simulate
+    from privfed.run_plan import plan_run
+
+    config = build_config(
+        dataset="shapes:300", num_clients=3, participation=1.0, projection_dim=16, local_epochs=1, batch_size=16,
+        memory_size=32, num_local_centroids=4, num_global_centroids=8, rounds=1, secagg=False,
+        record_releases=True, out=str(out), **overrides,
+    )
+    simulate(plan_run(config))
+    return RunDirectory(out)
+
+
+@pytest.fixture(scope="module")
+def kanon_run(tmp_path_factory):
+    return tiny_run(tmp_path_factory.mktemp("attack") / "kanon", mechanism="kanon", kanon_min_k=4)
+
+
+def test_the_replayed_truth_matches_the_recorded_release(kanon_run):
+    config = kanon_run.config()
+    recorded = read_round(kanon_run.releases, 1)
+    release = recorded.releases[0]
+    memory, truths, status = recorded_truth(config, recorded, release, device=torch.device("cpu"))
+    assert status == VERIFIED
+    assert memory.images.shape[0] == FederatedSplit.of(config).client_sizes()[release.client]  # its whole dataset
+    for j, truth in enumerate(truths):  # each centroid is the mean of its members' replayed representations
+        rows = torch.isin(memory.memory_examples, truth.members)
+        assert truth.members.numel() == int(release.weights[j]) >= 4
+        assert torch.allclose(torch.nn.functional.normalize(memory.memory[rows].mean(0), dim=0), release.vectors[j], atol=1e-4)
+    tampered = RecordedRelease(release.client, release.vectors.roll(1, dims=0), release.weights, release.guarantee)
+    assert recorded_truth(config, recorded, tampered, device=torch.device("cpu"))[2] == REPLAY_DIFFERS
+
+
+def test_attack_writes_every_figure_next_to_its_null_and_the_run_statement(kanon_run, run_privfed):
+    result = run_privfed("attack", str(kanon_run.path), "--method", "decoder", "--steps", "20", "--max-vectors", "6", "--rounds", "1")
+    assert result.returncode == 0, result.stderr
+    assert "decoder: 20/20" in result.stdout  # the progress display
+    report = json.loads((kanon_run.path / "attack.json").read_text())
+    (row,) = report["rounds"]
+    assert row["round"] == 1 and row["vectors"] == 6 and row["membership"] == [VERIFIED]
+    for score in ("psnr_best_member", "psnr_mean_member", "ssim_best_member", "psnr_best_client", "reid_rate"):
+        assert {score, f"null_{score}", f"advantage_{score}", f"advantage_{score}_ci95"} <= set(row)
+    assert 0 < row["reid_chance"] < 1 and "psnr_source" not in row  # centroids: no single source
+    assert report["privacy_statement"] and report["attack"]["steps"] == 20 and report["null"]
+    assert report["auxiliary"]["disjoint_from_clients"] is True
+    assert (kanon_run.path / "attack.png").stat().st_size > 0
+
+
+def test_bad_input_is_one_line_never_a_traceback(kanon_run, run_privfed, tmp_path):
+    def error(*args):
+        result = run_privfed("attack", *args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        return result.stderr.strip()
+
+    run = str(kanon_run.path)
+    assert "unknown attack 'inversion'" in error(run, "--method", "inversion")
+    assert "rounds [5] were not recorded" in error(run, "--method", "decoder", "--rounds", "5")
+    unrecorded = tmp_path / "unrecorded"
+    shutil.copytree(kanon_run.path, unrecorded, ignore=shutil.ignore_patterns("releases"))
+    assert "train with --record-releases" in error(str(unrecorded), "--method", "decoder")
+    # Auxiliary data whose test split holds the clients' own images.
+    train = load_dataset("shapes:300", split="train", data_dir=tmp_path)
+    np.savez(tmp_path / "leak.npz", x=train.images[:10], y=train.labels[:10], x_test=train.images[:50], y_test=train.labels[:50])
+    assert "shares" in error(run, "--method", "decoder", "--aux", f"arrays:{tmp_path / 'leak.npz'}")
+    # A round in which nothing was released.
+    empty = tmp_path / "empty"
+    shutil.copytree(kanon_run.path, empty)
+    recorded = read_round(RunDirectory(empty).releases, 1)
+    hollow = [RecordedRelease(r.client, r.vectors[:0], r.weights[:0], r.guarantee) for r in recorded.releases]
+    write_round(RunDirectory(empty).releases, recorded.__class__(**{**recorded.__dict__, "releases": tuple(hollow)}))
+    assert "round 1 holds no released vectors" in error(str(empty), "--method", "decoder", "--rounds", "1")
+
+
+def test_a_dp_release_cannot_be_replayed_so_its_members_stay_unknown(tmp_path):
+    run = tiny_run(tmp_path / "ldp", mechanism="ldp", epsilon=50.0)
+    recorded = read_round(run.releases, 1)
+    _, truths, status = recorded_truth(run.config(), recorded, recorded.releases[0], device=torch.device("cpu"))
+    assert status == NOT_REPLAYABLE and all(t.members is None for t in truths)
