@@ -10,6 +10,9 @@ floor: a mechanism no better than it gives the clustering nothing to use.
 
     python benchmarks/mechanism_tradeoff.py --config configs/cpu-cifar10.toml --out runs/tradeoff
     python benchmarks/mechanism_tradeoff.py --config configs/quick.toml --rounds 2 --seeds 0 --epsilons 1
+
+``--record-releases`` also keeps what the server received, so that
+``benchmarks/attack_comparison.py`` can attack the same runs.
 """
 
 from __future__ import annotations
@@ -79,12 +82,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="override the preset's rounds (shorter runs)")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here (finished ones are reused)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    parser.add_argument("--only", nargs="+", default=None, help="run only these rows (e.g. kanon reps)")
+    parser.add_argument(
+        "--record-releases", action="store_true", help="record the runs' releases too, for benchmarks/attack_comparison.py"
+    )
     args = parser.parse_args()
-    extra = {} if args.rounds is None else {"rounds": args.rounds}
+    extra: dict[str, Any] = {} if args.rounds is None else {"rounds": args.rounds}
+    if args.record_releases:
+        extra["record_releases"] = True
     root = args.out or Path(tempfile.mkdtemp(prefix="privfed-tradeoff-"))
     results: dict[str, list[dict[str, Any]]] = {}
     for seed in args.seeds:  # seed by seed, so an interrupted study still has every row for the first seeds
         for name, overrides in settings(args.epsilons):
+            if args.only is not None and name not in args.only:
+                continue
             row = run_one(args.config, {**overrides, **extra}, seed, root / f"{name}-seed{seed}")
             results.setdefault(name, []).append(row)
             print(f"  {name} seed {seed}: kNN {row['knn']:.4f} ({row['wall_s']:.0f}s)", flush=True)
