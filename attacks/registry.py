@@ -1,4 +1,7 @@
-"""Name → attack registry (``privfed attack --method NAME``)."""
+"""Name → attack registry (``privfed attack --method NAME``).
+
+The built-in attacks register themselves when :mod:`attacks` is imported.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +31,6 @@ def register_attack(cls: A) -> A:
 
 
 def get_attack_class(name: str) -> type[Attack]:
-    _load_builtin()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -37,9 +39,4 @@ def get_attack_class(name: str) -> type[Attack]:
 
 def available_attacks() -> dict[str, str]:
     """Registered attacks and their one-line descriptions."""
-    _load_builtin()
     return {name: cls.description for name, cls in sorted(_REGISTRY.items())}
-
-
-def _load_builtin() -> None:
-    import attacks.attackers  # noqa: F401  (registers the built-in attacks)

@@ -207,14 +207,7 @@ class Mechanism(abc.ABC):
 
 
 def checked_release(mechanism: Mechanism, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
-    """``mechanism.release``, refusing non-finite input and malformed output (see :func:`checked_release_with_members`)."""
-    return checked_release_with_members(mechanism, reps, num_centroids=num_centroids, generator=generator)[0]
-
-
-def checked_release_with_members(
-    mechanism: Mechanism, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
-) -> tuple[Release, torch.Tensor | None]:
-    """``mechanism.release_with_members``, refusing non-finite input and malformed output.
+    """``mechanism.release``, refusing non-finite input and malformed output.
 
     Every caller in privfed releases through this, so a third-party
     mechanism gets the same checks as a built-in one. Non-finite input is
@@ -226,12 +219,33 @@ def checked_release_with_members(
         ValueError: naming the problem; the client then fails its round
             instead of sending anything.
     """
+    _check_input(reps)
+    release = mechanism.release(reps, num_centroids=num_centroids, generator=generator)
+    _check_output(mechanism, reps, release)
+    return release
+
+
+def checked_release_with_members(
+    mechanism: Mechanism, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
+) -> tuple[Release, torch.Tensor | None]:
+    """``mechanism.release_with_members`` with :func:`checked_release`'s checks (for replays that score attacks)."""
+    _check_input(reps)
+    release, members = mechanism.release_with_members(reps, num_centroids=num_centroids, generator=generator)
+    _check_output(mechanism, reps, release)
+    if members is not None and members.shape != (reps.shape[0],):
+        raise ValueError(f"mechanism {mechanism.name} named members for {tuple(members.shape)} of {reps.shape[0]} rows")
+    return release, members
+
+
+def _check_input(reps: torch.Tensor) -> None:
     if reps.ndim != 2 or not reps.is_floating_point():
         raise ValueError(f"representations must be a floating [n, D] tensor, got {reps.dtype} {tuple(reps.shape)}")
     bad = int((~torch.isfinite(reps)).any(dim=1).sum())
     if bad:
         raise ValueError(f"{bad} of {reps.shape[0]} representations hold NaN or Inf; nothing is released")
-    release, members = mechanism.release_with_members(reps, num_centroids=num_centroids, generator=generator)
+
+
+def _check_output(mechanism: Mechanism, reps: torch.Tensor, release: Release) -> None:
     if release.num_vectors and release.vectors.shape[1] != reps.shape[1]:
         raise ValueError(
             f"mechanism {mechanism.name} released {release.vectors.shape[1]}-dimensional vectors "
@@ -241,6 +255,3 @@ def checked_release_with_members(
         raise ValueError(f"mechanism {mechanism.name} released NaN or Inf values")
     if bool((release.weights < 0).any()):
         raise ValueError(f"mechanism {mechanism.name} released negative weights")
-    if members is not None and members.shape != (reps.shape[0],):
-        raise ValueError(f"mechanism {mechanism.name} named members for {tuple(members.shape)} of {reps.shape[0]} rows")
-    return release, members

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from mechanisms import create_mechanism, get_mechanism_class
-from mechanisms.base import Mechanism
+from mechanisms.base import Mechanism, Release, checked_release_with_members
 from privfed.config import TrainConfig
 from privfed.data.federated import FederatedSplit
 from privfed.federation.client import client_seed
@@ -64,7 +64,9 @@ class VectorTruth:
     members: torch.Tensor | None
 
 
-def replay_round(config: TrainConfig, recorded: RecordedRound, client: int, *, device: torch.device):
+def replay_round(
+    config: TrainConfig, recorded: RecordedRound, client: int, *, device: torch.device
+) -> tuple[ClientMemory, Release | None, torch.Tensor | None]:
     """Replays one client's round as it ran; returns its memory, the replayed release and the rows' members."""
     sizes = FederatedSplit.of(config).client_sizes()
     dp_sgd = plan_privacy(config, sizes).dp_sgd if config.dp_sgd else None
@@ -89,7 +91,14 @@ def replay_round(config: TrainConfig, recorded: RecordedRound, client: int, *, d
     finally:
         torch.set_num_threads(threads)
     memory = ClientMemory(client, images, private.memory, private.memory_examples)
-    return memory, update.release, private.members
+    if update.release is None:
+        return memory, None, None
+    # The same mechanism choices again, this time with the members they make.
+    replayed, members = checked_release_with_members(
+        mechanism, private.memory, num_centroids=config.num_local_centroids,
+        generator=torch.Generator().set_state(private.release_generator_state),
+    )
+    return memory, replayed, members
 
 
 def recorded_truth(

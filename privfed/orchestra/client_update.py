@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from mechanisms.base import Mechanism, PrivacyEvent, Release, checked_release_with_members
+from mechanisms.base import Mechanism, PrivacyEvent, Release, checked_release
 from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.local_training import LocalTrainingConfig, LocalTrainingResult, train_locally
 from privfed.orchestra.memory_sampling import initial_representations, poisson_memory
@@ -59,13 +59,14 @@ class PrivateRoundState:
         memory: ``[m, D]`` the representations the mechanism released from
             (None when the round released nothing).
         memory_examples: ``[m]`` the client example each memory row is a view of.
-        members: ``[m]`` the released vector each memory row fed (``-1``:
-            none); None when the mechanism cannot say.
+        release_generator_state: The round generator's state just before the
+            release: the mechanism's non-private choices can be made again
+            from it (:meth:`mechanisms.base.Mechanism.release_with_members`).
     """
 
     memory: torch.Tensor | None
     memory_examples: torch.Tensor | None
-    members: torch.Tensor | None
+    release_generator_state: torch.Tensor | None
 
 
 def client_update(*args: Any, **kwargs: Any) -> ClientUpdate:
@@ -129,12 +130,11 @@ def run_client_round(
             "train_seconds": result.seconds,
             "steps": float(result.num_steps),
         }
-    release = members = None
+    release = release_state = None
     if mechanism is not None:
         start = time.perf_counter()
-        release, members = checked_release_with_members(
-            mechanism, memory, num_centroids=num_local_centroids, generator=generator
-        )
+        release_state = generator.get_state()
+        release = checked_release(mechanism, memory, num_centroids=num_local_centroids, generator=generator)
         metrics["release_seconds"] = time.perf_counter() - start
     if config.dp_sgd is not None:
         metrics = {k: v for k, v in metrics.items() if k in DP_SGD_METRICS}
@@ -144,7 +144,7 @@ def run_client_round(
     private = PrivateRoundState(
         memory=None if release is None else memory,
         memory_examples=None if release is None else examples,
-        members=members,
+        release_generator_state=release_state,
     )
     return update, private
 
