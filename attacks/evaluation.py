@@ -216,6 +216,8 @@ def attack_run(
     attack_class = get_attack_class(method)
     run = RunDirectory(run_dir)
     config = run.config()
+    if config.release_mechanism is None:
+        raise PrivfedError(f"method {config.method} releases nothing: there is nothing to attack")
     available = recorded_rounds(run.releases)
     if not available:
         raise PrivfedError(f"{run_dir} holds no recorded releases: train with --record-releases to attack a run")
