@@ -26,8 +26,9 @@ from attacks.attackers.aux_releases import aux_releases, aux_views_and_represent
 from attacks.base import AttackTarget, Inversion, ProgressCallback
 from attacks.figure import save_attack_figure
 from attacks.registry import get_attack_class
-from attacks.scoring.ground_truth import ClientMemory, VectorTruth, recorded_truth, training_images
+from attacks.scoring.ground_truth import VERIFIED, ClientMemory, VectorTruth, recorded_truth, training_images
 from attacks.scoring.report import summarize
+from mechanisms import get_mechanism_class
 from attacks.scoring.vector_scores import best_member, score_client_vectors
 from privfed.config import TrainConfig
 from privfed.data import cached_dataset
@@ -42,16 +43,32 @@ from privfed.runs import RunDirectory
 
 #: Auxiliary images held out of the attack's training, to serve as re-identification distractors.
 DEFAULT_DISTRACTORS = 256
-NULL_DEFINITION = "the same attack applied to a random vector the same mechanism released from auxiliary memories"
+NULL_DEFINITION = (
+    "the same attack applied to a random vector the same mechanism released from memories of held-out auxiliary "
+    "images (neither the attack's training images nor the distractors)"
+)
 
 
 @dataclass(frozen=True)
-class ClientRelease:
-    """One client's released vectors with the truth behind each."""
+class Inverted:
+    """One round's attacked vectors and their reconstructions, made before any truth is looked at.
+
+    Attributes:
+        picks: ``(release index, vector index)`` of each attacked vector.
+        reconstructions: ``[m, 3, H, W]`` the attack's images.
+        nulls: ``[m, 3, H, W]`` the same attack on auxiliary releases.
+    """
+
+    picks: list[tuple[int, int]]
+    reconstructions: torch.Tensor
+    nulls: torch.Tensor
+
+
+@dataclass(frozen=True)
+class ReleaseTruth:
+    """One release's client data and the members behind each of its vectors (scoring side)."""
 
     memory: ClientMemory
-    vectors: torch.Tensor
-    weights: torch.Tensor
     truths: list[VectorTruth]
 
 
@@ -97,22 +114,42 @@ def load_auxiliary(config: TrainConfig, spec: str | None) -> tuple[torch.Tensor,
     return images, f"{name} (test split)"
 
 
-def split_auxiliary(
-    images: torch.Tensor, distractors: int, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(re-identification distractors, images the attack learns from): disjoint, at most a quarter held out."""
+@dataclass(frozen=True)
+class AuxiliarySplit:
+    """Three disjoint parts of the auxiliary images.
+
+    Attributes:
+        fit: What the attack learns from.
+        null: What the null releases are made of: images the attack never
+            saw, so a null is as much out of sample as a client's vector.
+        distractors: Re-identification candidates besides the client's images.
+    """
+
+    fit: torch.Tensor
+    null: torch.Tensor
+    distractors: torch.Tensor
+
+
+def split_auxiliary(images: torch.Tensor, distractors: int, generator: torch.Generator) -> AuxiliarySplit:
+    """``distractors`` (at most a quarter) and as many null images (at most a quarter) held out; the rest to fit."""
     order = torch.randperm(images.shape[0], generator=generator)
     held_out = min(distractors, images.shape[0] // 4)
-    return images[order[:held_out]], images[order[held_out:]]
+    return AuxiliarySplit(
+        fit=images[order[2 * held_out :]],
+        null=images[order[held_out : 2 * held_out]],
+        distractors=images[order[:held_out]],
+    )
 
 
 def _fingerprints(images: torch.Tensor) -> set[bytes]:
     return {hashlib.blake2b(image.numpy().tobytes(), digest_size=16).digest() for image in images}
 
 
-def selected_vectors(releases: list[ClientRelease], max_vectors: int, generator: torch.Generator) -> list[tuple[int, int]]:
+def selected_vectors(
+    weights: list[torch.Tensor], max_vectors: int, generator: torch.Generator
+) -> list[tuple[int, int]]:
     """(release, vector) pairs to attack: vectors that carry weight, at most ``max_vectors`` drawn uniformly."""
-    pairs = [(r, j) for r, release in enumerate(releases) for j in range(release.vectors.shape[0]) if release.weights[j] > 0]
+    pairs = [(r, j) for r, w in enumerate(weights) for j in range(w.shape[0]) if w[j] > 0]
     if len(pairs) > max_vectors:
         keep = torch.randperm(len(pairs), generator=generator)[:max_vectors].sort().values
         pairs = [pairs[i] for i in keep.tolist()]
@@ -134,45 +171,61 @@ def null_vectors(
     return pool[torch.randint(pool.shape[0], (count,), generator=generator)]
 
 
-def attack_releases(
+def invert_round(
     inversion: Inversion,
     target: AttackTarget,
-    releases: list[ClientRelease],
+    releases: list[tuple[torch.Tensor, torch.Tensor]],
     *,
-    aux_images: torch.Tensor,
-    distractors: torch.Tensor,
+    null_images: torch.Tensor,
     max_vectors: int,
     generator: torch.Generator,
+    log: Callable[[str], None] | None = None,
+) -> Inverted:
+    """Inverts up to ``max_vectors`` released vectors (``(vectors, weights)`` per release) and as many nulls.
+
+    Raises:
+        PrivfedError: no released vector carries weight.
+    """
+    picks = selected_vectors([w for _, w in releases], max_vectors, generator)
+    if not picks:
+        raise PrivfedError(f"round {target.round} has no released vector with weight to attack")
+    vectors = torch.stack([releases[r][0][j].float() for r, j in picks])
+    if log is not None:
+        log(f"round {target.round}: inverting {len(picks)} released vectors, then as many null vectors")
+    reconstructions = inversion(vectors)
+    nulls = inversion(null_vectors(target, null_images, len(picks), generator))
+    return Inverted(picks, reconstructions, nulls)
+
+
+def score_round(
+    inverted: Inverted, truth: list[ReleaseTruth], *, distractors: torch.Tensor, single_source: bool
 ) -> tuple[dict[str, Any], list[tuple[torch.Tensor, ...]]]:
-    """Inverts up to ``max_vectors`` released vectors and their nulls, and scores both.
+    """Scores every attacked vector and its null against the truth behind it.
 
     Returns:
         The round's summary (:func:`attacks.scoring.report.summarize`) and,
         per attacked vector, (private image, reconstruction, best-matching
         member, null) for the figure.
     """
-    pairs = selected_vectors(releases, max_vectors, generator)
-    if not pairs:
-        raise PrivfedError(f"round {target.round} has no released vector with weight to attack")
-    vectors = torch.stack([releases[r].vectors[j].float() for r, j in pairs])
-    reconstructions = inversion(vectors)
-    nulls = inversion(null_vectors(target, aux_images, len(pairs), generator))
     rows: list[dict[str, float | None]] = []
     figure: list[tuple[torch.Tensor, ...]] = []
-    for r, release in enumerate(releases):
-        mine = [i for i, (owner, _) in enumerate(pairs) if owner == r]
+    for r, release in enumerate(truth):
+        mine = [i for i, (owner, _) in enumerate(inverted.picks) if owner == r]
         if not mine:
             continue
-        truths = [release.truths[pairs[i][1]] for i in mine]
+        truths = [release.truths[inverted.picks[i][1]] for i in mine]
+        images = release.memory.images
         rows += score_client_vectors(
-            reconstructions[mine], nulls[mine], truths, release.memory.images, distractors
+            inverted.reconstructions[mine], inverted.nulls[mine], truths, images, distractors,
+            single_source=single_source,
         )
-        for i, truth in zip(mine, truths):
-            private = _private_image(truth, release.memory.images)
-            figure.append((private, reconstructions[i], best_member(reconstructions[i], truth, release.memory.images), nulls[i]))
-    summary = summarize(rows)
-    summary.update(vectors_released=sum(r.vectors.shape[0] for r in releases), vectors_with_weight=sum(int((r.weights > 0).sum()) for r in releases))
-    return summary, figure
+        for i, vector_truth in zip(mine, truths):
+            reconstruction = inverted.reconstructions[i]
+            figure.append((
+                _private_image(vector_truth, images), reconstruction,
+                best_member(reconstruction, vector_truth, images), inverted.nulls[i],
+            ))
+    return summarize(rows), figure
 
 
 def _private_image(truth: VectorTruth, client_images: torch.Tensor) -> torch.Tensor:
@@ -181,16 +234,6 @@ def _private_image(truth: VectorTruth, client_images: torch.Tensor) -> torch.Ten
     if truth.members is None or truth.members.numel() == 0:
         return torch.zeros_like(images[0])
     return images[truth.members].mean(dim=0)
-
-
-def recorded_releases(config: TrainConfig, recorded: RecordedRound, device: torch.device) -> tuple[list[ClientRelease], list[str]]:
-    """Each recorded release with the replayed truth behind it, and how each client's membership was established."""
-    out, statuses = [], []
-    for release in recorded.releases:
-        memory, truths, status = recorded_truth(config, recorded, release, device=device)
-        out.append(ClientRelease(memory, release.vectors, release.weights, truths))
-        statuses.append(status)
-    return out, statuses
 
 
 def attack_run(
@@ -229,28 +272,45 @@ def attack_run(
     torch_device = resolve_device(device)
     aux_images, aux_name = load_auxiliary(config, aux)
     generator = torch.Generator().manual_seed(seed)
-    distractor_images, fit_images = split_auxiliary(aux_images, distractors, generator)
-    results, figure_rows = [], []
+    split = split_auxiliary(aux_images, distractors, generator)
+    single_source = get_mechanism_class(config.release_mechanism).releases_raw_data
+    results, figure_rows, params = [], [], {}
     for round_index in chosen:
         start = time.perf_counter()
         recorded = read_round(run.releases, round_index)
+        params = recorded.mechanism_params
         if not recorded.releases or all(r.vectors.shape[0] == 0 for r in recorded.releases):
             raise PrivfedError(f"round {round_index} holds no released vectors")
-        if log is not None:
-            log(f"round {round_index}: replaying {len(recorded.releases)} clients for the ground truth")
-        releases, statuses = recorded_releases(config, recorded, torch_device)
+        # The attacker's part: the round's public target, auxiliary images and the releases, nothing else.
         target = attack_target(config, recorded, torch_device)
-        fit_start = time.perf_counter()
-        inversion = attack.fit(target, fit_images, progress=progress)
-        fit_seconds = time.perf_counter() - fit_start
-        summary, figure = attack_releases(
-            inversion, target, releases, aux_images=fit_images, distractors=distractor_images,
-            max_vectors=max_vectors, generator=generator,
+        inversion = attack.fit(target, split.fit, progress=progress)
+        fit_seconds = time.perf_counter() - start
+        inverted = invert_round(
+            inversion, target, [(r.vectors, r.weights) for r in recorded.releases],
+            null_images=split.null, max_vectors=max_vectors, generator=generator, log=log,
         )
+        # Only now the truth: each client whose vectors were attacked is replayed.
+        if log is not None:
+            log(f"round {round_index}: replaying the attacked clients for the ground truth")
+        attacked = {r for r, _ in inverted.picks}
+        truth, statuses = [], {}
+        for r, release in enumerate(recorded.releases):
+            if r in attacked:
+                memory, truths, status = recorded_truth(config, recorded, release)
+                statuses[release.client] = status
+            else:
+                memory, truths = ClientMemory(release.client, aux_images[:0], None, None), []
+            truth.append(ReleaseTruth(memory, truths))
+        if log is not None and any(s != VERIFIED for s in statuses.values()):
+            log(f"round {round_index}: members unknown for {sum(s != VERIFIED for s in statuses.values())} "
+                f"of {len(statuses)} clients ({', '.join(sorted(set(statuses.values())))}): member scores cover the rest")
+        summary, figure = score_round(inverted, truth, distractors=split.distractors, single_source=single_source)
         results.append({
             "round": round_index,
-            "membership": sorted(set(statuses)),
+            "membership": {str(client): status for client, status in sorted(statuses.items())},
             **summary,
+            "vectors_released": sum(r.vectors.shape[0] for r in recorded.releases),
+            "vectors_with_weight": sum(int((r.weights > 0).sum()) for r in recorded.releases),
             "fit_seconds": fit_seconds,
             "seconds": time.perf_counter() - start,
         })
@@ -258,11 +318,11 @@ def attack_run(
     payload = {
         "run_dir": str(run_dir),
         "attack": {"method": method, **attack.settings()},
-        "mechanism": {"name": config.release_mechanism, "params": read_round(run.releases, chosen[0]).mechanism_params},
+        "mechanism": {"name": config.release_mechanism, "params": params},
         "privacy_statement": _statement(run),
         "auxiliary": {
-            "data": aux_name, "fit_images": int(fit_images.shape[0]), "distractors": int(distractor_images.shape[0]),
-            "disjoint_from_clients": True,
+            "data": aux_name, "fit_images": int(split.fit.shape[0]), "null_images": int(split.null.shape[0]),
+            "distractors": int(split.distractors.shape[0]), "no_exact_duplicates_of_client_images": True,
         },
         "null": NULL_DEFINITION,
         "rounds": results,

@@ -21,7 +21,7 @@ class UnknownAttackError(PrivfedError):
 
 def register_attack(cls: A) -> A:
     """Class decorator: makes an attack available by its ``name``."""
-    name = getattr(cls, "name", None)
+    name = cls.name if hasattr(cls, "name") else None
     if not isinstance(name, str) or not name:
         raise ValueError(f"{cls.__qualname__} needs a non-empty class attribute `name`")
     if name in _REGISTRY and _REGISTRY[name] is not cls:

@@ -6,7 +6,9 @@ replayed once (:mod:`attacks.scoring.ground_truth`), and each mechanism
 that budget would be) releases from those same memories, under the same
 model snapshot. Training one run per mechanism instead would compare
 different models as well as different releases. The members behind every
-vector are known exactly here, since the mechanism runs in this script.
+vector come from the mechanism itself, run here (exact for reps and kanon;
+for ldp each row goes to the released centre nearest its leaf's coreset
+point). Every attack is fitted before any memory is replayed.
 
 Prints one row per mechanism and attack: the headline PSNR (against the
 source for ``reps``, the best member for centroids) mean over runs with its
@@ -28,10 +30,11 @@ from typing import Any
 import torch
 
 from attacks import get_attack_class
-from attacks.evaluation import ClientRelease, attack_releases, attack_target, load_auxiliary, split_auxiliary
+from attacks.evaluation import ReleaseTruth, attack_target, invert_round, load_auxiliary, score_round, split_auxiliary
 from attacks.scoring.ground_truth import replay_round, vector_truths
-from mechanisms import create_mechanism
+from mechanisms import create_mechanism, get_mechanism_class
 from privfed.data.federated import FederatedSplit
+from privfed.errors import PrivfedError
 from privfed.privacy.budget import plan_privacy
 from privfed.recording import read_round
 from privfed.runs import RunDirectory
@@ -42,9 +45,9 @@ def mechanism_settings(epsilons: list[float]) -> list[tuple[str, str, float | No
     return [("reps", "reps", None), ("kanon", "kanon", None), *[(f"ldp-eps{e:g}", "ldp", e) for e in epsilons]]
 
 
-def released_by(mechanism: str, params: dict[str, Any], memories, centroids, num_centroids: int, seed: int) -> list[ClientRelease]:
-    """Each replayed memory released by ``mechanism``, with the members behind every vector."""
-    out = []
+def released_by(mechanism: str, params: dict[str, Any], memories, centroids, num_centroids: int, seed: int):
+    """Each replayed memory released by ``mechanism``: ``(vectors, weights)`` per client, and the truth behind them."""
+    releases, truth = [], []
     for memory in memories:
         instance = create_mechanism(mechanism, **params)
         if centroids is not None:
@@ -52,9 +55,9 @@ def released_by(mechanism: str, params: dict[str, Any], memories, centroids, num
         release, members = instance.release_with_members(
             memory.memory, num_centroids=num_centroids, generator=torch.Generator().manual_seed(seed + memory.client)
         )
-        truths = vector_truths(memory, members, release.num_vectors)
-        out.append(ClientRelease(memory, release.vectors.float(), release.weights.float(), truths))
-    return out
+        releases.append((release.vectors.float(), release.weights.float()))
+        truth.append(ReleaseTruth(memory, vector_truths(memory, members, release.num_vectors)))
+    return releases, truth
 
 
 def compare_round(run_dir: Path, round_index: int, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -63,33 +66,42 @@ def compare_round(run_dir: Path, round_index: int, args: argparse.Namespace) -> 
     device = torch.device(args.device)
     recorded = read_round(run.releases, round_index)
     sizes = FederatedSplit.of(config).client_sizes()
-    memories = [replay_round(config, recorded, r.client, device=device)[0] for r in recorded.releases]
     aux, _ = load_auxiliary(config, None)
-    generator = torch.Generator().manual_seed(args.seed)
-    distractors, fit_images = split_auxiliary(aux, 256, generator)
-    inversions: dict[tuple[str, str], Any] = {}
-    rows = []
+    split = split_auxiliary(aux, 256, torch.Generator().manual_seed(args.seed))
+    settings = {} if args.steps is None else {"steps": args.steps}
+    # The attacker's part first: every attack fitted on public information only.
+    rows_setup, inversions, fit_seconds = [], {}, {}
     for row_name, mechanism, epsilon in mechanism_settings(args.epsilons):
         params = plan_privacy(config.replace(mechanism=mechanism, epsilon=epsilon), sizes).params
-        releases = released_by(mechanism, params, memories, recorded.centroids, config.num_local_centroids, args.seed)
         target = attack_target(config, recorded, device, mechanism=mechanism, mechanism_params=params)
+        rows_setup.append((row_name, mechanism, params, target))
         for attack_name in args.attacks:
             attack_class = get_attack_class(attack_name)
             key = (attack_name, row_name if attack_class.uses_mechanism else "")
-            start = time.perf_counter()
             if key not in inversions:
-                settings = {} if args.steps is None else {"steps": args.steps}
-                inversions[key] = attack_class(seed=args.seed, **settings).fit(target, fit_images)
+                start = time.perf_counter()
+                inversions[key] = attack_class(seed=args.seed, **settings).fit(target, split.fit)
+                fit_seconds[key] = time.perf_counter() - start
+    memories = [replay_round(config, recorded, r.client)[0] for r in recorded.releases]
+    rows = []
+    for row_name, mechanism, params, target in rows_setup:
+        releases, truth = released_by(mechanism, params, memories, recorded.centroids, config.num_local_centroids, args.seed)
+        single_source = get_mechanism_class(mechanism).releases_raw_data
+        for attack_name in args.attacks:
+            key = (attack_name, row_name if get_attack_class(attack_name).uses_mechanism else "")
+            start = time.perf_counter()
             try:
-                summary, _ = attack_releases(
-                    inversions[key], target, releases, aux_images=fit_images, distractors=distractors,
-                    max_vectors=args.max_vectors, generator=torch.Generator().manual_seed(args.seed),
+                inverted = invert_round(
+                    inversions[key], target, releases, null_images=split.null, max_vectors=args.max_vectors,
+                    generator=torch.Generator().manual_seed(args.seed),
                 )
-            except Exception as err:  # e.g. ldp at a small epsilon: every vector is padding
+                summary, _ = score_round(inverted, truth, distractors=split.distractors, single_source=single_source)
+            except PrivfedError as err:  # e.g. ldp at a small epsilon: every vector is padding
                 summary = {"error": str(err)}
             rows.append({
                 "run": str(run_dir), "seed": config.seed, "round": round_index, "mechanism": row_name,
-                "attack": attack_name, "seconds": time.perf_counter() - start, **summary,
+                "attack": attack_name, "fit_seconds": fit_seconds[key], "seconds": time.perf_counter() - start,
+                "headline": "psnr_source" if single_source else "psnr_best_member", **summary,
             })
             print(f"  {run_dir.name} round {round_index} {row_name:<10} {attack_name:<17} {_headline(rows[-1])}", flush=True)
     return rows
@@ -98,7 +110,7 @@ def compare_round(run_dir: Path, round_index: int, args: argparse.Namespace) -> 
 def _headline(row: dict[str, Any]) -> str:
     if "error" in row:
         return row["error"]
-    score = "psnr_source" if "psnr_source" in row else "psnr_best_member"
+    score = row["headline"]
     return (
         f"{score} {row[score]:.2f} (null {row['null_' + score]:.2f}, adv {row['advantage_' + score]:+.2f}) "
         f"reid {row['reid_rate']:.3f} (chance {row['reid_chance']:.3f})"
@@ -119,7 +131,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         if not ok:
             lines.append(f"{mechanism:<10} {attack:<17} {round_index:>5} {len(group):>4}  {group[0]['error']}")
             continue
-        score = "psnr_source" if "psnr_source" in ok[0] else "psnr_best_member"
+        score = ok[0]["headline"]
         ssim = score.replace("psnr", "ssim")
 
         def spread(key: str) -> str:

@@ -6,7 +6,9 @@ Takes a run trained with ``--record-releases`` and prints:
   median of repeats) against the run's mean round time, as a fraction;
 - the mechanism-aware and plain decoders' training time at their default
   budgets (or ``--steps``), and the time to decode one vector;
-- the optimisation attack's time per vector at its default budget.
+- the optimisation attack's time per vector at its default budget;
+- the score floors: the auxiliary mean image, and a random other image,
+  against the run's training images (what "no information" scores).
 
     python benchmarks/attack_cost.py runs/kanon-seed0 --round 40
     python benchmarks/attack_cost.py /tmp/run --round 1 --steps 50 --vectors 4   # smoke test
@@ -24,6 +26,9 @@ import torch
 
 from attacks import get_attack_class
 from attacks.evaluation import attack_target, load_auxiliary
+from attacks.scoring.ground_truth import training_images
+from attacks.scoring.image_scores import psnr, ssim
+from privfed.data.augment import to_float
 from privfed.recording import read_round, write_round
 from privfed.runs import RunDirectory
 
@@ -37,6 +42,16 @@ def recording_seconds(recorded, repeats: int = 5) -> float:
             write_round(Path(tmp), recorded)
             times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def print_floors(aux: torch.Tensor, private: torch.Tensor, count: int = 1000) -> None:
+    """PSNR/SSIM of the auxiliary mean image, and of a random auxiliary image, against random private images."""
+    g = torch.Generator().manual_seed(0)
+    truth = to_float(private[torch.randint(private.shape[0], (count,), generator=g)])
+    mean = to_float(aux).mean(dim=0, keepdim=True).expand_as(truth)
+    other = to_float(aux[torch.randint(aux.shape[0], (count,), generator=g)])
+    for name, guess in (("auxiliary mean image", mean), ("random auxiliary image", other)):
+        print(f"floor, {name}: PSNR {float(psnr(guess, truth).mean()):.2f} dB, SSIM {float(ssim(guess, truth).mean()):.3f}")
 
 
 def main() -> None:
@@ -58,6 +73,7 @@ def main() -> None:
     device = torch.device(args.device)
     target = attack_target(config, recorded, device)
     aux, _ = load_auxiliary(config, None)
+    print_floors(aux, training_images(config))
     vectors = torch.cat([r.vectors for r in recorded.releases]).float()
     settings = {} if args.steps is None else {"steps": args.steps}
     for name in ("decoder", "decoder-releases"):

@@ -188,13 +188,18 @@ def attack(
     steps: Optional[int] = typer.Option(None, "--steps", min=1, help="The attack's step budget: decoder training steps, or optimisation steps per vector. [default: the attack's own, 2000 / 200]"),
 ) -> None:
     """Invert a run's recorded releases as a semi-honest server would; writes RUN_DIR/attack.json and attack.png."""
+    import torch
+
     from attacks.evaluation import attack_run
 
-    result = attack_run(
-        run_dir, method=method, aux=aux, rounds=_parse_rounds(rounds), device=device, seed=seed,
-        max_vectors=max_vectors, attack_settings=None if steps is None else {"steps": steps},
-        progress=_print_attack_progress, log=typer.echo,
-    )
+    try:
+        result = attack_run(
+            run_dir, method=method, aux=aux, rounds=_parse_rounds(rounds), device=device, seed=seed,
+            max_vectors=max_vectors, attack_settings=None if steps is None else {"steps": steps},
+            progress=_print_attack_progress, log=typer.echo,
+        )
+    except (MemoryError, torch.OutOfMemoryError):
+        raise PrivfedError("out of memory: attack fewer vectors (--max-vectors) or use a larger device") from None
     for row in result["rounds"]:
         parts = [f"round {row['round']}: {row['vectors']} vectors"]
         for name in ("psnr_source", "psnr_best_member", "psnr_best_client", "reid_rate"):

@@ -47,11 +47,15 @@ def test_a_recorded_run_holds_the_state_each_round_started_from_and_no_client_da
     simulate(plan_run(config))
     run = RunDirectory(tmp_path / "run")
     assert recorded_rounds(run.releases) == [0, 1, 2]
-    first, last = read_round(run.releases, 0), read_round(run.releases, 2)
+    first, second, last = (read_round(run.releases, r) for r in (0, 1, 2))
     initial = load_network(config, run.checkpoint_path("initial")).state_dict()
-    assert all(torch.equal(first.model_state[k], initial[k]) for k in first.model_state)
-    assert first.centroids is None and last.centroids is not None
-    assert not any(torch.equal(last.model_state[k], initial[k]) for k in last.model_state if k.endswith("weight"))
+    final = load_network(config, run.checkpoint_path("final")).state_dict()
+    # Round 0 trains nothing, so rounds 0 and 1 both start from the initial model; round 2 from round 1's result.
+    assert all(torch.equal(state.model_state[k], initial[k]) for state in (first, second) for k in state.model_state)
+    assert first.centroids is None and second.centroids is not None
+    weights = [k for k in last.model_state if k.endswith("weight")]
+    assert not any(torch.equal(last.model_state[k], initial[k]) for k in weights)
+    assert not any(torch.equal(last.model_state[k], final[k]) for k in weights)  # the state sent, not the one after
     # One release per sampled client, reps: the memory's rows themselves (at most memory_size distinct images).
     assert len(last.releases) == config.clients_per_round
     assert all(0 < r.vectors.shape[0] <= config.memory_size for r in last.releases)

@@ -22,6 +22,7 @@ from attacks.attackers.aux_releases import aux_releases, aux_views_and_represent
 from attacks.base import Attack, AttackTarget, Inversion, ProgressCallback
 from attacks.registry import register_attack
 from privfed.data.augment import to_float
+from privfed.errors import PrivfedError
 
 
 class ImageDecoder(nn.Module):
@@ -31,7 +32,7 @@ class ImageDecoder(nn.Module):
         super().__init__()
         doublings = math.log2(image_size / 4)
         if image_size < 8 or not doublings.is_integer():
-            raise ValueError(f"the decoder makes square images of 4 * 2**k pixels (k >= 1), not {image_size}")
+            raise PrivfedError(f"the decoders make square images of 4 * 2**k pixels (8, 16, 32, 64...), not {image_size}")
         self.width = width
         self.stem = nn.Sequential(nn.Linear(dim, width * 16), nn.ReLU())
         layers: list[nn.Module] = []
@@ -50,6 +51,7 @@ class ImageDecoder(nn.Module):
 def train_decoder(
     inputs: torch.Tensor,
     images: torch.Tensor,
+    image_of_input: torch.Tensor,
     *,
     steps: int,
     batch_size: int,
@@ -59,7 +61,11 @@ def train_decoder(
     progress: ProgressCallback | None = None,
     stage: str = "decoder",
 ) -> ImageDecoder:
-    """Fits a decoder from ``inputs`` (``[N, D]``) to ``images`` (``[N, 3, S, S]`` in [0, 1]) by mean squared error."""
+    """Fits a decoder from ``inputs`` (``[N, D]``) to ``images[image_of_input]`` by mean squared error.
+
+    ``images`` are uint8 or float in [0, 1]; they are indexed per batch, so
+    many views of one image cost no copies of it.
+    """
     decoder = ImageDecoder(inputs.shape[1], images.shape[-1]).to(device)
     optimizer = torch.optim.Adam(decoder.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
@@ -68,7 +74,9 @@ def train_decoder(
     running = 0.0
     for step in range(1, steps + 1):
         batch = torch.randint(inputs.shape[0], (batch_size,), generator=generator)
-        loss = F.mse_loss(decoder(inputs[batch].to(device)), images[batch].to(device))
+        goal = images[image_of_input[batch]]
+        goal = to_float(goal) if goal.dtype == torch.uint8 else goal
+        loss = F.mse_loss(decoder(inputs[batch].to(device)), goal.to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -107,9 +115,8 @@ class DecoderAttack(Attack):
     ) -> Inversion:
         generator = torch.Generator().manual_seed(self.seed)
         reps, image_of_rep = aux_views_and_representations(target, aux_images, generator=generator, passes=self.views)
-        images = to_float(aux_images)[image_of_rep]
         decoder = train_decoder(
-            reps, images, steps=self.steps, batch_size=self.batch_size, lr=self.lr,
+            reps, aux_images, image_of_rep, steps=self.steps, batch_size=self.batch_size, lr=self.lr,
             generator=generator, device=target.device, progress=progress,
         )
         return _inversion(decoder, target.device)
@@ -142,9 +149,12 @@ class ReleaseDecoderAttack(DecoderAttack):
             target, reps, image_of_rep, aux_images, num_memories=self.memories, generator=generator
         )
         if released.vectors.shape[0] == 0:
-            raise ValueError(f"{target.mechanism} released nothing with weight from {self.memories} auxiliary memories")
+            raise PrivfedError(
+                f"{target.mechanism} released nothing with weight from {self.memories} auxiliary memories: "
+                "the mechanism-aware decoder has nothing to learn from"
+            )
         decoder = train_decoder(
-            released.vectors, released.member_means, steps=self.steps, batch_size=self.batch_size, lr=self.lr,
+            released.vectors, released.member_means, torch.arange(released.vectors.shape[0]), steps=self.steps, batch_size=self.batch_size, lr=self.lr,
             generator=generator, device=target.device, progress=progress,
         )
         return _inversion(decoder, target.device)

@@ -19,6 +19,7 @@ from mechanisms import create_mechanism, get_mechanism_class
 from mechanisms.base import Mechanism, Release, checked_release_with_members
 from privfed.config import TrainConfig
 from privfed.data.federated import FederatedSplit
+from privfed.device import resolve_device
 from privfed.federation.client import client_seed
 from privfed.models.network import build_network
 from privfed.orchestra.client_update import run_client_round
@@ -40,14 +41,14 @@ class ClientMemory:
     Attributes:
         client: Partition id.
         images: ``[n, 3, H, W]`` uint8, the client's whole dataset.
-        memory: ``[m, D]`` the representations it released from.
-        memory_examples: ``[m]`` the example each memory row is a view of.
+        memory: ``[m, D]`` the representations it released from (None: not replayed).
+        memory_examples: ``[m]`` the example each memory row is a view of (None: not replayed).
     """
 
     client: int
     images: torch.Tensor
-    memory: torch.Tensor
-    memory_examples: torch.Tensor
+    memory: torch.Tensor | None
+    memory_examples: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,14 @@ class VectorTruth:
 
 
 def replay_round(
-    config: TrainConfig, recorded: RecordedRound, client: int, *, device: torch.device
+    config: TrainConfig, recorded: RecordedRound, client: int
 ) -> tuple[ClientMemory, Release | None, torch.Tensor | None]:
-    """Replays one client's round as it ran; returns its memory, the replayed release and the rows' members."""
+    """Replays one client's round as it ran; returns its memory, the replayed release and the rows' members.
+
+    It runs where the client ran (``config.device``), with as many threads:
+    float reductions follow both. A CUDA run is not bit-reproducible, so its
+    replay may differ; :func:`recorded_truth` then finds out.
+    """
     sizes = FederatedSplit.of(config).client_sizes()
     dp_sgd = plan_privacy(config, sizes).dp_sgd if config.dp_sgd else None
     local = LocalTrainingConfig.from_run(config, dp_sgd=dp_sgd)
@@ -86,7 +92,7 @@ def replay_round(
             mechanism=mechanism,
             num_local_centroids=config.num_local_centroids,
             seed=client_seed(config.seed, recorded.round, client),
-            device=device,
+            device=resolve_device(config.device),
         )
     finally:
         torch.set_num_threads(threads)
@@ -102,13 +108,18 @@ def replay_round(
 
 
 def recorded_truth(
-    config: TrainConfig, recorded: RecordedRound, release: RecordedRelease, *, device: torch.device
+    config: TrainConfig, recorded: RecordedRound, release: RecordedRelease
 ) -> tuple[ClientMemory, list[VectorTruth], str]:
-    """The truth behind every vector of one recorded release, and how it was established."""
-    memory, replayed, members = replay_round(config, recorded, release.client, device=device)
+    """The truth behind every vector of one recorded release, and how it was established.
+
+    A DP mechanism's release cannot be replayed, so its client's round is not
+    replayed at all: only its images are known.
+    """
     if get_mechanism_class(recorded.mechanism).is_differentially_private():
-        status = NOT_REPLAYABLE
-    elif members is None:
+        memory = ClientMemory(release.client, FederatedSplit.of(config).client_images(release.client), None, None)
+        return memory, vector_truths(memory, None, release.vectors.shape[0]), NOT_REPLAYABLE
+    memory, replayed, members = replay_round(config, recorded, release.client)
+    if members is None:
         status = NO_MEMBERS
     elif replayed is None or not _same_vectors(replayed.vectors, release.vectors):
         status = REPLAY_DIFFERS
@@ -120,7 +131,7 @@ def recorded_truth(
 
 def vector_truths(memory: ClientMemory, members: torch.Tensor | None, num_vectors: int) -> list[VectorTruth]:
     """Per released vector, the client examples whose memory rows fed it (None throughout when unknown)."""
-    if members is None:
+    if members is None or memory.memory_examples is None:
         return [VectorTruth(memory.client, None) for _ in range(num_vectors)]
     return [VectorTruth(memory.client, memory.memory_examples[members == j]) for j in range(num_vectors)]
 

@@ -26,14 +26,24 @@ def mean_interval(values: list[float]) -> tuple[float, list[float] | None]:
     return mean, [mean - half, mean + half]
 
 
+def wilson_interval(hits: list[float]) -> tuple[float, list[float]]:
+    """Rate of 0/1 outcomes and its 95% Wilson interval (a t-interval collapses to a point at 0 or 1)."""
+    result = stats.binomtest(int(sum(hits)), len(hits)).proportion_ci(confidence_level=0.95, method="wilson")
+    return statistics.fmean(hits), [float(result.low), float(result.high)]
+
+
 def summarize(rows: list[dict[str, float | None]]) -> dict[str, Any]:
     """The round's figures over its attacked vectors.
 
     For each score ``s`` present: ``s`` (mean), ``s_ci95``, ``null_s``,
-    ``advantage_s`` (mean of ``s - null_s`` per vector) and
-    ``advantage_s_ci95``; re-identification is reported as ``reid_rate`` and
-    ``reid_chance`` (the rate a random ranking would hit). A score absent from
-    every row (members unknown) is left out.
+    ``advantage_s`` (mean of ``s - null_s`` per vector),
+    ``advantage_s_ci95`` and ``n_s`` (the vectors it averages: those whose
+    members are known, for member scores). Re-identification is reported as
+    ``reid_rate`` (with a Wilson interval), ``null_reid_rate`` and
+    ``reid_chance`` (the rate a random ranking would hit). A score absent
+    from every row (members unknown) is left out. The intervals treat the
+    vectors as independent; vectors of one client share its data, so they
+    are somewhat optimistic.
     """
     out: dict[str, Any] = {"vectors": len(rows)}
     for name in SCORES:
@@ -41,7 +51,9 @@ def summarize(rows: list[dict[str, float | None]]) -> dict[str, Any]:
         if not pairs:
             continue
         label = "reid_rate" if name == "reid" else name
-        out[label], out[f"{label}_ci95"] = mean_interval([p for p, _ in pairs])
+        hits = [p for p, _ in pairs]
+        out[label], out[f"{label}_ci95"] = wilson_interval(hits) if name == "reid" else mean_interval(hits)
+        out[f"n_{label}"] = len(pairs)
         out[f"null_{label}"] = statistics.fmean(n for _, n in pairs)
         out[f"advantage_{label}"], out[f"advantage_{label}_ci95"] = mean_interval([p - n for p, n in pairs])
     chances = [r["reid_chance"] for r in rows if r.get("reid_chance") is not None]

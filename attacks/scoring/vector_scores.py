@@ -1,8 +1,9 @@
 """Each attacked vector's scores, and its null's, over the same candidate sets.
 
 For a vector whose members are known: PSNR/SSIM against the source image
-(one member: ``reps``), or the best and the mean over its members
-(centroids); always the best over the client's whole dataset; and whether
+(a mechanism that releases representations themselves, ``reps``), or the
+best and the mean over its members (every other mechanism, whatever the
+number of members); always the best over the client's whole dataset; and whether
 its most similar image among the client's images plus auxiliary
 distractors is a member (re-identification), with that event's chance
 level ``members / candidates``. Every score is computed the same way for the
@@ -24,6 +25,8 @@ def score_client_vectors(
     truths: list[VectorTruth],
     client_images: torch.Tensor,
     distractors: torch.Tensor,
+    *,
+    single_source: bool,
 ) -> list[dict[str, float | None]]:
     """Rows of scores for one client's attacked vectors (all of ``truths`` belong to it).
 
@@ -33,6 +36,8 @@ def score_client_vectors(
         truths: Their members among the client's examples.
         client_images: ``[n, 3, H, W]`` uint8, the client's dataset.
         distractors: ``[d, 3, H, W]`` uint8 auxiliary images no client holds.
+        single_source: Whether each vector is one representation (scored
+            against its source) rather than a summary of several.
     """
     candidates = to_float(client_images)
     pool = torch.cat([candidates, to_float(distractors)])
@@ -49,7 +54,7 @@ def score_client_vectors(
             if truth.members is None or truth.members.numel() == 0:
                 continue
             members = truth.members
-            if members.numel() == 1:
+            if single_source:
                 row[f"{prefix}psnr_source"] = float(psnr_client[i, members[0]])
                 row[f"{prefix}ssim_source"] = float(ssim_client[i, members[0]])
             else:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -69,9 +69,26 @@ class PrivateRoundState:
     release_generator_state: torch.Tensor | None
 
 
-def client_update(*args: Any, **kwargs: Any) -> ClientUpdate:
+def client_update(
+    network: OrchestraNetwork,
+    global_state: StateDict,
+    centroids: torch.Tensor | None,
+    images: torch.Tensor,
+    *,
+    train: bool,
+    config: LocalTrainingConfig,
+    mechanism: Mechanism | None,
+    num_local_centroids: int,
+    seed: int,
+    device: torch.device,
+    secret_seed: int | None = None,
+) -> ClientUpdate:
     """Runs a client's round (:func:`run_client_round`) and returns only what is sent."""
-    return run_client_round(*args, **kwargs)[0]
+    update, _ = run_client_round(
+        network, global_state, centroids, images, train=train, config=config, mechanism=mechanism,
+        num_local_centroids=num_local_centroids, seed=seed, device=device, secret_seed=secret_seed,
+    )
+    return update
 
 
 def run_client_round(

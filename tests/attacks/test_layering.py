@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,14 @@ REPO = Path(__file__).resolve().parents[2]
 ALLOWED = ("attacks.base", "attacks.registry", "attacks.attackers", "mechanisms", "privfed.data.augment", "privfed.errors")
 LIBRARIES = ("__future__", "abc", "copy", "dataclasses", "math", "typing", "torch", "numpy")
 #: Calls that read files or datasets: an attacker gets objects, never paths.
-READERS = ("open", "load", "read_text", "read_bytes", "load_dataset", "cached_dataset", "read_round", "client_images")
+READERS = (
+    "load", "read_text", "read_bytes", "fromfile", "load_dataset", "cached_dataset", "read_round", "client_images",
+    "import_module",
+)
+#: Built-ins that open files or reach modules and attributes by name.
+BUILTINS = ("open", "__import__", "getattr", "globals", "vars", "exec", "eval")
+#: Names that reach modules at run time.
+MODULE_HANDLES = ("sys", "importlib", "builtins")
 
 
 def attacker_files() -> list[Path]:
@@ -31,12 +40,38 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def called_names(path: Path) -> set[str]:
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call):
-            func = node.func
-            names.add(func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", ""))
-    return names
+    """Names called, as ``f(...)`` or ``x.f(...)``."""
+    calls = [node.func for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)]
+    return {f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "") for f in calls}
+
+
+def called_builtins(path: Path) -> set[str]:
+    """Names called bare, ``f(...)``: built-ins (a method ``module.eval()`` is not ``eval``)."""
+    calls = [node.func for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)]
+    return {f.id for f in calls if isinstance(f, ast.Name)}
+
+
+def attribute_paths(path: Path) -> set[str]:
+    """Dotted paths read through a module imported whole (``import privfed.data.augment`` binds ``privfed``)."""
+    tree = ast.parse(path.read_text())
+    roots = {  # the name an import binds -> the module it names
+        alias.asname or alias.name.split(".")[0]: alias.name if alias.asname else alias.name.split(".")[0]
+        for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            parts, inner = [], node
+            while isinstance(inner, ast.Attribute):
+                parts.append(inner.attr)
+                inner = inner.value
+            if isinstance(inner, ast.Name) and inner.id in roots:
+                found.add(".".join([roots[inner.id], *reversed(parts)]))
+    return found
+
+
+def names_used(path: Path) -> set[str]:
+    return {node.id for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Name)}
 
 
 def disallowed(modules: set[str]) -> set[str]:
@@ -54,6 +89,21 @@ def test_attacker_modules_import_nothing_that_holds_ground_truth(path):
 @pytest.mark.parametrize("path", attacker_files(), ids=lambda p: str(p.relative_to(REPO)))
 def test_attacker_modules_read_no_file_or_dataset(path):
     assert called_names(path) & set(READERS) == set()
+    assert called_builtins(path) & set(BUILTINS) == set()
+    assert names_used(path) & set(MODULE_HANDLES) == set()
+
+
+@pytest.mark.parametrize("path", attacker_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_attribute_paths_through_imported_packages_stay_in_the_allowed_modules(path):
+    """``import privfed.data.augment`` also binds ``privfed``: reading ``privfed.data.federated`` through it is refused."""
+    outside = {p for p in attribute_paths(path) if disallowed({p}) and disallowed({p.rsplit(".", 1)[0]})}
+    assert outside == set()
+
+
+def test_importing_every_attacker_loads_no_scoring_recording_or_run_module():
+    code = "import sys, attacks.attackers, attacks.base, attacks.registry; print('\\n'.join(sorted(sys.modules)))"
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout.split())
+    assert not {m for m in loaded if m.startswith(("attacks.scoring", "attacks.evaluation", "privfed.recording", "privfed.runs"))}
 
 
 def test_the_checks_catch_an_attacker_that_reaches_for_the_truth(tmp_path):
@@ -61,13 +111,17 @@ def test_the_checks_catch_an_attacker_that_reaches_for_the_truth(tmp_path):
     cheat = tmp_path / "cheat.py"
     cheat.write_text(
         "import torch\nfrom attacks.scoring.ground_truth import replay_round\nfrom privfed.data import FederatedSplit\n"
-        "from .. import evaluation\nimport privfed.recording\n"
-        "def f(p):\n    return torch.load(p), open(p).read()\n"
+        "from .. import evaluation\nimport privfed.recording\nimport privfed.data.augment\nimport sys\n"
+        "def f(p):\n    return torch.load(p), open(p).read(), __import__('attacks.scoring'), sys.modules\n"
+        "def g(c):\n    return privfed.data.federated.FederatedSplit.of(c), privfed.data.augment.to_float\n"
     )
     assert disallowed(imported_modules(cheat)) == {
-        "attacks.scoring.ground_truth", "privfed.data", "..", "privfed.recording"
+        "attacks.scoring.ground_truth", "privfed.data", "..", "privfed.recording", "sys"
     }
-    assert {"load", "open"} <= called_names(cheat)
+    assert "load" in called_names(cheat) and {"open", "__import__"} <= called_builtins(cheat)
+    assert "sys" in names_used(cheat)
+    outside = {p for p in attribute_paths(cheat) if disallowed({p}) and disallowed({p.rsplit(".", 1)[0]})}
+    assert "privfed.data.federated.FederatedSplit.of" in outside and not any("augment" in p for p in outside)
 
 
 def test_the_scoring_side_is_imported_only_by_the_evaluation():

@@ -30,3 +30,11 @@ def test_summary_pairs_each_score_with_its_null_and_leaves_out_unknown_members()
     assert out["reid_rate"] == 0.5 and out["null_reid_rate"] == 0.0 and out["reid_chance"] == pytest.approx(0.02)
     assert out["advantage_psnr_best_client"] == 4.5 and out["advantage_psnr_best_client_ci95"] is not None
     assert "psnr_best_member" not in out and "ssim_source" not in out
+    assert out["n_psnr_source"] == 2 and out["n_reid_rate"] == 2
+
+
+def test_a_rate_of_zero_still_has_an_interval_above_zero():
+    rows = [{"reid": 0.0, "null_reid": 0.0, "reid_chance": 0.01} for _ in range(60)]
+    out = summarize(rows)
+    low, high = out["reid_rate_ci95"]
+    assert out["reid_rate"] == 0.0 and low == pytest.approx(0.0, abs=1e-12) and 0.03 < high < 0.1  # Wilson: ~0.06

@@ -20,7 +20,7 @@ def test_a_perfect_reconstruction_of_a_source_beats_its_null_and_is_reidentified
     exact = client[[2, 7]].float() / 255
     nulls = images(2, 2).float() / 255
     truths = [VectorTruth(0, torch.tensor([2])), VectorTruth(0, torch.tensor([7]))]
-    rows = score_client_vectors(exact, nulls, truths, client, distractors)
+    rows = score_client_vectors(exact, nulls, truths, client, distractors, single_source=True)
     for row in rows:
         assert row["psnr_source"] == MAX_PSNR and row["psnr_best_client"] == MAX_PSNR
         assert row["null_psnr_source"] < 15 and row["reid"] == 1.0
@@ -32,16 +32,19 @@ def test_a_centroid_is_scored_over_its_members_and_its_chance_grows_with_them():
     client, distractors = images(12, 3), images(20, 4)
     members = torch.tensor([0, 4, 5])
     mean_image = client[members].float().mean(dim=0, keepdim=True) / 255
-    rows = score_client_vectors(mean_image, mean_image, [VectorTruth(0, members)], client, distractors)
+    rows = score_client_vectors(mean_image, mean_image, [VectorTruth(0, members)], client, distractors, single_source=False)
     row = rows[0]
     assert row["psnr_best_member"] >= row["psnr_mean_member"]
     assert row["reid_chance"] == 3 / 32
     # The null here is the reconstruction itself: what the release adds over it is zero.
     assert row["psnr_best_member"] == row["null_psnr_best_member"] and row["reid"] == row["null_reid"]
+    # A centroid of one image is still a centroid: scored over its members, not as a source.
+    one = score_client_vectors(mean_image, mean_image, [VectorTruth(0, members[:1])], client, distractors, single_source=False)
+    assert "psnr_best_member" in one[0] and "psnr_source" not in one[0]
 
 
 def test_unknown_members_leave_only_the_whole_dataset_scores():
     client, distractors = images(6, 5), images(6, 6)
     recon = client[:1].float() / 255
-    row = score_client_vectors(recon, recon, [VectorTruth(0, None)], client, distractors)[0]
+    row = score_client_vectors(recon, recon, [VectorTruth(0, None)], client, distractors, single_source=False)[0]
     assert set(row) == {"psnr_best_client", "ssim_best_client", "null_psnr_best_client", "null_ssim_best_client"}
