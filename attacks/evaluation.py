@@ -41,8 +41,8 @@ from privfed.orchestra.model_state import load_shared_state
 from privfed.recording import RecordedRound, read_round, recorded_rounds
 from privfed.runs import RunDirectory
 
-#: Auxiliary images held out of the attack's training, to serve as re-identification distractors.
-DEFAULT_DISTRACTORS = 256
+#: Auxiliary images held out of the attack's training as re-identification distractors, and as many for the null.
+DEFAULT_DISTRACTORS = 128
 NULL_DEFINITION = (
     "the same attack applied to a random vector the same mechanism released from memories of held-out auxiliary "
     "images (neither the attack's training images nor the distractors)"

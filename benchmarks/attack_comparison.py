@@ -30,7 +30,9 @@ from typing import Any
 import torch
 
 from attacks import get_attack_class
-from attacks.evaluation import ReleaseTruth, attack_target, invert_round, load_auxiliary, score_round, split_auxiliary
+from attacks.evaluation import (
+    DEFAULT_DISTRACTORS, ReleaseTruth, attack_target, invert_round, load_auxiliary, score_round, split_auxiliary,
+)
 from attacks.scoring.ground_truth import replay_round, vector_truths
 from mechanisms import create_mechanism, get_mechanism_class
 from privfed.data.federated import FederatedSplit
@@ -67,7 +69,7 @@ def compare_round(run_dir: Path, round_index: int, args: argparse.Namespace) -> 
     recorded = read_round(run.releases, round_index)
     sizes = FederatedSplit.of(config).client_sizes()
     aux, _ = load_auxiliary(config, None)
-    split = split_auxiliary(aux, 256, torch.Generator().manual_seed(args.seed))
+    split = split_auxiliary(aux, DEFAULT_DISTRACTORS, torch.Generator().manual_seed(args.seed))
     settings = {} if args.steps is None else {"steps": args.steps}
     # The attacker's part first: every attack fitted on public information only.
     rows_setup, inversions, fit_seconds = [], {}, {}
