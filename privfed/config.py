@@ -304,6 +304,8 @@ def validate(config: TrainConfig) -> None:
     released = config.clients_per_round * config.num_local_centroids
     # A mechanism that releases the memory itself sends memory_size vectors, not L.
     releasing = methods[config.method].releases
+    if config.record_releases and not releasing:
+        raise PrivfedError(f"method {config.method} releases nothing, so --record-releases has nothing to record")
     if releasing and not mechanism.releases_raw_data and released < config.num_global_centroids:
         raise PrivfedError(
             f"{config.clients_per_round} sampled clients x {config.num_local_centroids} local centroids "

@@ -86,3 +86,9 @@ def test_evaluate_takes_the_shared_options_from_trainconfig():
         assert command[name].default.default == getattr(DEFAULTS, name), name
         assert command[name].default.help == option_help(name).help, name
         assert function[name].default == (Path(DEFAULTS.data_dir) if name == "data_dir" else getattr(DEFAULTS, name))
+
+
+def test_recording_the_releases_of_a_method_that_releases_nothing_is_refused():
+    assert build_config(record_releases=True).record_releases
+    with pytest.raises(PrivfedError, match="rotpred releases nothing, so --record-releases has nothing to record"):
+        build_config(method="rotpred", record_releases=True)
