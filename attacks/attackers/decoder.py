@@ -115,11 +115,23 @@ class DecoderAttack(Attack):
     ) -> Inversion:
         generator = torch.Generator().manual_seed(self.seed)
         reps, image_of_rep = aux_views_and_representations(target, aux_images, generator=generator, passes=self.views)
+        inputs, images, image_of_input = self._training_pairs(target, reps, image_of_rep, aux_images, generator)
         decoder = train_decoder(
-            reps, aux_images, image_of_rep, steps=self.steps, batch_size=self.batch_size, lr=self.lr,
+            inputs, images, image_of_input, steps=self.steps, batch_size=self.batch_size, lr=self.lr,
             generator=generator, device=target.device, progress=progress,
         )
         return _inversion(decoder, target.device)
+
+    def _training_pairs(
+        self,
+        target: AttackTarget,
+        reps: torch.Tensor,
+        image_of_rep: torch.Tensor,
+        aux_images: torch.Tensor,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(decoder inputs, target images, the target image of each input): here each view's image."""
+        return reps, aux_images, image_of_rep
 
 
 @register_attack
@@ -140,11 +152,15 @@ class ReleaseDecoderAttack(DecoderAttack):
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), "memories": self.memories}
 
-    def fit(
-        self, target: AttackTarget, aux_images: torch.Tensor, *, progress: ProgressCallback | None = None
-    ) -> Inversion:
-        generator = torch.Generator().manual_seed(self.seed)
-        reps, image_of_rep = aux_views_and_representations(target, aux_images, generator=generator, passes=self.views)
+    def _training_pairs(
+        self,
+        target: AttackTarget,
+        reps: torch.Tensor,
+        image_of_rep: torch.Tensor,
+        aux_images: torch.Tensor,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each vector the mechanism releases from an auxiliary memory, and its members' mean image."""
         released = aux_releases(
             target, reps, image_of_rep, aux_images, num_memories=self.memories, generator=generator
         )
@@ -153,8 +169,4 @@ class ReleaseDecoderAttack(DecoderAttack):
                 f"{target.mechanism} released nothing with weight from {self.memories} auxiliary memories: "
                 "the mechanism-aware decoder has nothing to learn from"
             )
-        decoder = train_decoder(
-            released.vectors, released.member_means, torch.arange(released.vectors.shape[0]), steps=self.steps, batch_size=self.batch_size, lr=self.lr,
-            generator=generator, device=target.device, progress=progress,
-        )
-        return _inversion(decoder, target.device)
+        return released.vectors, released.member_means, torch.arange(released.vectors.shape[0])
