@@ -36,7 +36,8 @@ def summarize(rows: list[dict[str, float | None]]) -> dict[str, Any]:
     """The round's figures over its attacked vectors.
 
     For each score ``s`` present: ``s`` (mean), ``s_ci95``, ``null_s``,
-    ``advantage_s`` (mean of ``s - null_s`` per vector),
+    ``null_s_ci95`` (so "above the null with non-overlapping intervals" can
+    be read off), ``advantage_s`` (mean of ``s - null_s`` per vector),
     ``advantage_s_ci95`` and ``n_s`` (the vectors it averages: those whose
     members are known, for member scores). Re-identification is reported as
     ``reid_rate`` (with a Wilson interval), ``null_reid_rate`` and
@@ -51,10 +52,10 @@ def summarize(rows: list[dict[str, float | None]]) -> dict[str, Any]:
         if not pairs:
             continue
         label = "reid_rate" if name == "reid" else name
-        hits = [p for p, _ in pairs]
-        out[label], out[f"{label}_ci95"] = wilson_interval(hits) if name == "reid" else mean_interval(hits)
+        interval = wilson_interval if name == "reid" else mean_interval
+        out[label], out[f"{label}_ci95"] = interval([p for p, _ in pairs])
         out[f"n_{label}"] = len(pairs)
-        out[f"null_{label}"] = statistics.fmean(n for _, n in pairs)
+        out[f"null_{label}"], out[f"null_{label}_ci95"] = interval([n for _, n in pairs])
         out[f"advantage_{label}"], out[f"advantage_{label}_ci95"] = mean_interval([p - n for p, n in pairs])
     chances = [r["reid_chance"] for r in rows if r.get("reid_chance") is not None]
     if chances:

@@ -31,6 +31,9 @@ def test_summary_pairs_each_score_with_its_null_and_leaves_out_unknown_members()
     assert out["advantage_psnr_best_client"] == 4.5 and out["advantage_psnr_best_client_ci95"] is not None
     assert "psnr_best_member" not in out and "ssim_source" not in out
     assert out["n_psnr_source"] == 2 and out["n_reid_rate"] == 2
+    low, high = out["null_psnr_source_ci95"]  # the null's own spread: 12 and 13 give a t-interval around 12.5
+    assert low < 12.0 and high > 13.0 and (low + high) / 2 == pytest.approx(12.5)
+    assert out["null_reid_rate_ci95"][0] == pytest.approx(0.0, abs=1e-12)  # Wilson for the null's rate too
 
 
 def test_a_rate_of_zero_still_has_an_interval_above_zero():
