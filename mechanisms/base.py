@@ -163,6 +163,22 @@ class Mechanism(abc.ABC):
         """What one release costs, for the run's ledger (empty when not differentially private)."""
         return ()
 
+    @classmethod
+    def max_vectors(cls, *, num_reps: int, num_centroids: int) -> int:
+        """The most vectors an honest release from ``num_reps`` representations holds (the server rejects more)."""
+        return num_centroids
+
+    @classmethod
+    def max_total_weight(cls, *, num_reps: int, params: dict[str, Any]) -> float:
+        """The largest total weight an honest release from ``num_reps`` representations carries.
+
+        Weights count representations, so by default they total at most
+        ``num_reps``; a mechanism whose weights carry noise widens this
+        (the server rejects heavier releases, which would let one client
+        outweigh the others in the global clustering).
+        """
+        return float(num_reps)
+
     @abc.abstractmethod
     def release(
         self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator

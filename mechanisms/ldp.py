@@ -57,7 +57,7 @@ import math
 import random
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -77,6 +77,8 @@ DEFAULT_EPSILON = 1.0
 #: Tree depth: 2**10 cells is far more than the L <= 16 clusters a client
 #: needs, and every extra level is one more charged count query.
 DEFAULT_MAX_DEPTH = 10
+#: Room the server leaves above a client's size for the noise in ldp's weights, in units of the leaf-count noise scale.
+WEIGHT_NOISE_SCALES = 1000.0
 
 
 # ---------------------------------------------------------------------------
@@ -492,6 +494,17 @@ class LshCoresetMechanism(Mechanism):
     def epsilon(self) -> float:
         """Per-release epsilon at ``delta``, from the PLD accountant."""
         return release_epsilon(self.noise, tree_levels=self.tree_levels, delta=self.delta)
+
+    @classmethod
+    def max_total_weight(cls, *, num_reps: int, params: dict[str, Any]) -> float:
+        """``num_reps`` plus room for the leaf-count noise: :data:`WEIGHT_NOISE_SCALES` of its scale.
+
+        The weights are the kept leaves' noisy counts, whose discrete-Laplace
+        noise has no upper bound; an honest total above this needs the kept
+        leaves' noise to add up to a thousand times its scale.
+        """
+        noise = cls(**params).noise
+        return float(num_reps) + WEIGHT_NOISE_SCALES / noise.leaf_count_parameter
 
     def privacy_events(self) -> tuple[PrivacyEvent, ...]:
         """What one release costs, for the run's ledger."""

@@ -31,6 +31,11 @@ class RawRepresentations(Mechanism):
             statement=f"No protection: all {num_reps} representations are released as they are.",
         )
 
+    @classmethod
+    def max_vectors(cls, *, num_reps: int, num_centroids: int) -> int:
+        """One vector per representation."""
+        return num_reps
+
     def release(
         self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
     ) -> Release:

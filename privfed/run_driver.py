@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from mechanisms import get_mechanism_class
-from mechanisms.base import K_ANONYMITY
+from mechanisms.base import K_ANONYMITY, Guarantee
 from privfed.data import cached_dataset, heterogeneity_stats
 from privfed.device import resolve_device
 from privfed.evaluation.monitor import KnnMonitor
@@ -53,8 +53,18 @@ def build_monitor(plan: RunPlan, device: torch.device) -> KnnMonitor:
     )
 
 
+#: The guarantee recorded with the planned cost of a release the server rejected.
+REJECTED_STATEMENT = "The server rejected this reply; it charges the planned cost, since the bytes reached it."
+
+
 def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
+
+
+def _rejected_clients(report: RoundReport) -> list[int]:
+    """Each identified client with a rejected reply this round, once, and not also among the accepted."""
+    accepted = {client for client, _ in report.training_events}
+    return sorted({r.client for r in report.rejected if r.client is not None} - accepted)
 
 
 class RunDriver:
@@ -74,6 +84,7 @@ class RunDriver:
         self._last_knn: float | None = None
         self._last_loss: float | None = None
         self._rounds_done = 0
+        self._rejections: list[dict[str, Any]] = []
 
     def start(self) -> OrchestraServer:
         """Creates the run directory, the ledger, the initial model and its evaluation; returns the server."""
@@ -114,12 +125,15 @@ class RunDriver:
             "sampled_clients": list(report.sampled_clients),
             "clients_completed": report.completed,
             "client_failures": report.failures,
+            "rejected_replies": len(report.rejected),
+            "rejection_reasons": [r.to_dict() for r in report.rejected],
             "round_seconds": report.seconds,
             **report.server_stats,
         }
         for key in (*STEP_VALUES, "train_seconds", "release_seconds"):
             if key not in record:  # SecAgg+ rounds bring the means of the secure sum in server_stats
                 record[key] = _mean([m[key] for m in report.client_metrics if key in m])
+        self._rejections.extend({"round": report.round, **r.to_dict()} for r in report.rejected)
         charged_ks = self._charge_releases(report)
         if config.record_releases:
             self._record_round(report)
@@ -167,14 +181,14 @@ class RunDriver:
         self._sent_state = self.server.global_state(), self.server.centroids
 
     def _charge_releases(self, report: RoundReport) -> list[int]:
-        """Charges every release that reached the server, after checking it against the plan and the mechanism's class.
+        """Charges every release that reached the server: the events the server planned, never the client's copy.
 
-        The server charges the events it planned, not the client's copy: a
-        release must carry exactly those events (none for a mechanism that is
-        not DP) and the kind of guarantee its class declares. The anonymity
-        set k counts only for k-anonymous mechanisms and released vectors, and
-        never exceeds the smallest weight (how many representations a vector
-        stands for), nor above the client's size over the number of vectors.
+        The strategy has already checked each reply against the plan
+        (:mod:`privfed.federation.reply_checks`): its events are the planned
+        ones and, for a k-anonymous release, its guarantee's ``k`` is what
+        the server credits. A rejected reply from a client the server asked
+        is charged the planned events too (for DP mechanisms): its bytes
+        reached the server, whatever was wrong with them.
 
         Returns:
             The anonymity sets charged this round (k-anonymous releases only).
@@ -185,42 +199,29 @@ class RunDriver:
         if mechanism is None:  # nothing released (the server refuses releases for such a method)
             return charged_ks
         for client, release in report.releases:
-            if release.guarantee.kind != mechanism.guarantee_kind:
-                raise RuntimeError(
-                    f"client {client}'s release claims {release.guarantee.kind!r}, "
-                    f"but {mechanism.name} declares {mechanism.guarantee_kind!r}"
-                )
-            if tuple(release.events) != expected:
-                raise RuntimeError(f"client {client} reports release costs {release.events}, the plan expects {expected}")
-            k = None
-            if mechanism.guarantee_kind == K_ANONYMITY and release.num_vectors > 0 and release.guarantee.k is not None:
-                # No vector can stand for more representations than its share of the client's data.
-                share = self.plan.client_sizes[client] // release.num_vectors
-                k = min(release.guarantee.k, int(release.weights.min()), share)
-                minimum = self.plan.privacy.params.get("min_k")
-                if minimum is not None and k < minimum:
-                    raise RuntimeError(f"client {client} released centroids of {k} images, below the run's min_k {minimum}")
+            k = release.guarantee.k if mechanism.guarantee_kind == K_ANONYMITY else None
+            if k is not None:
                 charged_ks.append(k)
-            guarantee = dataclasses.replace(release.guarantee, k=k)
-            self.ledger.record(LedgerEntry(client, report.round, mechanism.name, guarantee, expected))
+            self.ledger.record(LedgerEntry(client, report.round, mechanism.name, release.guarantee, expected))
+        if expected:
+            rejected = Guarantee(kind=mechanism.guarantee_kind, statement=REJECTED_STATEMENT)
+            for client in _rejected_clients(report):
+                self.ledger.record(LedgerEntry(client, report.round, mechanism.name, rejected, expected))
         return charged_ks
 
     def _record_training(self, report: RoundReport) -> None:
-        """Charges each client's DP-SGD steps to the ledger, after checking them against the plan.
+        """Charges each client's DP-SGD steps as planned (the strategy checked the client's copy against the plan).
 
-        Every reply counts, also in a round whose secure aggregation halted:
-        the client trained and sent its (masked) update either way. Only
-        round 0, which does not train, may report no cost; the server charges
-        what it planned.
+        Every reply counts, also in a round whose secure aggregation halted
+        and a rejected one: the client trained and sent its (masked) update
+        either way. Round 0 does not train.
         """
-        if self.plan.privacy.dp_sgd is None:
+        dp_sgd = self.plan.privacy.dp_sgd
+        if dp_sgd is None or report.round == 0:
             return
-        for client, events in report.training_events:
-            expected = () if report.round == 0 else self.plan.privacy.dp_sgd.round_events(self.plan.client_sizes[client])
-            if tuple(events) != expected:
-                raise RuntimeError(f"client {client} reports DP-SGD costs {events}, the plan expects {expected}")
-            if expected:
-                self.ledger.record(LedgerEntry.dp_sgd(client, report.round, expected))
+        clients = [client for client, _ in report.training_events] + _rejected_clients(report)
+        for client in clients:
+            self.ledger.record(LedgerEntry.dp_sgd(client, report.round, dp_sgd.round_events(self.plan.client_sizes[client])))
 
     def _stop_if_budget_runs_out(self, round_index: int) -> None:
         """Stops before the round whose releases could take a client past its budget."""
@@ -294,6 +295,7 @@ class RunDriver:
             "privacy": privacy,
             "secure_aggregation": secure_aggregation,
             "stopped_early": self.stop_reason,
+            "rejected_replies": {"count": len(self._rejections), "replies": self._rejections},
             "heterogeneity": vars(self.heterogeneity),
             "final_loss": self._last_loss,
             "run_dir": str(self.run_dir.path),

@@ -89,8 +89,3 @@ def decode_release(metrics: dict[str, Any]) -> Release:
         guarantee=Guarantee(**json.loads(metrics["release_guarantee"])),
         events=tuple(PrivacyEvent(e["name"], e["params"]) for e in json.loads(metrics["release_events"])),
     )
-
-
-def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """The numeric training metrics of a reply (the release entries left out)."""
-    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

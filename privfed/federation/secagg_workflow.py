@@ -11,9 +11,10 @@ fit workflow instead of a key exchange over nothing.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Iterable, Protocol
 
-from flwr.common import Context, FitRes
+import flwr.compat.common.recorddict_compat as compat
+from flwr.common import Context, Error, FitRes, Message
 from flwr.server import Grid, LegacyContext
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.workflow import SecAggPlusWorkflow
@@ -21,6 +22,9 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, Key
 from flwr.server.workflow.default_workflows import default_fit_workflow
 
 from privfed.secagg_settings import SecAggPlusSettings
+
+#: Error code of a reply the server rejected (Flower's own codes are small integers).
+REJECTED_REPLY = 4001
 
 
 class RoundCloser(Protocol):
@@ -31,11 +35,44 @@ class RoundCloser(Protocol):
 
     def note_replies(self, results: list[tuple[ClientProxy, FitRes]]) -> None: ...
 
+    def check_masked_reply(self, node_id: int, res: FitRes | None) -> str | None: ...
+
     def close_round_without_aggregate(self, server_round: int) -> None: ...
 
 
+class _ScreeningGrid:
+    """A grid whose replies pass the strategy's checks first; a rejected reply comes back as an error.
+
+    Flower's SecAgg+ leaves an error reply out of the masked sum and treats
+    its sender as a dropout, whose pairwise masks it then removes: exactly
+    what a rejected client must be.
+    """
+
+    def __init__(self, grid: Grid, strategy: RoundCloser) -> None:
+        self._grid = grid
+        self._strategy = strategy
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        return [self._screened(reply) for reply in self._grid.send_and_receive(messages, timeout=timeout)]
+
+    def _screened(self, reply: Message) -> Message:
+        if reply.has_error():
+            return reply
+        try:
+            res: FitRes | None = compat.recorddict_to_fitres(reply.content, keep_input=True)
+        except Exception:  # a reply Flower cannot even read as a FitRes
+            res = None
+        reason = self._strategy.check_masked_reply(reply.metadata.src_node_id, res)
+        if reason is None:
+            return reply
+        return Message(metadata=reply.metadata, error=Error(code=REJECTED_REPLY, reason=f"rejected by the server: {reason}"))
+
+
 class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
-    """SecAgg+ that hands the clients' plaintext reply content to the strategy.
+    """SecAgg+ that screens the masked replies and hands their plaintext content to the strategy.
 
     The releases and metrics in those replies reached the server whether or
     not the protocol completes; if it halts later (too many dropouts), the
@@ -47,7 +84,7 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         self.strategy = strategy
 
     def collect_masked_vectors_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
-        proceed = super().collect_masked_vectors_stage(grid, context, state)
+        proceed = super().collect_masked_vectors_stage(_ScreeningGrid(grid, self.strategy), context, state)  # type: ignore[arg-type]
         self.strategy.note_replies(list(state.legacy_results))
         return proceed
 

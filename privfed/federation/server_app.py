@@ -22,6 +22,7 @@ from flwr.server.workflow import DefaultWorkflow
 from privfed.config import config_from_run_config
 from privfed.federation.client_config import ClientConfig
 from privfed.federation.partitions import discover_partitions
+from privfed.federation.reply_checks import ReplyRules
 from privfed.federation.secagg_workflow import OrchestraFitWorkflow
 from privfed.federation.strategy import NODE_WAIT_SECONDS, OrchestraStrategy
 from privfed.run_driver import ProgressCallback, RunDriver
@@ -38,6 +39,7 @@ def build_strategy(plan: RunPlan, driver: RunDriver, partition_of: dict[int, int
         clients_per_round=config.clients_per_round,
         seed=config.seed,
         partition_of=partition_of,
+        reply_rules=ReplyRules.of(plan, driver.mechanism_class),
         mechanism_params=plan.privacy.params,
         secagg=plan.secagg,
         dp_sgd=None if plan.privacy.dp_sgd is None else plan.privacy.dp_sgd.settings,

@@ -38,14 +38,8 @@ from flwr.server.strategy import Strategy
 
 from mechanisms.base import Release
 from privfed.federation.client_config import ClientConfig
-from privfed.federation.messages import (
-    arrays_to_state,
-    decode_release,
-    has_release,
-    scalar_metrics,
-    state_to_arrays,
-    tensor_to_bytes,
-)
+from privfed.federation.messages import arrays_to_state, state_to_arrays, tensor_to_bytes
+from privfed.federation.reply_checks import CheckedReply, RejectedReply, ReplyRules, check_reply, screen_replies
 from privfed.federation.update_encoding import (
     decode_aggregate,
     decode_metrics,
@@ -54,10 +48,9 @@ from privfed.federation.update_encoding import (
     secagg_weight_ratio,
 )
 from privfed.orchestra.model_state import StateDict, shared_keys, weighted_mean
-from privfed.orchestra.round_report import RoundReport
+from privfed.orchestra.round_report import Rejection, RoundReport
 from privfed.orchestra.server import OrchestraServer
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
-from privfed.privacy.ledger import events_from_json
 from privfed.secagg_settings import SecAggPlusSettings
 
 logger = logging.getLogger(__name__)
@@ -69,9 +62,8 @@ NODE_WAIT_SECONDS = 300
 RoundHook = Callable[[RoundReport], str | None]
 
 
-def by_client_id(results: list[tuple[ClientProxy, FitRes]]) -> list[tuple[ClientProxy, FitRes]]:
-    """Replies in client order, whatever order they arrived in, so a seeded run folds them in the same way."""
-    return sorted(results, key=lambda result: int(result[1].metrics["client_id"]))
+#: An accepted reply: its proxy, the reply as received, and what the checks decoded (in client order).
+Accepted = tuple[ClientProxy, FitRes, CheckedReply]
 
 
 class OrchestraStrategy(Strategy):
@@ -86,6 +78,7 @@ class OrchestraStrategy(Strategy):
         clients_per_round: int,
         seed: int,
         partition_of: dict[int, int] | None = None,
+        reply_rules: ReplyRules | None = None,
         mechanism_params: dict[str, Any] | None = None,
         secagg: SecAggPlusSettings | None = None,
         dp_sgd: DpSgdSettings | None = None,
@@ -103,6 +96,9 @@ class OrchestraStrategy(Strategy):
         self.stop_reason: str | None = None
         self._rng = np.random.default_rng(seed)
         self.partition_of = partition_of
+        self.reply_rules = reply_rules
+        self._shapes = [tuple(server.global_state()[k].shape) for k in self._keys]
+        self._rejected: list[Rejection] = []
         self._round_started = 0.0
         self._sampled_ids: tuple[int, ...] = ()
         self.scales = initial_scales(self._keys)
@@ -130,6 +126,7 @@ class OrchestraStrategy(Strategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
         self._pending = []
+        self._rejected = []
         if self.stop_reason is not None:
             return []  # DefaultWorkflow skips the remaining rounds
         self._round_started = time.perf_counter()
@@ -174,16 +171,42 @@ class OrchestraStrategy(Strategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        if not results:
-            raise RuntimeError(f"round {self.orchestra_round(server_round)}: every sampled client failed: {failures}")
-        results = by_client_id(results)
-        mean_delta, aggregation_stats = self._mean_delta(server_round, results)
-        self._close_round(server_round, results, mean_delta, aggregation_stats)
+        accepted, rejected = self._screen(results, secure=self.secagg is not None and self.next_round_trains)
+        self._rejected.extend(rejected)
+        if not accepted:
+            raise RuntimeError(
+                f"round {self.orchestra_round(server_round)}: no usable reply: {len(failures)} failed, "
+                f"rejected: {[r.reason for r in self._rejected]}"
+            )
+        mean_delta, aggregation_stats = self._mean_delta(server_round, accepted)
+        self._close_round(server_round, accepted, mean_delta, aggregation_stats)
         return ndarrays_to_parameters(state_to_arrays(self.server.global_state(), self._keys)), {}
+
+    def check_masked_reply(self, node_id: int, res: FitRes | None) -> str | None:
+        """Why a SecAgg+ reply (None: one Flower could not read) must not join the secure sum (None: it may).
+
+        Called before the masked vectors are added up, so a rejected client
+        is a dropout to the protocol: its masked vector is left out and its
+        pairwise masks are removed like any dropout's. The masked update
+        itself is unreadable here; its plaintext release and metrics are not.
+        """
+        client = (self.partition_of or {}).get(int(node_id))
+        if client is None or client not in self._sampled_ids:
+            reason, client = f"node {node_id} was not asked for a reply this round", None
+        elif res is None:
+            reason = "the reply is not a readable fit result"
+        else:
+            try:
+                check_reply(res, client=client, rules=self._rules, train=True, delta_shapes=None)
+                return None
+            except RejectedReply as err:
+                reason = str(err)
+        self._rejected.append(Rejection(client, reason))
+        return reason
 
     def note_replies(self, results: list[tuple[ClientProxy, FitRes]]) -> None:
         """Replies that reached the server during secure aggregation (their releases are disclosed)."""
-        self._pending = by_client_id(results)
+        self._pending = list(results)
 
     def close_round_without_aggregate(self, server_round: int) -> None:
         """Accounts for a round whose secure aggregation halted after clients replied.
@@ -191,11 +214,13 @@ class OrchestraStrategy(Strategy):
         Their releases reached the server, so they are recorded and clustered;
         the model stays as it was, since no aggregate exists.
         """
-        if self._closed_round == server_round or not self._pending:
+        if self._closed_round == server_round or not (self._pending or self._rejected):
             return
         self.halted_rounds += 1
         logger.warning("round %d: secure aggregation halted; the model is unchanged", self.orchestra_round(server_round))
-        self._close_round(server_round, self._pending, None, {"secagg_halted": 1.0})
+        accepted, rejected = self._screen(self._pending, secure=True)
+        self._rejected.extend(rejected)
+        self._close_round(server_round, accepted, None, {"secagg_halted": 1.0})
 
     def stop(self, reason: str) -> None:
         """Ends training cleanly: no further round is configured."""
@@ -214,22 +239,40 @@ class OrchestraStrategy(Strategy):
             "final_max_scale": float(self.scales.max()),
         }
 
-    def _mean_delta(
-        self, server_round: int, results: list[tuple[ClientProxy, FitRes]]
-    ) -> tuple[StateDict | None, dict[str, float]]:
+    @property
+    def _rules(self) -> ReplyRules:
+        if self.reply_rules is None:
+            raise RuntimeError("the strategy checks every reply: give it reply_rules (see privfed.federation.reply_checks)")
+        return self.reply_rules
+
+    def _screen(self, results: list[tuple[ClientProxy, FitRes]], *, secure: bool) -> tuple[list[Accepted], list[Rejection]]:
+        """The round's replies checked against the plan (:mod:`privfed.federation.reply_checks`)."""
+        accepted, rejected = screen_replies(
+            results,
+            client_of_node=self.partition_of or {},
+            sampled=self._sampled_ids,
+            rules=self._rules,
+            train=self.next_round_trains,
+            delta_shapes=None if secure else self._shapes,
+        )
+        for rejection in rejected:
+            logger.warning("client %s's reply was rejected: %s", rejection.client, rejection.reason)
+        return accepted, rejected
+
+    def _mean_delta(self, server_round: int, results: list[Accepted]) -> tuple[StateDict | None, dict[str, float]]:
         """The round's mean model delta (None in round 0) and statistics about forming it."""
-        first = parameters_to_ndarrays(results[0][1].parameters)
-        if not first:
+        if not self.next_round_trains:
             return None, {}
         if self.secagg is None:
-            deltas = [arrays_to_state(parameters_to_ndarrays(res.parameters), self._keys) for _, res in results]
-            return weighted_mean(deltas, [float(res.num_examples) for _, res in results]), {}
+            deltas = [arrays_to_state(checked.delta or [], self._keys) for _, _, checked in results]
+            return weighted_mean(deltas, [float(checked.num_examples) for _, _, checked in results]), {}
+        first = parameters_to_ndarrays(results[0][1].parameters)
         # SecAgg+ gave every reply the same aggregate; no single client's update exists here.
         weight_ratios = [
             secagg_weight_ratio(
                 res.num_examples, max_weight=self.secagg.max_weight, quantization_range=self.secagg.quantization_range
             )
-            for _, res in results
+            for _, res, _ in results
         ]
         # The last array is the clients' training metrics (encode_metrics), summed like the update.
         decoded = decode_aggregate(first[:-1], self.scales, weight_ratios=weight_ratios)
@@ -252,13 +295,14 @@ class OrchestraStrategy(Strategy):
     def _close_round(
         self,
         server_round: int,
-        results: list[tuple[ClientProxy, FitRes]],
+        results: list[Accepted],
         mean_delta: StateDict | None,
         aggregation_stats: dict[str, float],
     ) -> None:
-        client_ids = [int(res.metrics["client_id"]) for _, res in results]
-        releases = self._releases(client_ids, results)
+        checked = [c for _, _, c in results]
+        releases = [(c.client, c.release) for c in checked if c.release is not None]
         stats = self.server.apply_round(mean_delta, [release for _, release in releases])
+        rejected, self._rejected = self._rejected, []
         stop_reason = self.on_round_end(
             RoundReport(
                 round=self.orchestra_round(server_round),
@@ -268,26 +312,15 @@ class OrchestraStrategy(Strategy):
                 failures=len(self._sampled_ids) - len(results),
                 seconds=time.perf_counter() - self._round_started,
                 server_stats={**stats, **aggregation_stats},
-                client_metrics=[scalar_metrics(res.metrics) for _, res in results],
+                client_metrics=[c.metrics for c in checked],
                 releases=releases,
-                training_events=[
-                    (cid, events_from_json(str(res.metrics.get("dp_sgd_events", "[]"))))
-                    for cid, (_, res) in zip(client_ids, results)
-                ],
+                training_events=[(c.client, c.training_events) for c in checked],
+                rejected=rejected,
             )
         )
         if stop_reason is not None:
             self.stop(stop_reason)
         self._closed_round = server_round
-
-    def _releases(self, client_ids: list[int], results: list[tuple[ClientProxy, FitRes]]) -> list[tuple[int, Release]]:
-        """Every reply's release, by client; none for a method that releases nothing (a reply that has one is refused)."""
-        if self.server.method.releases:
-            return [(cid, decode_release(res.metrics)) for cid, (_, res) in zip(client_ids, results)]
-        unexpected = [cid for cid, (_, res) in zip(client_ids, results) if has_release(res.metrics)]
-        if unexpected:
-            raise RuntimeError(f"clients {unexpected} sent releases, but method {self.server.method.name} makes none")
-        return []
 
     # Evaluation happens on the server, in the training driver's round hook.
     def configure_evaluate(

@@ -8,8 +8,20 @@ to stop. Neither needs to know the other.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from mechanisms.base import PrivacyEvent, Release
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A reply the server dropped: which client's (None when its node was not asked this round) and why."""
+
+    client: int | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"client": self.client, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,8 @@ class RoundReport:
         releases: ``(client id, release)`` for every reply.
         training_events: ``(client id, DP-SGD events)`` for every reply
             (empty events without DP-SGD and in round 0).
+        rejected: Replies the server dropped, with the reason
+            (:mod:`privfed.federation.reply_checks`).
     """
 
     round: int
@@ -39,6 +53,7 @@ class RoundReport:
     client_metrics: list[dict[str, float]] = field(default_factory=list)
     releases: list[tuple[int, Release]] = field(default_factory=list)
     training_events: list[tuple[int, tuple[PrivacyEvent, ...]]] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
 
     @property
     def sampled(self) -> int:

@@ -1,0 +1,327 @@
+"""The server's checks on a client's reply, before anything in it touches the global state or the ledger.
+
+A reply is trusted for nothing it can be checked on: who sent it (the node
+the server asked, not the ``client_id`` it claims), how many examples it
+stands for (the partition's size, which the server planned), the release's
+shape, dtype, finiteness, unit norm, count and total weight (bounded by what
+the mechanism could honestly send from that many representations), its
+privacy events (exactly the plan's; the server charges its own copy), its
+DP-SGD events, its metrics (each known key with a value of its type) and,
+without SecAgg+, the model delta's arrays (count, shapes, finiteness). A
+reply that fails a check is rejected whole, with a one-line reason; the
+strategy (:mod:`privfed.federation.strategy`) drops it and goes on with the
+others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import torch
+from flwr.common import FitRes, bytes_to_ndarray, parameters_to_ndarrays
+
+from mechanisms.base import K_ANONYMITY, Guarantee, Mechanism, PrivacyEvent, Release
+from privfed.federation.messages import RELEASE_KEYS, has_release
+from privfed.orchestra.objective import STEP_VALUES
+from privfed.orchestra.round_report import Rejection
+from privfed.privacy.ledger import check_event
+
+if TYPE_CHECKING:
+    from privfed.privacy.dp_sgd_plan import DpSgdPlan
+    from privfed.run_plan import RunPlan
+
+#: Numeric metrics a client may send (the release and the events travel as bytes and JSON).
+NUMERIC_METRICS = frozenset({*STEP_VALUES, "train_seconds", "steps", "release_seconds"})
+#: How far a released vector's norm may stray from 1 (float32 normalisation is far closer).
+UNIT_NORM_TOLERANCE = 1e-3
+
+
+class RejectedReply(ValueError):
+    """A reply the server will not use; the message is the reason, safe to log."""
+
+
+@dataclass(frozen=True)
+class ReplyRules:
+    """What a reply in this run may hold, from the run's plan.
+
+    Attributes:
+        client_sizes: Each partition's number of examples.
+        dimension: ``D``, the released vectors' dimension.
+        num_centroids: ``L``, local centroids per release.
+        mechanism: The release mechanism's class (None: the method releases nothing).
+        mechanism_params: Its parameters, as the server calibrated them.
+        release_events: What one release costs, as planned.
+        min_k: The smallest anonymity set a k-anonymous release may have.
+        dp_sgd: The DP-SGD plan (None without DP-SGD); gives each client's round events.
+    """
+
+    client_sizes: tuple[int, ...]
+    dimension: int
+    num_centroids: int
+    mechanism: type[Mechanism] | None
+    mechanism_params: dict[str, Any]
+    release_events: tuple[PrivacyEvent, ...]
+    min_k: int | None = None
+    dp_sgd: DpSgdPlan | None = None
+
+    @classmethod
+    def of(cls, plan: RunPlan, mechanism: type[Mechanism] | None) -> ReplyRules:
+        config = plan.config
+        minimum = plan.privacy.params.get("min_k")
+        return cls(
+            client_sizes=plan.client_sizes,
+            dimension=config.projection_dim,
+            num_centroids=config.num_local_centroids,
+            mechanism=mechanism,
+            mechanism_params=dict(plan.privacy.params),
+            release_events=plan.privacy.per_release_events,
+            min_k=None if minimum is None else int(minimum),
+            dp_sgd=plan.privacy.dp_sgd,
+        )
+
+
+@dataclass(frozen=True)
+class CheckedReply:
+    """The parts of a reply that passed every check, decoded.
+
+    Attributes:
+        client: The partition the server asked this node for.
+        num_examples: The client's number of examples (its FedAvg weight).
+        release: Its release (None when the method releases nothing); for a
+            k-anonymous one, the guarantee's ``k`` is what the server credits.
+        metrics: Its numeric metrics.
+        training_events: The DP-SGD events it reported (equal to the plan's).
+        delta: The model delta's arrays (None in round 0 and under SecAgg+, where only the sum is readable).
+    """
+
+    client: int
+    num_examples: int
+    release: Release | None
+    metrics: dict[str, float]
+    training_events: tuple[PrivacyEvent, ...]
+    delta: list[np.ndarray] | None
+
+
+def check_reply(
+    res: FitRes,
+    *,
+    client: int,
+    rules: ReplyRules,
+    train: bool,
+    delta_shapes: Sequence[tuple[int, ...]] | None,
+) -> CheckedReply:
+    """Checks one reply from the node that holds partition ``client``.
+
+    Args:
+        res: The reply as Flower delivered it.
+        client: The partition the server sent this node's instructions for.
+        rules: The run's expectations.
+        train: Whether the round trains (round 0 only initialises: no delta, no DP-SGD cost).
+        delta_shapes: The delta arrays' shapes to expect, or None where the
+            parameters are not one client's (SecAgg+ rounds) and are left
+            to the secure aggregation's own checks.
+
+    Raises:
+        RejectedReply: naming the first check that failed.
+    """
+    try:
+        metrics = dict(res.metrics)
+    except (TypeError, ValueError) as err:
+        raise RejectedReply(f"metrics are not a mapping: {err}") from None
+    claimed = metrics.get("client_id")
+    if not _is_int(claimed):
+        raise RejectedReply(f"client_id is missing or not an integer ({claimed!r})")
+    if claimed != client:
+        raise RejectedReply(f"client_id {claimed} is not the partition {client} this node was asked for")
+    size = rules.client_sizes[client]
+    if not _is_int(res.num_examples) or res.num_examples != size:
+        raise RejectedReply(f"num_examples {res.num_examples!r} is not the client's {size} examples")
+    numeric = _numeric_metrics(metrics)
+    training_events = _training_events(metrics, rules=rules, size=size, train=train)
+    release = _release(metrics, rules=rules, size=size)
+    delta = None if delta_shapes is None else _delta(res, delta_shapes, train=train)
+    return CheckedReply(client, size, release, numeric, training_events, delta)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    known = NUMERIC_METRICS | {"client_id", "dp_sgd_events", *RELEASE_KEYS}
+    unknown = sorted(k for k in metrics if k not in known)
+    if unknown:
+        raise RejectedReply(f"unknown metrics {unknown[:5]}")
+    numeric: dict[str, float] = {}
+    for key in NUMERIC_METRICS & metrics.keys():
+        value = metrics[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise RejectedReply(f"metric {key} is {value!r}, not a finite number")
+        numeric[key] = float(value)
+    return numeric
+
+
+def _json(metrics: dict[str, Any], key: str) -> Any:
+    text = metrics.get(key)
+    if not isinstance(text, str):
+        raise RejectedReply(f"{key} is missing or not text")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise RejectedReply(f"{key} is not JSON ({err.msg})") from None
+
+
+def _events(value: Any, key: str) -> tuple[PrivacyEvent, ...]:
+    """JSON events, each a name and finite numeric parameters with a whole positive count."""
+    if not isinstance(value, list):
+        raise RejectedReply(f"{key} is not a list of events")
+    events = []
+    for item in value:
+        if not (isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("params"), dict)):
+            raise RejectedReply(f"{key} holds a malformed event {str(item)[:80]}")
+        params = item["params"]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in params.values()):
+            raise RejectedReply(f"{key} holds an event with non-numeric parameters")
+        event = PrivacyEvent(item["name"], {str(k): float(v) for k, v in params.items()})
+        try:
+            check_event(event)
+        except ValueError as err:
+            raise RejectedReply(f"{key}: {err}") from None
+        events.append(event)
+    return tuple(events)
+
+
+def _training_events(metrics: dict[str, Any], *, rules: ReplyRules, size: int, train: bool) -> tuple[PrivacyEvent, ...]:
+    events = _events(_json(metrics, "dp_sgd_events"), "dp_sgd_events")
+    expected = rules.dp_sgd.round_events(size) if rules.dp_sgd is not None and train else ()
+    if events != tuple(expected):
+        raise RejectedReply(f"DP-SGD costs {[e.name for e in events]} differ from the plan's")
+    return events
+
+
+def _array(metrics: dict[str, Any], key: str) -> np.ndarray:
+    data = metrics.get(key)
+    if not isinstance(data, bytes):
+        raise RejectedReply(f"{key} is missing or not bytes")
+    try:
+        return bytes_to_ndarray(data)
+    except Exception as err:  # numpy raises several types for truncated or foreign bytes
+        raise RejectedReply(f"{key} is not a readable array ({type(err).__name__})") from None
+
+
+def _release(metrics: dict[str, Any], *, rules: ReplyRules, size: int) -> Release | None:
+    mechanism = rules.mechanism
+    if mechanism is None:
+        if has_release(metrics):
+            raise RejectedReply("it holds a release, but the run's method releases nothing")
+        return None
+    vectors, weights = _array(metrics, "release_vectors"), _array(metrics, "release_weights")
+    if vectors.dtype != np.float32 or weights.dtype != np.float32:
+        raise RejectedReply(f"release arrays are {vectors.dtype}/{weights.dtype}, not float32")
+    if vectors.ndim != 2 or (vectors.shape[0] and vectors.shape[1] != rules.dimension):
+        raise RejectedReply(f"release vectors have shape {vectors.shape}, not [m, {rules.dimension}]")
+    count = vectors.shape[0]
+    most = mechanism.max_vectors(num_reps=size, num_centroids=rules.num_centroids)
+    if count > most:
+        raise RejectedReply(f"release holds {count} vectors; {mechanism.name} sends at most {most}")
+    if weights.shape != (count,):
+        raise RejectedReply(f"release weights have shape {weights.shape}, not ({count},)")
+    if not (np.isfinite(vectors).all() and np.isfinite(weights).all()):
+        raise RejectedReply("release holds NaN or Inf")
+    norms = np.linalg.norm(vectors.astype(np.float64), axis=1)
+    if count and float(np.abs(norms - 1.0).max()) > UNIT_NORM_TOLERANCE:
+        raise RejectedReply("release vectors are not unit-norm")
+    heaviest = mechanism.max_total_weight(num_reps=size, params=rules.mechanism_params)
+    if (weights < 0).any() or float(weights.astype(np.float64).sum()) > heaviest:
+        raise RejectedReply(f"release weights are negative or total more than {heaviest:g}")
+    guarantee = _guarantee(_json(metrics, "release_guarantee"))
+    if guarantee.kind != mechanism.guarantee_kind:
+        raise RejectedReply(f"release claims {guarantee.kind!r}, but {mechanism.name} declares {mechanism.guarantee_kind!r}")
+    events = _events(_json(metrics, "release_events"), "release_events")
+    if events != tuple(rules.release_events):
+        raise RejectedReply(f"release costs {[e.name for e in events]} differ from the plan's")
+    release = Release(torch.from_numpy(vectors.copy()), torch.from_numpy(weights.copy()), guarantee, events)
+    if mechanism.guarantee_kind == K_ANONYMITY:
+        k = _credited_k(release, rules=rules, size=size)
+        release = dataclasses.replace(release, guarantee=dataclasses.replace(guarantee, k=k))
+    return release
+
+
+def _guarantee(value: Any) -> Guarantee:
+    fields = {"kind": str, "statement": str, "k": int, "epsilon": float, "delta": float}
+    if not isinstance(value, dict) or set(value) - set(fields) or not {"kind", "statement"} <= set(value):
+        raise RejectedReply("release_guarantee is not a guarantee")
+    for key, kind in fields.items():
+        item = value.get(key)
+        if item is not None and not (isinstance(item, kind) or (kind is float and isinstance(item, int))):
+            raise RejectedReply(f"release_guarantee's {key} is {item!r}")
+    return Guarantee(**value)
+
+
+def _credited_k(release: Release, *, rules: ReplyRules, size: int) -> int | None:
+    """The anonymity set the server credits: no more than the claim, the lightest vector, or the client's share."""
+    if release.num_vectors == 0 or release.guarantee.k is None:
+        return None
+    k = min(release.guarantee.k, int(release.weights.min()), size // release.num_vectors)
+    if rules.min_k is not None and k < rules.min_k:
+        raise RejectedReply(f"release holds centroids of {k} images, below the run's min_k {rules.min_k}")
+    return k
+
+
+def _delta(res: FitRes, shapes: Sequence[tuple[int, ...]], *, train: bool) -> list[np.ndarray] | None:
+    try:
+        arrays = parameters_to_ndarrays(res.parameters)
+    except Exception as err:  # truncated or foreign bytes
+        raise RejectedReply(f"the model delta is not readable ({type(err).__name__})") from None
+    if not train:
+        if arrays:
+            raise RejectedReply("it sent a model delta in round 0, which does not train")
+        return None
+    if len(arrays) != len(shapes):
+        raise RejectedReply(f"the model delta has {len(arrays)} arrays, not {len(shapes)}")
+    for index, (array, shape) in enumerate(zip(arrays, shapes)):
+        if array.shape != tuple(shape) or array.dtype.kind != "f":
+            raise RejectedReply(f"delta array {index} is {array.dtype} {array.shape}, not float {tuple(shape)}")
+        if not np.isfinite(array).all():
+            raise RejectedReply(f"delta array {index} holds NaN or Inf")
+    return arrays
+
+
+def screen_replies(
+    results: Sequence[tuple[Any, FitRes]],
+    *,
+    client_of_node: dict[int, int],
+    sampled: Sequence[int],
+    rules: ReplyRules,
+    train: bool,
+    delta_shapes: Sequence[tuple[int, ...]] | None,
+) -> tuple[list[tuple[Any, FitRes, CheckedReply]], list[Rejection]]:
+    """Every reply checked; the accepted ones (with what was decoded) in client order, and the rejections.
+
+    ``results`` pairs each reply with its ``ClientProxy`` (anything with a
+    ``node_id``). A node that was not sampled this round, or a second reply
+    for the same client, is rejected too.
+    """
+    accepted: dict[int, tuple[Any, FitRes, CheckedReply]] = {}
+    rejected: list[Rejection] = []
+    seen: set[int] = set()
+    for proxy, res in results:
+        client = client_of_node.get(int(proxy.node_id))
+        if client is None or client not in sampled:
+            rejected.append(Rejection(None, f"node {proxy.node_id} was not asked for a reply this round"))
+            continue
+        if client in seen:
+            accepted.pop(client, None)  # neither copy can be told apart as the real one
+            rejected.append(Rejection(client, "more than one reply for this client in one round"))
+            continue
+        seen.add(client)
+        try:
+            accepted[client] = (proxy, res, check_reply(res, client=client, rules=rules, train=train, delta_shapes=delta_shapes))
+        except RejectedReply as err:
+            rejected.append(Rejection(client, str(err)))
+    return [accepted[c] for c in sorted(accepted)], rejected
