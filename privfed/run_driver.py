@@ -199,10 +199,11 @@ class RunDriver:
         if mechanism is None:  # nothing released (the server refuses releases for such a method)
             return charged_ks
         for client, release in report.releases:
-            k = release.guarantee.k if mechanism.guarantee_kind == K_ANONYMITY else None
+            k = release.guarantee.k if mechanism.guarantee_kind == K_ANONYMITY else None  # no k for other kinds
             if k is not None:
                 charged_ks.append(k)
-            self.ledger.record(LedgerEntry(client, report.round, mechanism.name, release.guarantee, expected))
+            guarantee = dataclasses.replace(release.guarantee, k=k)
+            self.ledger.record(LedgerEntry(client, report.round, mechanism.name, guarantee, expected))
         if expected:
             rejected = Guarantee(kind=mechanism.guarantee_kind, statement=REJECTED_STATEMENT)
             for client in _rejected_clients(report):
