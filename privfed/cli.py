@@ -27,6 +27,10 @@ class Protocol(str, Enum):
     linear = "linear"
 
 
+#: What `privfed train` exits with after a Ctrl-C stopped the run cleanly (the shell's 128 + SIGINT).
+INTERRUPTED_EXIT_CODE = 130
+
+
 def _print_progress(event: dict[str, Any]) -> None:
     kind = event["event"]
     if kind == "start":
@@ -128,7 +132,9 @@ def train(
             f"privacy: the budget covers {privacy.fitting_releases} releases per client; training stops "
             "cleanly before any client would exceed it"
         )
-    simulate(plan, _print_progress, verbose=verbose)
+    summary = simulate(plan, _print_progress, verbose=verbose)
+    if str(summary.get("stopped_early") or "").startswith("interrupted"):
+        raise typer.Exit(INTERRUPTED_EXIT_CODE)
 
 
 @app.command()
@@ -267,7 +273,7 @@ def certs(
 def main() -> None:
     """Console entry point: user errors become one line on stderr and exit code 2."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # click returns a typer.Exit's code here instead of raising it
     except PrivfedError as err:
         typer.echo(f"error: {err}", err=True)
         sys.exit(2)
@@ -283,6 +289,8 @@ def main() -> None:
             err.show()
             sys.exit(err.exit_code)
         raise
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

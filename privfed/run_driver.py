@@ -23,6 +23,7 @@ from mechanisms.base import K_ANONYMITY, Guarantee
 from privfed.data import cached_dataset, heterogeneity_stats
 from privfed.device import resolve_device
 from privfed.evaluation.monitor import KnnMonitor
+from privfed.interruption import StopRequest
 from privfed.methods import get_method
 from privfed.models.network import build_network
 from privfed.orchestra.objective import STEP_VALUES
@@ -70,8 +71,9 @@ def _rejected_clients(report: RoundReport) -> list[int]:
 class RunDriver:
     """One run's server-side bookkeeping, from initial model to summary."""
 
-    def __init__(self, plan: RunPlan, progress: ProgressCallback | None = None) -> None:
+    def __init__(self, plan: RunPlan, progress: ProgressCallback | None = None, *, stop: StopRequest | None = None) -> None:
         self.plan = plan
+        self.stop_request = stop
         self.config = plan.config
         self.run_dir = plan.run_dir
         self.progress = progress
@@ -158,6 +160,10 @@ class RunDriver:
         self.run_dir.append_metrics(record)
         self._rounds_done = report.round
         self._emit({"event": "round", **record})
+        interrupted = self.stop_request is not None and self.stop_request.requested
+        if self.stop_reason is None and interrupted and report.round < config.rounds:
+            self.stop_reason = f"{self.stop_request.reason}; stopped after round {report.round}"
+            self._emit({"event": "stop", "reason": self.stop_reason})
         return self.stop_reason
 
     def _record_round(self, report: RoundReport) -> None:

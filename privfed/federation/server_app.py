@@ -25,6 +25,7 @@ from privfed.federation.partitions import discover_partitions
 from privfed.federation.reply_checks import ReplyRules
 from privfed.federation.secagg_workflow import OrchestraFitWorkflow
 from privfed.federation.strategy import NODE_WAIT_SECONDS, OrchestraStrategy
+from privfed.interruption import StopRequest
 from privfed.run_driver import ProgressCallback, RunDriver
 from privfed.run_plan import RunPlan, plan_run
 
@@ -46,9 +47,15 @@ def build_strategy(plan: RunPlan, driver: RunDriver, partition_of: dict[int, int
     )
 
 
-def run_orchestra(grid: Grid, context: Context, plan: RunPlan, progress: ProgressCallback | None = None) -> dict[str, Any]:
-    """Initial evaluation, ``rounds + 1`` Flower rounds (round 0 initialises), summary."""
-    driver = RunDriver(plan, progress)
+def run_orchestra(
+    grid: Grid,
+    context: Context,
+    plan: RunPlan,
+    progress: ProgressCallback | None = None,
+    stop: StopRequest | None = None,
+) -> dict[str, Any]:
+    """Initial evaluation, ``rounds + 1`` Flower rounds (round 0 initialises), summary; ``stop`` ends it early."""
+    driver = RunDriver(plan, progress, stop=stop)
     partition_of = discover_partitions(grid, plan.config.num_clients, timeout=NODE_WAIT_SECONDS)
     strategy = build_strategy(plan, driver, partition_of)
     legacy = LegacyContext(
@@ -62,14 +69,20 @@ def run_orchestra(grid: Grid, context: Context, plan: RunPlan, progress: Progres
     return driver.finish(secure_aggregation=strategy.secure_aggregation_summary())
 
 
-def make_server_app(plan: RunPlan, progress: ProgressCallback | None = None, outcome: dict[str, Any] | None = None) -> ServerApp:
+def make_server_app(
+    plan: RunPlan,
+    progress: ProgressCallback | None = None,
+    outcome: dict[str, Any] | None = None,
+    *,
+    stop: StopRequest | None = None,
+) -> ServerApp:
     """A ServerApp bound to one planned run; ``outcome`` receives the summary or the error."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            summary = run_orchestra(grid, context, plan, progress)
+            summary = run_orchestra(grid, context, plan, progress, stop)
         except BaseException as err:  # surfaced to the caller, who owns the process
             if outcome is None:
                 raise

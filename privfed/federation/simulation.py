@@ -11,6 +11,7 @@ from flwr.simulation import run_simulation
 
 from privfed.federation.client_app import Mod, make_client_app
 from privfed.federation.server_app import make_server_app
+from privfed.interruption import stop_on_signals
 from privfed.run_driver import ProgressCallback
 from privfed.run_plan import RunPlan
 
@@ -24,6 +25,10 @@ def simulate(
     inner_mods: Sequence[Mod] = (),
 ) -> dict[str, Any]:
     """Runs a planned training with ``num_clients`` virtual SuperNodes; returns the summary.
+
+    The first Ctrl-C (SIGINT or SIGTERM) stops the run after the current
+    round, with its summary and final checkpoint; a second one stops it at
+    once (:mod:`privfed.interruption`).
 
     Each virtual node holds the server to the planned run's configuration,
     as the user declared it, and keeps its own privacy ledger in the run
@@ -44,15 +49,18 @@ def simulate(
     config = plan.config
     outcome: dict[str, Any] = {}
     resources: dict[str, Any] = {"num_cpus": config.client_cpus, "num_gpus": config.client_gpus}
-    run_simulation(
-        server_app=make_server_app(plan, progress, outcome),
-        client_app=make_client_app(
-            declared=config, state_dir=plan.run_dir.client_ledgers, outer_mods=outer_mods, inner_mods=inner_mods
-        ),
-        num_supernodes=config.num_clients,
-        backend_config={"client_resources": resources, "init_args": {"logging_level": "WARNING", "log_to_driver": verbose}},
-        verbose_logging=verbose,
-    )
+    with stop_on_signals() as stop:
+        run_simulation(
+            server_app=make_server_app(plan, progress, outcome, stop=stop),
+            client_app=make_client_app(
+                declared=config, state_dir=plan.run_dir.client_ledgers, outer_mods=outer_mods, inner_mods=inner_mods
+            ),
+            num_supernodes=config.num_clients,
+            backend_config={
+                "client_resources": resources, "init_args": {"logging_level": "WARNING", "log_to_driver": verbose}
+            },
+            verbose_logging=verbose,
+        )
     if "error" in outcome:
         raise outcome["error"]
     if "summary" not in outcome:

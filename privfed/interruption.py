@@ -1,0 +1,70 @@
+"""Ctrl-C for a training run: the first asks it to stop after the current round, the second stops it now.
+
+The first SIGINT or SIGTERM only sets a :class:`StopRequest`; the server-side
+driver (:mod:`privfed.run_driver`) reads it when a round ends and stops the
+run there, so ``summary.json`` and the final checkpoint are written as for
+any early stop. A second signal ends the process at once (exit status
+128 + the signal), leaving the run directory as the last finished round
+left it: raising in the main thread would not do, since Flower's ServerApp
+thread would go on waiting for replies. Ray's own processes go with it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from types import FrameType
+from typing import Iterator
+
+#: The signals a run stops on.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopRequest:
+    """Set once, from a signal handler or another thread; read by the driver when a round ends."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason: str | None = None
+
+    def request(self, reason: str) -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+
+@contextmanager
+def stop_on_signals(notice: bool = True) -> Iterator[StopRequest]:
+    """Handles SIGINT/SIGTERM inside the block as described above; the previous handlers come back after it.
+
+    Outside the main thread (where Python cannot install handlers) the block
+    runs with the handlers as they are, and the request is only ever set by
+    hand.
+    """
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if stop.requested:
+            print(f"\n{name} again: stopping now", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        stop.request(f"interrupted by {name}")
+        if notice:
+            print(f"\n{name}: stopping after the current round (again to stop at once)", file=sys.stderr, flush=True)
+
+    previous = {sig: signal.signal(sig, handle) for sig in STOP_SIGNALS}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
