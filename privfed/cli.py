@@ -112,13 +112,23 @@ def config_option(name: str) -> Any:
 def train(
     config: Optional[Path] = typer.Option(None, "--config", help="TOML preset (see configs/); flags override it."),
     verbose: bool = typer.Option(False, "--verbose", help="Show Flower's and Ray's own logs."),
+    resume: Optional[Path] = typer.Option(
+        None, "--resume", help="Continue this stopped run from its last resume point (only --rounds may change)."
+    ),
     **options: Any,
 ) -> None:
     """Train Orchestra on simulated federated clients with Flower."""
     from privfed.federation.simulation import simulate
-    from privfed.run_plan import plan_run
+    from privfed.run_plan import plan_resume, plan_run
 
-    plan = plan_run(build_config(config, **options))
+    point = None
+    if resume is None:
+        plan = plan_run(build_config(config, **options))
+    elif config is not None:
+        raise PrivfedError("--resume continues the recorded configuration; drop --config")
+    else:
+        plan, point = plan_resume(resume, options)
+        typer.echo(f"privfed: resuming {resume} after round {point.round}")
     resolved, privacy = plan.config, plan.privacy
     releases = f"mechanism {privacy.mechanism}" if privacy.mechanism is not None else "no releases"
     typer.echo(
@@ -132,7 +142,7 @@ def train(
             f"privacy: the budget covers {privacy.fitting_releases} releases per client; training stops "
             "cleanly before any client would exceed it"
         )
-    summary = simulate(plan, _print_progress, verbose=verbose)
+    summary = simulate(plan, _print_progress, verbose=verbose, resume=point)
     if str(summary.get("stopped_early") or "").startswith("interrupted"):
         raise typer.Exit(INTERRUPTED_EXIT_CODE)
 

@@ -173,6 +173,11 @@ class TrainConfig:
         "from, in RUN_DIR/releases/, for `privfed attack`. Costs one model state per round (0.65 MB for resnet8 "
         "at D=32, about 90 MB for resnet18) plus 4*D bytes per released vector.",
     )
+    checkpoint_every: int = option(
+        10,
+        "Save everything the server needs to continue (RUN_DIR/checkpoints/resume.pt) every N rounds, at an early "
+        "stop and at the end; `privfed train --resume RUN_DIR` continues from it. 0: only at a stop and the end.",
+    )
     eval_every: int = option(1, "Run the kNN monitor every N rounds (and after the last).")
     knn_k: int = option(200, "Neighbours of the kNN monitor.")
     knn_temperature: float = option(0.1, "Vote temperature of the kNN monitor.")
@@ -270,6 +275,8 @@ def validate(config: TrainConfig) -> None:
         raise PrivfedError(f"lr must be > 0, got {config.lr}")
     if config.temperature <= 0 or config.knn_temperature <= 0:
         raise PrivfedError("temperatures must be > 0")
+    if config.checkpoint_every < 0:
+        raise PrivfedError(f"checkpoint_every must be 0 or more, got {config.checkpoint_every}")
     if not 0 <= config.ema_decay < 1:
         raise PrivfedError(f"ema_decay must be in [0, 1), got {config.ema_decay}")
     methods = available_methods()

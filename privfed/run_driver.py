@@ -33,6 +33,7 @@ from privfed.privacy import PrivacyLedger
 from privfed.privacy.ledger import LedgerEntry
 from privfed.privacy.statement import privacy_statement
 from privfed.recording import RecordedRound, write_round
+from privfed.resume import ResumePoint, write_resume_point
 from privfed.run_plan import RunPlan
 
 ProgressCallback = Callable[[dict[str, Any]], None]
@@ -71,9 +72,17 @@ def _rejected_clients(report: RoundReport) -> list[int]:
 class RunDriver:
     """One run's server-side bookkeeping, from initial model to summary."""
 
-    def __init__(self, plan: RunPlan, progress: ProgressCallback | None = None, *, stop: StopRequest | None = None) -> None:
+    def __init__(
+        self,
+        plan: RunPlan,
+        progress: ProgressCallback | None = None,
+        *,
+        stop: StopRequest | None = None,
+        resume: ResumePoint | None = None,
+    ) -> None:
         self.plan = plan
         self.stop_request = stop
+        self.resume = resume
         self.config = plan.config
         self.run_dir = plan.run_dir
         self.progress = progress
@@ -89,22 +98,25 @@ class RunDriver:
         self._rejections: list[dict[str, Any]] = []
 
     def start(self) -> OrchestraServer:
-        """Creates the run directory, the ledger, the initial model and its evaluation; returns the server."""
+        """Creates the run directory, the ledger, the initial model and its evaluation; returns the server.
+
+        A resumed run keeps its directory and ledger, and its server starts
+        where the resume point left it.
+        """
         config = self.config
         privacy = self.plan.privacy
-        self.run_dir.create(config)
-        self.ledger = PrivacyLedger(
+        if self.resume is None:
+            self.run_dir.create(config)
+        self.ledger = PrivacyLedger.resume(
+            self.run_dir.path / "ledger.jsonl",
             mechanism=self.mechanism_name,
             delta=privacy.delta,
             reference_epsilon=config.epsilon or config.epsilon_per_release or 1.0,
-            path=self.run_dir.path / "ledger.jsonl",
         )
         self.monitor = build_monitor(self.plan, self.device)
         self.heterogeneity = heterogeneity_stats(self.monitor.train_labels.numpy(), self.plan.split.partition())
         torch.manual_seed(config.seed)
         network = build_network(config)  # GroupNorm under DP-SGD, as on the clients
-        self.knn_init = self.monitor(network.online.backbone)
-        self.run_dir.save_checkpoint("initial", network, None, round_index=0)
         self.server = OrchestraServer(
             network,
             num_global_centroids=config.num_global_centroids,
@@ -113,9 +125,50 @@ class RunDriver:
             global_clustering=config.global_clustering,
             cluster_temperature=config.temperature,
         )
+        if self.resume is None:
+            self.knn_init = self.monitor(network.online.backbone)
+            self.run_dir.save_checkpoint("initial", network, None, round_index=0)
+        else:
+            self._restore(self.resume)
         self._sent_state = self.server.global_state(), self.server.centroids
         self._emit({"event": "start", "knn_accuracy_init": self.knn_init, "rounds": config.rounds})
         return self.server
+
+    def _restore(self, point: ResumePoint) -> None:
+        self.server.restore(
+            network=point.network, centroids=point.centroids, initialised=point.initialised, generator=point.server_generator
+        )
+        figures = point.driver
+        self.knn_init = figures["knn_init"]
+        self._last_knn, self._last_loss = figures["last_knn"], figures["last_loss"]
+        self._rejections = list(figures["rejections"])
+        self._rounds_done = point.round
+        self._start = time.perf_counter() - figures["elapsed_seconds"]
+
+    def _save_resume_point(self, report: RoundReport) -> None:
+        """A resume point at the end of this round, when ``--checkpoint-every`` says so, at a stop, and at the end."""
+        every = self.config.checkpoint_every
+        due = (every > 0 and report.round % every == 0) or self.stop_reason is not None or report.round >= self.config.rounds
+        if not due:
+            return
+        write_resume_point(
+            self.run_dir,
+            ResumePoint(
+                round=report.round,
+                network={k: v.detach().cpu().clone() for k, v in self.server.network.state_dict().items()},
+                centroids=self.server.centroids,
+                initialised=self.server.initialised,
+                server_generator=self.server.generator_state(),
+                runtime=report.runtime_state,
+                driver={
+                    "knn_init": self.knn_init,
+                    "last_knn": self._last_knn,
+                    "last_loss": self._last_loss,
+                    "rejections": self._rejections,
+                    "elapsed_seconds": time.perf_counter() - self._start,
+                },
+            ),
+        )
 
     def on_round_end(self, report: RoundReport) -> str | None:
         """Logs a finished round and evaluates when due; returns a reason to stop, or None."""
@@ -164,6 +217,7 @@ class RunDriver:
         if self.stop_reason is None and interrupted and report.round < config.rounds:
             self.stop_reason = f"{self.stop_request.reason}; stopped after round {report.round}"
             self._emit({"event": "stop", "reason": self.stop_reason})
+        self._save_resume_point(report)
         return self.stop_reason
 
     def _record_round(self, report: RoundReport) -> None:

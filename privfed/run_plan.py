@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from privfed.config import TrainConfig
 from privfed.data.federated import FederatedSplit
 from privfed.errors import PrivfedError
 from privfed.secagg_settings import SecAggPlusSettings, secagg_settings
 from privfed.privacy.budget import PrivacyPlan, plan_privacy
+from privfed.resume import ResumePoint, check_resumable, drop_rounds_after, read_resume_point, resumed_config
 from privfed.runs import RunDirectory, default_run_dir
 
 
@@ -43,15 +45,15 @@ class RunPlan:
         return RunDirectory(Path(self.config.out))
 
 
-def plan_run(config: TrainConfig) -> RunPlan:
-    """Plans a run, failing fast on an occupied run directory, data or a budget the run cannot use.
+def plan_run(config: TrainConfig, *, resuming: bool = False) -> RunPlan:
+    """Plans a run, failing fast on an occupied run directory (unless ``resuming`` it), data or a budget the run cannot use.
 
     Raises:
         PrivfedError: naming the problem.
     """
     if config.out is None:
         config = config.replace(out=str(default_run_dir(config)))
-    if RunDirectory(Path(config.out)).holds_a_run():
+    if not resuming and RunDirectory(Path(config.out)).holds_a_run():
         raise PrivfedError(f"{config.out} already holds a run; choose another --out")
     split = FederatedSplit.of(config)
     sizes = split.client_sizes()
@@ -64,3 +66,34 @@ def plan_run(config: TrainConfig) -> RunPlan:
         secagg=secagg,
         privacy=privacy,
     )
+
+
+def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, ResumePoint]:
+    """Plans the rest of a stopped run from its resume point (:mod:`privfed.resume`).
+
+    Only more rounds may be asked for, and only when the privacy
+    calibration does not depend on them (a budget spread over the planned
+    rounds cannot stretch). Rounds logged after the resume point are dropped
+    from ``metrics.jsonl``: they are trained again.
+
+    Raises:
+        PrivfedError: naming why the run cannot be resumed so.
+    """
+    directory = RunDirectory(run_dir)
+    point = read_resume_point(directory)
+    recorded = directory.config()
+    config = resumed_config(directory, overrides)
+    check_resumable(directory, point, config)
+    plan = plan_run(config, resuming=True)
+    if config != recorded:
+        before = plan_run(recorded, resuming=True).privacy
+        after = plan.privacy
+        before_sgd = None if before.dp_sgd is None else before.dp_sgd.settings
+        after_sgd = None if after.dp_sgd is None else after.dp_sgd.settings
+        if before.params != after.params or before_sgd != after_sgd:
+            raise PrivfedError(
+                f"{config.rounds} rounds would change the privacy calibration of a run planned for "
+                f"{recorded.rounds}; a budget spread over the planned rounds cannot stretch"
+            )
+    drop_rounds_after(directory, point.round)
+    return plan, point

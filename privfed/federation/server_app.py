@@ -26,6 +26,7 @@ from privfed.federation.reply_checks import ReplyRules
 from privfed.federation.secagg_workflow import OrchestraFitWorkflow
 from privfed.federation.strategy import NODE_WAIT_SECONDS, OrchestraStrategy
 from privfed.interruption import StopRequest
+from privfed.resume import ResumePoint
 from privfed.run_driver import ProgressCallback, RunDriver
 from privfed.run_plan import RunPlan, plan_run
 
@@ -44,6 +45,7 @@ def build_strategy(plan: RunPlan, driver: RunDriver, partition_of: dict[int, int
         mechanism_params=plan.privacy.params,
         secagg=plan.secagg,
         dp_sgd=None if plan.privacy.dp_sgd is None else plan.privacy.dp_sgd.settings,
+        first_round=0 if driver.resume is None else driver.resume.round + 1,
     )
 
 
@@ -53,14 +55,20 @@ def run_orchestra(
     plan: RunPlan,
     progress: ProgressCallback | None = None,
     stop: StopRequest | None = None,
+    resume: ResumePoint | None = None,
 ) -> dict[str, Any]:
-    """Initial evaluation, ``rounds + 1`` Flower rounds (round 0 initialises), summary; ``stop`` ends it early."""
-    driver = RunDriver(plan, progress, stop=stop)
+    """Initial evaluation, ``rounds + 1`` Flower rounds (round 0 initialises), summary; ``stop`` ends it early.
+
+    A ``resume`` point makes it run only the rounds after that point's.
+    """
+    driver = RunDriver(plan, progress, stop=stop, resume=resume)
     partition_of = discover_partitions(grid, plan.config.num_clients, timeout=NODE_WAIT_SECONDS)
     strategy = build_strategy(plan, driver, partition_of)
+    if resume is not None:
+        strategy.restore_runtime_state(resume.runtime)
     legacy = LegacyContext(
         context=context,
-        config=ServerConfig(num_rounds=plan.config.rounds + 1),
+        config=ServerConfig(num_rounds=plan.config.rounds - strategy.first_round + 1),
         strategy=strategy,
     )
     secagg = plan.secagg
@@ -75,14 +83,15 @@ def make_server_app(
     outcome: dict[str, Any] | None = None,
     *,
     stop: StopRequest | None = None,
+    resume: ResumePoint | None = None,
 ) -> ServerApp:
-    """A ServerApp bound to one planned run; ``outcome`` receives the summary or the error."""
+    """A ServerApp bound to one planned run (continued from ``resume``); ``outcome`` receives the summary or the error."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            summary = run_orchestra(grid, context, plan, progress, stop)
+            summary = run_orchestra(grid, context, plan, progress, stop, resume)
         except BaseException as err:  # surfaced to the caller, who owns the process
             if outcome is None:
                 raise

@@ -12,6 +12,7 @@ from flwr.simulation import run_simulation
 from privfed.federation.client_app import Mod, make_client_app
 from privfed.federation.server_app import make_server_app
 from privfed.interruption import stop_on_signals
+from privfed.resume import ResumePoint
 from privfed.run_driver import ProgressCallback
 from privfed.run_plan import RunPlan
 
@@ -23,12 +24,14 @@ def simulate(
     verbose: bool = False,
     outer_mods: Sequence[Mod] = (),
     inner_mods: Sequence[Mod] = (),
+    resume: ResumePoint | None = None,
 ) -> dict[str, Any]:
     """Runs a planned training with ``num_clients`` virtual SuperNodes; returns the summary.
 
     The first Ctrl-C (SIGINT or SIGTERM) stops the run after the current
     round, with its summary and final checkpoint; a second one stops it at
-    once (:mod:`privfed.interruption`).
+    once (:mod:`privfed.interruption`). With ``resume`` it continues the
+    planned run from that point (:mod:`privfed.resume`).
 
     Each virtual node holds the server to the planned run's configuration,
     as the user declared it, and keeps its own privacy ledger in the run
@@ -51,7 +54,7 @@ def simulate(
     resources: dict[str, Any] = {"num_cpus": config.client_cpus, "num_gpus": config.client_gpus}
     with stop_on_signals() as stop:
         run_simulation(
-            server_app=make_server_app(plan, progress, outcome, stop=stop),
+            server_app=make_server_app(plan, progress, outcome, stop=stop, resume=resume),
             client_app=make_client_app(
                 declared=config, state_dir=plan.run_dir.client_ledgers, outer_mods=outer_mods, inner_mods=inner_mods
             ),

@@ -82,8 +82,10 @@ class OrchestraStrategy(Strategy):
         mechanism_params: dict[str, Any] | None = None,
         secagg: SecAggPlusSettings | None = None,
         dp_sgd: DpSgdSettings | None = None,
+        first_round: int = 0,
     ) -> None:
         self.server = server
+        self.first_round = first_round
         self.secagg = secagg
         self.client_config = client_config
         self.clients_per_round = clients_per_round
@@ -110,9 +112,24 @@ class OrchestraStrategy(Strategy):
     def __repr__(self) -> str:
         return f"OrchestraStrategy(mechanism={self.client_config.mechanism!r})"
 
-    @staticmethod
-    def orchestra_round(server_round: int) -> int:
-        return server_round - 1
+    def orchestra_round(self, server_round: int) -> int:
+        """Flower counts from 1 in every run; a resumed run's first Flower round is Orchestra round ``first_round``."""
+        return server_round - 1 + self.first_round
+
+    def runtime_state(self) -> dict[str, Any]:
+        """What a resumed run needs of the strategy: the sampling generator and SecAgg+'s scales and counts."""
+        return {
+            "sampling": self._rng.bit_generator.state,
+            "scales": self.scales.copy(),
+            "halted_rounds": self.halted_rounds,
+            "rejected_tensor_updates": self.rejected_tensor_updates,
+        }
+
+    def restore_runtime_state(self, state: dict[str, Any]) -> None:
+        self._rng.bit_generator.state = state["sampling"]
+        self.scales = np.array(state["scales"], copy=True)
+        self.halted_rounds = int(state["halted_rounds"])
+        self.rejected_tensor_updates = int(state["rejected_tensor_updates"])
 
     @property
     def next_round_trains(self) -> bool:
@@ -316,6 +333,7 @@ class OrchestraStrategy(Strategy):
                 releases=releases,
                 training_events=[(c.client, c.training_events) for c in checked],
                 rejected=rejected,
+                runtime_state=self.runtime_state(),
             )
         )
         if stop_reason is not None:

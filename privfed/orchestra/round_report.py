@@ -42,6 +42,9 @@ class RoundReport:
             (empty events without DP-SGD and in round 0).
         rejected: Replies the server dropped, with the reason
             (:mod:`privfed.federation.reply_checks`).
+        runtime_state: The runtime's own state after the round (client
+            sampling, SecAgg+ scales), kept opaque in resume points
+            (:mod:`privfed.resume`).
     """
 
     round: int
@@ -54,6 +57,7 @@ class RoundReport:
     releases: list[tuple[int, Release]] = field(default_factory=list)
     training_events: list[tuple[int, tuple[PrivacyEvent, ...]]] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
+    runtime_state: dict[str, Any] = field(default_factory=dict)
 
     @property
     def sampled(self) -> int:

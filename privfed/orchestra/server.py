@@ -51,6 +51,17 @@ class OrchestraServer:
     def global_state(self) -> StateDict:
         return shared_state(self.network)
 
+    def generator_state(self) -> torch.Tensor:
+        """The clustering generator's state, for a resume point (:mod:`privfed.resume`)."""
+        return self._generator.get_state()
+
+    def restore(self, *, network: StateDict, centroids: torch.Tensor | None, initialised: bool, generator: torch.Tensor) -> None:
+        """Puts the server back where a resume point left it."""
+        self.network.load_state_dict(network)
+        self.centroids = None if centroids is None else centroids.clone()
+        self.initialised = initialised
+        self._generator.set_state(generator)
+
     def apply_round(self, mean_delta: StateDict | None, releases: list[Release]) -> dict[str, float]:
         """Applies the round's mean delta (None: the model stays) and updates the centroids.
 

@@ -1,0 +1,116 @@
+"""Resumable runs: what the server saves to continue a run, and the rules for continuing one.
+
+``RUN_DIR/checkpoints/resume.pt`` holds a :class:`ResumePoint`: the state at
+the end of one finished round, every piece the server needs for the next
+one. The server-side driver (:mod:`privfed.run_driver`) writes it every
+``--checkpoint-every`` rounds, at an early stop (a Ctrl-C, the privacy
+budget) and at the end; ``privfed train --resume RUN_DIR`` reads it.
+
+The ledger is not copied into it: ``ledger.jsonl`` already holds every
+charge, on disk before the round ends, and a resumed run goes on from it.
+Charges of rounds after the resume point (a run killed between two resume
+points) stay in the ledger and the redone rounds are charged again: those
+releases did reach the server, so forgetting them would understate what it
+saw. A run stopped with Ctrl-C has a resume point at its last round, so
+nothing is redone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from privfed.config import TrainConfig
+from privfed.errors import PrivfedError
+from privfed.runs import RunDirectory
+
+RESUME_FILE = "resume.pt"
+#: Options a resumed run may change: more rounds (when the privacy calibration does not depend on them).
+CHANGEABLE_ON_RESUME = ("rounds",)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The server's state at the end of round ``round``.
+
+    Attributes:
+        round: The last finished Orchestra round.
+        network: The global network's full state dict.
+        centroids: The global centroids (None for a method without them).
+        initialised: Whether round 0 has been applied.
+        server_generator: The server's clustering generator state.
+        runtime: The FL runtime's own state (client sampling, SecAgg+ scales), opaque here.
+        driver: The driver's running figures (untrained kNN, last kNN and loss, rejections, elapsed seconds).
+    """
+
+    round: int
+    network: dict[str, torch.Tensor]
+    centroids: torch.Tensor | None
+    initialised: bool
+    server_generator: torch.Tensor
+    runtime: dict[str, Any]
+    driver: dict[str, Any]
+
+
+def write_resume_point(run_dir: RunDirectory, point: ResumePoint) -> Path:
+    """Replaces the run's resume point whole (a crash mid-write leaves the previous one)."""
+    path = run_dir.checkpoints / RESUME_FILE
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(dataclasses.asdict(point), tmp)
+    tmp.replace(path)
+    return path
+
+
+def read_resume_point(run_dir: RunDirectory) -> ResumePoint:
+    """The run's resume point.
+
+    Raises:
+        PrivfedError: when the run has none, or it cannot be read.
+    """
+    path = run_dir.checkpoints / RESUME_FILE
+    if not path.is_file():
+        raise PrivfedError(f"{run_dir.path} has no resume point ({path}); it stopped before its first checkpoint")
+    try:
+        return ResumePoint(**torch.load(path, map_location="cpu", weights_only=False))
+    except (RuntimeError, OSError, TypeError, EOFError) as err:
+        raise PrivfedError(f"cannot read {path}: {str(err).splitlines()[0]}") from None
+
+
+def resumed_config(run_dir: RunDirectory, overrides: dict[str, Any]) -> TrainConfig:
+    """The recorded configuration with the changes a resume allows.
+
+    Raises:
+        PrivfedError: for any other change, or fewer rounds than already finished.
+    """
+    recorded = run_dir.config()
+    changed = {name: value for name, value in overrides.items() if value is not None and value != getattr(recorded, name)}
+    refused = sorted(set(changed) - set(CHANGEABLE_ON_RESUME))
+    if refused:
+        raise PrivfedError(
+            f"--resume continues the recorded run; it cannot change {', '.join(refused)} "
+            f"(only {', '.join(CHANGEABLE_ON_RESUME)} may change)"
+        )
+    return recorded.replace(**changed)
+
+
+def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConfig) -> None:
+    """Refuses a run that is already complete, or a resume that would end before its resume point."""
+    if config.rounds <= point.round:
+        raise PrivfedError(
+            f"{run_dir.path} already finished round {point.round} of {config.rounds}; "
+            "resume with more --rounds to go on"
+        )
+
+
+def drop_rounds_after(run_dir: RunDirectory, round_index: int) -> None:
+    """Keeps ``metrics.jsonl`` up to ``round_index``: later rounds are redone (and logged again) on resume."""
+    kept = [m for m in run_dir.metrics() if m["round"] <= round_index]
+    path = run_dir.path / "metrics.jsonl"
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(m) + "\n" for m in kept))
+    tmp.replace(path)

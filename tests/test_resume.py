@@ -1,0 +1,105 @@
+"""A run stopped by Ctrl-C and resumed ends exactly where the same run left alone ends: metrics, model, ledger."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+
+import pytest
+import torch
+
+from privfed.config import build_config
+from privfed.errors import PrivfedError
+from privfed.federation.simulation import simulate
+from privfed.resume import read_resume_point
+from privfed.run_plan import plan_resume, plan_run
+from privfed.runs import RunDirectory
+
+ROUNDS = 4
+
+
+def configured(out):
+    return build_config(
+        dataset="shapes:240", num_clients=3, participation=0.67, projection_dim=16, local_epochs=1, batch_size=16,
+        memory_size=32, num_local_centroids=4, num_global_centroids=8, rounds=ROUNDS, seed=3, device="cpu",
+        mechanism="ldp", epsilon=8.0, checkpoint_every=0, out=str(out),
+    )
+
+
+def ctrl_c_after_round(stop_round: int):
+    """Progress hook: the user presses Ctrl-C once round ``stop_round`` is logged."""
+
+    def progress(event: dict) -> None:
+        if event["event"] == "round" and event["round"] == stop_round:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    return progress
+
+
+def lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def comparable(record: dict) -> dict:
+    """A metrics line without wall-clock figures."""
+    return {k: v for k, v in record.items() if not k.endswith("seconds")}
+
+
+def same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6) or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("resume")
+    whole = simulate(plan_run(configured(folder / "whole")))
+    stopped = simulate(plan_run(configured(folder / "stopped")), ctrl_c_after_round(1))
+    point = read_resume_point(RunDirectory(folder / "stopped"))
+    plan, point = plan_resume(folder / "stopped", {})
+    resumed = simulate(plan, resume=point)
+    return folder, whole, stopped, point, resumed
+
+
+def test_the_stop_left_a_resume_point_at_its_last_round(runs):
+    _, _, stopped, point, _ = runs
+    assert stopped["stopped_early"].startswith("interrupted by SIGINT") and stopped["rounds"] < ROUNDS
+    assert point.round == stopped["rounds"]
+
+
+def test_the_resumed_run_ends_as_the_uninterrupted_one(runs):
+    folder, whole, _, _, resumed = runs
+    assert resumed["stopped_early"] is None and resumed["rounds"] == whole["rounds"] == ROUNDS
+    a, b = lines(folder / "whole" / "metrics.jsonl"), lines(folder / "stopped" / "metrics.jsonl")
+    assert [m["round"] for m in b] == list(range(ROUNDS + 1))
+    for x, y in zip(a, b):
+        assert same(comparable(x), comparable(y)), (comparable(x), comparable(y))
+    assert resumed["knn_accuracy"] == pytest.approx(whole["knn_accuracy"], abs=1e-6)
+    final_a = torch.load(folder / "whole" / "checkpoints" / "final.pt", weights_only=True)
+    final_b = torch.load(folder / "stopped" / "checkpoints" / "final.pt", weights_only=True)
+    for key, value in final_a["network"].items():
+        assert torch.allclose(value.float(), final_b["network"][key].float(), atol=1e-5), key
+    assert torch.allclose(final_a["centroids"], final_b["centroids"], atol=1e-5)
+
+
+def test_the_ledger_after_resume_is_the_uninterrupted_ledger(runs):
+    folder, whole, _, _, resumed = runs
+    assert lines(folder / "whole" / "ledger.jsonl") == lines(folder / "stopped" / "ledger.jsonl")
+    assert resumed["privacy"]["epsilon"] == pytest.approx(whole["privacy"]["epsilon"])
+
+
+def test_a_finished_run_or_another_change_is_refused(runs):
+    folder = runs[0]
+    with pytest.raises(PrivfedError, match="already finished round 4 of 4"):
+        plan_resume(folder / "whole", {})
+    with pytest.raises(PrivfedError, match="cannot change seed"):
+        plan_resume(folder / "whole", {"seed": 9, "rounds": None})
+    with pytest.raises(PrivfedError, match="would change the privacy calibration"):
+        plan_resume(folder / "whole", {"rounds": 8})  # ldp's budget is spread over the planned rounds
