@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 NUMERIC_METRICS = frozenset({*STEP_VALUES, "train_seconds", "steps", "release_seconds"})
 #: How far a released vector's norm may stray from 1 (float32 normalisation is far closer).
 UNIT_NORM_TOLERANCE = 1e-3
+#: Longest JSON text (events, guarantee) a reply may hold: a few events take a few hundred characters.
+MAX_JSON_CHARS = 100_000
+#: Largest change of one value a delta may carry: local SGD moves weights by far less, and a sum of
+#: deltas near float32's limit would overflow the global state in a later round.
+MAX_DELTA_MAGNITUDE = 1e4
 
 
 class RejectedReply(ValueError):
@@ -127,8 +132,20 @@ def check_reply(
             to the secure aggregation's own checks.
 
     Raises:
-        RejectedReply: naming the first check that failed.
+        RejectedReply: naming the first check that failed, or the error a
+            malformed reply raised while being read (never anything else).
     """
+    try:
+        return _check_reply(res, client=client, rules=rules, train=train, delta_shapes=delta_shapes)
+    except RejectedReply:
+        raise
+    except Exception as err:  # e.g. JSON nested too deep, numbers too long: still a rejection, never a crash
+        raise RejectedReply(f"unreadable reply ({type(err).__name__})") from None
+
+
+def _check_reply(
+    res: FitRes, *, client: int, rules: ReplyRules, train: bool, delta_shapes: Sequence[tuple[int, ...]] | None
+) -> CheckedReply:
     try:
         metrics = dict(res.metrics)
     except (TypeError, ValueError) as err:
@@ -170,6 +187,8 @@ def _json(metrics: dict[str, Any], key: str) -> Any:
     text = metrics.get(key)
     if not isinstance(text, str):
         raise RejectedReply(f"{key} is missing or not text")
+    if len(text) > MAX_JSON_CHARS:
+        raise RejectedReply(f"{key} is {len(text)} characters long (at most {MAX_JSON_CHARS})")
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
@@ -258,15 +277,22 @@ def _guarantee(value: Any) -> Guarantee:
         raise RejectedReply("release_guarantee is not a guarantee")
     for key, kind in fields.items():
         item = value.get(key)
-        if item is not None and not (isinstance(item, kind) or (kind is float and isinstance(item, int))):
+        if item is None:
+            continue
+        numeric = kind in (int, float) and not isinstance(item, bool)
+        if not (isinstance(item, kind) or (kind is float and isinstance(item, int))) or (kind is int and not numeric):
+            raise RejectedReply(f"release_guarantee's {key} is {item!r}")
+        if kind is float and not (numeric and math.isfinite(item)):
             raise RejectedReply(f"release_guarantee's {key} is {item!r}")
     return Guarantee(**value)
 
 
 def _credited_k(release: Release, *, rules: ReplyRules, size: int) -> int | None:
     """The anonymity set the server credits: no more than the claim, the lightest vector, or the client's share."""
-    if release.num_vectors == 0 or release.guarantee.k is None:
+    if release.num_vectors == 0:
         return None
+    if release.guarantee.k is None:
+        raise RejectedReply("a k-anonymous release without its k")
     k = min(release.guarantee.k, int(release.weights.min()), size // release.num_vectors)
     if rules.min_k is not None and k < rules.min_k:
         raise RejectedReply(f"release holds centroids of {k} images, below the run's min_k {rules.min_k}")
@@ -285,10 +311,12 @@ def _delta(res: FitRes, shapes: Sequence[tuple[int, ...]], *, train: bool) -> li
     if len(arrays) != len(shapes):
         raise RejectedReply(f"the model delta has {len(arrays)} arrays, not {len(shapes)}")
     for index, (array, shape) in enumerate(zip(arrays, shapes)):
-        if array.shape != tuple(shape) or array.dtype.kind != "f":
-            raise RejectedReply(f"delta array {index} is {array.dtype} {array.shape}, not float {tuple(shape)}")
+        if array.shape != tuple(shape) or array.dtype != np.dtype(np.float32):
+            raise RejectedReply(f"delta array {index} is {array.dtype} {array.shape}, not float32 {tuple(shape)}")
         if not np.isfinite(array).all():
             raise RejectedReply(f"delta array {index} holds NaN or Inf")
+        if array.size and float(np.abs(array).max()) > MAX_DELTA_MAGNITUDE:
+            raise RejectedReply(f"delta array {index} moves a value by more than {MAX_DELTA_MAGNITUDE:g}")
     return arrays
 
 

@@ -151,6 +151,24 @@ HOSTILE_REPLIES: list[tuple[str, Tamper, str]] = [
     ("delta of another shape", lambda r, size: with_arrays(r, [delta_of(r)[0][:1], *delta_of(r)[1:]]), "delta array 0"),
     ("a delta array missing", lambda r, size: with_arrays(r, delta_of(r)[:-1]), "arrays, not"),
     ("an integer delta", lambda r, size: with_arrays(r, [a.astype(np.int64) for a in delta_of(r)]), "not float"),
+    ("a float64 delta of 1e300", lambda r, size: with_arrays(r, [np.full(a.shape, 1e300) for a in delta_of(r)]),
+     "not float32"),
+    ("a float16 delta", lambda r, size: with_arrays(r, [a.astype(np.float16) for a in delta_of(r)]), "not float32"),
+    ("a delta near float32's limit", lambda r, size: with_arrays(
+        r, [np.full(a.shape, 3e38, np.float32) for a in delta_of(r)]), "moves a value by more than"),
+    ("events too long", lambda r, size: with_metrics(r, release_events="[" * 60_000 + "]" * 60_000), "characters long"),
+    ("events nested too deep", lambda r, size: with_metrics(r, release_events="[" * 40_000 + "]" * 40_000),
+     "unreadable reply"),
+    ("an event number of 5000 digits", lambda r, size: with_metrics(
+        r, release_events='[{"name": "x", "params": {"count": 1' + "0" * 5000 + "}}]"), "unreadable reply"),
+    ("no k, and weights of 0", lambda r, size: with_metrics(
+        with_release(r, weights=np.zeros(4, np.float32)),
+        release_guarantee=json.dumps({"kind": "k-anonymity", "statement": "s"})), "without its k"),
+    ("k as a bool", lambda r, size: with_metrics(
+        r, release_guarantee=json.dumps({"kind": "k-anonymity", "statement": "s", "k": True})), "k is True"),
+    ("epsilon NaN", lambda r, size: with_metrics(
+        r, release_guarantee=json.dumps({"kind": "k-anonymity", "statement": "s", "k": 8, "epsilon": float("nan")})),
+     "epsilon is nan"),
     ("truncated delta bytes", lambda r, size: dataclasses.replace(
         r, parameters=dataclasses.replace(r.parameters, tensors=[t[:-5] for t in r.parameters.tensors])),
      "model delta is not readable"),
