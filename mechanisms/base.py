@@ -8,6 +8,7 @@ new mechanism never needs changes outside its own module.
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -173,11 +174,14 @@ class Mechanism(abc.ABC):
         """The largest total weight an honest release from ``num_reps`` representations carries.
 
         Weights count representations, so by default they total at most
-        ``num_reps``; a mechanism whose weights carry noise widens this
-        (the server rejects heavier releases, which would let one client
-        outweigh the others in the global clustering).
+        ``num_reps`` (the server rejects heavier releases, which would let
+        one client outweigh the others in the global clustering). A
+        differentially private mechanism's weights carry noise the base
+        class cannot bound, so by default they are bounded only by being
+        finite; such a mechanism should override this with a bound on its
+        own noise, as ``ldp`` does.
         """
-        return float(num_reps)
+        return math.inf if cls.is_differentially_private() else float(num_reps)
 
     @abc.abstractmethod
     def release(

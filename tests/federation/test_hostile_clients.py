@@ -24,6 +24,8 @@ from privfed.federation.simulation import simulate
 from privfed.privacy.ledger import LedgerEntry
 from privfed.run_plan import plan_run
 
+pytestmark = pytest.mark.slow  # a SecAgg+ simulation; the fuzz cases run by default in test_strategy.py
+
 FIT_METRICS = "fitres.metrics"  # where a fit reply's metrics travel in Flower's message
 SPOILT = {0: 2, 1: 3}  # Orchestra round -> the client whose reply is spoilt
 
