@@ -45,7 +45,7 @@ class ResumePoint:
         initialised: Whether round 0 has been applied.
         server_generator: The server's clustering generator state.
         runtime: The FL runtime's own state (client sampling, SecAgg+ scales), opaque here.
-        driver: The driver's running figures (untrained kNN, last kNN and loss, rejections, elapsed seconds).
+        driver: The driver's running figures (untrained kNN, last kNN and loss, elapsed seconds).
     """
 
     round: int

@@ -95,7 +95,6 @@ class RunDriver:
         self._last_knn: float | None = None
         self._last_loss: float | None = None
         self._rounds_done = 0
-        self._rejections: list[dict[str, Any]] = []
 
     def start(self) -> OrchestraServer:
         """Creates the run directory, the ledger, the initial model and its evaluation; returns the server.
@@ -141,7 +140,6 @@ class RunDriver:
         figures = point.driver
         self.knn_init = figures["knn_init"]
         self._last_knn, self._last_loss = figures["last_knn"], figures["last_loss"]
-        self._rejections = list(figures["rejections"])
         self._rounds_done = point.round
         self._start = time.perf_counter() - figures["elapsed_seconds"]
 
@@ -164,7 +162,6 @@ class RunDriver:
                     "knn_init": self.knn_init,
                     "last_knn": self._last_knn,
                     "last_loss": self._last_loss,
-                    "rejections": self._rejections,
                     "elapsed_seconds": time.perf_counter() - self._start,
                 },
             ),
@@ -188,7 +185,6 @@ class RunDriver:
         for key in (*STEP_VALUES, "train_seconds", "release_seconds"):
             if key not in record:  # SecAgg+ rounds bring the means of the secure sum in server_stats
                 record[key] = _mean([m[key] for m in report.client_metrics if key in m])
-        self._rejections.extend({"round": report.round, **r.to_dict()} for r in report.rejected)
         charged_ks = self._charge_releases(report)
         if config.record_releases:
             self._record_round(report)
@@ -356,7 +352,7 @@ class RunDriver:
             "privacy": privacy,
             "secure_aggregation": secure_aggregation,
             "stopped_early": self.stop_reason,
-            "rejected_replies": {"count": len(self._rejections), "replies": self._rejections},
+            "rejected_replies": self._rejected_replies(),
             "heterogeneity": vars(self.heterogeneity),
             "final_loss": self._last_loss,
             "run_dir": str(self.run_dir.path),
@@ -364,6 +360,11 @@ class RunDriver:
         self.run_dir.write_json("summary.json", summary)
         self._emit({"event": "finish", **summary})
         return summary
+
+    def _rejected_replies(self) -> dict[str, Any]:
+        """Every rejected reply of the run, from ``metrics.jsonl`` (which a resumed run continues)."""
+        replies = [{"round": m["round"], **r} for m in self.run_dir.metrics() for r in m.get("rejection_reasons", [])]
+        return {"count": len(replies), "replies": replies}
 
     def _emit(self, event: dict[str, Any]) -> None:
         if self.progress is not None:

@@ -86,7 +86,7 @@ def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, Resu
     check_resumable(directory, point, config)
     plan = plan_run(config, resuming=True)
     if config != recorded:
-        before = plan_run(recorded, resuming=True).privacy
+        before = plan_privacy(recorded, list(plan.client_sizes))
         after = plan.privacy
         before_sgd = None if before.dp_sgd is None else before.dp_sgd.settings
         after_sgd = None if after.dp_sgd is None else after.dp_sgd.settings

@@ -65,29 +65,29 @@ with stop_on_signals() as stop:
 """
 
 
-def test_the_second_ctrl_c_stops_at_once():
+def signal_twice(sig: signal.Signals) -> tuple[str, subprocess.Popen]:
+    """Sends ``sig`` to a process inside ``stop_on_signals`` twice; returns its line after the first, and the process."""
     process = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         read_until(process, "ready", timeout=60)
-        process.send_signal(signal.SIGINT)
-        assert "requested: interrupted by SIGINT" in read_until(process, "requested", timeout=60)[-1]
+        process.send_signal(sig)
+        after_first = read_until(process, "requested", timeout=60)[-1]
         assert process.poll() is None  # the first signal only asked
-        process.send_signal(signal.SIGINT)
+        process.send_signal(sig)
         process.wait(timeout=30)
     finally:
         process.kill()
+    return after_first, process
+
+
+def test_the_second_ctrl_c_stops_at_once():
+    after_first, process = signal_twice(signal.SIGINT)
+    assert "requested: interrupted by SIGINT" in after_first
     assert process.returncode == 128 + signal.SIGINT
     assert "SIGINT again: stopping now" in process.stderr.read()
 
 
 def test_sigterm_is_a_ctrl_c_too():
-    process = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        read_until(process, "ready", timeout=60)
-        process.send_signal(signal.SIGTERM)
-        assert "interrupted by SIGTERM" in read_until(process, "requested", timeout=60)[-1]
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=30)
-    finally:
-        process.kill()
+    after_first, process = signal_twice(signal.SIGTERM)
+    assert "interrupted by SIGTERM" in after_first
     assert process.returncode == 128 + signal.SIGTERM
