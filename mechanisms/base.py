@@ -8,7 +8,6 @@ new mechanism never needs changes outside its own module.
 from __future__ import annotations
 
 import abc
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -90,6 +89,9 @@ class Release:
     def num_vectors(self) -> int:
         return int(self.vectors.shape[0])
 
+
+#: How many times its size a DP mechanism's noisy weights may total, unless it bounds its noise itself.
+DP_WEIGHT_ROOM = 1000.0
 
 #: :attr:`Guarantee.kind` and :attr:`Mechanism.guarantee_kind` values.
 DIFFERENTIAL_PRIVACY = "differential-privacy"
@@ -177,11 +179,14 @@ class Mechanism(abc.ABC):
         ``num_reps`` (the server rejects heavier releases, which would let
         one client outweigh the others in the global clustering). A
         differentially private mechanism's weights carry noise the base
-        class cannot bound, so by default they are bounded only by being
-        finite; such a mechanism should override this with a bound on its
-        own noise, as ``ldp`` does.
+        class cannot bound, so by default they may total
+        :data:`DP_WEIGHT_ROOM` times ``num_reps`` (at least that many, for a
+        tiny client); such a mechanism should override this with a bound on
+        its own noise, as ``ldp`` does.
         """
-        return math.inf if cls.is_differentially_private() else float(num_reps)
+        if cls.is_differentially_private():
+            return DP_WEIGHT_ROOM * max(num_reps, 1)
+        return float(num_reps)
 
     @abc.abstractmethod
     def release(

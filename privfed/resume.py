@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,8 +77,8 @@ def read_resume_point(run_dir: RunDirectory) -> ResumePoint:
     if not path.is_file():
         raise PrivfedError(f"{run_dir.path} has no resume point ({path}); it stopped before its first checkpoint")
     try:
-        return ResumePoint(**torch.load(path, map_location="cpu", weights_only=False))
-    except (RuntimeError, OSError, TypeError, EOFError) as err:
+        return ResumePoint(**torch.load(path, map_location="cpu", weights_only=True))
+    except (RuntimeError, OSError, TypeError, EOFError, pickle.UnpicklingError) as err:
         raise PrivfedError(f"cannot read {path}: {str(err).splitlines()[0]}") from None
 
 
@@ -99,7 +100,14 @@ def resumed_config(run_dir: RunDirectory, overrides: dict[str, Any]) -> TrainCon
 
 
 def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConfig) -> None:
-    """Refuses a run that is already complete, or a resume that would end before its resume point."""
+    """Refuses a run that is already complete, a resume that would end before its resume point, or a point
+    ahead of the run's own log (one copied from another run would skip rounds the ledger never charged)."""
+    logged = [m["round"] for m in run_dir.metrics()]
+    if not logged or point.round > max(logged):
+        raise PrivfedError(
+            f"{run_dir.path}'s resume point is at round {point.round}, but its metrics.jsonl ends at "
+            f"{max(logged) if logged else 'no round'}: the point is not this run's"
+        )
     if config.rounds <= point.round:
         raise PrivfedError(
             f"{run_dir.path} already finished round {point.round} of {config.rounds}; "

@@ -82,7 +82,9 @@ def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, Resu
     directory = RunDirectory(run_dir)
     point = read_resume_point(directory)
     recorded = directory.config()
-    config = resumed_config(directory, overrides)
+    # The directory named, wherever it was first written from: a relative recorded `out` would point elsewhere.
+    config = resumed_config(directory, overrides).replace(out=str(directory.path.resolve()))
+    recorded = recorded.replace(out=config.out)
     check_resumable(directory, point, config)
     plan = plan_run(config, resuming=True)
     if config != recorded:

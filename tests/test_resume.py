@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 
 import pytest
@@ -66,6 +67,7 @@ def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("resume")
     whole = simulate(plan_run(configured(folder / "whole")))
     stopped = simulate(plan_run(configured(folder / "stopped")), ctrl_c_after_round(1))
+    shutil.copytree(folder / "stopped", folder / "copy")  # for the refusals, before the resume changes it
     point = read_resume_point(RunDirectory(folder / "stopped"))
     plan, point = plan_resume(folder / "stopped", {})
     resumed = simulate(plan, resume=point)
@@ -106,3 +108,19 @@ def test_a_finished_run_or_another_change_is_refused(runs):
     with pytest.raises(PrivfedError, match="cannot change seed"):
         plan_resume(folder / "whole", {"seed": 9, "rounds": None})
     assert plan_resume(folder / "whole", {"rounds": 6})[1].round == ROUNDS  # kanon has no budget to stretch
+
+
+def test_a_resume_writes_to_the_directory_named_whatever_out_it_recorded(runs):
+    copy = runs[0] / "copy"
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "out": "runs/somewhere-relative"}))
+    plan, point = plan_resume(copy, {})
+    assert plan.config.out == str(copy.resolve()) and point.round >= 1
+
+
+def test_a_resume_point_ahead_of_the_runs_log_is_refused(runs):
+    copy = runs[0] / "copy"
+    metrics = (copy / "metrics.jsonl").read_text().splitlines()
+    (copy / "metrics.jsonl").write_text(metrics[0] + "\n")  # the log ends at round 0, the point is later
+    with pytest.raises(PrivfedError, match="is not this run's"):
+        plan_resume(copy, {})

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 NUMERIC_METRICS = frozenset({*STEP_VALUES, "train_seconds", "steps", "release_seconds"})
 #: How far a released vector's norm may stray from 1 (float32 normalisation is far closer).
 UNIT_NORM_TOLERANCE = 1e-3
+#: Longest rejection reason kept (a reason may quote a value the client sent).
+MAX_REASON_CHARS = 200
 #: Longest JSON text (events, guarantee) a reply may hold: a few events take a few hundred characters.
 MAX_JSON_CHARS = 100_000
 #: Largest change of one value a delta may carry: local SGD moves weights by far less, and a sum of
@@ -47,7 +49,8 @@ MAX_DELTA_MAGNITUDE = 1e4
 
 
 class RejectedReply(ValueError):
-    """A reply the server will not use; the message is the reason, safe to log."""
+    """A reply the server will not use; the message is the reason (computed from the reply alone, at most
+    :data:`MAX_REASON_CHARS` long once :func:`check_reply` raises it)."""
 
 
 @dataclass(frozen=True)
@@ -137,8 +140,9 @@ def check_reply(
     """
     try:
         return _check_reply(res, client=client, rules=rules, train=train, delta_shapes=delta_shapes)
-    except RejectedReply:
-        raise
+    except RejectedReply as err:
+        reason = str(err)  # may quote the client's value: kept short, as it goes into logs and run files
+        raise RejectedReply(reason if len(reason) <= MAX_REASON_CHARS else reason[: MAX_REASON_CHARS - 1] + "…") from None
     except Exception as err:  # e.g. JSON nested too deep, numbers too long: still a rejection, never a crash
         raise RejectedReply(f"unreadable reply ({type(err).__name__})") from None
 

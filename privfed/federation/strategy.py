@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable
 
 import numpy as np
+import torch
 from flwr.common import (
     EvaluateIns,
     EvaluateRes,
@@ -120,14 +121,14 @@ class OrchestraStrategy(Strategy):
         """What a resumed run needs of the strategy: the sampling generator and SecAgg+'s scales and counts."""
         return {
             "sampling": self._rng.bit_generator.state,
-            "scales": self.scales.copy(),
+            "scales": torch.from_numpy(self.scales.copy()),  # a tensor, so resume points load with weights_only
             "halted_rounds": self.halted_rounds,
             "rejected_tensor_updates": self.rejected_tensor_updates,
         }
 
     def restore_runtime_state(self, state: dict[str, Any]) -> None:
         self._rng.bit_generator.state = state["sampling"]
-        self.scales = np.array(state["scales"], copy=True)
+        self.scales = state["scales"].numpy().copy()
         self.halted_rounds = int(state["halted_rounds"])
         self.rejected_tensor_updates = int(state["rejected_tensor_updates"])
 
@@ -191,9 +192,10 @@ class OrchestraStrategy(Strategy):
         accepted, rejected = self._screen(results, secure=self.secagg is not None and self.next_round_trains)
         self._rejected.extend(rejected)
         if not accepted:
+            reasons = [r.reason for r in self._rejected]
+            self._close_round(server_round, [], None, {})  # logs the round and charges the rejected clients
             raise RuntimeError(
-                f"round {self.orchestra_round(server_round)}: no usable reply: {len(failures)} failed, "
-                f"rejected: {[r.reason for r in self._rejected]}"
+                f"round {self.orchestra_round(server_round)}: no usable reply: {len(failures)} failed, rejected: {reasons}"
             )
         mean_delta, aggregation_stats = self._mean_delta(server_round, accepted)
         self._close_round(server_round, accepted, mean_delta, aggregation_stats)
@@ -318,7 +320,8 @@ class OrchestraStrategy(Strategy):
     ) -> None:
         checked = [c for _, _, c in results]
         releases = [(c.client, c.release) for c in checked if c.release is not None]
-        stats = self.server.apply_round(mean_delta, [release for _, release in releases])
+        # With no usable reply the global state stays as it was; the round is still logged and charged.
+        stats = self.server.apply_round(mean_delta, [release for _, release in releases]) if checked else {}
         rejected, self._rejected = self._rejected, []
         stop_reason = self.on_round_end(
             RoundReport(

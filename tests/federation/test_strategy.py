@@ -220,10 +220,21 @@ def test_a_node_that_was_not_asked_is_rejected(fresh, honest):
     assert [(r.client, r.reason) for r in report.rejected] == [(None, "node 103 was not asked for a reply this round")]
 
 
-def test_a_round_with_no_usable_reply_stops_the_run_with_the_reasons(fresh, honest):
+def test_a_round_with_no_usable_reply_is_logged_and_charged_then_stops_the_run(fresh, honest):
+    start = shared_state(fresh.strategy.server.network)
     with pytest.raises(RuntimeError, match="no usable reply.*client_id is missing"):
         fresh.strategy.aggregate_fit(fresh.server_round, [(Node(100), with_metrics(honest[0], client_id=None))], [])
-    assert fresh.reports == []
+    (report,) = fresh.reports  # the driver sees the round, so it can charge the rejected client
+    assert report.completed == 0 and [r.client for r in report.rejected] == [0]
+    assert all(torch.equal(v, start[k]) for k, v in shared_state(fresh.strategy.server.network).items())
+
+
+def test_a_rejection_reason_quoting_the_client_is_kept_short(fresh, honest):
+    huge = with_metrics(honest[1], client_id="x" * 1_000_000)
+    fresh.strategy.aggregate_fit(fresh.server_round, [(Node(100), honest[0]), (Node(101), huge)], [])
+    (report,) = fresh.reports
+    (rejection,) = report.rejected
+    assert rejection.reason.startswith("client_id is missing or not an integer") and len(rejection.reason) <= 200
 
 
 def test_a_release_the_method_does_not_make_is_rejected(config, tmp_path, honest):
