@@ -362,6 +362,7 @@ def _tls_checks(deployment: Deployment) -> None:
             stranger.wrap_socket(raw, server_hostname="localhost")
 
 
+@pytest.mark.slow  # a SuperLink and two SuperNodes over TLS: about 100 s
 def test_superlink_and_two_supernodes_train_with_tls_node_auth_and_secagg(deployment: Deployment, tmp_path: Path):
     started = time.monotonic()
     out = tmp_path / "run"
