@@ -71,8 +71,29 @@ class _ScreeningGrid:
         return Message(metadata=reply.metadata, error=Error(code=REJECTED_REPLY, reason=f"rejected by the server: {reason}"))
 
 
+def forget_nodes_without_shares(state: Any) -> None:
+    """Drops the nodes that left before sharing their keys from the round's SecAgg+ state.
+
+    Flower 1.41 keeps every sampled node as a candidate dropout to unmask. A
+    node that left during setup or the key exchange gave no neighbour shares
+    of its secrets, so its neighbours fail on the request for them, and one
+    such node halts the whole round. It also never entered anyone's pairwise
+    masks (clients mask only with neighbours whose shares they received), so
+    there is nothing of it to remove: as in Bell et al. (2020), the dropouts
+    to unmask are those that shared keys but sent no masked vector.
+    """
+    keyed = set(state.active_node_ids)
+    state.sampled_node_ids = keyed
+    state.nid_to_neighbours = {
+        nid: neighbours & keyed for nid, neighbours in state.nid_to_neighbours.items() if nid in keyed
+    }
+
+
 class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
     """SecAgg+ that screens the masked replies and hands their plaintext content to the strategy.
+
+    It also survives clients that leave before the key exchange completes
+    (:func:`forget_nodes_without_shares`).
 
     The releases and metrics in those replies reached the server whether or
     not the protocol completes; if it halts later (too many dropouts), the
@@ -82,6 +103,11 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
     def __init__(self, strategy: RoundCloser, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.strategy = strategy
+
+    def share_keys_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
+        proceed = super().share_keys_stage(grid, context, state)
+        forget_nodes_without_shares(state)
+        return proceed
 
     def collect_masked_vectors_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
         proceed = super().collect_masked_vectors_stage(_ScreeningGrid(grid, self.strategy), context, state)  # type: ignore[arg-type]

@@ -107,6 +107,7 @@ class OrchestraStrategy(Strategy):
         self.scales = initial_scales(self._keys)
         self._pending: list[tuple[ClientProxy, FitRes]] = []
         self._closed_round = 0
+        self._configured_round = 0
         self.halted_rounds = 0
         self.rejected_tensor_updates = 0
 
@@ -162,6 +163,7 @@ class OrchestraStrategy(Strategy):
         if missing:
             raise RuntimeError(f"round {self.orchestra_round(server_round)}: the nodes of partitions {missing} left")
         self._sampled_ids = tuple(chosen)
+        self._configured_round = server_round
         ins = self.fit_instructions(server_round, parameters)
         return [(proxies[node_of[p]], ins) for p in chosen]
 
@@ -228,13 +230,15 @@ class OrchestraStrategy(Strategy):
         self._pending = list(results)
 
     def close_round_without_aggregate(self, server_round: int) -> None:
-        """Accounts for a round whose secure aggregation halted after clients replied.
+        """Accounts for a round whose secure aggregation halted (too many dropouts for the threshold).
 
-        Their releases reached the server, so they are recorded and clustered;
-        the model stays as it was, since no aggregate exists.
+        The releases that reached the server before the halt are recorded and
+        clustered; the model stays as it was, since no aggregate exists. A
+        round that halted before anyone replied is logged too, with nothing
+        completed, so every sampled round appears once in the run's log.
         """
-        if self._closed_round == server_round or not (self._pending or self._rejected):
-            return
+        if self._closed_round == server_round or self._configured_round != server_round:
+            return  # aggregated already, or no client was asked (the run is stopping)
         self.halted_rounds += 1
         logger.warning("round %d: secure aggregation halted; the model is unchanged", self.orchestra_round(server_round))
         accepted, rejected = self._screen(self._pending, secure=True)

@@ -1,9 +1,10 @@
 """SecAgg+ in a real Flower simulation: what the strategy receives and what the model becomes.
 
-Three clients, all sampled, two training rounds. A mod inside SecAgg+'s
+Three clients, all sampled, four training rounds. A mod inside SecAgg+'s
 masking records each client's plaintext update (what never leaves the node);
-a spy on the strategy records what the server-side code receives. In round 2
-client 0 drops out after the key exchange.
+a spy on the strategy records what the server-side code receives. From round
+2 on, one client per round drops out, each at a different stage of the
+protocol (see DROPOUTS).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from privfed.federation.simulation import simulate
 from privfed.federation.strategy import OrchestraStrategy
 from privfed.run_plan import plan_run
 
-DROPOUT_CLIENT = 0
-DROPOUT_ROUND = 2  # Orchestra round; Flower round 3
+#: Orchestra round -> (the client that drops out, the SecAgg+ stage whose request it fails).
+DROPOUTS = {2: (0, "collect_masked_vectors"), 3: (1, "setup"), 4: (2, "share_keys")}
 
 
 def record_plaintext(folder: str):
@@ -51,16 +52,14 @@ def record_plaintext(folder: str):
     return mod
 
 
-def drop_out_after_key_exchange(msg, context, call_next):
-    """Outer mod: one client fails when asked for its masked update, after keys were shared."""
+def drop_out(msg, context, call_next):
+    """Outer mod: the client DROPOUTS names fails when asked for its part of the stage it names."""
     configs = msg.content.config_records.get(RECORD_KEY_CONFIGS)
-    if (
-        configs is not None
-        and configs.get("stage") == "collect_masked_vectors"
-        and int(context.node_config["partition-id"]) == DROPOUT_CLIENT
-        and msg.metadata.group_id == str(DROPOUT_ROUND + 1)
-    ):
-        raise RuntimeError("simulated dropout after the key exchange")
+    if configs is None:  # not a SecAgg+ message (e.g. the server asking which partition the node holds)
+        return call_next(msg, context)
+    planned = DROPOUTS.get(int(msg.metadata.group_id) - 1)  # Flower round r is Orchestra round r - 1
+    if planned is not None and configs.get("stage") == planned[1] and int(context.node_config["partition-id"]) == planned[0]:
+        raise RuntimeError(f"simulated dropout at the {planned[1]} stage")
     return call_next(msg, context)
 
 
@@ -72,7 +71,7 @@ def secagg_run(tmp_path_factory):
     config = build_config(
         dataset="shapes:240", num_clients=3, participation=1.0, alpha=1.0, projection_dim=16,
         local_epochs=1, batch_size=16, memory_size=32, num_local_centroids=4, num_global_centroids=8,
-        rounds=2, eval_every=2, out=str(folder / "run"), device="cpu",
+        rounds=4, eval_every=4, out=str(folder / "run"), device="cpu",
     )
     seen: dict[int, dict] = {}
     original = OrchestraStrategy.aggregate_fit
@@ -97,7 +96,7 @@ def secagg_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(OrchestraStrategy, "aggregate_fit", spy)
         summary = simulate(
-            plan_run(config), outer_mods=[drop_out_after_key_exchange], inner_mods=[record_plaintext(str(plaintext))]
+            plan_run(config), outer_mods=[drop_out], inner_mods=[record_plaintext(str(plaintext))]
         )
     metrics = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
     return {"summary": summary, "seen": seen, "plaintext": plaintext, "metrics": metrics, "config": config}
@@ -164,15 +163,22 @@ def test_secure_aggregate_equals_fedavg_within_the_quantisation_error(secagg_run
         assert np.all(np.abs(moved - want * scale) <= bound * scale + float32_rounding)
 
 
-def test_a_client_dropping_out_after_the_key_exchange_leaves_the_others_aggregated(secagg_run):
-    record = secagg_run["metrics"][DROPOUT_ROUND]
+@pytest.mark.parametrize("round_index", sorted(DROPOUTS))
+def test_a_client_dropping_out_at_any_stage_leaves_the_others_aggregated(secagg_run, round_index):
+    dropped, stage = DROPOUTS[round_index]
+    record = secagg_run["metrics"][round_index]
     assert record["clients_sampled"] == 3 and record["clients_completed"] == 2 and record["client_failures"] == 1
-    seen = secagg_run["seen"][DROPOUT_ROUND]
-    assert sorted(seen["clients"]) == [1, 2]
-    survivors = client_updates(secagg_run["plaintext"], DROPOUT_ROUND)
-    assert sorted(survivors) == [1, 2]  # the dropped client never produced an update
+    assert "secagg_halted" not in record, f"a dropout at the {stage} stage halted the round"
+    seen = secagg_run["seen"][round_index]
+    others = sorted({0, 1, 2} - {dropped})
+    assert sorted(seen["clients"]) == others
+    survivors = client_updates(secagg_run["plaintext"], round_index)
+    assert sorted(survivors) == others  # the dropped client never produced an update
     updates = list(survivors.values())
     bound = quantisation_bound(updates, secagg_run["summary"]["secure_aggregation"])
     for got, want in zip(seen["parameters"][0], fedavg(updates)):
         assert np.abs(got - want).max() <= bound
-    assert secagg_run["summary"]["rounds"] == 2 and secagg_run["summary"]["secure_aggregation"]["halted_rounds"] == 0
+
+
+def test_no_round_halted(secagg_run):
+    assert secagg_run["summary"]["rounds"] == 4 and secagg_run["summary"]["secure_aggregation"]["halted_rounds"] == 0
