@@ -6,8 +6,10 @@ stands for (the partition's size, which the server planned), the release's
 shape, dtype, finiteness, unit norm, count and total weight (bounded by what
 the mechanism could honestly send from that many representations), its
 privacy events (exactly the plan's; the server charges its own copy), its
-DP-SGD events, its metrics (each known key with a value of its type) and,
-without SecAgg+, the model delta's arrays (count, shapes, finiteness). A
+DP-SGD events, its metrics (each known key with a value of its type) and
+the model delta's arrays: without SecAgg+, their count, shapes, dtype,
+finiteness and size; under SecAgg+, the masked vector's count, shapes and
+integer range (:func:`check_masked_vector`). A
 reply that fails a check is rejected whole, with a one-line reason; the
 strategy (:mod:`privfed.federation.strategy`) drops it and goes on with the
 others.
@@ -322,6 +324,26 @@ def _delta(res: FitRes, shapes: Sequence[tuple[int, ...]], *, train: bool) -> li
         if array.size and float(np.abs(array).max()) > MAX_DELTA_MAGNITUDE:
             raise RejectedReply(f"delta array {index} moves a value by more than {MAX_DELTA_MAGNITUDE:g}")
     return arrays
+
+
+def check_masked_vector(arrays: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]], *, modulus: int) -> None:
+    """Checks a SecAgg+ masked vector before it joins the secure sum.
+
+    Its values are unreadable, but not its form: one array per summed array
+    (the weight factor, the delta's, the metrics'), each of its shape, holding
+    integers modulo ``modulus``. A wrong shape would otherwise broadcast
+    silently into the sum, and a missing array would cut it short.
+
+    Raises:
+        RejectedReply: naming what is off.
+    """
+    if len(arrays) != len(shapes):
+        raise RejectedReply(f"the masked vector has {len(arrays)} arrays, not {len(shapes)}")
+    for index, (array, shape) in enumerate(zip(arrays, shapes)):
+        if array.shape != tuple(shape) or not np.issubdtype(array.dtype, np.integer):
+            raise RejectedReply(f"masked array {index} is {array.dtype} {array.shape}, not integers {tuple(shape)}")
+        if array.size and (int(array.min()) < 0 or int(array.max()) >= modulus):
+            raise RejectedReply(f"masked array {index} holds values outside [0, {modulus})")
 
 
 def screen_replies(

@@ -14,7 +14,10 @@ from __future__ import annotations
 from typing import Any, Iterable, Protocol
 
 import flwr.compat.common.recorddict_compat as compat
-from flwr.common import Context, Error, FitRes, Message
+import numpy as np
+from flwr.common import Context, Error, FitRes, Message, bytes_to_ndarray
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.common.secure_aggregation.secaggplus_constants import Key as SecAggKey
 from flwr.server import Grid, LegacyContext
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.workflow import SecAggPlusWorkflow
@@ -35,7 +38,7 @@ class RoundCloser(Protocol):
 
     def note_replies(self, results: list[tuple[ClientProxy, FitRes]]) -> None: ...
 
-    def check_masked_reply(self, node_id: int, res: FitRes | None) -> str | None: ...
+    def check_masked_reply(self, node_id: int, res: FitRes | None, masked: list[np.ndarray] | None) -> str | None: ...
 
     def close_round_without_aggregate(self, server_round: int) -> None: ...
 
@@ -65,7 +68,13 @@ class _ScreeningGrid:
             res: FitRes | None = compat.recorddict_to_fitres(reply.content, keep_input=True)
         except Exception:  # a reply Flower cannot even read as a FitRes
             res = None
-        reason = self._strategy.check_masked_reply(reply.metadata.src_node_id, res)
+        try:
+            masked: list[np.ndarray] | None = [
+                bytes_to_ndarray(b) for b in reply.content.config_records[RECORD_KEY_CONFIGS][SecAggKey.MASKED_PARAMETERS]
+            ]
+        except Exception:  # no masked vector, or not arrays
+            masked = None
+        reason = self._strategy.check_masked_reply(reply.metadata.src_node_id, res, masked)
         if reason is None:
             return reply
         return Message(metadata=reply.metadata, error=Error(code=REJECTED_REPLY, reason=f"rejected by the server: {reason}"))

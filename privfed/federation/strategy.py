@@ -40,13 +40,21 @@ from flwr.server.strategy import Strategy
 from mechanisms.base import Release
 from privfed.federation.client_config import ClientConfig
 from privfed.federation.messages import arrays_to_state, state_to_arrays, tensor_to_bytes
-from privfed.federation.reply_checks import CheckedReply, RejectedReply, ReplyRules, check_reply, screen_replies
+from privfed.federation.reply_checks import (
+    CheckedReply,
+    RejectedReply,
+    ReplyRules,
+    check_masked_vector,
+    check_reply,
+    screen_replies,
+)
 from privfed.federation.update_encoding import (
     decode_aggregate,
     decode_metrics,
     initial_scales,
     next_scales,
     secagg_weight_ratio,
+    secure_sum_shapes,
 )
 from privfed.orchestra.model_state import StateDict, shared_keys, weighted_mean
 from privfed.orchestra.round_report import Rejection, RoundReport
@@ -203,27 +211,38 @@ class OrchestraStrategy(Strategy):
         self._close_round(server_round, accepted, mean_delta, aggregation_stats)
         return ndarrays_to_parameters(state_to_arrays(self.server.global_state(), self._keys)), {}
 
-    def check_masked_reply(self, node_id: int, res: FitRes | None) -> str | None:
-        """Why a SecAgg+ reply (None: one Flower could not read) must not join the secure sum (None: it may).
+    def check_masked_reply(self, node_id: int, res: FitRes | None, masked: list[np.ndarray] | None) -> str | None:
+        """Why a SecAgg+ reply must not join the secure sum (None: it may).
 
-        Called before the masked vectors are added up, so a rejected client
-        is a dropout to the protocol: its masked vector is left out and its
-        pairwise masks are removed like any dropout's. The masked update
-        itself is unreadable here; its plaintext release and metrics are not.
+        ``res`` is the reply as a fit result and ``masked`` its masked vector
+        (either None where Flower could not read it). Called before the masked
+        vectors are added up, so a rejected client is a dropout to the
+        protocol: its masked vector is left out and its pairwise masks are
+        removed like any dropout's. The masked update's values are unreadable
+        here; its form, plaintext release and metrics are not.
         """
+        if self.secagg is None:
+            raise RuntimeError("masked replies arrive only under SecAgg+")
         client = (self.partition_of or {}).get(int(node_id))
         if client is None or client not in self._sampled_ids:
             reason, client = f"node {node_id} was not asked for a reply this round", None
         elif res is None:
             reason = "the reply is not a readable fit result"
+        elif masked is None:
+            reason = "the reply carries no readable masked vector"
         else:
             try:
                 check_reply(res, client=client, rules=self._rules, train=True, delta_shapes=None)
+                check_masked_vector(masked, self.masked_vector_shapes(), modulus=self.secagg.modulus_range)
                 return None
             except RejectedReply as err:
                 reason = str(err)
         self._rejected.append(Rejection(client, reason))
         return reason
+
+    def masked_vector_shapes(self) -> list[tuple[int, ...]]:
+        """A SecAgg+ masked vector's arrays: Flower's weight factor, then the encoded update's."""
+        return [(1,), *secure_sum_shapes(self._shapes)]
 
     def note_replies(self, results: list[tuple[ClientProxy, FitRes]]) -> None:
         """Replies that reached the server during secure aggregation (their releases are disclosed)."""

@@ -111,6 +111,12 @@ def encode_update(
     return [*scaled, overflow, high]
 
 
+def secure_sum_shapes(tensor_shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The shapes of the arrays a client hands to SecAgg+: :func:`encode_update`'s, then :func:`encode_metrics`'."""
+    indicators = (len(tensor_shapes),)
+    return [*tensor_shapes, indicators, indicators, (2 * len(SECURE_METRIC_SCALES),)]
+
+
 @dataclass(frozen=True)
 class DecodedAggregate:
     """The FedAvg mean delta recovered from SecAgg+'s output.

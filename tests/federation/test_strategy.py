@@ -266,15 +266,41 @@ def test_with_secagg_the_strategy_decodes_the_one_aggregate(config, tmp_path):
     assert "rotation_loss" not in report.server_stats  # no client reported it
 
 
+def masked_vector(round_: HonestRound) -> list[np.ndarray]:
+    """A masked vector of the form SecAgg+ sends (its values are random to the server anyway)."""
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, 2**32, size=shape, dtype=np.int64) for shape in round_.strategy.masked_vector_shapes()]
+
+
 @pytest.mark.parametrize(("case", "tamper", "reason"), [c for c in HOSTILE_REPLIES if "delta" not in c[0]][::4])
 def test_under_secagg_a_hostile_reply_is_kept_out_of_the_masked_sum(config, tmp_path, honest, case, tamper, reason):
     round_ = honest_round(config.replace(secagg=True), tmp_path / "run")
     size = round_.plan.client_sizes[1]
-    assert round_.strategy.check_masked_reply(100, honest[0]) is None
-    got = round_.strategy.check_masked_reply(101, tamper(honest[1], size))
+    masked = masked_vector(round_)
+    assert round_.strategy.check_masked_reply(100, honest[0], masked) is None
+    got = round_.strategy.check_masked_reply(101, tamper(honest[1], size), masked)
     assert got is not None and re.search(reason, got), got
-    assert round_.strategy.check_masked_reply(101, None) == "the reply is not a readable fit result"
+    assert round_.strategy.check_masked_reply(101, None, masked) == "the reply is not a readable fit result"
     assert [r.client for r in round_.strategy._rejected] == [1, 1]
+
+
+MASKED_VECTOR_TAMPERING = [
+    ("an array missing", lambda v: v[:-1], "has .* arrays, not"),
+    ("an array too many", lambda v: [*v, v[-1]], "has .* arrays, not"),
+    ("a broadcastable shape", lambda v: [v[0], v[1][:1].reshape(-1)[:1], *v[2:]], r"masked array 1 is .*, not integers"),
+    ("floats", lambda v: [v[0].astype(np.float64), *v[1:]], r"masked array 0 is float64"),
+    ("a value at the modulus", lambda v: [np.full_like(v[0], 2**32), *v[1:]], "outside"),
+    ("a negative value", lambda v: [v[0], -np.abs(v[1]) - 1, *v[2:]], "outside"),
+    ("unreadable", lambda v: None, "no readable masked vector"),
+]
+
+
+@pytest.mark.parametrize(("case", "tamper", "reason"), MASKED_VECTOR_TAMPERING)
+def test_under_secagg_a_malformed_masked_vector_is_kept_out_of_the_sum(config, tmp_path, honest, case, tamper, reason):
+    round_ = honest_round(config.replace(secagg=True), tmp_path / "run")
+    got = round_.strategy.check_masked_reply(101, honest[1], tamper(masked_vector(round_)))
+    assert got is not None and re.search(reason, got), got
+    assert [r.client for r in round_.strategy._rejected] == [1]
 
 
 def test_in_round_0_a_reply_with_a_model_delta_is_rejected(config, tmp_path):

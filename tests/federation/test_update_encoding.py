@@ -9,10 +9,12 @@ from privfed.federation.update_encoding import (
     HIGH_GROWTH,
     OVERFLOW_GROWTH,
     decode_aggregate,
+    encode_metrics,
     encode_update,
     initial_scales,
     next_scales,
     secagg_weight_ratio,
+    secure_sum_shapes,
 )
 
 QUANTIZATION_RANGE = 2**22
@@ -184,3 +186,11 @@ def test_training_metrics_reach_the_server_only_as_weighted_means_over_the_clien
     assert means["target_entropy"] == pytest.approx((30 * 0.9 + 20 * 0.3) / 50, abs=1e-3)
     assert means["steps"] == pytest.approx(12.0, abs=1e-2)
     assert "rotation_loss" not in means
+
+
+def test_secure_sum_shapes_are_the_shapes_a_client_hands_to_secagg():
+    shapes = [(4, 3, 3, 3), (4,), ()]
+    delta = [np.ones(shape) for shape in shapes]
+    arrays = [*encode_update(delta, np.ones(3), weight_ratio=0.5, clipping_range=8.0),
+              encode_metrics({"loss": 1.0}, clipping_range=8.0)]
+    assert [a.shape for a in arrays] == secure_sum_shapes(shapes)
