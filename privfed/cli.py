@@ -5,14 +5,19 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
+from contextlib import ExitStack
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 
 from privfed.config import DEFAULTS, TrainConfig, build_config, field_types, option_help
 from privfed.errors import PrivfedError
+
+if TYPE_CHECKING:
+    from privfed.resume import ResumePoint
+    from privfed.run_plan import RunPlan
 
 app = typer.Typer(
     add_completion=False,
@@ -118,17 +123,29 @@ def train(
     **options: Any,
 ) -> None:
     """Train Orchestra on simulated federated clients with Flower."""
-    from privfed.federation.simulation import simulate
     from privfed.run_plan import plan_resume, plan_run
+    from privfed.runs import RunDirectory
 
-    point = None
-    if resume is None:
-        plan = plan_run(build_config(config, **options))
-    elif config is not None:
+    if resume is not None and config is not None:
         raise PrivfedError("--resume continues the recorded configuration; drop --config")
-    else:
-        plan, point = plan_resume(resume, options)
-        typer.echo(f"privfed: resuming {resume} after round {point.round}")
+    with ExitStack() as held:  # the run directory stays claimed until training ends
+        if resume is None:
+            plan, point = plan_run(build_config(config, **options)), None
+            plan.run_dir.path.mkdir(parents=True, exist_ok=True)
+            held.enter_context(plan.run_dir.claimed())
+        else:
+            held.enter_context(RunDirectory(resume).claimed())  # before the resume rewrites anything
+            plan, point = plan_resume(resume, options)
+            typer.echo(f"privfed: resuming {resume} after round {point.round}")
+        summary = _train(plan, point, verbose)
+    if str(summary.get("stopped_early") or "").startswith("interrupted"):
+        raise typer.Exit(INTERRUPTED_EXIT_CODE)
+
+
+def _train(plan: RunPlan, point: ResumePoint | None, verbose: bool) -> dict[str, Any]:
+    """Says what the run will do, then trains it."""
+    from privfed.federation.simulation import simulate
+
     resolved, privacy = plan.config, plan.privacy
     releases = f"mechanism {privacy.mechanism}" if privacy.mechanism is not None else "no releases"
     typer.echo(
@@ -142,9 +159,7 @@ def train(
             f"privacy: the budget covers {privacy.fitting_releases} releases per client; training stops "
             "cleanly before any client would exceed it"
         )
-    summary = simulate(plan, _print_progress, verbose=verbose, resume=point)
-    if str(summary.get("stopped_early") or "").startswith("interrupted"):
-        raise typer.Exit(INTERRUPTED_EXIT_CODE)
+    return simulate(plan, _print_progress, verbose=verbose, resume=point)
 
 
 @app.command()

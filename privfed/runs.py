@@ -13,10 +13,12 @@ Layout::
 
 from __future__ import annotations
 
+import fcntl
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -32,6 +34,10 @@ def default_run_dir(config: TrainConfig) -> Path:
     # A method that releases nothing uses no mechanism, so the name leaves it out.
     releases = "" if config.release_mechanism is None else f"-{config.release_mechanism}"
     return Path("runs") / f"{stamp}-{config.method}{releases}-seed{config.seed}"
+
+
+#: Held by the process that trains or resumes a run (:meth:`RunDirectory.claimed`).
+LOCK_FILE = "run.lock"
 
 
 class RunDirectory:
@@ -53,6 +59,27 @@ class RunDirectory:
     def releases(self) -> Path:
         """Where ``--record-releases`` keeps each round's releases (:mod:`privfed.recording`)."""
         return self.path / "releases"
+
+    @contextmanager
+    def claimed(self) -> Iterator[None]:
+        """Holds the directory's lock file while the block runs, so two privfed processes never write one run.
+
+        The lock is released when the process exits, however it exits.
+
+        Raises:
+            PrivfedError: when the directory does not exist or another process holds it.
+        """
+        if not self.path.is_dir():
+            raise PrivfedError(f"{self.path} is not a directory")
+        with open(self.path / LOCK_FILE, "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise PrivfedError(f"{self.path} is in use by another privfed process; wait for it to end") from None
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def holds_a_run(self) -> bool:
         return (self.path / "config.json").is_file()

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from privfed.runs import RunDirectory
+
 
 def assert_user_error(result: subprocess.CompletedProcess, *needles: str) -> None:
     assert result.returncode != 0
@@ -104,3 +106,8 @@ def test_mechanisms_lists_kanon(run_privfed):
     result = run_privfed("mechanisms")
     assert result.returncode == 0
     assert "kanon" in result.stdout
+
+
+def test_a_run_directory_in_use_is_not_resumed(tmp_path, run_privfed):
+    with RunDirectory(tmp_path).claimed():  # as a training process holds it
+        assert_user_error(run_privfed("train", "--resume", str(tmp_path)), "in use by another privfed process")
