@@ -174,7 +174,7 @@ class TrainConfig:
         "at D=32, about 90 MB for resnet18) plus 4*D bytes per released vector.",
     )
     checkpoint_every: int = option(
-        10,
+        1,
         "Save everything the server needs to continue (RUN_DIR/checkpoints/resume.pt) every N rounds, at an early "
         "stop and at the end; `privfed train --resume RUN_DIR` continues from it. 0: only at a stop and the end.",
     )

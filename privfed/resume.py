@@ -100,25 +100,26 @@ def resumed_config(run_dir: RunDirectory, overrides: dict[str, Any]) -> TrainCon
 
 
 def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConfig) -> None:
-    """Refuses a run that is already complete, a resume that would end before its resume point, or a point
-    ahead of the run's own log (one copied from another run would skip rounds the ledger never charged)."""
+    """Refuses a run that is already complete, a resume that would end before its resume point, a point
+    ahead of the run's own log (one copied from another run would skip rounds the ledger never charged), or
+    one behind it (redoing logged rounds would release twice what the ledger charged once)."""
     logged = [m["round"] for m in run_dir.metrics()]
     if not logged or point.round > max(logged):
         raise PrivfedError(
             f"{run_dir.path}'s resume point is at round {point.round}, but its metrics.jsonl ends at "
             f"{max(logged) if logged else 'no round'}: the point is not this run's"
         )
+    ledger = run_dir.path / "ledger.jsonl"
+    charged = [json.loads(line)["round"] for line in ledger.read_text().splitlines()] if ledger.is_file() else []
+    later = sorted({r for r in logged + charged if r > point.round})
+    if later:
+        raise PrivfedError(
+            f"{run_dir.path} ran round {later[0]}{f' to {later[-1]}' if len(later) > 1 else ''} after its last resume "
+            f"point (round {point.round}); those releases were made and clients answer a round only once, so it "
+            "cannot go on from there (--checkpoint-every 1 keeps the point at the last finished round)"
+        )
     if config.rounds <= point.round:
         raise PrivfedError(
             f"{run_dir.path} already finished round {point.round} of {config.rounds}; "
             "resume with more --rounds to go on"
         )
-
-
-def drop_rounds_after(run_dir: RunDirectory, round_index: int) -> None:
-    """Keeps ``metrics.jsonl`` up to ``round_index``: later rounds are redone (and logged again) on resume."""
-    kept = [m for m in run_dir.metrics() if m["round"] <= round_index]
-    path = run_dir.path / "metrics.jsonl"
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(m) + "\n" for m in kept))
-    tmp.replace(path)

@@ -57,6 +57,10 @@ def build_monitor(plan: RunPlan, device: torch.device) -> KnnMonitor:
 
 #: The guarantee recorded with the planned cost of a release the server rejected.
 REJECTED_STATEMENT = "The server rejected this reply; it charges the planned cost, since the bytes reached it."
+IN_PROGRESS_STATEMENT = (
+    "The run was killed while this round was in progress and this client did not answer it again; it may "
+    "have released before the kill, so the planned cost is charged."
+)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -67,6 +71,12 @@ def _rejected_clients(report: RoundReport) -> list[int]:
     """Each identified client with a rejected reply this round, once, and not also among the accepted."""
     accepted = {client for client, _ in report.training_events}
     return sorted({r.client for r in report.rejected if r.client is not None} - accepted)
+
+
+def _silent_clients(report: RoundReport) -> list[int]:
+    """Sampled clients with neither an accepted nor a rejected reply this round."""
+    answered = {c for c, _ in report.training_events} | {c for c, _ in report.releases} | set(_rejected_clients(report))
+    return sorted(set(report.sampled_clients) - answered)
 
 
 class RunDriver:
@@ -95,6 +105,7 @@ class RunDriver:
         self._last_knn: float | None = None
         self._last_loss: float | None = None
         self._rounds_done = 0
+        self._round_maybe_answered: int | None = None
 
     def start(self) -> OrchestraServer:
         """Creates the run directory, the ledger, the initial model and its evaluation; returns the server.
@@ -106,6 +117,8 @@ class RunDriver:
         privacy = self.plan.privacy
         if self.resume is None:
             self.run_dir.create(config)
+        else:
+            self._forget_summary()
         self.ledger = PrivacyLedger.resume(
             self.run_dir.path / "ledger.jsonl",
             mechanism=self.mechanism_name,
@@ -132,6 +145,20 @@ class RunDriver:
         self._sent_state = self.server.global_state(), self.server.centroids
         self._emit({"event": "start", "knn_accuracy_init": self.knn_init, "rounds": config.rounds})
         return self.server
+
+    def _forget_summary(self) -> None:
+        """A resumed run is running again: its old summary goes, and says whether the last stop was clean.
+
+        Without a summary the process was killed, possibly with the round
+        after the resume point in progress: clients may have released in
+        it and will not answer it again (``privfed.privacy.client_guard``),
+        so that round charges its silent clients too.
+        """
+        summary = self.run_dir.path / "summary.json"
+        if summary.is_file():
+            summary.unlink()
+        elif self.resume is not None:
+            self._round_maybe_answered = self.resume.round + 1
 
     def _restore(self, point: ResumePoint) -> None:
         self.server.restore(
@@ -244,7 +271,9 @@ class RunDriver:
         ones and, for a k-anonymous release, its guarantee's ``k`` is what
         the server credits. A rejected reply from a client the server asked
         is charged the planned events too (for DP mechanisms): its bytes
-        reached the server, whatever was wrong with them.
+        reached the server, whatever was wrong with them. So is a sampled
+        client's silence in the round a killed run had in progress
+        (:meth:`_forget_summary`).
 
         Returns:
             The anonymity sets charged this round (k-anonymous releases only).
@@ -264,20 +293,28 @@ class RunDriver:
             rejected = Guarantee(kind=mechanism.guarantee_kind, statement=REJECTED_STATEMENT)
             for client in _rejected_clients(report):
                 self.ledger.record(LedgerEntry(client, report.round, mechanism.name, rejected, expected))
+            in_progress = Guarantee(kind=mechanism.guarantee_kind, statement=IN_PROGRESS_STATEMENT)
+            for client in self._maybe_answered_before_a_kill(report):
+                self.ledger.record(LedgerEntry(client, report.round, mechanism.name, in_progress, expected))
         return charged_ks
+
+    def _maybe_answered_before_a_kill(self, report: RoundReport) -> list[int]:
+        """The silent clients of the round a killed run had in progress (none in any other round)."""
+        return _silent_clients(report) if report.round == self._round_maybe_answered else []
 
     def _record_training(self, report: RoundReport) -> None:
         """Charges each client's DP-SGD steps as planned (the strategy checked the client's copy against the plan).
 
         Every reply counts, also in a round whose secure aggregation halted
         and a rejected one: the client trained and sent its (masked) update
-        either way. Round 0 does not train.
+        either way; so does silence in the round a killed run had in
+        progress. Round 0 does not train.
         """
         dp_sgd = self.plan.privacy.dp_sgd
         if dp_sgd is None or report.round == 0:
             return
         clients = [client for client, _ in report.training_events] + _rejected_clients(report)
-        for client in clients:
+        for client in clients + self._maybe_answered_before_a_kill(report):
             self.ledger.record(LedgerEntry.dp_sgd(client, report.round, dp_sgd.round_events(self.plan.client_sizes[client])))
 
     def _stop_if_budget_runs_out(self, round_index: int) -> None:

@@ -17,7 +17,7 @@ from privfed.data.federated import FederatedSplit
 from privfed.errors import PrivfedError
 from privfed.secagg_settings import SecAggPlusSettings, secagg_settings
 from privfed.privacy.budget import PrivacyPlan, plan_privacy
-from privfed.resume import ResumePoint, check_resumable, drop_rounds_after, read_resume_point, resumed_config
+from privfed.resume import ResumePoint, check_resumable, read_resume_point, resumed_config
 from privfed.runs import RunDirectory, default_run_dir
 
 
@@ -73,8 +73,8 @@ def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, Resu
 
     Only more rounds may be asked for, and only when the privacy
     calibration does not depend on them (a budget spread over the planned
-    rounds cannot stretch). Rounds logged after the resume point are dropped
-    from ``metrics.jsonl``: they are trained again.
+    rounds cannot stretch). A run that logged rounds after its resume point
+    is refused (:func:`privfed.resume.check_resumable`).
 
     Raises:
         PrivfedError: naming why the run cannot be resumed so.
@@ -97,5 +97,4 @@ def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, Resu
                 f"{config.rounds} rounds would change the privacy calibration of a run planned for "
                 f"{recorded.rounds}; a budget spread over the planned rounds cannot stretch"
             )
-    drop_rounds_after(directory, point.round)
     return plan, point

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from mechanisms import Guarantee, Release, create_mechanism
 from privfed.orchestra.round_report import Rejection, RoundReport
 from privfed.run_driver import RunDriver
-from privfed.run_plan import plan_run
+from privfed.errors import PrivfedError
+from privfed.run_plan import plan_resume, plan_run
 
 
 def started(config) -> RunDriver:
@@ -91,3 +92,58 @@ def test_a_training_round_charges_the_planned_dp_sgd_cost_of_every_reply_rejecte
     for line in charged:
         planned = driver.plan.privacy.dp_sgd.round_events(driver.plan.client_sizes[line["client"]])
         assert line["events"] == [{"name": e.name, "params": e.params} for e in planned]
+
+
+def resumed(driver: RunDriver) -> RunDriver:
+    plan, point = plan_resume(driver.run_dir.path, {})
+    again = RunDriver(plan, resume=point)
+    again.start()
+    return again
+
+
+def round_with_one_reply(driver: RunDriver, round_index: int) -> RoundReport:
+    """Clients 0, 1 and 2 were asked; only client 0 answered."""
+    return dataclasses.replace(report((0, honest_ldp_release(driver))), round=round_index, sampled_clients=(0, 1, 2))
+
+
+@pytest.fixture
+def ldp_after_round_0(tiny_config, tmp_path) -> RunDriver:
+    driver = started(tiny_config.replace(mechanism="ldp", epsilon=2.0, rounds=3, checkpoint_every=1, out=str(tmp_path / "run")))
+    release = honest_ldp_release(driver)
+    driver.on_round_end(dataclasses.replace(report((0, release), (1, release), (2, release))))
+    return driver
+
+
+def test_after_a_kill_the_round_in_progress_charges_its_silent_clients(ldp_after_round_0):
+    # The process died during round 1: no summary, the resume point at round 0.
+    again = resumed(ldp_after_round_0)
+    again.on_round_end(round_with_one_reply(again, 1))
+    again.on_round_end(round_with_one_reply(again, 2))
+    round_1 = [line for line in ledger_lines(again) if line["round"] == 1]
+    assert [line["client"] for line in round_1] == [0, 1, 2]  # 1 and 2 may have released before the kill
+    assert all("killed" in line["guarantee"]["statement"] for line in round_1[1:])
+    assert [line["client"] for line in ledger_lines(again) if line["round"] == 2] == [0]  # later silence costs nothing
+
+
+def test_after_a_clean_stop_no_silent_client_is_charged(ldp_after_round_0):
+    ldp_after_round_0.stop_reason = "interrupted by SIGINT; stopped after round 0"
+    ldp_after_round_0.finish(secure_aggregation={"enabled": False})
+    again = resumed(ldp_after_round_0)
+    assert not (again.run_dir.path / "summary.json").exists()  # the run is running again
+    again.on_round_end(round_with_one_reply(again, 1))
+    assert [line["client"] for line in ledger_lines(again) if line["round"] == 1] == [0]
+
+
+def test_a_run_that_logged_rounds_after_its_resume_point_is_not_resumed(tiny_config, tmp_path):
+    driver = started(tiny_config.replace(mechanism="ldp", epsilon=2.0, rounds=3, checkpoint_every=2, out=str(tmp_path / "run")))
+    release = honest_ldp_release(driver)
+    for round_index in (0, 1):  # the resume point stays at round 0 (and every 2 rounds)
+        driver.on_round_end(dataclasses.replace(report((0, release)), round=round_index))
+    with pytest.raises(PrivfedError, match="ran round 1 after its last resume point"):
+        plan_resume(driver.run_dir.path, {})
+
+
+def test_an_ldp_run_cannot_stretch_its_budget_over_more_rounds_on_resume(ldp_after_round_0):
+    with pytest.raises(PrivfedError, match="would change the privacy calibration"):
+        plan_resume(ldp_after_round_0.run_dir.path, {"rounds": 5})
+    assert plan_resume(ldp_after_round_0.run_dir.path, {"rounds": 3})[1].round == 0  # the same rounds: fine

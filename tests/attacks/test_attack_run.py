@@ -94,3 +94,35 @@ def test_a_dp_release_cannot_be_replayed_so_its_members_stay_unknown(tmp_path):
     recorded = read_round(run.releases, 1)
     memory, truths, status = recorded_truth(run.config(), recorded, recorded.releases[0])
     assert status == NOT_REPLAYABLE and all(t.members is None for t in truths) and memory.memory is None
+
+
+def test_the_attack_is_fitted_and_inverts_every_vector_before_any_client_is_replayed(kanon_run, monkeypatch):
+    import attacks.evaluation as evaluation
+    from attacks import registry
+    from attacks.base import Attack
+
+    events: list[str] = []
+
+    class OrderSpy(Attack):
+        name, description = "order-spy", "records when it is fitted and asked to invert"
+
+        def fit(self, target, aux_images, *, progress=None):
+            events.append("fit")
+
+            def invert(vectors):
+                events.append("invert")
+                return torch.full((vectors.shape[0], 3, 32, 32), 0.5)
+
+            return invert
+
+    def replay(*args, **kwargs):
+        events.append("replay")
+        return recorded_truth(*args, **kwargs)
+
+    monkeypatch.setitem(registry._REGISTRY, OrderSpy.name, OrderSpy)
+    monkeypatch.setattr(evaluation, "recorded_truth", replay)
+    evaluation.attack_run(kanon_run.path, method=OrderSpy.name, rounds=[0, 1], max_vectors=4, device="cpu")
+    per_round = "".join(e[0] for e in events).split("f")[1:]  # f(it) i(nvert) r(eplay), one block per round
+    assert len(per_round) == 2
+    for block in per_round:
+        assert block.startswith("ii") and "r" in block and "i" not in block[block.index("r"):], events
