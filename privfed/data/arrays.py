@@ -91,6 +91,16 @@ def load_npz(path: Path, *, split: Split) -> ImageArrays:
     return ImageArrays(x, y, classes, path.stem)
 
 
+def has_test_arrays(path: Path) -> bool:
+    """Whether an ``.npz`` holds its own test split (``x_test``); False for a file that cannot be read,
+    which :func:`load_npz` then reports."""
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            return "x_test" in arrays.files
+    except Exception:
+        return False
+
+
 def split_indices(num_samples: int) -> tuple[np.ndarray, np.ndarray]:
     """Return the fixed (train, test) index arrays used when a file has no test set.
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 import numpy as np
 
-from privfed.data.arrays import ImageArrays, load_npz
+from privfed.data.arrays import ImageArrays, Split, has_test_arrays, load_npz
 from privfed.data.shapes import make_shapes
 from privfed.errors import PrivfedError
 
@@ -48,10 +48,36 @@ def describe_datasets() -> dict[str, str]:
     }
 
 
+def arrays_file(spec: str) -> Path | None:
+    """The file an ``arrays:PATH`` spec names, resolved (None for any other dataset)."""
+    name, sep, arg = spec.strip().partition(":")
+    if name.strip().lower() != "arrays" or not arg.strip():
+        return None
+    return Path(arg.strip()).expanduser().resolve()
+
+
+def evaluation_splits(train_spec: str, test_spec: str) -> tuple[Split, Split]:
+    """The splits a probe learns from and is scored on, when the user names the two datasets.
+
+    The same source named twice keeps its train/test split, so the probe
+    never learns from a test image; so does a built-in dataset (shapes,
+    CIFAR), and an ``.npz`` with its own ``x_test``. An ``.npz`` without one,
+    named for one role only, is used whole: the user means "test on this file".
+    """
+    train_file, test_file = arrays_file(train_spec), arrays_file(test_spec)
+    if train_file is not None and train_file == test_file:
+        return "train", "test"
+
+    def whole_unless_split(path: Path | None, role: Split) -> Split:
+        return "all" if path is not None and not has_test_arrays(path) else role
+
+    return whole_unless_split(train_file, "train"), whole_unless_split(test_file, "test")
+
+
 def load_dataset(
     spec: str,
     *,
-    split: Literal["train", "test"],
+    split: Split,
     data_dir: Path,
     download: bool = False,
 ) -> ImageArrays:
@@ -59,7 +85,7 @@ def load_dataset(
 
     Args:
         spec: ``shapes``, ``shapes:N``, ``cifar10``, ``cifar100`` or ``arrays:PATH``.
-        split: "train" or "test".
+        split: "train", "test", or "all" (the whole file; ``arrays:PATH`` only).
         data_dir: Root folder for downloadable datasets (CIFAR).
         download: Allow fetching CIFAR from the internet; off by default so
             nothing touches the network unless the user asks.
@@ -67,20 +93,23 @@ def load_dataset(
     Raises:
         PrivfedError: For an unknown spec, a bad size, or missing/corrupt files.
     """
-    if split not in ("train", "test"):
-        raise PrivfedError(f"unknown split {split!r}: expected 'train' or 'test'")
+    if split not in ("train", "test", "all"):
+        raise PrivfedError(f"unknown split {split!r}: expected 'train', 'test' or 'all'")
     name, sep, arg = spec.strip().partition(":")
     name = name.strip().lower()
-    if name == "shapes":
-        return _load_shapes(arg if sep else None, split)
-    if name in _CIFAR_DIRS:
-        if sep:
-            raise PrivfedError(f"dataset {name!r} takes no ':' argument (got {spec!r})")
-        return _load_cifar(name, split, Path(data_dir), download)
     if name == "arrays":
         if not arg.strip():
             raise PrivfedError("dataset 'arrays' needs a path: arrays:PATH/TO/FILE.npz")
         return load_npz(Path(arg.strip()).expanduser(), split=split)
+    if split == "all":
+        raise PrivfedError(f"only an arrays:PATH file can be used whole, not {spec!r}")
+    part: Literal["train", "test"] = split
+    if name == "shapes":
+        return _load_shapes(arg if sep else None, part)
+    if name in _CIFAR_DIRS:
+        if sep:
+            raise PrivfedError(f"dataset {name!r} takes no ':' argument (got {spec!r})")
+        return _load_cifar(name, part, Path(data_dir), download)
     valid = ", ".join(["shapes", "shapes:N", "cifar10", "cifar100", "arrays:PATH"])
     raise PrivfedError(f"unknown dataset {spec!r}; valid datasets: {valid}")
 

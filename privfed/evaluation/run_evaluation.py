@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from privfed.config import DEFAULTS
-from privfed.data import load_dataset
+from privfed.data.datasets import evaluation_splits, load_dataset
 from privfed.device import resolve_device
 from privfed.errors import PrivfedError
 from privfed.evaluation.features import extract_features
@@ -47,8 +47,9 @@ def evaluate_run(
     config = run.config()
     checkpoint_file = run.checkpoint_path(checkpoint)
     network = load_network(config, checkpoint_file)
-    train = load_dataset(train_data, split="train", data_dir=data_dir, download=download)
-    test = load_dataset(test_data, split="test", data_dir=data_dir, download=download)
+    train_split, test_split = evaluation_splits(train_data, test_data)
+    train = load_dataset(train_data, split=train_split, data_dir=data_dir, download=download)
+    test = load_dataset(test_data, split=test_split, data_dir=data_dir, download=download)
     torch_device = resolve_device(device)
     start = time.perf_counter()
     backbone = network.online.backbone
@@ -67,6 +68,8 @@ def evaluate_run(
         "checkpoint": str(checkpoint_file),
         "train_data": train_data,
         "test_data": test_data,
+        "train_split": train_split,  # "all": the whole file; "train"/"test": the dataset's own split
+        "test_split": test_split,
         "num_train": len(train),
         "num_test": len(test),
         "seconds": time.perf_counter() - start,

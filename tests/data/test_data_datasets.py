@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from privfed.data.datasets import DATASET_NAMES, describe_datasets, load_dataset
+from privfed.data.datasets import DATASET_NAMES, describe_datasets, evaluation_splits, load_dataset
 from privfed.errors import PrivfedError
 
 
@@ -72,3 +72,37 @@ def test_describe_datasets_one_line_each():
     described = describe_datasets()
     assert tuple(described) == DATASET_NAMES
     assert all(text and "\n" not in text for text in described.values())
+
+
+def write_images(path, n, *, with_test=False):
+    rng = np.random.default_rng(n)
+    arrays = {"x": rng.integers(0, 255, (n, 8, 8, 3), dtype=np.uint8), "y": rng.integers(0, 3, n)}
+    if with_test:
+        arrays.update(x_test=arrays["x"][:4], y_test=arrays["y"][:4])
+    np.savez(path, **arrays)
+    return f"arrays:{path}"
+
+
+def test_a_file_named_only_for_testing_is_scored_whole(tmp_path):
+    train, test = write_images(tmp_path / "a.npz", 40), write_images(tmp_path / "b.npz", 25)
+    assert evaluation_splits(train, test) == ("all", "all")
+    assert len(load_dataset(test, split="all", data_dir=tmp_path)) == 25
+
+
+def test_the_same_file_or_a_builtin_dataset_keeps_its_split(tmp_path):
+    spec = write_images(tmp_path / "a.npz", 40)
+    same = f"arrays:{tmp_path}/./a.npz"  # another spelling of the same file
+    assert evaluation_splits(spec, same) == ("train", "test")
+    assert evaluation_splits("shapes:1000", "shapes:1000") == ("train", "test")
+    assert evaluation_splits("cifar10", spec) == ("train", "all")
+
+
+def test_a_file_with_its_own_test_arrays_keeps_them(tmp_path):
+    train, test = write_images(tmp_path / "a.npz", 40), write_images(tmp_path / "b.npz", 25, with_test=True)
+    assert evaluation_splits(train, test) == ("all", "test")
+    assert len(load_dataset(test, split="test", data_dir=tmp_path)) == 4
+
+
+def test_only_an_arrays_file_can_be_used_whole(tmp_path):
+    with pytest.raises(PrivfedError, match="only an arrays:PATH file"):
+        load_dataset("shapes:100", split="all", data_dir=tmp_path)

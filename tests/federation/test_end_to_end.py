@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +28,8 @@ def run_dir(tmp_path_factory, run_privfed) -> Path:
 
 
 def test_run_directory_has_its_files(run_dir):
-    for name in ("config.json", "metrics.jsonl", "summary.json", "checkpoints/initial.pt", "checkpoints/final.pt"):
+    for name in ("config.json", "metrics.jsonl", "summary.json", "curves.png", "checkpoints/initial.pt", "checkpoints/final.pt",
+                 "checkpoints/resume.pt"):
         assert (run_dir / name).is_file(), name
 
 
@@ -94,3 +96,18 @@ def test_evaluate_rejects_a_missing_checkpoint(run_dir, run_privfed):
     )
     assert result.returncode != 0
     assert "checkpoint not found" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_evaluate_scores_every_image_of_a_test_file_named_only_for_testing(run_dir, run_privfed, tmp_path):
+    from privfed.data import load_dataset
+
+    held_out = load_dataset("shapes:1000", split="test", data_dir=tmp_path)
+    path = tmp_path / "test-only.npz"
+    np.savez(path, x=held_out.images[:37], y=held_out.labels[:37])
+    result = run_privfed(
+        "evaluate", str(run_dir), "--train-data", "shapes:1000", "--test-data", f"arrays:{path}",
+        "--protocol", "knn", "--device", "cpu",
+    )
+    assert result.returncode == 0, result.stderr
+    last = json.loads((run_dir / "evaluation.json").read_text())["evaluations"][-1]
+    assert last["num_test"] == 37 and last["test_split"] == "all" and last["train_split"] == "train"
