@@ -240,6 +240,20 @@ def attack(
     typer.echo(f"wrote {run_dir / 'attack.json'} and {run_dir / 'attack.png'}")
 
 
+@app.command()
+def plot(
+    run_dirs: list[Path] = typer.Argument(..., help="Run directories written by `privfed train`."),
+    out: Path = typer.Option(Path("curves-compared.png"), "--out", "-o", help="Where to write the PNG."),
+) -> None:
+    """Overlay several runs' curves (kNN, losses, epsilon spent, round time) in one PNG."""
+    from privfed.run_curves import RunCurves, plot_curves
+
+    missing = [str(d) for d in run_dirs if not (d / "metrics.jsonl").is_file()]
+    if missing:
+        raise PrivfedError(f"not a privfed run directory (no metrics.jsonl): {', '.join(missing)}")
+    typer.echo(f"wrote {plot_curves([RunCurves.of(d) for d in run_dirs], out)}")
+
+
 @app.command(name="attacks")
 def list_attacks() -> None:
     """List the installed inversion attacks."""

@@ -34,6 +34,7 @@ from privfed.privacy.ledger import LedgerEntry
 from privfed.privacy.statement import privacy_statement
 from privfed.recording import RecordedRound, write_round
 from privfed.resume import ResumePoint, write_resume_point
+from privfed.run_curves import save_run_curves
 from privfed.run_plan import RunPlan
 
 ProgressCallback = Callable[[dict[str, Any]], None]
@@ -362,7 +363,7 @@ class RunDriver:
         }
 
     def finish(self, *, secure_aggregation: dict[str, Any]) -> dict[str, Any]:
-        """Final checkpoint and ``summary.json``.
+        """Final checkpoint, ``summary.json`` and ``curves.png``.
 
         Args:
             secure_aggregation: The runtime's account of how updates were
@@ -395,6 +396,7 @@ class RunDriver:
             "run_dir": str(self.run_dir.path),
         }
         self.run_dir.write_json("summary.json", summary)
+        save_run_curves(self.run_dir)
         self._emit({"event": "finish", **summary})
         return summary
 
