@@ -30,6 +30,7 @@ app = typer.Typer(
 class Protocol(str, Enum):
     knn = "knn"
     linear = "linear"
+    tsne = "tsne"
 
 
 #: What `privfed train` exits with after a Ctrl-C stopped the run cleanly (the shell's 128 + SIGINT).
@@ -165,9 +166,9 @@ def _train(plan: RunPlan, point: ResumePoint | None, verbose: bool) -> dict[str,
 @app.command()
 def evaluate(
     run_dir: Path = typer.Argument(..., help="A run directory written by `privfed train`."),
-    train_data: str = typer.Option(..., help="Labelled data the probe learns from (its train split)."),
-    test_data: str = typer.Option(..., help="Data the probe is scored on (its test split)."),
-    protocol: Protocol = typer.Option(Protocol.knn, help="knn (see --knn-k, --knn-temperature) or linear (probe on frozen features)."),
+    train_data: Optional[str] = typer.Option(None, help="Labelled data the probe learns from (its train split; a file named only here is used whole). Needed by knn and linear."),
+    test_data: str = typer.Option(..., help="Data the probe is scored on (its test split; a file named only here is used whole)."),
+    protocol: Protocol = typer.Option(Protocol.knn, help="knn (see --knn-k, --knn-temperature), linear (probe on frozen features) or tsne (a 2-D picture of the test representations by class)."),
     checkpoint: str = typer.Option("final", help="initial, final, or a path to a checkpoint file."),
     data_dir: str = config_option("data_dir"),
     download: bool = config_option("download"),
@@ -175,7 +176,7 @@ def evaluate(
     knn_k: int = config_option("knn_k"),
     knn_temperature: float = config_option("knn_temperature"),
 ) -> None:
-    """Re-evaluate a saved encoder on any labelled datasets; appends to RUN_DIR/evaluation.json."""
+    """Re-evaluate a saved encoder on any labelled datasets, or draw its representations; appends to RUN_DIR/evaluation.json."""
     from privfed.evaluation.run_evaluation import evaluate_run
 
     result = evaluate_run(
@@ -190,7 +191,10 @@ def evaluate(
         knn_k=knn_k,
         knn_temperature=knn_temperature,
     )
-    typer.echo(f"{result['protocol']} accuracy: {result['accuracy']:.4f} ({result['checkpoint']}, {test_data})")
+    if result["accuracy"] is None:
+        typer.echo(f"wrote {result['picture']} ({result['num_test']} {test_data} test images, {result['checkpoint']})")
+    else:
+        typer.echo(f"{result['protocol']} accuracy: {result['accuracy']:.4f} ({result['checkpoint']}, {test_data})")
 
 
 def _parse_rounds(text: Optional[str]) -> Optional[list[int]]:

@@ -48,21 +48,24 @@ def describe_datasets() -> dict[str, str]:
     }
 
 
-def arrays_file(spec: str) -> Path | None:
-    """The file an ``arrays:PATH`` spec names, resolved (None for any other dataset)."""
+def arrays_file(spec: str | None) -> Path | None:
+    """The file an ``arrays:PATH`` spec names, resolved (None for any other dataset, or none)."""
+    if spec is None:
+        return None
     name, sep, arg = spec.strip().partition(":")
     if name.strip().lower() != "arrays" or not arg.strip():
         return None
     return Path(arg.strip()).expanduser().resolve()
 
 
-def evaluation_splits(train_spec: str, test_spec: str) -> tuple[Split, Split]:
+def evaluation_splits(train_spec: str | None, test_spec: str) -> tuple[Split, Split]:
     """The splits a probe learns from and is scored on, when the user names the two datasets.
 
     The same source named twice keeps its train/test split, so the probe
     never learns from a test image; so does a built-in dataset (shapes,
     CIFAR), and an ``.npz`` with its own ``x_test``. An ``.npz`` without one,
     named for one role only, is used whole: the user means "test on this file".
+    ``train_spec`` None: only test data is named (a picture needs no probe).
     """
     train_file, test_file = arrays_file(train_spec), arrays_file(test_spec)
     if train_file is not None and train_file == test_file:

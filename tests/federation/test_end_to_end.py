@@ -111,3 +111,13 @@ def test_evaluate_scores_every_image_of_a_test_file_named_only_for_testing(run_d
     assert result.returncode == 0, result.stderr
     last = json.loads((run_dir / "evaluation.json").read_text())["evaluations"][-1]
     assert last["num_test"] == 37 and last["test_split"] == "all" and last["train_split"] == "train"
+
+
+def test_evaluate_draws_the_test_representations_by_class(run_dir, run_privfed):
+    result = run_privfed("evaluate", str(run_dir), "--test-data", "shapes:1000", "--protocol", "tsne", "--device", "cpu")
+    assert result.returncode == 0, result.stderr
+    last = json.loads((run_dir / "evaluation.json").read_text())["evaluations"][-1]
+    assert last["protocol"] == "tsne" and last["accuracy"] is None and last["num_test"] > 0
+    assert Path(last["picture"]) == run_dir / "embedding-tsne-final.png" and Path(last["picture"]).stat().st_size > 10_000
+    refused = run_privfed("evaluate", str(run_dir), "--test-data", "shapes:1000", "--protocol", "knn")
+    assert refused.returncode == 2 and "give --train-data" in refused.stderr and "Traceback" not in refused.stderr
