@@ -1,16 +1,15 @@
-"""What `--checkpoint-every 1` costs on the default run, against saving only at the end.
+"""What `--checkpoint-every 1` (the default) costs on the default run.
 
-Two measurements:
-
-- one resume point alone: the default run's server state written with
-  :func:`privfed.resume.write_resume_point`, timed over ``--saves`` writes, and
-  its size;
-- the default run end to end (``privfed train``'s defaults), once with
-  ``checkpoint_every=1`` and once with ``0`` (only at a stop and the end),
-  per seed, the two interleaved so that both see the same machine load.
+The default run (``privfed train``'s defaults) is trained with a resume
+point after every round, and the time spent writing them is measured inside
+the run: the driver's :func:`privfed.resume.write_resume_point` is wrapped
+in a timer. The overhead is that time over the run's wall time, so it does
+not depend on how busy the machine is. ``--end-to-end`` also trains each
+seed with ``checkpoint_every=0`` (only at a stop and the end), interleaved,
+and compares wall times; that comparison needs an otherwise idle machine.
 
     python benchmarks/checkpoint_overhead.py
-    python benchmarks/checkpoint_overhead.py --seeds 0 1 2 --rounds 6
+    python benchmarks/checkpoint_overhead.py --seeds 0 1 2 --end-to-end
 """
 
 from __future__ import annotations
@@ -20,61 +19,64 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+import privfed.run_driver
 from privfed.config import build_config
 from privfed.federation.simulation import simulate
-from privfed.models.network import build_network
-from privfed.resume import RESUME_FILE, ResumePoint, write_resume_point
+from privfed.resume import RESUME_FILE, write_resume_point
 from privfed.run_plan import plan_run
-from privfed.runs import RunDirectory
 
 
-def time_one_save(saves: int, folder: Path) -> tuple[float, int]:
-    """Median seconds to write the default run's resume point, and its size in bytes."""
-    config = build_config(out=str(folder / "save"), device="cpu")
-    run_dir = RunDirectory(folder / "save")
-    run_dir.checkpoints.mkdir(parents=True)
-    network = build_network(config)
-    point = ResumePoint(
-        round=1, network=network.state_dict(), centroids=None, initialised=True, server_generator=None,
-        runtime={}, driver={},
-    )
-    seconds = []
-    for _ in range(saves):
+class TimedWrites:
+    """Wraps the driver's resume-point writer and adds up the seconds it takes."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Path:
         started = time.perf_counter()
-        write_resume_point(run_dir, point)
-        seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds), (run_dir.checkpoints / RESUME_FILE).stat().st_size
+        path = write_resume_point(*args, **kwargs)
+        self.seconds.append(time.perf_counter() - started)
+        return path
 
 
-def wall_seconds(every: int, seed: int, rounds: int | None, folder: Path) -> float:
+def train(every: int, seed: int, rounds: int | None, folder: Path) -> tuple[dict[str, Any], TimedWrites]:
     out = folder / f"every{every}-seed{seed}"
-    overrides = {} if rounds is None else {"rounds": rounds}
-    summary = simulate(plan_run(build_config(checkpoint_every=every, seed=seed, out=str(out), device="cpu", **overrides)))
-    return float(summary["wall_seconds"])
+    timed = TimedWrites()
+    privfed.run_driver.write_resume_point = timed  # type: ignore[assignment]
+    try:
+        overrides = {} if rounds is None else {"rounds": rounds}
+        summary = simulate(plan_run(build_config(checkpoint_every=every, seed=seed, out=str(out), device="cpu", **overrides)))
+    finally:
+        privfed.run_driver.write_resume_point = write_resume_point  # type: ignore[assignment]
+    summary["resume_point_bytes"] = (out / "checkpoints" / RESUME_FILE).stat().st_size
+    return summary, timed
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--rounds", type=int, default=None, help="override the default run's rounds")
-    parser.add_argument("--saves", type=int, default=20)
+    parser.add_argument("--end-to-end", action="store_true", help="also train without per-round resume points")
     args = parser.parse_args()
+    print(f"{'seed':>4} {'rounds':>6} {'writes':>6} {'write s':>8} {'ms/write':>8} {'MB':>5} {'run s':>7} {'overhead':>8}"
+          + (f" {'run s (at end)':>14}" if args.end_to_end else ""))
+    overheads = []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        save_s, size = time_one_save(args.saves, folder)
-        rows = [(seed, wall_seconds(1, seed, args.rounds, folder), wall_seconds(0, seed, args.rounds, folder))
-                for seed in args.seeds]
-    rounds = args.rounds or build_config().rounds
-    print(f"one resume point: {save_s * 1000:.1f} ms (median of {args.saves}), {size / 1e6:.2f} MB; "
-          f"{rounds} rounds -> {rounds * save_s:.2f} s of writes per run")
-    print(f"{'seed':>4} {'every 1 (s)':>11} {'at end (s)':>10} {'difference':>10}")
-    for seed, every1, at_end in rows:
-        print(f"{seed:>4} {every1:>11.1f} {at_end:>10.1f} {every1 - at_end:>+10.1f}")
-    differences = [every1 - at_end for _, every1, at_end in rows]
-    spread = statistics.stdev(differences) if len(differences) > 1 else 0.0
-    print(f"mean difference {statistics.fmean(differences):+.1f} s ± {spread:.1f} (std over {len(rows)} seeds), "
-          f"{statistics.fmean(d / a for d, (_, _, a) in zip(differences, rows)) * 100:+.1f} % of the run")
+        for seed in args.seeds:
+            summary, timed = train(1, seed, args.rounds, Path(tmp))
+            total, wall = sum(timed.seconds), summary["wall_seconds"]
+            overheads.append(total / wall)
+            line = (f"{seed:>4} {summary['rounds']:>6} {len(timed.seconds):>6} {total:>8.2f} "
+                    f"{1000 * statistics.median(timed.seconds):>8.1f} {summary['resume_point_bytes'] / 1e6:>5.2f} "
+                    f"{wall:>7.1f} {100 * total / wall:>7.2f}%")
+            if args.end_to_end:
+                line += f" {train(0, seed, args.rounds, Path(tmp))[0]['wall_seconds']:>14.1f}"
+            print(line, flush=True)
+    spread = statistics.stdev(overheads) if len(overheads) > 1 else 0.0
+    print(f"overhead of a resume point every round: {100 * statistics.fmean(overheads):.2f}% ± {100 * spread:.2f} "
+          f"of the run's wall time ({len(overheads)} seed{'s' if len(overheads) > 1 else ''})")
 
 
 if __name__ == "__main__":

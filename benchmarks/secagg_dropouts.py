@@ -1,8 +1,9 @@
 """Dropouts at scale under SecAgg+: rounds complete when the threshold allows, and nothing is lost or charged twice.
 
 Each training round samples ``--sampled`` clients; every sampled client fails
-with probability ``--rate`` at a stage drawn uniformly from setup, after the
-key exchange and after masking (:mod:`privfed.federation.dropout_injection`).
+with probability ``--rate`` at a stage drawn uniformly from setup, the key
+exchange, masking (after the key exchange) and unmasking (after its masked
+vector was sent) (:mod:`privfed.federation.dropout_injection`).
 Since the failures follow from a seed, the script predicts every round
 (who released, whether enough clients survive to unmask) and audits the
 finished run against it:
@@ -10,7 +11,8 @@ finished run against it:
 - ``metrics.jsonl``: completed clients and whether the round halted;
 - the server's ledger: one release entry per (client, round) whose reply
   reached the server, and no other;
-- every client's own ledger: the same rounds as the server charged it;
+- every client's own ledger (all of them, also of clients the server never
+  charged): the same rounds as the server charged it;
 - ``summary.json``: halted rounds, rounds run, and the privacy spent equal to
   what the ledger composes.
 
@@ -91,9 +93,9 @@ def audit_run(run_dir: Path, plan: DropoutPlan, threshold: int, summary: dict[st
             audit.expect(charged == set(record["sampled_clients"]), "round 0: not every sampled client was charged")
         else:
             audit_round(audit, record, plan, threshold, charged)
-    for client in {c for c, _ in releases}:
-        own_file = run.client_ledgers / f"privfed-ledger-partition-{client}.jsonl"
-        own = sorted(json.loads(line)["round"] for line in own_file.read_text().splitlines())
+    own_ledgers = {int(path.stem.rsplit("-", 1)[1]): path for path in run.client_ledgers.glob("privfed-ledger-partition-*.jsonl")}
+    for client in sorted(set(own_ledgers) | {c for c, _ in releases}):
+        own = sorted(json.loads(line)["round"] for line in own_ledgers[client].read_text().splitlines()) if client in own_ledgers else []
         server = sorted(r for c, r in releases if c == client)
         audit.expect(own == server, f"client {client} charged itself rounds {own}, the server {server}")
     halted = sum(not r["completed"] for r in audit.rounds)
@@ -140,11 +142,13 @@ def main() -> int:
 
     print(f"{args.sampled} of {args.clients} clients per round, failure rate {args.rate}, SecAgg+ "
           f"{settings['num_shares']} shares, threshold {settings['reconstruction_threshold']}, {args.mechanism}")
-    print(f"{'round':>5} {'setup':>5} {'keys':>5} {'masked':>6} {'replied':>7} {'survivors':>9} {'predicted':>9} {'observed':>8}")
+    print("clients failing at each stage: setup, key exchange, masking (keys shared, no masked vector), unmasking")
+    print(f"{'round':>5} {'setup':>5} {'keys':>5} {'masking':>7} {'unmask':>6} {'replied':>7} {'survivors':>9} "
+          f"{'predicted':>9} {'observed':>8}")
     for r in audit.rounds:
         failed = r["failed_at"]
-        print(f"{r['round']:>5} {failed.get('setup', 0):>5} {failed.get('collect_masked_vectors', 0):>5} "
-              f"{failed.get('unmask', 0):>6} {r['released']:>7} {r['survivors']:>9} "
+        print(f"{r['round']:>5} {failed.get('setup', 0):>5} {failed.get('share_keys', 0):>5} "
+              f"{failed.get('collect_masked_vectors', 0):>7} {failed.get('unmask', 0):>6} {r['released']:>7} {r['survivors']:>9} "
               f"{'complete' if r['expected_complete'] else 'halt':>9} {'complete' if r['completed'] else 'halt':>8}")
     completed = sum(r["completed"] for r in audit.rounds)
     failures = sum(sum(r["failed_at"].values()) for r in audit.rounds)

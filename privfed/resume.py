@@ -99,8 +99,12 @@ def resumed_config(run_dir: RunDirectory, overrides: dict[str, Any]) -> TrainCon
     return recorded.replace(**changed)
 
 
+#: How a stop for the privacy budget begins (``RunDriver._stop_if_budget_runs_out``).
+BUDGET_STOP = "privacy budget"
+
+
 def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConfig) -> None:
-    """Refuses a run that is already complete, a resume that would end before its resume point, a point
+    """Refuses a run that is already complete or out of budget, a resume that would end before its resume point, a point
     ahead of the run's own log (one copied from another run would skip rounds the ledger never charged), or
     one behind it (redoing logged rounds would release twice what the ledger charged once)."""
     logged = [m["round"] for m in run_dir.metrics()]
@@ -118,6 +122,10 @@ def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConf
             f"point (round {point.round}); those releases were made and clients answer a round only once, so it "
             "cannot go on from there (--checkpoint-every 1 keeps the point at the last finished round)"
         )
+    summary = run_dir.path / "summary.json"
+    stopped = json.loads(summary.read_text()).get("stopped_early") if summary.is_file() else None
+    if isinstance(stopped, str) and stopped.startswith(BUDGET_STOP):
+        raise PrivfedError(f"{run_dir.path} stopped because its privacy budget ran out; it cannot go on")
     if config.rounds <= point.round:
         raise PrivfedError(
             f"{run_dir.path} already finished round {point.round} of {config.rounds}; "

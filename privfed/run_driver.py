@@ -33,7 +33,7 @@ from privfed.privacy import PrivacyLedger
 from privfed.privacy.ledger import LedgerEntry
 from privfed.privacy.statement import privacy_statement
 from privfed.recording import RecordedRound, write_round
-from privfed.resume import ResumePoint, write_resume_point
+from privfed.resume import BUDGET_STOP, ResumePoint, write_resume_point
 from privfed.run_curves import save_run_curves
 from privfed.run_plan import RunPlan
 
@@ -326,7 +326,7 @@ class RunDriver:
         projected = self.ledger.worst_case_after(plan.per_release_events)
         if projected > plan.budget:
             self.stop_reason = (
-                f"privacy budget: another release would bring a client to epsilon {projected:.3f} "
+                f"{BUDGET_STOP}: another release would bring a client to epsilon {projected:.3f} "
                 f"> {plan.budget} (delta {plan.delta:.2g}); stopped after round {round_index}"
             )
             self._emit({"event": "stop", "reason": self.stop_reason})

@@ -38,6 +38,8 @@ def default_run_dir(config: TrainConfig) -> Path:
 
 #: Held by the process that trains or resumes a run (:meth:`RunDirectory.claimed`).
 LOCK_FILE = "run.lock"
+#: Held while a result is appended to ``evaluation.json`` (:meth:`RunDirectory.append_evaluation`).
+EVALUATION_LOCK_FILE = "evaluation.lock"
 
 
 class RunDirectory:
@@ -80,6 +82,14 @@ class RunDirectory:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def append_evaluation(self, result: dict[str, Any]) -> None:
+        """Appends one result to ``evaluation.json``, under a lock of its own so concurrent evaluations keep every entry."""
+        with open(self.path / EVALUATION_LOCK_FILE, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+            path = self.path / "evaluation.json"
+            history = json.loads(path.read_text())["evaluations"] if path.is_file() else []
+            self.write_json("evaluation.json", {"evaluations": [*history, result]})
 
     def holds_a_run(self) -> bool:
         return (self.path / "config.json").is_file()

@@ -17,7 +17,7 @@ import torch
 
 from privfed.config import build_config
 from privfed.errors import PrivfedError
-from privfed.federation.simulation import simulate
+from privfed.federation.simulation import SIMULATED_RUN_KEY, simulate
 from privfed.resume import read_resume_point
 from privfed.run_plan import plan_resume, plan_run
 from privfed.runs import RunDirectory
@@ -124,3 +124,12 @@ def test_a_resume_point_ahead_of_the_runs_log_is_refused(runs):
     (copy / "metrics.jsonl").write_text(metrics[0] + "\n")  # the log ends at round 0, the point is later
     with pytest.raises(PrivfedError, match="is not this run's"):
         plan_resume(copy, {})
+
+
+def test_the_clients_see_one_run_before_and_after_the_resume(runs):
+    """Flower draws a new run id per process; the clients' guards must see the resumed run as the same run,
+    or a client would answer again a round it answered before a kill."""
+    folder = runs[0]
+    entries = [json.loads(line) for path in (folder / "stopped" / "client-ledgers").glob("*.jsonl")
+               for line in path.read_text().splitlines()]
+    assert entries and {entry["run"] for entry in entries} == {SIMULATED_RUN_KEY}

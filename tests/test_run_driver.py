@@ -147,3 +147,10 @@ def test_an_ldp_run_cannot_stretch_its_budget_over_more_rounds_on_resume(ldp_aft
     with pytest.raises(PrivfedError, match="would change the privacy calibration"):
         plan_resume(ldp_after_round_0.run_dir.path, {"rounds": 5})
     assert plan_resume(ldp_after_round_0.run_dir.path, {"rounds": 3})[1].round == 0  # the same rounds: fine
+
+
+def test_a_run_stopped_by_its_privacy_budget_is_not_resumed(ldp_after_round_0):
+    ldp_after_round_0.stop_reason = "privacy budget: another release would bring a client to epsilon 2.1 > 2.0"
+    ldp_after_round_0.finish(secure_aggregation={"enabled": False})
+    with pytest.raises(PrivfedError, match="privacy budget ran out"):
+        plan_resume(ldp_after_round_0.run_dir.path, {})

@@ -23,3 +23,18 @@ def test_a_missing_directory_cannot_be_claimed(tmp_path):
         with RunDirectory(tmp_path / "absent").claimed():
             pass
     assert not (tmp_path / "absent").exists()
+
+
+def test_concurrent_evaluations_keep_every_entry(tmp_path):
+    import json
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=4) as pool:
+        list(pool.map(_append_one, [(str(tmp_path), i) for i in range(24)]))
+    entries = json.loads((tmp_path / "evaluation.json").read_text())["evaluations"]
+    assert sorted(e["index"] for e in entries) == list(range(24))
+
+
+def _append_one(args: tuple[str, int]) -> None:
+    path, index = args
+    RunDirectory(path).append_evaluation({"index": index})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -77,9 +76,7 @@ def evaluate_run(
         result.update(accuracy=accuracy, train_data=train_data, train_split=train_split,  # "all": the whole file
                       num_train=len(train), num_test=len(test))
     result.update(seconds=time.perf_counter() - start, time=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    path = run.path / "evaluation.json"
-    history = json.loads(path.read_text())["evaluations"] if path.is_file() else []
-    run.write_json("evaluation.json", {"evaluations": [*history, result]})
+    run.append_evaluation(result)
     return result
 
 

@@ -79,7 +79,7 @@ class DeclaredRun:
         secagg: The SecAgg+ settings the declared run plans (None: ``--no-secagg``);
             a training round must use SecAgg+ with exactly these encodings.
         guard: The client's own calibration and ledger (:mod:`privfed.privacy.client_guard`).
-        run: The Flower run id the node's ledger charges rounds to.
+        run: The run the node's ledger charges rounds to (Flower's run id, or the key a simulation passes).
     """
 
     client_config: ClientConfig

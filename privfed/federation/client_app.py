@@ -32,14 +32,19 @@ logger = logging.getLogger(__name__)
 STATE_DIR = "state-dir"
 
 
-def make_client_fn(declared: TrainConfig | None = None, state_dir: Path | None = None) -> Callable[[Context], Client]:
+def make_client_fn(
+    declared: TrainConfig | None = None, state_dir: Path | None = None, run_key: int | None = None
+) -> Callable[[Context], Client]:
     """``client_fn`` for a run declared as ``declared`` (None: the run config Flower hands the node).
 
     Every client holds the server to the declared run with its own budget and
     ledger (:mod:`privfed.privacy.client_guard`). The ledger lives in the
     node's ``state-dir`` (or ``state_dir``): a file per partition, so it
     survives restarts, and a node's later runs spend from the same budget.
-    Without one, it lives in the client process only.
+    Without one, it lives in the client process only. The guard answers
+    each round of a run once; ``run_key`` names the run (default: Flower's
+    run id, new for every ``flwr run``), so a resumed run must pass the key
+    of the run it continues.
     """
 
     def client_fn(context: Context) -> Client:
@@ -68,7 +73,8 @@ def make_client_fn(declared: TrainConfig | None = None, state_dir: Path | None =
             # A cut-short ledger names the node's state path; a bad cap names the node's own cap.
             logger.error("partition %d cannot hold the server to its budget: %s", partition, err)
             raise NodeGuardFailed("this node cannot check its privacy budget; the reason is in its log") from None
-        declared_run = DeclaredRun(client_config, secagg_settings(run, sizes), guard, int(context.run_id))
+        key = int(context.run_id) if run_key is None else run_key
+        declared_run = DeclaredRun(client_config, secagg_settings(run, sizes), guard, key)
         return OrchestraClient(partition, int(node["num-partitions"]), declared=declared_run)
 
     def _declared_by_run_config(context: Context) -> TrainConfig:
@@ -225,6 +231,7 @@ def make_client_app(
     *,
     declared: TrainConfig | None = None,
     state_dir: Path | None = None,
+    run_key: int | None = None,
     outer_mods: Sequence[Mod] = (),
     inner_mods: Sequence[Mod] = (),
 ) -> ClientApp:
@@ -236,7 +243,7 @@ def make_client_app(
     node which partition it holds (a legacy ``get_properties`` message).
     """
     return ClientApp(
-        client_fn=make_client_fn(declared, state_dir),
+        client_fn=make_client_fn(declared, state_dir, run_key),
         mods=[*outer_mods, secaggplus_when_requested, seeded_secagg_rounding, *inner_mods],
     )
 

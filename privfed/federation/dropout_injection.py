@@ -10,7 +10,9 @@ The plan is pure, so a test can predict what each round should have done.
 
 The stages a client can fail at, in protocol order:
 
-- ``setup``: before anything (no keys shared, no training, nothing released);
+- ``setup``: before anything (no keys, no training, nothing released);
+- ``share_keys``: after sending its public keys, before sharing its secrets
+  (it entered nobody's masks);
 - ``collect_masked_vectors``: after the key exchange, before training (its
   neighbours' masks for it must be removed);
 - ``unmask``: after it trained, released and sent its masked update (it is
@@ -30,7 +32,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from privfed.federation.client_app import Mod
 
 #: Where a client can fail, in protocol order (see the module docstring).
-FAILURE_STAGES = (Stage.SETUP, Stage.COLLECT_MASKED_VECTORS, Stage.UNMASK)
+FAILURE_STAGES = (Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT_MASKED_VECTORS, Stage.UNMASK)
 
 
 class InjectedDropout(RuntimeError):
@@ -100,12 +102,19 @@ class ExpectedRound:
 def expected_round(plan: DropoutPlan, flower_round: int, sampled: list[int], threshold: int) -> ExpectedRound:
     """The outcome a training round should have when every sampled client neighbours every other.
 
-    A client that fails at setup or after the key exchange sends nothing;
-    one that fails at unmask has already replied. Unmasking each secret
-    needs ``threshold`` shares from the clients still answering, so the
-    round completes exactly when at least ``threshold`` clients never fail.
+    After setup and again after the key exchange, at least ``threshold``
+    clients must remain, or the round halts before anyone trains: nothing
+    is released. Otherwise every client that did not fail before masking
+    replies (and releases); one that fails at unmask has already replied.
+    Unmasking needs ``threshold`` shares from the clients still answering,
+    so the round completes exactly when at least ``threshold`` never fail.
     """
     stages = {client: plan.failing_stage(flower_round, client) for client in sampled}
-    released = frozenset(c for c, stage in stages.items() if stage in (None, Stage.UNMASK))
     survivors = sum(stage is None for stage in stages.values())
+    remaining = len(sampled)
+    for early in (Stage.SETUP, Stage.SHARE_KEYS):
+        remaining -= sum(stage == early for stage in stages.values())
+        if remaining < threshold:
+            return ExpectedRound(released=frozenset(), survivors=survivors, completes=False)
+    released = frozenset(c for c, stage in stages.items() if stage in (None, Stage.UNMASK))
     return ExpectedRound(released=released, survivors=survivors, completes=survivors >= threshold)

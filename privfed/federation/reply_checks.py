@@ -331,8 +331,10 @@ def check_masked_vector(arrays: Sequence[np.ndarray], shapes: Sequence[tuple[int
 
     Its values are unreadable, but not its form: one array per summed array
     (the weight factor, the delta's, the metrics'), each of its shape, holding
-    integers modulo ``modulus``. A wrong shape would otherwise broadcast
-    silently into the sum, and a missing array would cut it short.
+    int64 integers modulo ``modulus`` (what Flower's client sends). A wrong
+    shape would otherwise broadcast silently into the sum, a missing array
+    would cut it short, and another integer type (uint64) would turn the sum
+    into floats that Flower's modulo cannot take.
 
     Raises:
         RejectedReply: naming what is off.
@@ -340,8 +342,8 @@ def check_masked_vector(arrays: Sequence[np.ndarray], shapes: Sequence[tuple[int
     if len(arrays) != len(shapes):
         raise RejectedReply(f"the masked vector has {len(arrays)} arrays, not {len(shapes)}")
     for index, (array, shape) in enumerate(zip(arrays, shapes)):
-        if array.shape != tuple(shape) or not np.issubdtype(array.dtype, np.integer):
-            raise RejectedReply(f"masked array {index} is {array.dtype} {array.shape}, not integers {tuple(shape)}")
+        if array.shape != tuple(shape) or array.dtype != np.dtype(np.int64):
+            raise RejectedReply(f"masked array {index} is {array.dtype} {array.shape}, not int64 {tuple(shape)}")
         if array.size and (int(array.min()) < 0 or int(array.max()) >= modulus):
             raise RejectedReply(f"masked array {index} holds values outside [0, {modulus})")
 

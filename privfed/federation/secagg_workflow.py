@@ -11,7 +11,8 @@ fit workflow instead of a key exchange over nothing.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Protocol
+import logging
+from typing import Any, Callable, Iterable, Protocol
 
 import flwr.compat.common.recorddict_compat as compat
 import numpy as np
@@ -26,8 +27,14 @@ from flwr.server.workflow.default_workflows import default_fit_workflow
 
 from privfed.secagg_settings import SecAggPlusSettings
 
+logger = logging.getLogger(__name__)
+
 #: Error code of a reply the server rejected (Flower's own codes are small integers).
 REJECTED_REPLY = 4001
+
+
+#: Set on Flower's round state once the key exchange is over (see :meth:`_CapturingSecAggPlusWorkflow._check_threshold`).
+_KEYS_SHARED = "privfed_keys_shared"
 
 
 class RoundCloser(Protocol):
@@ -40,20 +47,25 @@ class RoundCloser(Protocol):
 
     def check_masked_reply(self, node_id: int, res: FitRes | None, masked: list[np.ndarray] | None) -> str | None: ...
 
+    def is_aggregating(self, server_round: int) -> bool: ...
+
     def close_round_without_aggregate(self, server_round: int) -> None: ...
 
 
 class _ScreeningGrid:
-    """A grid whose replies pass the strategy's checks first; a rejected reply comes back as an error.
+    """A grid whose masked replies pass the strategy's checks first; a rejected one comes back as an error.
 
-    Flower's SecAgg+ leaves an error reply out of the masked sum and treats
-    its sender as a dropout, whose pairwise masks it then removes: exactly
-    what a rejected client must be.
+    The error keeps the reply out of the masked sum. The workflow then halts
+    the round (:meth:`_CapturingSecAggPlusWorkflow.collect_masked_vectors_stage`):
+    its sender's masked vector reached the server, and unmasking the others
+    would reveal that sender's pairwise key, leaving its update behind only
+    its self-mask.
     """
 
     def __init__(self, grid: Grid, strategy: RoundCloser) -> None:
         self._grid = grid
         self._strategy = strategy
+        self.rejected: list[int] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
@@ -77,6 +89,7 @@ class _ScreeningGrid:
         reason = self._strategy.check_masked_reply(reply.metadata.src_node_id, res, masked)
         if reason is None:
             return reply
+        self.rejected.append(reply.metadata.src_node_id)
         return Message(metadata=reply.metadata, error=Error(code=REJECTED_REPLY, reason=f"rejected by the server: {reason}"))
 
 
@@ -96,32 +109,83 @@ def forget_nodes_without_shares(state: Any) -> None:
     state.nid_to_neighbours = {
         nid: neighbours & keyed for nid, neighbours in state.nid_to_neighbours.items() if nid in keyed
     }
+    setattr(state, _KEYS_SHARED, True)
 
 
 class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
-    """SecAgg+ that screens the masked replies and hands their plaintext content to the strategy.
+    """Flower's SecAgg+, made to survive dropouts and hostile clients, handing the replies' plaintext to the strategy.
 
-    It also survives clients that leave before the key exchange completes
-    (:func:`forget_nodes_without_shares`).
+    - Clients that leave before the key exchange completes are forgotten
+      (:func:`forget_nodes_without_shares`), and the threshold is checked
+      only where a secret may still be needed (:meth:`_check_threshold`).
+    - Masked replies pass the strategy's checks (:class:`_ScreeningGrid`);
+      a rejected one halts the round.
+    - A client's reply that breaks a stage (e.g. unknown node ids, shares
+      that do not combine) halts the round instead of crashing the run.
 
-    The releases and metrics in those replies reached the server whether or
-    not the protocol completes; if it halts later (too many dropouts), the
-    strategy must still account for them.
+    The releases and metrics in the masked replies reached the server
+    whether or not the protocol completes; if it halts, the strategy still
+    accounts for them.
     """
 
     def __init__(self, strategy: RoundCloser, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.strategy = strategy
 
+    def setup_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
+        return self._halting_on_errors(super().setup_stage, grid, context, state)
+
     def share_keys_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
-        proceed = super().share_keys_stage(grid, context, state)
+        proceed = self._halting_on_errors(super().share_keys_stage, grid, context, state)
         forget_nodes_without_shares(state)
         return proceed
 
     def collect_masked_vectors_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
-        proceed = super().collect_masked_vectors_stage(_ScreeningGrid(grid, self.strategy), context, state)  # type: ignore[arg-type]
+        screening = _ScreeningGrid(grid, self.strategy)
+        proceed = self._halting_on_errors(super().collect_masked_vectors_stage, screening, context, state)  # type: ignore[arg-type]
         self.strategy.note_replies(list(state.legacy_results))
+        if screening.rejected:
+            logger.warning(
+                "secure aggregation halted: the server rejected %d masked repl%s, which cannot be left out of the "
+                "sum without exposing them", len(screening.rejected), "y" if len(screening.rejected) == 1 else "ies",
+            )
+            return False
         return proceed
+
+    def unmask_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
+        return self._halting_on_errors(super().unmask_stage, grid, context, state)
+
+    def _check_threshold(self, state: Any) -> bool:
+        """Flower's check that every node keeps ``threshold`` live neighbours, for the nodes that matter.
+
+        Before the key exchange ends, only live nodes do: a node that left has
+        shared no secret. Afterwards every node that shared keys does, since
+        a dropout's pairwise key must be rebuilt from its neighbours' shares.
+        Flower checks every sampled node throughout, so in a round with
+        partial neighbourhoods early dropouts halted rounds that could finish.
+        """
+        nodes = state.sampled_node_ids if getattr(state, _KEYS_SHARED, False) else state.active_node_ids
+        for node_id in nodes:
+            if len(state.nid_to_neighbours[node_id] & state.active_node_ids) < state.threshold:
+                logger.warning("secure aggregation halted: a client has fewer live neighbours than the threshold")
+                return False
+        return True
+
+    def _halting_on_errors(self, stage: Callable[..., bool], grid: Grid, context: LegacyContext, state: Any) -> bool:
+        """Runs one of Flower's stages; an error from a client's reply halts the round.
+
+        The server side is privfed's and Flower's own code, so an error here
+        comes from what a client sent. An error raised by the strategy while
+        it aggregates (e.g. no usable reply) is the run's to handle.
+        """
+        current_round = int(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND])
+        try:
+            return stage(grid, context, state)
+        except Exception as err:
+            if self.strategy.is_aggregating(current_round):
+                raise
+            logger.warning("secure aggregation halted: a client's reply broke the protocol (%s: %s)", type(err).__name__, err)
+            return False
 
 
 class OrchestraFitWorkflow:

@@ -17,6 +17,12 @@ from privfed.run_driver import ProgressCallback
 from privfed.run_plan import RunPlan
 
 
+#: The run key of every simulated client's guard. Each simulated run keeps its clients' ledgers in its own
+#: directory, so to them the run, resumed or not, is one run: a round answered before a kill is not answered
+#: again after a resume. (Flower draws a new run id for every process, which made a resume a new run.)
+SIMULATED_RUN_KEY = 0
+
+
 def simulate(
     plan: RunPlan,
     progress: ProgressCallback | None = None,
@@ -56,7 +62,8 @@ def simulate(
         run_simulation(
             server_app=make_server_app(plan, progress, outcome, stop=stop, resume=resume),
             client_app=make_client_app(
-                declared=config, state_dir=plan.run_dir.client_ledgers, outer_mods=outer_mods, inner_mods=inner_mods
+                declared=config, state_dir=plan.run_dir.client_ledgers, run_key=SIMULATED_RUN_KEY,
+                outer_mods=outer_mods, inner_mods=inner_mods,
             ),
             num_supernodes=config.num_clients,
             backend_config={

@@ -116,6 +116,7 @@ class OrchestraStrategy(Strategy):
         self._pending: list[tuple[ClientProxy, FitRes]] = []
         self._closed_round = 0
         self._configured_round = 0
+        self._aggregating_round = 0
         self.halted_rounds = 0
         self.rejected_tensor_updates = 0
 
@@ -199,6 +200,7 @@ class OrchestraStrategy(Strategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        self._aggregating_round = server_round
         accepted, rejected = self._screen(results, secure=self.secagg is not None and self.next_round_trains)
         self._rejected.extend(rejected)
         if not accepted:
@@ -216,10 +218,11 @@ class OrchestraStrategy(Strategy):
 
         ``res`` is the reply as a fit result and ``masked`` its masked vector
         (either None where Flower could not read it). Called before the masked
-        vectors are added up, so a rejected client is a dropout to the
-        protocol: its masked vector is left out and its pairwise masks are
-        removed like any dropout's. The masked update's values are unreadable
-        here; its form, plaintext release and metrics are not.
+        vectors are added up; a rejection halts the round
+        (:mod:`privfed.federation.secagg_workflow`), since leaving the vector
+        out would have the protocol reveal its sender's pairwise key. The
+        masked update's values are unreadable here; its form, plaintext
+        release and metrics are not.
         """
         if self.secagg is None:
             raise RuntimeError("masked replies arrive only under SecAgg+")
@@ -239,6 +242,10 @@ class OrchestraStrategy(Strategy):
                 reason = str(err)
         self._rejected.append(Rejection(client, reason))
         return reason
+
+    def is_aggregating(self, server_round: int) -> bool:
+        """Whether :meth:`aggregate_fit` has started on this Flower round (its errors are the run's, not a client's)."""
+        return self._aggregating_round == server_round
 
     def masked_vector_shapes(self) -> list[tuple[int, ...]]:
         """A SecAgg+ masked vector's arrays: Flower's weight factor, then the encoded update's."""

@@ -39,7 +39,7 @@ def test_the_rate_and_the_stages_are_what_the_plan_says():
     failed = [s for s in stages if s is not None]
     assert abs(len(failed) / len(stages) - 0.3) < 0.02  # 10,000 draws: the standard error is 0.005
     for stage in FAILURE_STAGES:
-        assert abs(failed.count(stage) / len(failed) - 1 / 3) < 0.04
+        assert abs(failed.count(stage) / len(failed) - 1 / len(FAILURE_STAGES)) < 0.04
     assert all(DropoutPlan(0.0).failing_stage(r, 0) is None for r in range(100))
     assert {DropoutPlan(1.0, stages=(Stage.UNMASK,)).failing_stage(r, 0) for r in range(100)} == {Stage.UNMASK}
 
@@ -68,8 +68,19 @@ def test_expected_round_counts_who_replied_and_who_survived():
     sampled = list(range(20))
     stages = {c: plan.failing_stage(7, c) for c in sampled}
     expected = expected_round(plan, 7, sampled, threshold=11)
+    early = sum(s in (Stage.SETUP, Stage.SHARE_KEYS) for s in stages.values())
+    assert 20 - early >= 11  # this round gets past the key exchange
     assert expected.released == {c for c, s in stages.items() if s in (None, Stage.UNMASK)}
     assert expected.survivors == sum(s is None for s in stages.values())
     assert expected.completes == (expected.survivors >= 11)
     assert not expected_round(plan, 7, sampled, threshold=expected.survivors + 1).completes
     assert expected_round(plan, 7, sampled, threshold=expected.survivors).completes
+
+
+def test_a_round_that_loses_too_many_clients_before_masking_releases_nothing():
+    plan = DropoutPlan(0.5, seed=1)
+    sampled = list(range(20))
+    stages = [plan.failing_stage(7, c) for c in sampled]
+    early = sum(s in (Stage.SETUP, Stage.SHARE_KEYS) for s in stages)
+    halted = expected_round(plan, 7, sampled, threshold=20 - early + 1)
+    assert halted.released == frozenset() and not halted.completes

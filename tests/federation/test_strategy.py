@@ -287,8 +287,10 @@ def test_under_secagg_a_hostile_reply_is_kept_out_of_the_masked_sum(config, tmp_
 MASKED_VECTOR_TAMPERING = [
     ("an array missing", lambda v: v[:-1], "has .* arrays, not"),
     ("an array too many", lambda v: [*v, v[-1]], "has .* arrays, not"),
-    ("a broadcastable shape", lambda v: [v[0], v[1][:1].reshape(-1)[:1], *v[2:]], r"masked array 1 is .*, not integers"),
+    ("a broadcastable shape", lambda v: [v[0], v[1][:1].reshape(-1)[:1], *v[2:]], r"masked array 1 is .*, not int64"),
     ("floats", lambda v: [v[0].astype(np.float64), *v[1:]], r"masked array 0 is float64"),
+    ("uint64, which Flower's sum turns into floats", lambda v: [v[0].astype(np.uint64), *v[1:]], r"masked array 0 is uint64"),
+    ("big-endian int64", lambda v: [v[0].astype(">i8"), *v[1:]], r"masked array 0 is >i8"),
     ("a value at the modulus", lambda v: [np.full_like(v[0], 2**32), *v[1:]], "outside"),
     ("a negative value", lambda v: [v[0], -np.abs(v[1]) - 1, *v[2:]], "outside"),
     ("unreadable", lambda v: None, "no readable masked vector"),

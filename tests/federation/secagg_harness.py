@@ -1,0 +1,175 @@
+"""One SecAgg+ round in-process: privfed's workflow against Flower's real client mod, over a grid that delivers directly.
+
+No Ray and no simulation: each message goes straight to the node's
+``secaggplus_mod`` with a fit that returns the node's fixed update. A node's
+``behaviour`` may replace or tamper with its honest reply, so tests can drop
+clients at any stage or send hostile replies, and read what the server
+aggregated. The strategy is a small stand-in with the workflow's interface
+(:class:`privfed.federation.secagg_workflow.RoundCloser`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import flwr.compat.common.recorddict_compat as compat
+import numpy as np
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.client.mod.secure_aggregation.secaggplus_mod import secaggplus_mod
+from flwr.common import Code, ConfigRecord, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+from flwr.server import LegacyContext
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
+from flwr.server.workflow.constant import Key as WorkflowKey
+
+from privfed.federation.secagg_workflow import _CapturingSecAggPlusWorkflow
+
+#: ``behaviour(stage, honest_reply) -> reply``: raise to drop out, or return a (tampered) reply.
+Behaviour = Callable[[str, Callable[[], Message]], Message]
+
+
+def drops_at(stage: str) -> Behaviour:
+    def behaviour(current: str, honest: Callable[[], Message]) -> Message:
+        if current == stage:
+            raise RuntimeError(f"dropped at {stage}")
+        return honest()
+
+    return behaviour
+
+
+class _Proxy:
+    def __init__(self, node_id: int) -> None:
+        self.node_id = node_id
+        self.cid = str(node_id)
+
+
+class _ClientManager:
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def num_available(self) -> int:
+        return self.count
+
+
+@dataclass
+class StandInStrategy:
+    """Samples every node, records the aggregate; ``reject`` plays the strategy's masked-reply check."""
+
+    node_ids: list[int]
+    reject: Callable[[int], str | None] = lambda node_id: None
+    aggregate: list[np.ndarray] | None = None
+    aggregated_from: list[int] = field(default_factory=list)
+    rejected: list[int] = field(default_factory=list)
+    next_round_trains: bool = True
+    _aggregating: bool = False
+
+    def configure_fit(self, server_round: int, parameters: Any, client_manager: Any) -> list[tuple[_Proxy, FitIns]]:
+        return [(_Proxy(n), FitIns(parameters, {})) for n in self.node_ids]
+
+    def aggregate_fit(self, server_round: int, results: list, failures: list) -> tuple[None, dict]:
+        self._aggregating = True
+        self.aggregate = parameters_to_ndarrays(results[0][1].parameters)
+        self.aggregated_from = sorted(proxy.node_id for proxy, _ in results)
+        return None, {}
+
+    def check_masked_reply(self, node_id: int, res: FitRes | None, masked: list[np.ndarray] | None) -> str | None:
+        reason = self.reject(node_id)
+        if reason is not None:
+            self.rejected.append(node_id)
+        return reason
+
+    def is_aggregating(self, server_round: int) -> bool:
+        return self._aggregating
+
+    def note_replies(self, results: list) -> None:
+        pass
+
+    def close_round_without_aggregate(self, server_round: int) -> None:
+        pass  # called by OrchestraFitWorkflow, which the harness does not run
+
+
+class DirectGrid:
+    """Delivers each message to the node's client stack and records which stages each node reached."""
+
+    def __init__(self, updates: dict[int, tuple[list[np.ndarray], int]], behaviours: dict[int, Behaviour]) -> None:
+        self.updates = updates
+        self.behaviours = behaviours
+        self.contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(), run_config={}) for n in updates}
+        self.stages: list[str] = []
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> list[Message]:
+        replies = []
+        for message in messages:
+            node = message.metadata.dst_node_id
+            stage = str(message.content.config_records[RECORD_KEY_CONFIGS][Key.STAGE])
+            self.stages.append(stage)
+            own = Message(  # the workflow reuses one content object for several nodes
+                RecordDict({k: ConfigRecord(dict(v)) for k, v in message.content.config_records.items()}),
+                dst_node_id=node, message_type=message.metadata.message_type, group_id=message.metadata.group_id,
+            )
+            honest = lambda own=own, node=node: secaggplus_mod(own, self.contexts[node], self._fit(node))
+            behaviour = self.behaviours.get(node)
+            try:
+                reply = behaviour(stage, honest) if behaviour else honest()
+            except Exception as err:
+                reply = Message(Error(code=1, reason=repr(err)), reply_to=own)
+            replies.append(reply)
+        return replies
+
+    def _fit(self, node: int) -> Callable[[Message, Context], Message]:
+        def fit(message: Message, context: Context) -> Message:
+            arrays, num_examples = self.updates[node]
+            res = FitRes(status=Status(Code.OK, "ok"), parameters=ndarrays_to_parameters(arrays), num_examples=num_examples, metrics={})
+            return Message(compat.fitres_to_recorddict(res, keep_input=True), reply_to=message)
+
+        return fit
+
+
+@dataclass
+class RoundOutcome:
+    strategy: StandInStrategy
+    grid: DirectGrid
+
+    @property
+    def completed(self) -> bool:
+        return self.strategy.aggregate is not None
+
+    @property
+    def mean(self) -> np.ndarray:
+        """The aggregate as Flower hands it over: the weighted mean update (one array)."""
+        assert self.strategy.aggregate is not None
+        return self.strategy.aggregate[0]
+
+
+def run_round(
+    updates: dict[int, tuple[list[np.ndarray], int]],
+    *,
+    shares: int,
+    threshold: int,
+    behaviours: dict[int, Behaviour] | None = None,
+    reject: Callable[[int], str | None] = lambda node_id: None,
+    seed: int = 0,
+) -> RoundOutcome:
+    """One SecAgg+ round over ``updates`` (node id -> (arrays, num_examples)), every node sampled."""
+    random.seed(seed)  # Flower shuffles the nodes into its neighbour ring with the global generator
+    strategy = StandInStrategy(list(updates), reject=reject)
+    workflow = _CapturingSecAggPlusWorkflow(
+        strategy, num_shares=shares / len(updates), reconstruction_threshold=threshold / shares,
+        clipping_range=8.0, quantization_range=2**22, modulus_range=2**32, max_weight=1000.0,
+    )
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
+    context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: 1})
+    context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
+        ndarrays_to_parameters([np.zeros(3)]), True
+    )
+    grid = DirectGrid(updates, behaviours or {})
+    workflow(grid, LegacyContext(context, strategy=strategy, client_manager=_ClientManager(len(updates))))  # type: ignore[arg-type]
+    return RoundOutcome(strategy, grid)
+
+
+def mean_of(updates: dict[int, tuple[list[np.ndarray], int]], nodes: list[int]) -> np.ndarray:
+    """The FedAvg mean of some nodes' single-array updates."""
+    total = sum(updates[n][1] for n in nodes)
+    return sum(updates[n][0][0] * (updates[n][1] / total) for n in nodes)

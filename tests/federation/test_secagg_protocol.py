@@ -1,0 +1,93 @@
+"""SecAgg+ rounds with dropouts at every stage and hostile replies, in-process (tests/federation/secagg_harness.py).
+
+Flower's real client mod masks and unmasks; privfed's workflow runs the
+server side. Each test states when the round must complete (and with what
+sum) or halt, and that it never crashes.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from flwr.supercore.task_identity import TaskIdentity
+
+from tests.federation.secagg_harness import drops_at, mean_of, run_round
+
+TOLERANCE = 1e-3  # fixed-point error of the secure sum at these sizes is about 1e-5
+
+
+@pytest.fixture(autouse=True)
+def task_identity(monkeypatch):
+    """Flower builds messages only inside a task; the harness runs server and clients in this process."""
+    for name, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
+        monkeypatch.setattr(TaskIdentity, name, value, raising=False)
+
+
+def updates(count: int, seed: int = 0) -> dict[int, tuple[list[np.ndarray], int]]:
+    rng = np.random.default_rng(seed)
+    return {100 + i: ([rng.uniform(-1, 1, 4)], 50 + 10 * i) for i in range(count)}
+
+
+def test_dropouts_at_every_stage_leave_the_mean_of_the_clients_that_sent_a_masked_vector():
+    clients = updates(7)
+    behaviours = {101: drops_at(Stage.SETUP), 102: drops_at(Stage.SHARE_KEYS),
+                  103: drops_at(Stage.COLLECT_MASKED_VECTORS), 104: drops_at(Stage.UNMASK)}
+    outcome = run_round(clients, shares=7, threshold=3, behaviours=behaviours)
+    assert outcome.completed
+    in_sum = [100, 104, 105, 106]  # 104 left after sending its masked vector: it is in the sum
+    assert np.abs(outcome.mean - mean_of(clients, in_sum)).max() < TOLERANCE
+
+
+def test_early_dropouts_do_not_halt_a_round_with_partial_neighbourhoods():
+    clients = updates(25)
+    random.seed(5)
+    ring = list(clients)
+    random.shuffle(ring)  # the order Flower's setup will draw with the same seed
+    dropped = ring[10:14]  # four neighbours on the ring: every live node keeps at least 4 of its 7
+    outcome = run_round(clients, shares=7, threshold=4, behaviours={d: drops_at(Stage.SETUP) for d in dropped}, seed=5)
+    assert outcome.completed
+    assert np.abs(outcome.mean - mean_of(clients, [n for n in clients if n not in dropped])).max() < TOLERANCE
+
+
+def test_too_few_survivors_halt_the_round_without_an_error():
+    clients = updates(5)
+    outcome = run_round(clients, shares=5, threshold=4, behaviours={100: drops_at(Stage.UNMASK), 101: drops_at(Stage.UNMASK)})
+    assert not outcome.completed
+
+
+def test_a_rejected_masked_reply_halts_the_round_before_any_key_is_rebuilt():
+    clients = updates(6)
+    outcome = run_round(clients, shares=6, threshold=3, reject=lambda node: "hostile" if node == 103 else None)
+    assert outcome.strategy.rejected == [103] and not outcome.completed
+    assert Stage.UNMASK not in outcome.grid.stages  # nobody is asked for shares of 103's keys
+
+
+def tamper(stage: str, change):
+    def behaviour(current, honest):
+        reply = honest()
+        if current == stage:
+            change(reply.content.config_records[RECORD_KEY_CONFIGS])
+        return reply
+
+    return behaviour
+
+
+HOSTILE_STAGE_REPLIES = [
+    ("an extra key-share destination", Stage.SHARE_KEYS,
+     lambda c: c.__setitem__(Key.DESTINATION_LIST, [*c[Key.DESTINATION_LIST], 100])),
+    ("a share for an unknown node", Stage.UNMASK,
+     lambda c: (c.__setitem__(Key.NODE_ID_LIST, [*c[Key.NODE_ID_LIST], 999]), c.__setitem__(Key.SHARE_LIST, [*c[Key.SHARE_LIST], b"x"]))),
+    ("shares that do not combine", Stage.UNMASK,
+     lambda c: c.__setitem__(Key.SHARE_LIST, [b"\x00" * len(s) for s in c[Key.SHARE_LIST]])),
+]
+
+
+@pytest.mark.parametrize(("case", "stage", "change"), HOSTILE_STAGE_REPLIES, ids=[c[0] for c in HOSTILE_STAGE_REPLIES])
+def test_a_reply_that_breaks_a_stage_halts_the_round_instead_of_the_run(case, stage, change):
+    clients = updates(5)
+    behaviours = {101: tamper(stage, change), 104: drops_at(Stage.COLLECT_MASKED_VECTORS)}
+    outcome = run_round(clients, shares=5, threshold=3, behaviours=behaviours)  # raised before: the run crashed
+    assert not outcome.completed
