@@ -256,7 +256,7 @@ class OrchestraStrategy(Strategy):
         self._pending = list(results)
 
     def close_round_without_aggregate(self, server_round: int) -> None:
-        """Accounts for a round whose secure aggregation halted (too many dropouts for the threshold).
+        """Accounts for a round whose secure aggregation halted (too few clients left, a rejected or a broken reply).
 
         The releases that reached the server before the halt are recorded and
         clustered; the model stays as it was, since no aggregate exists. A
