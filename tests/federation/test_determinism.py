@@ -40,11 +40,11 @@ def record_masked_vectors(folder: str):
     return mod
 
 
-def run(tmp_path, name: str, seed: int) -> list[dict]:
+def run(tmp_path, name: str, seed: int, rounds: int = 3) -> list[dict]:
     config = build_config(
         dataset="shapes:300", num_clients=6, participation=0.5, projection_dim=16, local_epochs=1, batch_size=16,
-        memory_size=32, num_local_centroids=4, num_global_centroids=8, rounds=3, seed=seed, device="cpu",
-        out=str(tmp_path / name),
+        memory_size=32, num_local_centroids=4, num_global_centroids=8, rounds=rounds, eval_every=2, seed=seed,
+        device="cpu", out=str(tmp_path / name),
     )
     masked = tmp_path / f"{name}-masked"
     masked.mkdir()
@@ -57,7 +57,8 @@ def run(tmp_path, name: str, seed: int) -> list[dict]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("determinism")
-    return run(folder, "a", seed=3), run(folder, "b", seed=3), run(folder, "c", seed=4), folder
+    # Another seed needs only its first sampling rounds to show it samples differently.
+    return run(folder, "a", seed=3), run(folder, "b", seed=3), run(folder, "c", seed=4, rounds=1), folder
 
 
 def test_a_seed_fixes_the_sampled_clients(runs):
@@ -65,7 +66,7 @@ def test_a_seed_fixes_the_sampled_clients(runs):
     sampled = [record["sampled_clients"] for record in first]
     assert sampled == [record["sampled_clients"] for record in again]
     assert all(len(ids) == 3 for ids in sampled) and len({tuple(ids) for ids in sampled}) > 1  # not always the same three
-    assert sampled != [record["sampled_clients"] for record in other]
+    assert sampled[: len(other)] != [record["sampled_clients"] for record in other]
 
 
 def test_a_seed_fixes_every_metric(runs):
