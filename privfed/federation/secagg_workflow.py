@@ -47,8 +47,6 @@ class RoundCloser(Protocol):
 
     def check_masked_reply(self, node_id: int, res: FitRes | None, masked: list[np.ndarray] | None) -> str | None: ...
 
-    def is_aggregating(self, server_round: int) -> bool: ...
-
     def close_round_without_aggregate(self, server_round: int) -> None: ...
 
 
@@ -172,20 +170,30 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         return True
 
     def _halting_on_errors(self, stage: Callable[..., bool], grid: Grid, context: LegacyContext, state: Any) -> bool:
-        """Runs one of Flower's stages; an error from a client's reply halts the round.
+        """Runs one of Flower's stages; an error from handling a client's reply halts the round.
 
-        The server side is privfed's and Flower's own code, so an error here
-        comes from what a client sent. An error raised by the strategy while
-        it aggregates (e.g. no usable reply) is the run's to handle.
+        An error raised by privfed's own server code on the way (the strategy
+        sampling clients or aggregating, the driver logging the round) is the
+        run's to handle and goes on up.
         """
-        current_round = int(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND])
         try:
             return stage(grid, context, state)
         except Exception as err:
-            if self.strategy.is_aggregating(current_round):
+            if _raised_by_privfed(err):
                 raise
             logger.warning("secure aggregation halted: a client's reply broke the protocol (%s: %s)", type(err).__name__, err)
             return False
+
+
+def _raised_by_privfed(err: BaseException) -> bool:
+    """Whether privfed's server code (other than this module's wrappers) is on the error's traceback."""
+    frame = err.__traceback__
+    while frame is not None:
+        module = str(frame.tb_frame.f_globals.get("__name__", ""))
+        if module.split(".")[0] in ("privfed", "mechanisms") and module != __name__:
+            return True
+        frame = frame.tb_next
+    return False
 
 
 class OrchestraFitWorkflow:

@@ -116,7 +116,6 @@ class OrchestraStrategy(Strategy):
         self._pending: list[tuple[ClientProxy, FitRes]] = []
         self._closed_round = 0
         self._configured_round = 0
-        self._aggregating_round = 0
         self.halted_rounds = 0
         self.rejected_tensor_updates = 0
 
@@ -200,7 +199,6 @@ class OrchestraStrategy(Strategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        self._aggregating_round = server_round
         accepted, rejected = self._screen(results, secure=self.secagg is not None and self.next_round_trains)
         self._rejected.extend(rejected)
         if not accepted:
@@ -242,10 +240,6 @@ class OrchestraStrategy(Strategy):
                 reason = str(err)
         self._rejected.append(Rejection(client, reason))
         return reason
-
-    def is_aggregating(self, server_round: int) -> bool:
-        """Whether :meth:`aggregate_fit` has started on this Flower round (its errors are the run's, not a client's)."""
-        return self._aggregating_round == server_round
 
     def masked_vector_shapes(self) -> list[tuple[int, ...]]:
         """A SecAgg+ masked vector's arrays: Flower's weight factor, then the encoded update's."""

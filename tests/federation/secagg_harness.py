@@ -63,13 +63,11 @@ class StandInStrategy:
     aggregated_from: list[int] = field(default_factory=list)
     rejected: list[int] = field(default_factory=list)
     next_round_trains: bool = True
-    _aggregating: bool = False
 
     def configure_fit(self, server_round: int, parameters: Any, client_manager: Any) -> list[tuple[_Proxy, FitIns]]:
         return [(_Proxy(n), FitIns(parameters, {})) for n in self.node_ids]
 
     def aggregate_fit(self, server_round: int, results: list, failures: list) -> tuple[None, dict]:
-        self._aggregating = True
         self.aggregate = parameters_to_ndarrays(results[0][1].parameters)
         self.aggregated_from = sorted(proxy.node_id for proxy, _ in results)
         return None, {}
@@ -79,9 +77,6 @@ class StandInStrategy:
         if reason is not None:
             self.rejected.append(node_id)
         return reason
-
-    def is_aggregating(self, server_round: int) -> bool:
-        return self._aggregating
 
     def note_replies(self, results: list) -> None:
         pass

@@ -91,3 +91,15 @@ def test_a_reply_that_breaks_a_stage_halts_the_round_instead_of_the_run(case, st
     behaviours = {101: tamper(stage, change), 104: drops_at(Stage.COLLECT_MASKED_VECTORS)}
     outcome = run_round(clients, shares=5, threshold=3, behaviours=behaviours)  # raised before: the run crashed
     assert not outcome.completed
+
+
+def test_an_error_raised_by_privfeds_own_server_code_is_not_taken_for_a_client_fault(monkeypatch):
+    from privfed.federation.reply_checks import RejectedReply, check_masked_vector
+    from tests.federation.secagg_harness import StandInStrategy
+
+    def failing_aggregate(self, server_round, results, failures):
+        check_masked_vector([], [(1,)], modulus=2)  # privfed code raising while the server aggregates
+
+    monkeypatch.setattr(StandInStrategy, "aggregate_fit", failing_aggregate)
+    with pytest.raises(RejectedReply):
+        run_round(updates(4), shares=4, threshold=3)
