@@ -238,10 +238,19 @@ def load_config_file(path: Path) -> dict[str, Any]:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise PrivfedError(f"config file {path} is not valid TOML: {err}") from None
+    return checked_options(raw, source=f"config file {path}")
+
+
+def checked_options(raw: dict[str, Any], *, source: str) -> dict[str, Any]:
+    """Options read from a file (a preset, a study), each a known field with a value of its type.
+
+    Raises:
+        PrivfedError: naming ``source`` and the unknown keys or the mistyped value.
+    """
     types = field_types()
     unknown = sorted(set(raw) - set(types))
     if unknown:
-        raise PrivfedError(f"config file {path} has unknown keys: {', '.join(unknown)}")
+        raise PrivfedError(f"{source} has unknown keys: {', '.join(unknown)}")
     return {key: _coerce(key, value, types[key]) for key, value in raw.items()}
 
 

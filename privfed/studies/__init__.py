@@ -1,0 +1,1 @@
+"""Privacy/utility/attack studies: a grid of training runs over options and seeds (``privfed study``)."""

@@ -1,0 +1,154 @@
+"""A study's cells: a base preset, grids over training options, and seeds, from one TOML file.
+
+A study file names a preset, the seeds, and one or more ``[[grid]]``
+tables. Each table is a product over the values it lists; the tables are
+concatenated, so options that only make sense together (ldp and its ε)
+go in their own table::
+
+    preset = "configs/cpu-cifar10.toml"   # relative to the study file
+    seeds = [0, 1, 2]
+
+    [base]                                # options every cell shares
+    rounds = 40
+
+    [[grid]]
+    mechanism = ["reps", "kanon"]
+
+    [[grid]]
+    mechanism = ["ldp"]
+    epsilon = [10.0, 1.0, 0.8]
+
+Every option is a :class:`privfed.config.TrainConfig` field; each cell's
+configuration is built, and so checked, when the study is read, so a typo
+fails before the first cell trains.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from privfed.config import TrainConfig, build_config, checked_options
+from privfed.errors import PrivfedError
+
+#: Keys of a study file besides its tables.
+STUDY_KEYS = ("preset", "seeds", "base", "grid", "attack")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One setting of a study, at one seed.
+
+    Attributes:
+        name: A stable, filesystem-safe name for the setting (the same for every seed).
+        overrides: The options this cell sets on top of the preset and the base.
+        seed: The run's seed.
+        config: The cell's full configuration (preset, base, overrides, seed).
+    """
+
+    name: str
+    overrides: dict[str, Any]
+    seed: int
+    config: TrainConfig
+
+    @property
+    def run_name(self) -> str:
+        return f"{self.name}-seed{self.seed}"
+
+
+@dataclass(frozen=True)
+class Study:
+    """A study file, read and checked."""
+
+    path: Path
+    preset: Path | None
+    seeds: tuple[int, ...]
+    base: dict[str, Any]
+    grids: tuple[dict[str, list[Any]], ...]
+    attack: str | None
+
+    @classmethod
+    def load(cls, path: Path) -> Study:
+        """Reads a study file.
+
+        Raises:
+            PrivfedError: naming what is wrong (unknown keys or options, empty lists, bad TOML).
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise PrivfedError(f"study file not found: {path}")
+        try:
+            raw = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise PrivfedError(f"study file {path} is not valid TOML: {err}") from None
+        unknown = sorted(set(raw) - set(STUDY_KEYS))
+        if unknown:
+            raise PrivfedError(f"study file {path} has unknown keys: {', '.join(unknown)} (expected {', '.join(STUDY_KEYS)})")
+        seeds = raw.get("seeds", [0])
+        if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+            raise PrivfedError(f"study file {path}: seeds must be a non-empty list of integers")
+        grids = raw.get("grid", [{}])
+        if not isinstance(grids, list) or not all(isinstance(g, dict) for g in grids):
+            raise PrivfedError(f"study file {path}: write each grid as a [[grid]] table")
+        for grid in grids:
+            for option, values in grid.items():
+                if not isinstance(values, list) or not values:
+                    raise PrivfedError(f"study file {path}: grid option {option} must be a non-empty list")
+        for table in (raw.get("base", {}), *grids):
+            if "seed" in table:
+                raise PrivfedError(f"study file {path}: set seeds with the top-level `seeds` list, not as an option")
+        base = checked_options(raw.get("base", {}), source=f"study file {path}, [base]")
+        checked_grids = tuple(
+            {option: [checked_options({option: v}, source=f"study file {path}, [[grid]]")[option] for v in values]
+             for option, values in grid.items()}
+            for grid in grids
+        )
+        preset = raw.get("preset")
+        return cls(
+            path=path,
+            preset=None if preset is None else (path.parent / preset),
+            seeds=tuple(seeds),
+            base=base,
+            grids=checked_grids,
+            attack=raw.get("attack"),
+        )
+
+    def cells(self) -> list[Cell]:
+        """Every (setting, seed) of the study, grid by grid, seeds innermost; each configuration built and checked."""
+        cells = []
+        seen: set[str] = set()
+        for grid in self.grids:
+            options = list(grid)
+            for values in itertools.product(*(grid[o] for o in options)):
+                overrides = dict(zip(options, values))
+                name = cell_name(overrides)
+                if name in seen:
+                    raise PrivfedError(f"study file {self.path}: the setting {name} appears twice")
+                seen.add(name)
+                for seed in self.seeds:
+                    try:
+                        config = build_config(self.preset, **{**self.base, **overrides, "seed": seed})
+                    except (PrivfedError, TypeError, ValueError) as err:
+                        raise PrivfedError(f"study file {self.path}, cell {name}: {err}") from None
+                    cells.append(Cell(name, overrides, seed, config))
+        return cells
+
+
+def cell_name(overrides: dict[str, Any]) -> str:
+    """``mechanism-ldp_epsilon-1`` for ``{"mechanism": "ldp", "epsilon": 1.0}``; ``base`` for no overrides."""
+    if not overrides:
+        return "base"
+    parts = [f"{option}-{_short(value)}" for option, value in overrides.items()]
+    return re.sub(r"[^A-Za-z0-9._=-]+", "-", "_".join(parts))
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
