@@ -1,0 +1,65 @@
+"""A study's tables: ``results.csv`` (a row per run) and ``results.md`` (each setting's mean ± std over seeds)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from privfed.studies.runner import CellRecord
+
+
+def result_rows(records: list[CellRecord]) -> list[dict[str, Any]]:
+    """One row per run: the cell's name and seed, its row or its error."""
+    return [
+        {"cell": r.name, "seed": r.seed, **(r.row or {}), **({"error": r.error} if r.error else {})} for r in records
+    ]
+
+
+def write_csv(records: list[CellRecord], path: Path) -> Path:
+    rows = result_rows(records)
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def summarise(values: list[Any]) -> str:
+    """``mean ± std (n)`` for numbers (std over seeds, 0 for one), the distinct values for anything else."""
+    numbers = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    if numbers and len(numbers) == len([v for v in values if v is not None]):
+        spread = statistics.stdev(numbers) if len(numbers) > 1 else 0.0
+        return f"{statistics.fmean(numbers):.4g} ± {spread:.2g} ({len(numbers)})"
+    distinct = list(dict.fromkeys(str(v) for v in values if v is not None))
+    return "; ".join(distinct) if distinct else "-"
+
+
+def markdown_table(records: list[CellRecord]) -> str:
+    """Each setting (in study order) with every column of its rows summarised over its seeds, and failures counted."""
+    settings = list(dict.fromkeys(r.name for r in records))
+    columns = list(dict.fromkeys(key for r in records if r.row for key in r.row))
+    lines = [
+        "| setting | runs | " + " | ".join(columns) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
+    for name in settings:
+        mine = [r for r in records if r.name == name]
+        finished = [r.row for r in mine if r.finished and r.row is not None]
+        failed = len(mine) - len(finished)
+        runs = f"{len(finished)}" + (f" ({failed} failed)" if failed else "")
+        cells = [summarise([row.get(c) for row in finished]) for c in columns]
+        lines.append(f"| {name} | {runs} | " + " | ".join(cell.replace("|", "/") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(records: list[CellRecord], path: Path, *, title: str) -> Path:
+    errors = [f"- {r.name} seed {r.seed}: {r.error}" for r in records if r.error]
+    text = f"# {title}\n\nMean ± standard deviation over seeds (number of finished runs).\n\n{markdown_table(records)}"
+    if errors:
+        text += "\n## Failed runs\n\n" + "\n".join(errors) + "\n"
+    path.write_text(text)
+    return path

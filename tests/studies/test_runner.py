@@ -1,0 +1,92 @@
+"""A study runs every cell once: finished cells are skipped on a rerun, failed ones are recorded and retried.
+
+The cells' work here is a small function, since what is checked is the
+study's bookkeeping; training, evaluating and attacking are each tested
+where they live.
+"""
+
+from __future__ import annotations
+
+import json
+
+from privfed.studies.grid import Study
+from privfed.studies.runner import CELL_FILE, read_record, run_study
+from privfed.studies.tables import markdown_table, write_csv, write_markdown
+
+STUDY = """
+seeds = [0, 1]
+[base]
+dataset = "shapes:100"
+[[grid]]
+mechanism = ["reps", "kanon"]
+"""
+
+
+def load(tmp_path) -> Study:
+    path = tmp_path / "study.toml"
+    path.write_text(STUDY)
+    return Study.load(path)
+
+
+class Work:
+    """Records which cells ran; fails the cells it is told to."""
+
+    def __init__(self, failing: set[str] = frozenset()) -> None:
+        self.ran: list[str] = []
+        self.failing = failing
+
+    def __call__(self, cell, folder):
+        self.ran.append(cell.run_name)
+        if cell.run_name in self.failing:
+            raise RuntimeError("no usable reply")
+        (folder / "run").mkdir(parents=True, exist_ok=True)  # a rerun finds what a stopped one left
+        return {"knn": 0.3 + 0.1 * cell.seed + (0.05 if cell.name == "mechanism-kanon" else 0.0), "k": 5}
+
+
+def test_every_cell_runs_once_and_a_rerun_skips_the_finished_ones(tmp_path):
+    study, out = load(tmp_path), tmp_path / "out"
+    first = Work(failing={"mechanism-kanon-seed1"})
+    records = run_study(study, out, first)
+    assert first.ran == ["mechanism-reps-seed0", "mechanism-reps-seed1", "mechanism-kanon-seed0", "mechanism-kanon-seed1"]
+    assert [r.finished for r in records] == [True, True, True, False]
+    assert records[3].error == "RuntimeError: no usable reply"  # recorded, and the study went on
+    again = Work()
+    records = run_study(study, out, again)
+    assert again.ran == ["mechanism-kanon-seed1"] and all(r.finished for r in records)  # only the failed cell again
+
+
+def test_a_cell_stopped_mid_way_has_no_record_and_runs_again(tmp_path):
+    study, out = load(tmp_path), tmp_path / "out"
+    run_study(study, out, Work())
+    (out / "cells" / "mechanism-reps-seed1" / CELL_FILE).unlink()  # as if killed before its work returned
+    again = Work()
+    run_study(study, out, again)
+    assert again.ran == ["mechanism-reps-seed1"]
+    assert read_record(out / "cells" / "mechanism-reps-seed1").finished
+
+
+def test_progress_names_the_cell_what_is_done_and_an_estimate_of_what_is_left(tmp_path):
+    lines: list[str] = []
+    run_study(load(tmp_path), tmp_path / "out", Work(failing={"mechanism-reps-seed0"}), progress=lines.append)
+    assert lines[0] == "[1/4] mechanism-reps-seed0 (0 done, 4 to run)"
+    assert lines[1].startswith("  mechanism-reps-seed0 failed: RuntimeError")
+    assert lines[2].startswith("[2/4] mechanism-reps-seed1 (1 done, 3 to run, about ") and lines[2].endswith(" left)")
+
+
+def test_the_tables_hold_a_row_per_run_and_each_settings_mean_and_spread(tmp_path):
+    records = run_study(load(tmp_path), tmp_path / "out", Work(failing={"mechanism-kanon-seed1"}))
+    rows = write_csv(records, tmp_path / "results.csv").read_text().splitlines()
+    assert rows[0] == "cell,seed,knn,k,error" and len(rows) == 5
+    assert rows[4].startswith("mechanism-kanon,1,,,RuntimeError")
+    table = markdown_table(records)
+    assert "| mechanism-reps | 2 | 0.35 ± 0.071 (2) | 5 ± 0 (2) |" in table
+    assert "| mechanism-kanon | 1 (1 failed) | 0.35 ± 0 (1) | 5 ± 0 (1) |" in table
+    text = write_markdown(records, tmp_path / "results.md", title="privacy").read_text()
+    assert "## Failed runs" in text and "mechanism-kanon seed 1: RuntimeError: no usable reply" in text
+
+
+def test_a_record_is_whole_json(tmp_path):
+    run_study(load(tmp_path), tmp_path / "out", Work())
+    record = json.loads((tmp_path / "out" / "cells" / "mechanism-kanon-seed0" / CELL_FILE).read_text())
+    assert record == {"name": "mechanism-kanon", "seed": 0, "row": {"knn": 0.35, "k": 5}, "error": None,
+                      "seconds": record["seconds"]}
