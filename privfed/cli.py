@@ -258,6 +258,43 @@ def plot(
     typer.echo(f"wrote {plot_curves([RunCurves.of(d) for d in run_dirs], out)}")
 
 
+@app.command()
+def study(
+    study_file: Path = typer.Argument(..., help="A study TOML file (see configs/studies/ and docs/studies.md)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
+) -> None:
+    """Run every cell of a study (train, evaluate, attack), skipping finished ones; write results.csv and results.md."""
+    from privfed.studies.cell_work import study_row
+    from privfed.studies.grid import Study
+    from privfed.studies.runner import run_study
+    from privfed.studies.tables import write_csv, write_markdown
+    from privfed.runs import RunDirectory
+
+    spec = Study.load(study_file)
+    attack = None
+    if spec.attack is not None:
+        from attacks import get_attack_class
+        from attacks.evaluation import attack_run
+
+        get_attack_class(spec.attack)  # an unknown attack fails before anything trains
+        attack = attack_run
+    folder = out or Path("studies") / study_file.stem
+    folder.mkdir(parents=True, exist_ok=True)
+    with RunDirectory(folder).claimed():
+        try:
+            records = run_study(
+                spec, folder, lambda cell, cell_folder: study_row(cell, cell_folder, attack_method=spec.attack, attack=attack),
+                progress=typer.echo,
+            )
+        except KeyboardInterrupt as stop:
+            typer.echo(f"study stopped ({stop}); the same command continues it", err=True)
+            raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
+        write_csv(records, folder / "results.csv")
+        write_markdown(records, folder / "results.md", title=f"Study {study_file.stem}")
+    failed = sum(not r.finished for r in records)
+    typer.echo(f"wrote {folder / 'results.csv'} and {folder / 'results.md'} ({len(records) - failed} runs, {failed} failed)")
+
+
 @app.command(name="attacks")
 def list_attacks() -> None:
     """List the installed inversion attacks."""

@@ -1,0 +1,92 @@
+"""One study cell's work: train the run (or finish a stopped one), evaluate it, attack it, and return its row.
+
+The attack is passed in (``privfed study`` passes :func:`attacks.evaluation.attack_run`),
+so the studies package never imports the attacks.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from privfed.errors import PrivfedError
+from privfed.studies.grid import Cell
+
+#: ``attack(run_dir, method=...)``: attacks a recorded run and returns its ``attack.json`` payload.
+AttackRun = Callable[..., dict[str, Any]]
+
+#: The attack figure a study reports: how much closer than the null the best-matching member is, in dB.
+ATTACK_FIGURE = "advantage_psnr_best_member"
+
+
+class StudyInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a cell's run: the study stops too (the cell is not finished; a rerun resumes it)."""
+
+
+def train_cell(cell: Cell, run_dir: Path, *, record_releases: bool) -> dict[str, Any]:
+    """The summary of the cell's run: read when it finished, resumed when it stopped, trained otherwise.
+
+    A run that cannot be resumed (e.g. killed between logging a round and
+    saving its resume point) is trained again from nothing.
+    """
+    from privfed.federation.simulation import simulate
+    from privfed.resume import RESUME_FILE
+    from privfed.run_plan import plan_resume, plan_run
+    from privfed.runs import RunDirectory
+
+    summary_file = run_dir / "summary.json"
+    if summary_file.is_file() and not _stopped_by_a_signal(RunDirectory(run_dir)):
+        return RunDirectory(run_dir).read_json("summary.json")
+    if (run_dir / "checkpoints" / RESUME_FILE).is_file():
+        try:
+            plan, point = plan_resume(run_dir, {})
+            return simulate(plan, resume=point)
+        except PrivfedError:
+            pass  # not resumable: start again
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    config = cell.config.replace(out=str(run_dir), record_releases=record_releases or cell.config.record_releases)
+    return simulate(plan_run(config))
+
+
+def _stopped_by_a_signal(run: Any) -> bool:
+    stopped = run.read_json("summary.json").get("stopped_early")
+    return isinstance(stopped, str) and stopped.startswith("interrupted")
+
+
+def study_row(
+    cell: Cell, folder: Path, *, attack_method: str | None, attack: AttackRun | None
+) -> dict[str, Any]:
+    """Trains (or finishes) the cell's run in ``folder/run``, scores it with kNN and a linear probe, and attacks it."""
+    from privfed.evaluation.run_evaluation import evaluate_run
+
+    run_dir = folder / "run"
+    attacked = attack_method is not None and attack is not None and cell.config.release_mechanism is not None
+    summary = train_cell(cell, run_dir, record_releases=attacked)
+    if str(summary.get("stopped_early") or "").startswith("interrupted"):
+        raise StudyInterrupted(f"{cell.run_name}: {summary['stopped_early']}")
+    config = cell.config
+    linear = evaluate_run(
+        run_dir, train_data=config.dataset, test_data=config.test_dataset or config.dataset, protocol="linear",
+        data_dir=Path(config.data_dir), device=config.device,
+    )
+    privacy = summary["privacy"]
+    row: dict[str, Any] = {
+        "knn": summary["knn_accuracy"],
+        "knn_init": summary["knn_accuracy_init"],
+        "linear": linear["accuracy"],
+        "rounds": summary["rounds"],
+        "epsilon": privacy.get("epsilon"),
+        "delta": privacy.get("delta"),
+        "k": privacy.get("k"),
+        "statement": privacy.get("statement"),
+        "stopped_early": summary.get("stopped_early"),
+        "wall_seconds": summary["wall_seconds"],
+    }
+    if attacked:
+        assert attack is not None and attack_method is not None
+        last = attack(run_dir, method=attack_method)["rounds"][-1]
+        row[f"attack_{ATTACK_FIGURE}"] = last[ATTACK_FIGURE]
+        row["attack_round"] = last["round"]
+    return row
