@@ -230,15 +230,19 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
     raise PrivfedError(f"config key {name!r} must be {names}, got {value!r}")
 
 
+def read_toml(path: Path, *, kind: str) -> dict[str, Any]:
+    """A TOML file's table; a missing or malformed file is a one-line error naming ``kind`` ("config file", ...)."""
+    if not path.is_file():
+        raise PrivfedError(f"{kind} not found: {path}")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise PrivfedError(f"{kind} {path} is not valid TOML: {err}") from None
+
+
 def load_config_file(path: Path) -> dict[str, Any]:
     """Reads a TOML preset into config overrides (unknown keys are errors)."""
-    if not path.is_file():
-        raise PrivfedError(f"config file not found: {path}")
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise PrivfedError(f"config file {path} is not valid TOML: {err}") from None
-    return checked_options(raw, source=f"config file {path}")
+    return checked_options(read_toml(path, kind="config file"), source=f"config file {path}")
 
 
 def checked_options(raw: dict[str, Any], *, source: str) -> dict[str, Any]:

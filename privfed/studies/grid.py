@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import itertools
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privfed.config import TrainConfig, build_config, checked_options
+from privfed.config import TrainConfig, build_config, checked_options, read_toml
 from privfed.errors import PrivfedError
 
 #: Keys of a study file besides its tables.
@@ -79,12 +78,7 @@ class Study:
             PrivfedError: naming what is wrong (unknown keys or options, empty lists, bad TOML).
         """
         path = Path(path)
-        if not path.is_file():
-            raise PrivfedError(f"study file not found: {path}")
-        try:
-            raw = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as err:
-            raise PrivfedError(f"study file {path} is not valid TOML: {err}") from None
+        raw = read_toml(path, kind="study file")
         unknown = sorted(set(raw) - set(STUDY_KEYS))
         if unknown:
             raise PrivfedError(f"study file {path} has unknown keys: {', '.join(unknown)} (expected {', '.join(STUDY_KEYS)})")
