@@ -49,6 +49,7 @@ from privfed.federation.reply_checks import (
     screen_replies,
 )
 from privfed.federation.update_encoding import (
+    ImplausibleAggregate,
     decode_aggregate,
     decode_metrics,
     initial_scales,
@@ -207,7 +208,13 @@ class OrchestraStrategy(Strategy):
             raise RuntimeError(
                 f"round {self.orchestra_round(server_round)}: no usable reply: {len(failures)} failed, rejected: {reasons}"
             )
-        mean_delta, aggregation_stats = self._mean_delta(server_round, accepted)
+        try:
+            mean_delta, aggregation_stats = self._mean_delta(server_round, accepted)
+        except ImplausibleAggregate as err:
+            # The model stays as it was; the releases that arrived are recorded and charged as in a halted round.
+            logger.warning("round %d: %s; the model is unchanged", self.orchestra_round(server_round), err)
+            self.halted_rounds += 1
+            mean_delta, aggregation_stats = None, {"secagg_halted": 1.0, "secagg_implausible": 1.0}
         self._close_round(server_round, accepted, mean_delta, aggregation_stats)
         return ndarrays_to_parameters(state_to_arrays(self.server.global_state(), self._keys)), {}
 
@@ -318,7 +325,9 @@ class OrchestraStrategy(Strategy):
             for _, res, _ in results
         ]
         # The last array is the clients' training metrics (encode_metrics), summed like the update.
-        decoded = decode_aggregate(first[:-1], self.scales, weight_ratios=weight_ratios)
+        decoded = decode_aggregate(
+            first[:-1], self.scales, weight_ratios=weight_ratios, clipping_range=self.secagg.clipping_range
+        )
         rejected = [k for k, bad in zip(self._keys, decoded.overflow) if bad]
         if rejected:
             logger.warning(

@@ -141,8 +141,27 @@ class DecodedAggregate:
         return self.high_counts > 0
 
 
+class ImplausibleAggregate(ValueError):
+    """A secure aggregate no honest round can produce (e.g. a client tampered with its masked weight factor)."""
+
+
+def check_plausible(means: list[np.ndarray], *, clipping_range: float) -> None:
+    """Raises :class:`ImplausibleAggregate` unless every value is finite and within the clipping range.
+
+    A weighted mean of values SecAgg+ clipped to ``[-c, c]`` stays there (up to
+    its fixed-point error). The weight factor inside a masked vector is not
+    checkable by the server, so a client can change the total Flower divides
+    by: to 0 (infinities) or to a tiny value (huge values).
+    """
+    bound = clipping_range * (1 + 1e-3) + 1e-6
+    for index, mean in enumerate(means):
+        values = np.asarray(mean, dtype=np.float64)
+        if values.size and (not np.isfinite(values).all() or float(np.abs(values).max()) > bound):
+            raise ImplausibleAggregate(f"aggregated tensor {index} is not finite or outside the clipping range {clipping_range:g}")
+
+
 def decode_aggregate(
-    arrays: list[np.ndarray], scales: np.ndarray, *, weight_ratios: list[float]
+    arrays: list[np.ndarray], scales: np.ndarray, *, weight_ratios: list[float], clipping_range: float | None = None
 ) -> DecodedAggregate:
     """Undoes :func:`encode_update` on the securely aggregated weighted mean.
 
@@ -153,10 +172,14 @@ def decode_aggregate(
             :func:`secagg_weight_ratio` of their sizes). SecAgg+ divides its
             sum by their total, which turns the indicators' sum of ones back
             into a count.
+        clipping_range: When given, an aggregate outside it (or not finite)
+            raises :class:`ImplausibleAggregate` (see :func:`check_plausible`).
     """
     num_tensors = len(scales)
     if len(arrays) != num_tensors + 2:
         raise ValueError(f"expected {num_tensors + 2} aggregated arrays, got {len(arrays)}")
+    if clipping_range is not None:
+        check_plausible(arrays[:num_tensors], clipping_range=clipping_range)
     total = sum(weight_ratios)
     overflow_counts = np.rint(np.asarray(arrays[num_tensors]) * total).astype(np.int64)
     high_counts = np.rint(np.asarray(arrays[num_tensors + 1]) * total).astype(np.int64)

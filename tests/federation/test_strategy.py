@@ -314,3 +314,22 @@ def test_in_round_0_a_reply_with_a_model_delta_is_rejected(config, tmp_path):
     (report,) = round_.reports
     assert [(r.client, r.reason) for r in report.rejected] == [(1, "it sent a model delta in round 0, which does not train")]
     assert round_.strategy.server.initialised and round_.strategy.server.centroids is not None
+
+
+@pytest.mark.parametrize("value", [np.inf, 7.5e5], ids=["weight total aimed at 0", "weight total aimed at 1"])
+def test_an_aggregate_no_honest_round_can_produce_leaves_the_model_unchanged(config, tmp_path, value):
+    """A client can shift the weight factor inside its masked vector; the sum then comes out infinite or huge."""
+    round_ = honest_round(config.replace(secagg=True), tmp_path / "run")
+    start = shared_state(round_.strategy.server.network)
+    delta = [np.full(v.shape, 1.5) for v in start.values()]
+    aggregate = [*encode_update(delta, round_.strategy.scales, weight_ratio=1.0, clipping_range=8.0),
+                 encode_metrics({"loss": 3.0}, clipping_range=8.0)]
+    aggregate[0] = np.full_like(aggregate[0], value)
+    round_.strategy.aggregate_fit(
+        round_.server_round, [(Node(100 + c), with_arrays(round_.reply(c), aggregate)) for c in (0, 1)], []
+    )
+    for key, moved in state_delta(shared_state(round_.strategy.server.network), start).items():
+        assert torch.count_nonzero(moved) == 0, key
+    (report,) = round_.reports
+    assert report.server_stats.get("secagg_halted") == 1.0 and len(report.releases) == 2  # releases still recorded
+    assert round_.strategy.halted_rounds == 1

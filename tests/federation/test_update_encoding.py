@@ -194,3 +194,13 @@ def test_secure_sum_shapes_are_the_shapes_a_client_hands_to_secagg():
     arrays = [*encode_update(delta, np.ones(3), weight_ratio=0.5, clipping_range=8.0),
               encode_metrics({"loss": 1.0}, clipping_range=8.0)]
     assert [a.shape for a in arrays] == secure_sum_shapes(shapes)
+
+
+def test_an_aggregate_outside_the_clipping_range_or_not_finite_is_refused():
+    from privfed.federation.update_encoding import ImplausibleAggregate
+
+    honest = [np.full(3, 7.9), np.zeros(1), np.zeros(1)]
+    assert decode_aggregate(honest, np.ones(1), weight_ratios=[1.0], clipping_range=8.0).mean[0][0] == pytest.approx(7.9)
+    for bad in (np.inf, np.nan, 9.0):
+        with pytest.raises(ImplausibleAggregate):
+            decode_aggregate([np.full(3, bad), np.zeros(1), np.zeros(1)], np.ones(1), weight_ratios=[1.0], clipping_range=8.0)
