@@ -52,7 +52,7 @@ def simulate(
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     if not verbose:
         # Flower 1.41 marks run_simulation deprecated (in favour of `flwr run`, which
-        # privfed also supports); the notice is noise for `privfed train` users.
+        # privfed also supports; docs/flower.md says why privfed train stays here).
         logging.getLogger("flwr").setLevel(logging.ERROR)
         warnings.filterwarnings("ignore", category=FutureWarning, module="ray")
     config = plan.config
