@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from privfed.errors import PrivfedError
-from privfed.methods import available_methods, get_method
+from privfed.methods import ORCHESTRA_LOSS, available_methods, get_method
 
 DEVICES = ("auto", "cpu", "cuda")
 GLOBAL_CLUSTERINGS = ("kmeans", "official")
@@ -69,7 +69,10 @@ class TrainConfig:
         "orchestra",
         "Training method: orchestra, or an ablation: rotpred (rotation prediction only), orchestra-no-rotation, "
         "orchestra-no-target, orchestra-fixed-centroids (random global centroids, never updated). rotpred and "
-        "orchestra-fixed-centroids release nothing, so --mechanism does not apply to them.",
+        "orchestra-fixed-centroids release nothing, so --mechanism does not apply to them. The paper's federated "
+        "SSL baselines: simclr, simsiam, byol, specloss (FedAvg of the model, nothing released; simclr uses "
+        "--temperature, byol --ema-decay; no DP-SGD); and supervised (FedAvg on the clients' labels, the upper "
+        "reference).",
     )
     backbone: str = option("resnet8", "resnet8 / resnet20 (CPU-sized) or resnet18 (paper).")
     projection_dim: int = option(32, "Projector output dimension D.")
@@ -190,6 +193,20 @@ class TrainConfig:
         return self.mechanism if get_method(self.method).releases else None
 
     @property
+    def cluster_head_outputs(self) -> int | None:
+        """SpecLoss's cluster head width (one output per global centroid, as in the authors' code); None for other methods."""
+        return self.num_global_centroids if get_method(self.method).objective.loss == "specloss" else None
+
+    @property
+    def classifier_outputs(self) -> int | None:
+        """Supervised FedAvg's classifier width: the classes of the training data; None for other methods."""
+        if not get_method(self.method).objective.uses_labels:
+            return None
+        from privfed.data.federated import FederatedSplit  # loads torch: only when a method needs it
+
+        return len(FederatedSplit.of(self).train_data().classes)
+
+    @property
     def clients_per_round(self) -> int:
         """Clients sampled each round: ``max(1, round(R * K))``."""
         return max(1, round(self.participation * self.num_clients))
@@ -295,6 +312,14 @@ def validate(config: TrainConfig) -> None:
     methods = available_methods()
     if config.method not in methods:
         raise PrivfedError(f"unknown method {config.method!r} (choose from {', '.join(methods)})")
+    objective = methods[config.method].objective
+    if config.dp_sgd and objective.couples_batch:
+        raise PrivfedError(
+            f"method {config.method} cannot train with DP-SGD: its loss compares every image with the rest of "
+            "its batch, so per-sample clipping does not bound one image's influence"
+        )
+    if config.dp_sgd and objective.loss != ORCHESTRA_LOSS:
+        raise PrivfedError(f"privfed's DP-SGD trainer covers Orchestra and its ablations, not method {config.method}")
     if config.projection_hidden_dim is not None and config.projection_hidden_dim < 1:
         raise PrivfedError(f"projection_hidden_dim must be at least 1, got {config.projection_hidden_dim}")
     from mechanisms import MechanismRegistrationError, UnknownMechanismError, get_mechanism_class

@@ -381,7 +381,12 @@ class RunDriver:
             "knn_accuracy_init": self.knn_init,
             "rounds": self._rounds_done,
             "wall_seconds": time.perf_counter() - self._start,
-            "method": {"name": self.method.name, "description": self.method.description},
+            "method": {
+                "name": self.method.name,
+                "description": self.method.description,
+                "loss": self.method.objective.loss,
+                "releases": self.method.releases,
+            },
             "mechanism": {
                 "name": self.mechanism_name,
                 "guarantee": privacy["statement"],

@@ -1,10 +1,11 @@
-"""The method registry: Orchestra and its ablations, and the rules a method must follow."""
+"""The method registry: Orchestra, its ablations and the baselines, and the rules a method must follow."""
 
 import pytest
 
 from privfed.config import build_config
 from privfed.errors import PrivfedError
 from privfed.methods import (
+    BASELINE_LOSSES,
     CLUSTERED,
     FIXED_RANDOM,
     NO_CENTROIDS,
@@ -43,9 +44,9 @@ def test_names_are_unique_and_unknown_names_list_the_choices():
     with pytest.raises(ValueError, match="already registered"):
         register_method(Method("rotpred", "again", Objective(cluster_loss=False), centroids=NO_CENTROIDS))
     with pytest.raises(ValueError, match="choose from orchestra, rotpred"):
-        get_method("simclr")
-    with pytest.raises(PrivfedError, match="unknown method 'simclr'"):
-        build_config(method="simclr")
+        get_method("moco")
+    with pytest.raises(PrivfedError, match="unknown method 'moco'"):
+        build_config(method="moco")
 
 
 def test_a_method_that_releases_nothing_is_not_held_to_the_centroid_count():
@@ -54,3 +55,37 @@ def test_a_method_that_releases_nothing_is_not_held_to_the_centroid_count():
     with pytest.raises(PrivfedError, match="fewer than num_global_centroids"):
         build_config(**options)
     assert build_config(**options, method="rotpred").method == "rotpred"
+
+
+def test_the_papers_baselines_are_registered_and_release_nothing():
+    methods = available_methods()
+    for name in BASELINE_LOSSES:
+        assert methods[name].objective.loss == name and methods[name].centroids == NO_CENTROIDS
+        assert not methods[name].releases
+        assert build_config(method=name, mechanism="ldp", epsilon=1.0).release_mechanism is None
+    assert [n for n in BASELINE_LOSSES if methods[n].objective.ema_targets] == ["byol"]
+    assert [n for n in BASELINE_LOSSES if methods[n].objective.couples_batch] == ["simclr", "specloss"]
+    assert not any(methods[n].objective.uses_labels for n in BASELINE_LOSSES)
+    supervised = methods["supervised"]
+    assert supervised.objective.uses_labels and not supervised.releases and not supervised.objective.couples_batch
+
+def test_a_baseline_objective_has_only_its_own_loss():
+    with pytest.raises(ValueError, match="no cluster or rotation term"):
+        Objective(loss="simclr", cluster_loss=False, rotation_loss=True, ema_targets=False)
+    with pytest.raises(ValueError, match="BYOL and only BYOL"):
+        Objective(loss="simsiam", cluster_loss=False, rotation_loss=False, ema_targets=True)
+    with pytest.raises(ValueError, match="unknown loss 'moco'"):
+        Objective(loss="moco")
+
+
+@pytest.mark.parametrize(("method", "reason"), [
+    ("simclr", "compares every image with the rest of its batch"),
+    ("specloss", "compares every image with the rest of its batch"),
+    ("byol", "DP-SGD trainer covers Orchestra and its ablations"),
+    ("simsiam", "DP-SGD trainer covers Orchestra and its ablations"),
+    ("supervised", "DP-SGD trainer covers Orchestra and its ablations"),
+])
+def test_dp_sgd_is_refused_for_the_baselines(method, reason):
+    with pytest.raises(PrivfedError, match=reason):
+        build_config(method=method, dp_sgd=True, dp_sgd_noise_multiplier=1.0)
+    assert build_config(method="rotpred", dp_sgd=True, dp_sgd_noise_multiplier=1.0).dp_sgd

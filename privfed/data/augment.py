@@ -177,12 +177,26 @@ def orchestra_views(x_uint8: torch.Tensor, *, generator: torch.Generator) -> Orc
     The generator must be on the batch's device.
     """
     x = to_float(x_uint8)
-    view1 = _byol_view(x, generator, solarize_p=0.0)
-    view2 = _byol_view(x, generator, solarize_p=0.2)
+    view1, view2 = _byol_pair(x, generator)
     view3, labels = rotate_quarter_turns(
         random_resized_crop_flip(x, generator=generator), generator=generator
     )
     return OrchestraViews(normalize(view1), normalize(view2), normalize(view3), labels)
+
+
+def two_views(x_uint8: torch.Tensor, *, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two normalised BYOL-style views the SSL baselines train on: Orchestra's view 1 and view 2.
+
+    They are drawn exactly as :func:`orchestra_views` draws its first two
+    views, so every method sees the same augmentation of an image.
+    """
+    view1, view2 = _byol_pair(to_float(x_uint8), generator)
+    return normalize(view1), normalize(view2)
+
+
+def _byol_pair(x: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """View 1 (no solarisation) and view 2 (solarisation p 0.2) of float images, in that order of draws."""
+    return _byol_view(x, generator, solarize_p=0.0), _byol_view(x, generator, solarize_p=0.2)
 
 
 def _byol_view(x: torch.Tensor, generator: torch.Generator, *, solarize_p: float) -> torch.Tensor:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
@@ -22,8 +22,17 @@ from privfed.data.arrays import ImageArrays
 from privfed.data.datasets import load_dataset
 from privfed.data.partition import dirichlet_partition
 
-if TYPE_CHECKING:
-    from privfed.config import TrainConfig
+
+
+class SplitOptions(Protocol):
+    """The run options that fix the split (a :class:`privfed.config.TrainConfig` has them)."""
+
+    dataset: str
+    data_dir: str
+    download: bool
+    num_clients: int
+    alpha: float
+    seed: int
 
 
 @lru_cache(maxsize=4)
@@ -53,7 +62,7 @@ class FederatedSplit:
     seed: int
 
     @classmethod
-    def of(cls, config: TrainConfig) -> FederatedSplit:
+    def of(cls, config: SplitOptions) -> FederatedSplit:
         """The split a run configuration describes."""
         return cls(config.dataset, config.data_dir, config.download, config.num_clients, config.alpha, config.seed)
 
@@ -73,6 +82,12 @@ class FederatedSplit:
         if not 0 <= client_id < self.num_clients:
             raise ValueError(f"client id {client_id} outside 0..{self.num_clients - 1}")
         return self.train_data().subset(self.partition()[client_id]).to_tensor()
+
+    def client_labels(self, client_id: int) -> torch.Tensor:
+        """``[n_k]`` labels of client ``client_id``'s images, in :meth:`client_images`' order (supervised FedAvg only)."""
+        if not 0 <= client_id < self.num_clients:
+            raise ValueError(f"client id {client_id} outside 0..{self.num_clients - 1}")
+        return torch.as_tensor(self.train_data().labels[self.partition()[client_id]], dtype=torch.long)
 
 
 @lru_cache(maxsize=4)

@@ -128,6 +128,7 @@ class OrchestraClient(Client):
         if config.dp_sgd and dp_sgd is None:
             raise ValueError("the run trains with DP-SGD but the server sent no DP-SGD settings")
         images = config.split.client_images(self.client_id)
+        labels = config.split.client_labels(self.client_id) if config.local.objective.uses_labels else None
         if self.declared is not None:
             # Before anything touches the data: the round is checked and charged, or refused.
             self._admit(ins.config, config, params, dp_sgd, int(images.shape[0]), train, keys)
@@ -147,6 +148,7 @@ class OrchestraClient(Client):
                 num_local_centroids=config.num_local_centroids,
                 seed=client_seed(int(ins.config["seed"]), int(ins.config["round"]), self.client_id),
                 device=resolve_device(config.device),
+                labels=labels,
             )
             if update.delta is not None and not all(bool(torch.isfinite(v).all()) for v in update.delta.values()):
                 raise ValueError("the model delta holds NaN or Inf")  # FedAvg or SecAgg+ would spread it to everyone

@@ -27,6 +27,8 @@ class ClientConfig:
         backbone: Backbone name.
         projection_dim: Projector output dimension D.
         projection_hidden_dim: Projector hidden width (None: D).
+        cluster_head_outputs: SpecLoss's cluster head width (None for every other method).
+        classifier_outputs: Supervised FedAvg's classifier width (None for every other method).
         dp_sgd: Whether clients train with DP-SGD (GroupNorm networks); the
             DP-SGD settings themselves come from the server's plan.
         local: Local training hyperparameters (without DP-SGD settings).
@@ -41,6 +43,8 @@ class ClientConfig:
     backbone: str
     projection_dim: int
     projection_hidden_dim: int | None
+    cluster_head_outputs: int | None
+    classifier_outputs: int | None
     dp_sgd: bool
     local: LocalTrainingConfig
     mechanism: str | None
@@ -56,6 +60,8 @@ class ClientConfig:
             backbone=config.backbone,
             projection_dim=config.projection_dim,
             projection_hidden_dim=config.projection_hidden_dim,
+            cluster_head_outputs=config.cluster_head_outputs,
+            classifier_outputs=config.classifier_outputs,
             dp_sgd=config.dp_sgd,
             local=LocalTrainingConfig.from_run(config),
             mechanism=config.release_mechanism,

@@ -22,7 +22,9 @@ from typing import Callable
 import torch
 
 from mechanisms.base import Mechanism, PrivacyEvent, Release, checked_release
+from privfed.methods import ORCHESTRA_LOSS
 from privfed.models.network import OrchestraNetwork
+from privfed.orchestra.baseline_training import train_baseline_locally
 from privfed.orchestra.local_training import LocalTrainingConfig, LocalTrainingResult, train_locally
 from privfed.orchestra.memory_sampling import initial_representations, poisson_memory
 from privfed.orchestra.model_state import StateDict, load_shared_state, shared_state, state_delta
@@ -82,11 +84,12 @@ def client_update(
     seed: int,
     device: torch.device,
     secret_seed: int | None = None,
+    labels: torch.Tensor | None = None,
 ) -> ClientUpdate:
     """Runs a client's round (:func:`run_client_round`) and returns only what is sent."""
     update, _ = run_client_round(
         network, global_state, centroids, images, train=train, config=config, mechanism=mechanism,
-        num_local_centroids=num_local_centroids, seed=seed, device=device, secret_seed=secret_seed,
+        num_local_centroids=num_local_centroids, seed=seed, device=device, secret_seed=secret_seed, labels=labels,
     )
     return update
 
@@ -104,6 +107,7 @@ def run_client_round(
     seed: int,
     device: torch.device,
     secret_seed: int | None = None,
+    labels: torch.Tensor | None = None,
 ) -> tuple[ClientUpdate, PrivateRoundState]:
     """Runs a client's round: initialise (round 0) or train; returns the reply and what stays on the client.
 
@@ -124,6 +128,8 @@ def run_client_round(
         secret_seed: DP-SGD only, for tests: seeds batch sampling and noise,
             which otherwise come from the operating system's randomness. A
             seed the server can know voids the guarantee.
+        labels: ``[n]`` labels of ``images``: supervised FedAvg only (the
+            other methods never see a label).
     """
     generator = torch.Generator().manual_seed(seed)
     load_shared_state(network, global_state)
@@ -137,7 +143,7 @@ def run_client_round(
         delta = None
         metrics: dict[str, float] = {}
     else:
-        train = _trainer(config, secret_seed)
+        train = _trainer(config, secret_seed, labels)
         result = train(network, images, centroids, config, generator=generator, device=device)
         memory, examples = result.memory, result.memory_examples
         delta = state_delta(shared_state(network), global_state)
@@ -166,8 +172,14 @@ def run_client_round(
     return update, private
 
 
-def _trainer(config: LocalTrainingConfig, secret_seed: int | None) -> Callable[..., LocalTrainingResult]:
-    """Plain local training, or DP-SGD (with its secret seed, if a test gives one) when ``config.dp_sgd`` is set."""
+def _trainer(
+    config: LocalTrainingConfig, secret_seed: int | None, labels: torch.Tensor | None
+) -> Callable[..., LocalTrainingResult]:
+    """Orchestra's local training, a baseline's (given the labels if it learns from them), or DP-SGD."""
+    if (labels is not None) != config.objective.uses_labels:
+        raise ValueError(f"the {config.objective.loss} loss {'needs' if config.objective.uses_labels else 'takes no'} labels")
+    if config.objective.loss != ORCHESTRA_LOSS:
+        return functools.partial(train_baseline_locally, labels=labels)
     if config.dp_sgd is None:
         return train_locally
     # Imported here: Opacus takes seconds to import, and most runs never need it.

@@ -120,7 +120,7 @@ def normalised_centroids(centroids: torch.Tensor | None, device: torch.device) -
     return None if centroids is None else F.normalize(centroids.to(device).float(), dim=1)
 
 
-def _batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+def shuffled_batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
     """Shuffled index batches; a trailing batch of one is dropped (BatchNorm needs two)."""
     order = torch.randperm(n, generator=generator)
     batches = list(order.split(batch_size))
@@ -173,7 +173,7 @@ def train_locally(
     totals = torch.zeros(len(STEP_VALUES), device=device)
     steps = 0
     for _ in range(config.epochs):
-        for index in _batches(images.shape[0], config.batch_size, generator):
+        for index in shuffled_batches(images.shape[0], config.batch_size, generator):
             views = orchestra_views(images[index.to(device)], generator=aug_generator)
             losses = orchestra_losses(network, views, centroids, config.temperature, config.objective)
             optimizer.zero_grad(set_to_none=True)

@@ -14,7 +14,7 @@ from privfed.federation.client import OrchestraClient
 from privfed.federation.client_config import ClientConfig
 from privfed.federation.reply_checks import ReplyRules
 from privfed.federation.strategy import OrchestraStrategy
-from privfed.methods import get_method
+from privfed.methods import NO_CENTROIDS, get_method
 from privfed.models.network import build_network
 from privfed.orchestra.model_state import shared_keys
 from privfed.orchestra.round_report import RoundReport
@@ -61,6 +61,7 @@ def honest_round(config: TrainConfig, out: Path, *, train: bool = True, sampled:
     server = OrchestraServer(build_network(plan.config), num_global_centroids=config.num_global_centroids, seed=0, method=method)
     if train:
         server.initialised = True
+    if train and method.centroids != NO_CENTROIDS:
         server.centroids = torch.nn.functional.normalize(torch.randn(config.num_global_centroids, config.projection_dim), dim=1)
     mechanism = plan.config.release_mechanism
     mechanism_class = None if mechanism is None else get_mechanism_class(mechanism)
