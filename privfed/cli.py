@@ -30,6 +30,7 @@ app = typer.Typer(
 class Protocol(str, Enum):
     knn = "knn"
     linear = "linear"
+    finetune = "finetune"
     tsne = "tsne"
 
 
@@ -168,7 +169,9 @@ def evaluate(
     run_dir: Path = typer.Argument(..., help="A run directory written by `privfed train`."),
     train_data: Optional[str] = typer.Option(None, help="Labelled data the probe learns from (its train split; a file named only here is used whole). Needed by knn and linear."),
     test_data: str = typer.Option(..., help="Data the probe is scored on (its test split; a file named only here is used whole)."),
-    protocol: Protocol = typer.Option(Protocol.knn, help="knn (see --knn-k, --knn-temperature), linear (probe on frozen features) or tsne (a 2-D picture of the test representations by class)."),
+    protocol: Protocol = typer.Option(Protocol.knn, help="knn (see --knn-k, --knn-temperature), linear (probe on frozen features), finetune (the whole backbone and a linear head on --label-fraction of the labels) or tsne (a 2-D picture of the test representations by class)."),
+    label_fraction: float = typer.Option(0.1, help="finetune: the fraction of labelled train images, class-balanced (the paper: 0.01 and 0.1)."),
+    seed: int = typer.Option(0, help="finetune: seeds the labelled subset, the head and the schedule's draws."),
     checkpoint: str = typer.Option("final", help="initial, final, or a path to a checkpoint file."),
     data_dir: str = config_option("data_dir"),
     download: bool = config_option("download"),
@@ -184,6 +187,8 @@ def evaluate(
         train_data=train_data,
         test_data=test_data,
         protocol=protocol.value,
+        label_fraction=label_fraction,
+        seed=seed,
         checkpoint=checkpoint,
         data_dir=Path(data_dir),
         download=download,
@@ -264,8 +269,29 @@ def study(
     out: Optional[Path] = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
 ) -> None:
     """Run every cell of a study (train, evaluate, attack), skipping finished ones; write results.csv and results.md."""
+    _run_study_file(study_file, out)
+
+
+@app.command()
+def tune(
+    study_file: Path = typer.Argument(..., help="A study TOML file whose grid holds the candidates, e.g. lr and ema_decay (configs/studies/tune-cpu-cifar10.toml)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
+) -> None:
+    """Rank hyperparameters without labels by Align + 0.2 Unif (paper §5), with the label-based accuracy beside it; writes tuning.md."""
+    from privfed.studies.tables import tuning_ranking
+
+    records, folder = _run_study_file(study_file, out)
+    ranking = tuning_ranking(records)
+    (folder / "tuning.md").write_text(f"# Tuning {study_file.stem}\n\nHigher score first; the accuracy is for comparison only (it needs labels).\n\n{ranking}")
+    typer.echo(ranking)
+    typer.echo(f"wrote {folder / 'tuning.md'}")
+
+
+def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list, Path]:
+    """Runs (or continues) a study and writes its tables; returns its records and directory."""
     from privfed.studies.cell_work import study_row
     from privfed.studies.grid import Study
+    from privfed.studies.plots import write_study_plots
     from privfed.studies.runner import run_study
     from privfed.studies.tables import write_csv, write_markdown
     from privfed.runs import RunDirectory
@@ -291,8 +317,11 @@ def study(
             raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
         write_csv(records, folder / "results.csv")
         write_markdown(records, folder / "results.md", title=f"Study {study_file.stem}")
+        pictures = write_study_plots(records, folder)
     failed = sum(not r.finished for r in records)
-    typer.echo(f"wrote {folder / 'results.csv'} and {folder / 'results.md'} ({len(records) - failed} runs, {failed} failed)")
+    written = ", ".join(str(p) for p in [folder / "results.csv", folder / "results.md", *pictures])
+    typer.echo(f"wrote {written} ({len(records) - failed} runs, {failed} failed)")
+    return records, folder
 
 
 @app.command(name="attacks")

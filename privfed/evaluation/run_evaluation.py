@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -13,15 +14,18 @@ from privfed.data import ImageArrays
 from privfed.data.datasets import evaluation_splits, load_dataset
 from privfed.device import resolve_device
 from privfed.errors import PrivfedError
+from privfed.data.federated import FederatedSplit
+from privfed.evaluation.align_uniform import client_align_uniform, mean_over_clients
 from privfed.evaluation.embedding import save_embedding_figure, subset, tsne_2d
 from privfed.evaluation.features import extract_features
+from privfed.evaluation.fine_tuning import FineTuning, fine_tune_accuracy
 from privfed.evaluation.knn import knn_accuracy
 from privfed.evaluation.linear_probe import linear_probe_accuracy
 from privfed.runs import RunDirectory, load_network
 
-PROTOCOLS = ("knn", "linear", "tsne")
-#: Protocols that score a probe learnt on the train data (t-SNE only draws the test data).
-PROBES = ("knn", "linear")
+PROTOCOLS = ("knn", "linear", "finetune", "tsne")
+#: Protocols that learn from labelled train data (t-SNE only draws the test data).
+PROBES = ("knn", "linear", "finetune")
 
 
 def evaluate_run(
@@ -30,6 +34,8 @@ def evaluate_run(
     train_data: str | None,
     test_data: str,
     protocol: str,
+    label_fraction: float = 0.1,
+    seed: int = 0,
     checkpoint: str = "final",
     data_dir: Path = Path(DEFAULTS.data_dir),
     download: bool = DEFAULTS.download,
@@ -39,8 +45,10 @@ def evaluate_run(
 ) -> dict[str, Any]:
     """Evaluates one checkpoint of a run and appends the result to ``evaluation.json``.
 
-    Features come from the frozen online backbone, as in the paper's probes.
-    ``tsne`` scores nothing: it draws the test representations coloured by
+    Features come from the frozen online backbone, as in the paper's probes;
+    ``finetune`` trains a copy of that backbone with a linear head on
+    ``label_fraction`` of the train labels (class-balanced, seeded by
+    ``seed``) and scores it. ``tsne`` scores nothing: it draws the test representations coloured by
     class into ``RUN_DIR/embedding-tsne-<checkpoint>.png``. Options it
     shares with training default to ``privfed train``'s defaults.
     """
@@ -68,9 +76,17 @@ def evaluate_run(
     else:
         assert train_data is not None  # checked above
         train = load_dataset(train_data, split=train_split, data_dir=data_dir, download=download)
-        accuracy = probe_accuracy(
-            protocol, backbone, train, test, device=torch_device, knn_k=knn_k, knn_temperature=knn_temperature
-        )
+        if protocol == "finetune":
+            accuracy, labelled = fine_tune_accuracy(
+                backbone, train.to_tensor(), torch.as_tensor(train.labels), test.to_tensor(),
+                torch.as_tensor(test.labels), fraction=label_fraction, seed=seed, device=torch_device,
+            )
+            result.update(label_fraction=label_fraction, num_labelled=labelled, seed=seed,
+                          schedule=dataclasses.asdict(FineTuning()))
+        else:
+            accuracy = probe_accuracy(
+                protocol, backbone, train, test, device=torch_device, knn_k=knn_k, knn_temperature=knn_temperature
+            )
         if protocol == "knn":
             result.update(k=knn_k, temperature=knn_temperature)
         result.update(accuracy=accuracy, train_data=train_data, train_split=train_split,  # "all": the whole file
@@ -108,3 +124,29 @@ def draw_embedding(backbone: torch.nn.Module, test: ImageArrays, picture: Path, 
         title=f"t-SNE of {len(shown)} {test.name} test representations ({checkpoint} checkpoint)",
     )
     return len(shown)
+
+
+def score_run(run_path: Path, *, checkpoint: str = "final", device: str = DEFAULTS.device) -> dict[str, Any]:
+    """The unsupervised tuning score of a run's model (:mod:`privfed.evaluation.align_uniform`), without labels.
+
+    Each client's own training images are scored with the online encoder
+    (backbone and projector), two views per image seeded by the run's seed
+    and the client; the score is the mean over clients. A client with fewer
+    than two images is left out.
+    """
+    run = RunDirectory(run_path)
+    config = run.config()
+    network = load_network(config, run.checkpoint_path(checkpoint))
+    split = FederatedSplit.of(config)
+    torch_device = resolve_device(device)
+    scores = []
+    for client in range(config.num_clients):
+        images = split.client_images(client)
+        if images.shape[0] >= 2:
+            scores.append(client_align_uniform(
+                network.online, images, batch_size=max(2, config.batch_size), seed=config.seed * 10_007 + client,
+                device=torch_device,
+            ))
+    mean = mean_over_clients(scores)
+    return {"alignment": mean.alignment, "uniformity": mean.uniformity, "tuning_score": mean.score,
+            "clients_scored": len(scores)}

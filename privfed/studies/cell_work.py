@@ -58,8 +58,8 @@ def _stopped_by_a_signal(run: Any) -> bool:
 def study_row(
     cell: Cell, folder: Path, *, attack_method: str | None, attack: AttackRun | None
 ) -> dict[str, Any]:
-    """Trains (or finishes) the cell's run in ``folder/run``, scores it with kNN and a linear probe, and attacks it."""
-    from privfed.evaluation.run_evaluation import evaluate_run
+    """Trains (or finishes) the cell's run in ``folder/run``, scores it (kNN, linear probe, the label-free tuning score) and attacks it."""
+    from privfed.evaluation.run_evaluation import evaluate_run, score_run
 
     run_dir = folder / "run"
     attacked = attack_method is not None and attack is not None and cell.config.release_mechanism is not None
@@ -71,11 +71,18 @@ def study_row(
         run_dir, train_data=config.dataset, test_data=config.test_dataset or config.dataset, protocol="linear",
         data_dir=Path(config.data_dir), device=config.device,
     )
+    unsupervised = score_run(run_dir, device=config.device)
     privacy = summary["privacy"]
     row: dict[str, Any] = {
+        "method": config.method,
+        "mechanism": config.release_mechanism,
+        "epsilon_budget": config.epsilon if config.release_mechanism is not None else None,
         "knn": summary["knn_accuracy"],
         "knn_init": summary["knn_accuracy_init"],
         "linear": linear["accuracy"],
+        "alignment": unsupervised["alignment"],
+        "uniformity": unsupervised["uniformity"],
+        "tuning_score": unsupervised["tuning_score"],
         "rounds": summary["rounds"],
         "epsilon": privacy.get("epsilon"),
         "delta": privacy.get("delta"),

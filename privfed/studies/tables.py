@@ -63,3 +63,29 @@ def write_markdown(records: list[CellRecord], path: Path, *, title: str) -> Path
         text += "\n## Failed runs\n\n" + "\n".join(errors) + "\n"
     path.write_text(text)
     return path
+
+
+def tuning_ranking(records: list[CellRecord], *, accuracy: str = "linear") -> str:
+    """Settings ranked by their mean label-free tuning score, with the label-based accuracy beside it.
+
+    The last line gives the Spearman rank correlation of the two over the
+    settings: how far ranking by the score agrees with ranking by labels.
+    """
+    from scipy.stats import spearmanr
+
+    rows = []
+    for name in dict.fromkeys(r.name for r in records):
+        finished = [r.row for r in records if r.name == name and r.finished and r.row is not None]
+        scores = [row["tuning_score"] for row in finished if row.get("tuning_score") is not None]
+        accuracies = [row[accuracy] for row in finished if row.get(accuracy) is not None]
+        if scores:
+            rows.append((name, statistics.fmean(scores), accuracies, scores))
+    rows.sort(key=lambda entry: entry[1], reverse=True)
+    lines = [f"| rank | setting | tuning score (Align + 0.2 Unif) | {accuracy} accuracy |", "|---|---|---|---|"]
+    for rank, (name, _, accuracies, scores) in enumerate(rows, start=1):
+        lines.append(f"| {rank} | {name} | {summarise(scores)} | {summarise(accuracies)} |")
+    paired = [(score, statistics.fmean(accs)) for _, score, accs, _ in rows if accs]
+    if len(paired) >= 3:
+        rho = spearmanr([p[0] for p in paired], [p[1] for p in paired]).statistic
+        lines.append(f"\nSpearman rank correlation of score and {accuracy} accuracy over {len(paired)} settings: {rho:.2f}")
+    return "\n".join(lines) + "\n"

@@ -89,6 +89,22 @@ def test_evaluate_linear_probe_appends_a_result(run_dir, run_privfed):
     assert evaluations[-1]["protocol"] == "linear" and 0 <= evaluations[-1]["accuracy"] <= 1
 
 
+def test_evaluate_fine_tunes_on_a_class_balanced_fraction_of_the_labels(run_dir, run_privfed):
+    from privfed.data import load_dataset
+    from privfed.evaluation.label_subsets import class_balanced_subset
+
+    result = run_privfed(
+        "evaluate", str(run_dir), "--train-data", "shapes:1000", "--test-data", "shapes:1000",
+        "--protocol", "finetune", "--label-fraction", "0.05", "--seed", "2", "--device", "cpu",
+    )
+    assert result.returncode == 0, result.stderr
+    last = json.loads((run_dir / "evaluation.json").read_text())["evaluations"][-1]
+    train = load_dataset("shapes:1000", split="train", data_dir=run_dir)
+    assert last["protocol"] == "finetune" and 0 <= last["accuracy"] <= 1
+    assert last["num_labelled"] == len(class_balanced_subset(train.labels, 0.05, seed=2)) < len(train) // 10
+    assert last["label_fraction"] == 0.05 and last["seed"] == 2 and last["schedule"]["epochs"] > 0
+
+
 def test_evaluate_rejects_a_missing_checkpoint(run_dir, run_privfed):
     result = run_privfed(
         "evaluate", str(run_dir), "--train-data", "shapes:1000", "--test-data", "shapes:1000",

@@ -77,3 +77,19 @@ def test_cell_names_are_stable_and_safe_for_file_names():
     assert cell_name({"dp_sgd": True, "alpha": 0.1}) == "dp_sgd-on_alpha-0.1"
     assert cell_name({"dataset": "arrays:../data/x.npz"}) == "dataset-arrays-..-data-x.npz"
     assert cell_name({}) == "base"
+
+
+@pytest.mark.parametrize("name", ["privacy", "methods"])
+@pytest.mark.parametrize("scale", ["cpu", "paper"])
+def test_the_shipped_studies_load_with_three_seeds_per_cell(name, scale):
+    from pathlib import Path
+
+    spec = Study.load(Path(__file__).resolve().parents[2] / "configs" / "studies" / f"{name}-{scale}-cifar10.toml")
+    cells = spec.cells()
+    assert spec.seeds == (0, 1, 2) and len(cells) == 3 * len({c.name for c in cells})
+    if name == "privacy":
+        assert {c.name for c in cells} == {"mechanism-reps", "mechanism-kanon", "mechanism-ldp_epsilon-10",
+                                           "mechanism-ldp_epsilon-1", "mechanism-ldp_epsilon-0.8"}
+        assert all(c.config.delta == 1e-3 for c in cells) and spec.attack == "decoder"
+    else:
+        assert {c.config.method for c in cells} == {"orchestra", "rotpred", "simclr", "simsiam", "byol", "specloss"}

@@ -1,4 +1,4 @@
-"""`privfed study` on a tiny grid: every cell trained and scored once, a rerun redoes nothing, Ctrl-C stops and resumes."""
+"""`privfed study` on a tiny grid: every cell trained and scored once, a rerun redoes nothing, Ctrl-C or a kill stops it and the same command finishes it."""
 
 from __future__ import annotations
 
@@ -54,13 +54,61 @@ def test_a_study_runs_every_cell_once_and_a_rerun_redoes_nothing(tmp_path):
     assert again.returncode == 0 and "[" not in stdout.split("wrote")[0]  # no cell ran
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (read from /proc: Ray's workers and helpers)."""
+    children: dict[int, list[int]] = {}
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            try:
+                fields = open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(stat))
+    found, stack = [], list(children.get(pid, []))
+    while stack:
+        child = stack.pop()
+        found.append(child)
+        stack.extend(children.get(child, []))
+    return found
+
+
+def wait_for_the_second_cell(tmp_path, rounds_logged: int) -> None:
+    second_cell = tmp_path / "out" / "cells" / "mechanism-reps-seed1" / "run" / "metrics.jsonl"
+    deadline = time.time() + 600
+    while not (second_cell.is_file() and len(second_cell.read_text().splitlines()) >= rounds_logged):
+        assert time.time() < deadline, "the study never reached its second cell"
+        time.sleep(0.5)
+
+
+def test_a_killed_study_finishes_without_redoing_a_finished_cell(tmp_path):
+    (tmp_path / "tiny.toml").write_text(STUDY.format(rounds=3))
+    first = privfed("study", "tiny.toml", "--out", "out", cwd=tmp_path)
+    wait_for_the_second_cell(tmp_path, rounds_logged=2)
+    helpers = descendants(first.pid)
+    first.kill()  # SIGKILL mid-cell: no handler runs, the cell in progress has no cell.json
+    first.communicate(timeout=60)
+    for pid in helpers:  # Ray's processes die with their driver; make sure none outlives the test
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    finished = tmp_path / "out" / "cells" / "mechanism-reps-seed0"
+    finished_at = (finished / "cell.json").stat().st_mtime
+    metrics = (finished / "run" / "metrics.jsonl").read_text()
+    assert not (tmp_path / "out" / "cells" / "mechanism-reps-seed1" / "cell.json").exists()
+    again = privfed("study", "tiny.toml", "--out", "out", cwd=tmp_path)
+    stdout, stderr = again.communicate(timeout=900)
+    assert again.returncode == 0, stderr[-3000:]
+    assert "mechanism-reps-seed0" not in stdout.split("wrote")[0]  # the finished cell was not redone
+    assert (finished / "cell.json").stat().st_mtime == finished_at and (finished / "run" / "metrics.jsonl").read_text() == metrics
+    rows = list(csv.DictReader((tmp_path / "out" / "results.csv").open()))
+    assert len(rows) == 4 and all(r["rounds"] == "3" and not r.get("error") for r in rows)
+
+
 def test_ctrl_c_stops_the_study_and_the_same_command_finishes_it_without_redoing_a_cell(tmp_path):
     (tmp_path / "tiny.toml").write_text(STUDY.format(rounds=3))
     first = privfed("study", "tiny.toml", "--out", "out", cwd=tmp_path)
-    second_cell = tmp_path / "out" / "cells" / "mechanism-reps-seed1" / "run" / "metrics.jsonl"
-    deadline = time.time() + 600
-    while not (second_cell.is_file() and len(second_cell.read_text().splitlines()) >= 2) and time.time() < deadline:
-        time.sleep(0.5)
+    wait_for_the_second_cell(tmp_path, rounds_logged=2)
     os.kill(first.pid, signal.SIGINT)  # during the second cell's run
     _, stderr = first.communicate(timeout=600)
     assert first.returncode == 130, stderr[-3000:]

@@ -1,0 +1,100 @@
+"""Semi-supervised evaluation: fine-tune the whole backbone and a linear head on a few labels.
+
+The paper's protocol fine-tunes the pretrained model on 1 % or 10 % of the
+labelled training images and reports test accuracy. The labelled subset is
+class-balanced and seeded (:func:`class_balanced_subset`), the schedule is
+fixed (SGD with momentum, cosine decay, a fixed number of epochs) and every
+random draw (subset, head initialisation, shuffling, augmentation) comes
+from ``seed``, so the same encoder and seed give the same accuracy on CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from privfed.data.augment import normalize, random_resized_crop_flip, to_float
+from privfed.evaluation.label_subsets import class_balanced_subset
+
+
+@dataclass(frozen=True)
+class FineTuning:
+    """The fine-tuning schedule (one set of values for every encoder, so accuracies compare).
+
+    Attributes:
+        epochs: Passes over the labelled subset.
+        batch_size: Labelled images per step.
+        lr: Initial learning rate of backbone and head (cosine decay to 0).
+        weight_decay: L2 penalty.
+        crop_scale: Smallest crop fraction of the training augmentation (crop and flip only).
+    """
+
+    epochs: int = 30
+    batch_size: int = 64
+    lr: float = 0.05
+    weight_decay: float = 5e-4
+    crop_scale: float = 0.5
+
+
+def fine_tune_accuracy(
+    backbone: nn.Module,
+    train_images: torch.Tensor,
+    train_labels: torch.Tensor,
+    test_images: torch.Tensor,
+    test_labels: torch.Tensor,
+    *,
+    fraction: float,
+    seed: int,
+    device: torch.device,
+    schedule: FineTuning = FineTuning(),
+) -> tuple[float, int]:
+    """Fine-tunes a copy of ``backbone`` with a linear head on ``fraction`` of the labels; returns (test accuracy, labels used).
+
+    ``backbone`` itself is left as it was. The head has one output per class
+    seen in either split.
+    """
+    labelled = torch.as_tensor(class_balanced_subset(train_labels.numpy(), fraction, seed=seed))
+    images, labels = train_images[labelled], train_labels[labelled]
+    num_classes = int(max(train_labels.max(), test_labels.max())) + 1
+    model = _with_head(copy.deepcopy(backbone), images[:2], num_classes, seed).to(device)
+    generator = torch.Generator().manual_seed(seed)
+    aug_generator = torch.Generator(device=device).manual_seed(seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=schedule.lr, momentum=0.9, weight_decay=schedule.weight_decay)
+    steps_per_epoch = max(1, -(-len(labelled) // schedule.batch_size))
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, schedule.epochs * steps_per_epoch)
+    model.train()
+    for _ in range(schedule.epochs):
+        for index in torch.randperm(len(labelled), generator=generator).split(schedule.batch_size):
+            if len(index) < 2:  # BatchNorm needs two
+                continue
+            batch = to_float(images[index].to(device))
+            views = random_resized_crop_flip(batch, generator=aug_generator, scale=(schedule.crop_scale, 1.0))
+            loss = F.cross_entropy(model(normalize(views)), labels[index].to(device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+    return _accuracy(model, test_images, test_labels, device), len(labelled)
+
+
+def _with_head(backbone: nn.Module, sample: torch.Tensor, num_classes: int, seed: int) -> nn.Sequential:
+    """The backbone followed by a seeded linear classifier on its features."""
+    with torch.no_grad():
+        backbone.eval()
+        width = backbone(normalize(to_float(sample))).shape[1]
+    head = nn.Linear(width, num_classes)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        head.reset_parameters()
+    return nn.Sequential(backbone, head)
+
+
+@torch.no_grad()
+def _accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, device: torch.device) -> float:
+    model.eval()
+    predicted = torch.cat([model(normalize(to_float(batch.to(device)))).argmax(1).cpu() for batch in images.split(512)])
+    return float((predicted == labels).float().mean())

@@ -1,0 +1,129 @@
+"""A study's pictures: accuracy against the privacy budget, and accuracy against the attack's advantage.
+
+Each point is a setting's mean over its finished seeds, with the standard
+deviation over seeds as error bars; a picture the study has no data for is
+not drawn.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from privfed.studies.cell_work import ATTACK_FIGURE
+from privfed.studies.runner import CellRecord
+
+#: The mechanisms drawn as horizontal reference lines (they have no ε).
+REFERENCE_MECHANISMS = ("reps", "kanon")
+EPSILON_PLOT = "accuracy-vs-epsilon.png"
+ATTACK_PLOT = "accuracy-vs-attack.png"
+ATTACK_COLUMN = f"attack_{ATTACK_FIGURE}"
+
+
+@dataclass(frozen=True)
+class SettingPoint:
+    """One setting's mean and spread over seeds of two row values."""
+
+    name: str
+    row: dict[str, Any]
+    x: float
+    x_std: float
+    y: float
+    y_std: float
+
+
+def setting_points(records: list[CellRecord], x: str, y: str) -> list[SettingPoint]:
+    """Every setting with ``x`` and ``y`` in all of its finished rows, in study order."""
+    points = []
+    for name in dict.fromkeys(r.name for r in records):
+        rows = [r.row for r in records if r.name == name and r.finished and r.row is not None]
+        if rows and all(isinstance(row.get(x), (int, float)) and isinstance(row.get(y), (int, float)) for row in rows):
+            xs, ys = [float(row[x]) for row in rows], [float(row[y]) for row in rows]
+            points.append(SettingPoint(name, rows[0], statistics.fmean(xs), _std(xs), statistics.fmean(ys), _std(ys)))
+    return points
+
+
+def accuracy_column(records: list[CellRecord]) -> str:
+    """The linear probe's accuracy where the study has it, else the kNN monitor's."""
+    return "linear" if any(r.row and r.row.get("linear") is not None for r in records) else "knn"
+
+
+def plot_accuracy_vs_epsilon(records: list[CellRecord], path: Path) -> Path | None:
+    """Accuracy against the total ε budget per mechanism, with ``reps`` and ``kanon`` as reference lines."""
+    accuracy = accuracy_column(records)
+    budgeted = setting_points(records, "epsilon_budget", accuracy)
+    if not budgeted:
+        return None
+    references = _references(records, accuracy)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for mechanism in dict.fromkeys(str(p.row.get("mechanism")) for p in budgeted):
+        mine = sorted((p for p in budgeted if str(p.row.get("mechanism")) == mechanism), key=lambda p: p.x)
+        ax.errorbar([p.x for p in mine], [p.y for p in mine], yerr=[p.y_std for p in mine], marker="o", capsize=3,
+                    label=f"{mechanism} (mean ± std over seeds)")
+    for index, (name, mean, spread) in enumerate(references):
+        line = ax.axhline(mean, linestyle="--", color=f"C{index + 3}", label=f"{name} (no ε)")
+        ax.axhspan(mean - spread, mean + spread, color=line.get_color(), alpha=0.12)
+    ax.set_xscale("log")
+    ax.set_xlabel("total ε per client (budget)")
+    ax.set_ylabel(f"{accuracy} accuracy")
+    ax.legend(fontsize=8)
+    ax.set_title("Accuracy against the privacy budget", fontsize=10)
+    return _save(fig, plt, path)
+
+
+def plot_accuracy_vs_attack(records: list[CellRecord], path: Path) -> Path | None:
+    """One point per setting: the attack's advantage over its null against accuracy, seed spread as error bars."""
+    accuracy = accuracy_column(records)
+    points = setting_points(records, ATTACK_COLUMN, accuracy)
+    if not points:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for index, p in enumerate(points):
+        ax.errorbar(p.x, p.y, xerr=p.x_std, yerr=p.y_std, marker="o", capsize=3, color=f"C{index % 10}", label=p.name)
+    ax.axvline(0.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("attack advantage over its null (dB PSNR, best-matching member)")
+    ax.set_ylabel(f"{accuracy} accuracy")
+    ax.legend(fontsize=7)
+    ax.set_title("Accuracy against what the attacker recovers", fontsize=10)
+    return _save(fig, plt, path)
+
+
+def write_study_plots(records: list[CellRecord], folder: Path) -> list[Path]:
+    """Both pictures, where the study has the data for them."""
+    drawn = [plot_accuracy_vs_epsilon(records, folder / EPSILON_PLOT), plot_accuracy_vs_attack(records, folder / ATTACK_PLOT)]
+    return [path for path in drawn if path is not None]
+
+
+def _references(records: list[CellRecord], accuracy: str) -> list[tuple[str, float, float]]:
+    """(mechanism, mean, std) of the reference mechanisms' accuracies over their finished runs."""
+    found = []
+    for mechanism in REFERENCE_MECHANISMS:
+        values = [float(r.row[accuracy]) for r in records if r.finished and r.row and r.row.get("mechanism") == mechanism
+                  and r.row.get("epsilon_budget") is None and r.row.get(accuracy) is not None]
+        if values:
+            found.append((mechanism, statistics.fmean(values), _std(values)))
+    return found
+
+
+def _std(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, plt: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

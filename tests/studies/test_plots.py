@@ -1,0 +1,49 @@
+"""A study's pictures: drawn from the settings' means and spreads, and only when the study has the data."""
+
+from __future__ import annotations
+
+import matplotlib.image
+import numpy as np
+
+from privfed.studies.plots import ATTACK_COLUMN, plot_accuracy_vs_attack, plot_accuracy_vs_epsilon, setting_points, write_study_plots
+from privfed.studies.runner import CellRecord
+
+
+def privacy_study() -> list[CellRecord]:
+    records = []
+    settings = [("mechanism-reps", "reps", None, 0.40), ("mechanism-kanon", "kanon", None, 0.38),
+                ("mechanism-ldp_epsilon-10", "ldp", 10.0, 0.36), ("mechanism-ldp_epsilon-1", "ldp", 1.0, 0.33)]
+    for name, mechanism, budget, accuracy in settings:
+        for seed in (0, 1, 2):
+            row = {"mechanism": mechanism, "epsilon_budget": budget, "linear": accuracy + seed / 100, "knn": 0.3,
+                   ATTACK_COLUMN: 3.0 - seed if mechanism == "reps" else 0.5 + seed / 10}
+            records.append(CellRecord(name, seed, row, None, 1.0))
+    records.append(CellRecord("mechanism-ldp_epsilon-1", 3, None, "RuntimeError: failed", 1.0))
+    return records
+
+
+def assert_a_real_picture(path, size=(440, 640)):
+    pixels = matplotlib.image.imread(path)
+    assert pixels.shape[:2] == size
+    assert np.std(pixels[..., :3]) > 0.05  # not blank
+
+
+def test_a_setting_point_is_the_mean_and_spread_of_its_finished_seeds():
+    (point,) = [p for p in setting_points(privacy_study(), "epsilon_budget", "linear") if p.name.endswith("epsilon-1")]
+    assert point.x == 1.0 and point.x_std == 0.0
+    assert abs(point.y - 0.34) < 1e-9 and abs(point.y_std - 0.01) < 1e-9  # the failed seed is left out
+
+
+def test_both_pictures_are_drawn_for_a_privacy_study(tmp_path):
+    drawn = write_study_plots(privacy_study(), tmp_path)
+    assert [p.name for p in drawn] == ["accuracy-vs-epsilon.png", "accuracy-vs-attack.png"]
+    for path in drawn:
+        assert_a_real_picture(path)
+
+
+def test_a_study_without_budgets_or_attacks_draws_neither(tmp_path):
+    records = [CellRecord(f"method-{m}", 0, {"mechanism": None, "epsilon_budget": None, "linear": 0.3}, None, 1.0)
+               for m in ("simclr", "byol")]
+    assert plot_accuracy_vs_epsilon(records, tmp_path / "e.png") is None
+    assert plot_accuracy_vs_attack(records, tmp_path / "a.png") is None
+    assert write_study_plots(records, tmp_path) == []

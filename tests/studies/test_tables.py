@@ -1,0 +1,36 @@
+"""A study's tables: mean ± std over seeds, failures counted, and the tuning ranking."""
+
+from __future__ import annotations
+
+import pytest
+
+from privfed.studies.runner import CellRecord
+from privfed.studies.tables import markdown_table, summarise, tuning_ranking
+
+
+def record(name: str, seed: int, **row) -> CellRecord:
+    return CellRecord(name, seed, row, None, 1.0)
+
+
+def test_a_setting_is_summarised_over_its_seeds_and_failures_are_counted():
+    records = [record("a", 0, knn=0.2), record("a", 1, knn=0.4), CellRecord("a", 2, None, "RuntimeError: x", 1.0)]
+    table = markdown_table(records)
+    assert "| a | 2 (1 failed) | 0.3 ± 0.14 (2) |" in table
+    assert summarise(["kanon", "kanon"]) == "kanon" and summarise([None]) == "-"
+
+
+def test_tuning_ranks_by_the_score_and_reports_how_well_it_agrees_with_labels():
+    scores_and_accuracy = {"lr-0.1": (0.9, 0.30), "lr-0.03": (0.7, 0.40), "lr-0.01": (0.5, 0.35), "lr-0.003": (0.1, 0.2)}
+    records = [record(name, seed, tuning_score=score + seed / 100, linear=acc)
+               for name, (score, acc) in scores_and_accuracy.items() for seed in (0, 1)]
+    ranking = tuning_ranking(records)
+    lines = [line for line in ranking.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [line.split(" | ")[1] for line in lines] == ["lr-0.1", "lr-0.03", "lr-0.01", "lr-0.003"]
+    # Ranks by score 1,2,3,4 against ranks by accuracy 3,1,2,4: rho = 1 - 6*(4+1+1+0)/(4*15) = 0.4.
+    assert "Spearman rank correlation of score and linear accuracy over 4 settings: 0.40" in ranking
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_too_few_settings_give_no_correlation(count):
+    records = [record(f"s{i}", 0, tuning_score=float(i), linear=0.1) for i in range(count)]
+    assert "Spearman" not in tuning_ranking(records)
