@@ -18,6 +18,7 @@ from privfed.errors import PrivfedError
 if TYPE_CHECKING:
     from privfed.resume import ResumePoint
     from privfed.run_plan import RunPlan
+    from privfed.studies.runner import CellRecord
 
 app = typer.Typer(
     add_completion=False,
@@ -287,7 +288,7 @@ def tune(
     typer.echo(f"wrote {folder / 'tuning.md'}")
 
 
-def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list, Path]:
+def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list[CellRecord], Path]:
     """Runs (or continues) a study and writes its tables; returns its records and directory."""
     from privfed.studies.cell_work import study_row
     from privfed.studies.grid import Study

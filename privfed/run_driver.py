@@ -346,6 +346,7 @@ class RunDriver:
             worst=worst,
             k=self.ledger.min_k,
             secagg=self.plan.secagg is not None,
+            objective=self.method.objective,
         )
         dp_sgd = None
         if plan.dp_sgd is not None and worst is not None:

@@ -64,7 +64,8 @@ def fine_tune_accuracy(
     generator = torch.Generator().manual_seed(seed)
     aug_generator = torch.Generator(device=device).manual_seed(seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=schedule.lr, momentum=0.9, weight_decay=schedule.weight_decay)
-    steps_per_epoch = max(1, -(-len(labelled) // schedule.batch_size))
+    whole, rest = divmod(len(labelled), schedule.batch_size)
+    steps_per_epoch = max(1, whole + (rest >= 2))  # a trailing batch of one is skipped
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, schedule.epochs * steps_per_epoch)
     model.train()
     for _ in range(schedule.epochs):
@@ -86,10 +87,9 @@ def _with_head(backbone: nn.Module, sample: torch.Tensor, num_classes: int, seed
     with torch.no_grad():
         backbone.eval()
         width = backbone(normalize(to_float(sample))).shape[1]
-    head = nn.Linear(width, num_classes)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]):  # the head's draw leaves the caller's generator where it was
         torch.manual_seed(seed)
-        head.reset_parameters()
+        head = nn.Linear(width, num_classes)
     return nn.Sequential(backbone, head)
 
 

@@ -128,10 +128,10 @@ class OrchestraClient(Client):
         if config.dp_sgd and dp_sgd is None:
             raise ValueError("the run trains with DP-SGD but the server sent no DP-SGD settings")
         images = config.split.client_images(self.client_id)
-        labels = config.split.client_labels(self.client_id) if config.local.objective.uses_labels else None
         if self.declared is not None:
             # Before anything touches the data: the round is checked and charged, or refused.
             self._admit(ins.config, config, params, dp_sgd, int(images.shape[0]), train, keys)
+        labels = config.split.client_labels(self.client_id) if config.local.objective.uses_labels else None
         if config.mechanism is not None:
             mechanism = create_mechanism(config.mechanism, **params)
         if centroids is not None and mechanism is not None:

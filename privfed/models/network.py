@@ -47,8 +47,10 @@ class OrchestraNetwork(nn.Module):
     projector and predictor (2H wide) and the target; SpecLoss a linear layer
     with ``num_clusters`` outputs after the normalised projection; SimCLR
     the projector alone; supervised FedAvg no projector, and a linear
-    classifier with ``num_classes`` outputs on the backbone's features. Only
-    what a method uses is built, so only that travels.
+    classifier with ``num_classes`` outputs on the backbone's features. A
+    baseline's network holds only what its loss uses, so only that travels;
+    Orchestra's ablations keep Orchestra's parts (e.g. ``rotpred`` ships a
+    target encoder it moves only by EMA).
     """
 
     def __init__(

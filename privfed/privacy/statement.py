@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mechanisms.base import K_ANONYMITY, Mechanism
+from privfed.methods import ORCHESTRA_LOSS, Objective
 from privfed.privacy.ledger import WorstCase
 
 #: The privacy unit of DP-SGD, and of DP releases under DP-SGD.
@@ -111,7 +112,7 @@ def _release_clauses(
     return [], [f"released vectors ({name}): no guarantee{raw}; they are not in the epsilon"]
 
 
-def _public_facts(*, dp_sgd: bool, secagg: bool, releases: bool) -> list[str]:
+def _public_facts(*, dp_sgd: bool, secagg: bool, releases: bool, objective: Objective) -> list[str]:
     """What no part of the run protects: sizes and participation, and the metrics clients report."""
     facts = [
         "each client's dataset size (public: it weighs the FedAvg average), which rounds it took part in, whether "
@@ -121,8 +122,8 @@ def _public_facts(*, dp_sgd: bool, secagg: bool, releases: bool) -> list[str]:
     reported = (
         "step counts and wall-clock timings (their losses are not reported)"
         if dp_sgd
-        else "training metrics (losses, target entropy, centroid cosine: averages computed from their data; step "
-        "counts and timings)"
+        else f"training metrics ({_data_metrics(objective)}: averages computed from their data; step counts and "
+        "timings)"
     )
     if secagg:
         plain = (
@@ -139,6 +140,13 @@ def _public_facts(*, dp_sgd: bool, secagg: bool, releases: bool) -> list[str]:
     else:
         facts.append(f"the {reported} each client reports in plaintext every round")
     return facts
+
+
+def _data_metrics(objective: Objective) -> str:
+    """The metrics a method's clients compute from their data (:func:`privfed.orchestra.local_training.step_means`)."""
+    if objective.loss != ORCHESTRA_LOSS:
+        return "the loss"
+    return "losses, target entropy, centroid cosine" if objective.cluster_loss else "losses"
 
 
 def _headline(mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCase | None, k: int | None) -> str:
@@ -201,6 +209,7 @@ def privacy_statement(
     worst: WorstCase | None,
     k: int | None,
     secagg: bool = True,
+    objective: Objective = Objective(),
 ) -> PrivacyStatement:
     """Builds the statement for one run.
 
@@ -213,6 +222,8 @@ def privacy_statement(
             (None when nothing in the run is DP).
         k: Smallest anonymity-set size of k-anonymous releases, if any.
         secagg: Whether encoder updates went through secure aggregation.
+        objective: The run's method's objective: which metrics its clients
+            report, and whether they train on their labels.
     """
     if (dp_sgd or (mechanism is not None and mechanism.is_differentially_private())) and worst is None:
         raise ValueError("a run with a DP part needs the ledger's worst case")
@@ -224,7 +235,12 @@ def privacy_statement(
     ):
         covers += part_covers
         not_covered += part_not_covered
-    not_covered += _public_facts(dp_sgd=dp_sgd, secagg=secagg, releases=mechanism is not None)
+    if objective.uses_labels and not dp_sgd:
+        not_covered.append(
+            "the clients' labels: supervised FedAvg trains the classifier and the backbone on them, so each "
+            "update carries the client's label distribution (e.g. which classes it holds)"
+        )
+    not_covered += _public_facts(dp_sgd=dp_sgd, secagg=secagg, releases=mechanism is not None, objective=objective)
     not_covered.append(DEVIATING_SERVER)
     text = _headline(mechanism, dp_sgd=dp_sgd, worst=worst, k=k) + " Not covered: " + "; ".join(not_covered) + "."
     return PrivacyStatement(text=text, covers=tuple(covers), not_covered=tuple(not_covered))

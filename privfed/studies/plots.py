@@ -2,7 +2,9 @@
 
 Each point is a setting's mean over its finished seeds, with the standard
 deviation over seeds as error bars; a picture the study has no data for is
-not drawn.
+not drawn. On the ε plot, the settings that differ only in ε make one line,
+and every ``reps`` or ``kanon`` setting is its own reference line, so a study
+that also varies, say, the method never pools two methods into one line.
 """
 
 from __future__ import annotations
@@ -56,16 +58,17 @@ def plot_accuracy_vs_epsilon(records: list[CellRecord], path: Path) -> Path | No
     budgeted = setting_points(records, "epsilon_budget", accuracy)
     if not budgeted:
         return None
-    references = _references(records, accuracy)
+    references = [p for p in setting_points(records, accuracy, accuracy)  # (x is unused for a horizontal line)
+                  if p.row.get("mechanism") in REFERENCE_MECHANISMS and p.row.get("epsilon_budget") is None]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for mechanism in dict.fromkeys(str(p.row.get("mechanism")) for p in budgeted):
-        mine = sorted((p for p in budgeted if str(p.row.get("mechanism")) == mechanism), key=lambda p: p.x)
+    for line_name in dict.fromkeys(without_epsilon(p.name) for p in budgeted):
+        mine = sorted((p for p in budgeted if without_epsilon(p.name) == line_name), key=lambda p: p.x)
         ax.errorbar([p.x for p in mine], [p.y for p in mine], yerr=[p.y_std for p in mine], marker="o", capsize=3,
-                    label=f"{mechanism} (mean ± std over seeds)")
-    for index, (name, mean, spread) in enumerate(references):
-        line = ax.axhline(mean, linestyle="--", color=f"C{index + 3}", label=f"{name} (no ε)")
-        ax.axhspan(mean - spread, mean + spread, color=line.get_color(), alpha=0.12)
+                    label=f"{line_name} (mean ± std over seeds)")
+    for index, point in enumerate(references):
+        line = ax.axhline(point.y, linestyle="--", color=f"C{(index + 3) % 10}", label=f"{point.name} (no ε)")
+        ax.axhspan(point.y - point.y_std, point.y + point.y_std, color=line.get_color(), alpha=0.12)
     ax.set_xscale("log")
     ax.set_xlabel("total ε per client (budget)")
     ax.set_ylabel(f"{accuracy} accuracy")
@@ -98,15 +101,10 @@ def write_study_plots(records: list[CellRecord], folder: Path) -> list[Path]:
     return [path for path in drawn if path is not None]
 
 
-def _references(records: list[CellRecord], accuracy: str) -> list[tuple[str, float, float]]:
-    """(mechanism, mean, std) of the reference mechanisms' accuracies over their finished runs."""
-    found = []
-    for mechanism in REFERENCE_MECHANISMS:
-        values = [float(r.row[accuracy]) for r in records if r.finished and r.row and r.row.get("mechanism") == mechanism
-                  and r.row.get("epsilon_budget") is None and r.row.get(accuracy) is not None]
-        if values:
-            found.append((mechanism, statistics.fmean(values), _std(values)))
-    return found
+def without_epsilon(setting: str) -> str:
+    """A setting's name without its ε option: the settings on one line of the ε plot share it."""
+    parts = [part for part in setting.split("_") if not part.startswith("epsilon-")]
+    return "_".join(parts) or setting
 
 
 def _std(values: list[float]) -> float:

@@ -68,18 +68,22 @@ def write_markdown(records: list[CellRecord], path: Path, *, title: str) -> Path
 def tuning_ranking(records: list[CellRecord], *, accuracy: str = "linear") -> str:
     """Settings ranked by their mean label-free tuning score, with the label-based accuracy beside it.
 
-    The last line gives the Spearman rank correlation of the two over the
-    settings: how far ranking by the score agrees with ranking by labels.
+    A line after the table gives the Spearman rank correlation of the two
+    over the settings: how far ranking by the score agrees with ranking by
+    labels. A setting without a finite score (a diverged run) is listed as
+    not scored instead of ranked.
     """
     from scipy.stats import spearmanr
 
-    rows = []
+    rows, unscored = [], []
     for name in dict.fromkeys(r.name for r in records):
         finished = [r.row for r in records if r.name == name and r.finished and r.row is not None]
-        scores = [row["tuning_score"] for row in finished if row.get("tuning_score") is not None]
-        accuracies = [row[accuracy] for row in finished if row.get(accuracy) is not None]
+        scores = [row["tuning_score"] for row in finished if _finite(row.get("tuning_score"))]
+        accuracies = [row[accuracy] for row in finished if _finite(row.get(accuracy))]
         if scores:
             rows.append((name, statistics.fmean(scores), accuracies, scores))
+        elif finished:
+            unscored.append(name)
     rows.sort(key=lambda entry: entry[1], reverse=True)
     lines = [f"| rank | setting | tuning score (Align + 0.2 Unif) | {accuracy} accuracy |", "|---|---|---|---|"]
     for rank, (name, _, accuracies, scores) in enumerate(rows, start=1):
@@ -88,4 +92,10 @@ def tuning_ranking(records: list[CellRecord], *, accuracy: str = "linear") -> st
     if len(paired) >= 3:
         rho = spearmanr([p[0] for p in paired], [p[1] for p in paired]).statistic
         lines.append(f"\nSpearman rank correlation of score and {accuracy} accuracy over {len(paired)} settings: {rho:.2f}")
+    if unscored:
+        lines.append(f"\nNot scored (no finite score, e.g. a diverged run): {', '.join(unscored)}")
     return "\n".join(lines) + "\n"
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)

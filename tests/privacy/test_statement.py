@@ -132,3 +132,17 @@ def test_what_travels_in_plaintext_under_secagg_is_named_and_only_what_travels(m
     assert ("release time in plaintext" in facts) == (mechanism is not None)
     assert "how many clients' updates overflowed" in facts
     assert "whether its round failed or was refused" in facts
+
+
+def test_supervised_fedavg_names_the_labels_and_each_method_only_the_metrics_it_reports():
+    from privfed.methods import get_method
+
+    supervised = privacy_statement(mechanism=None, dp_sgd=False, worst=None, k=None,
+                                   objective=get_method("supervised").objective)
+    assert any("labels" in n and "label distribution" in n for n in supervised.not_covered)
+    for method in ("simclr", "byol", "rotpred"):
+        other = privacy_statement(mechanism=None, dp_sgd=False, worst=None, k=None, objective=get_method(method).objective)
+        assert not any("labels" in n for n in other.not_covered)
+        assert not any("target entropy" in n for n in other.not_covered)  # no centroids, no such metric
+    orchestra = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4)
+    assert any("target entropy, centroid cosine" in n for n in orchestra.not_covered)

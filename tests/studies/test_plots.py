@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import matplotlib.image
 import numpy as np
+import pytest
 
 from privfed.studies.plots import ATTACK_COLUMN, plot_accuracy_vs_attack, plot_accuracy_vs_epsilon, setting_points, write_study_plots
 from privfed.studies.runner import CellRecord
@@ -47,3 +48,25 @@ def test_a_study_without_budgets_or_attacks_draws_neither(tmp_path):
     assert plot_accuracy_vs_epsilon(records, tmp_path / "e.png") is None
     assert plot_accuracy_vs_attack(records, tmp_path / "a.png") is None
     assert write_study_plots(records, tmp_path) == []
+
+
+def test_settings_that_differ_in_more_than_epsilon_get_lines_of_their_own(tmp_path, monkeypatch):
+    records = []
+    for method, base in (("orchestra", 0.7), ("rotpred", 0.4)):
+        for budget in (1.0, 10.0):
+            row = {"mechanism": "ldp", "epsilon_budget": budget, "linear": base + budget / 100}
+            records.append(CellRecord(f"method-{method}_mechanism-ldp_epsilon-{budget:g}", 0, row, None, 1.0))
+        records.append(CellRecord(f"method-{method}_mechanism-kanon", 0,
+                                  {"mechanism": "kanon", "epsilon_budget": None, "linear": base}, None, 1.0))
+    import matplotlib.axes
+
+    drawn_lines, drawn_references = [], []
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", lambda self, x, y, **kw: drawn_lines.append((kw["label"], list(y))))
+    original = matplotlib.axes.Axes.axhline
+    monkeypatch.setattr(matplotlib.axes.Axes, "axhline",
+                        lambda self, y, **kw: drawn_references.append((kw["label"], y)) or original(self, y, **kw))
+    plot_accuracy_vs_epsilon(records, tmp_path / "e.png")
+    assert [label for label, _ in drawn_lines] == ["method-orchestra_mechanism-ldp (mean ± std over seeds)",
+                                                   "method-rotpred_mechanism-ldp (mean ± std over seeds)"]
+    assert [values for _, values in drawn_lines] == [pytest.approx([0.71, 0.8]), pytest.approx([0.41, 0.5])]
+    assert drawn_references == [("method-orchestra_mechanism-kanon (no ε)", 0.7), ("method-rotpred_mechanism-kanon (no ε)", 0.4)]

@@ -121,3 +121,19 @@ def test_ctrl_c_stops_the_study_and_the_same_command_finishes_it_without_redoing
     assert (tmp_path / "out" / "cells" / "mechanism-reps-seed0" / "cell.json").stat().st_mtime == finished
     rows = list(csv.DictReader((tmp_path / "out" / "results.csv").open()))
     assert len(rows) == 4 and all(r["rounds"] == "3" and not r.get("error") for r in rows)
+
+
+def test_tune_ranks_the_grid_by_the_label_free_score_and_shows_the_accuracy(tmp_path):
+    study = STUDY.format(rounds=1).replace("seeds = [0, 1]", "seeds = [0]").replace(
+        'mechanism = ["reps", "kanon"]', "lr = [0.1, 0.03, 0.003]")
+    (tmp_path / "tune.toml").write_text(study)
+    tune = privfed("tune", "tune.toml", "--out", "out", cwd=tmp_path)
+    stdout, stderr = tune.communicate(timeout=900)
+    assert tune.returncode == 0, stderr[-3000:]
+    rows = list(csv.DictReader((tmp_path / "out" / "results.csv").open()))
+    scores = {r["cell"]: float(r["alignment"]) + 0.2 * float(r["uniformity"]) for r in rows}
+    assert all(abs(scores[r["cell"]] - float(r["tuning_score"])) < 1e-9 for r in rows)
+    ranked = [line.split(" | ")[1] for line in (tmp_path / "out" / "tuning.md").read_text().splitlines()
+              if line.startswith("| ") and line[2].isdigit()]
+    assert ranked == sorted(scores, key=scores.get, reverse=True)
+    assert "Spearman rank correlation of score and linear accuracy over 3 settings" in stdout

@@ -34,3 +34,10 @@ def test_tuning_ranks_by_the_score_and_reports_how_well_it_agrees_with_labels():
 def test_too_few_settings_give_no_correlation(count):
     records = [record(f"s{i}", 0, tuning_score=float(i), linear=0.1) for i in range(count)]
     assert "Spearman" not in tuning_ranking(records)
+
+
+def test_a_setting_without_a_finite_score_is_listed_not_ranked():
+    records = [record("lr-0.1", 0, tuning_score=float("nan"), linear=0.1), record("lr-0.01", 0, tuning_score=0.4, linear=0.3)]
+    ranking = tuning_ranking(records)
+    assert "| 1 | lr-0.01 |" in ranking and "| 2 |" not in ranking
+    assert "Not scored (no finite score, e.g. a diverged run): lr-0.1" in ranking
