@@ -1,4 +1,9 @@
-"""The ablations run through the same Flower pipeline as Orchestra and say what they did in summary.json."""
+"""The ablations run through the same Flower pipeline as Orchestra and say what they did in summary.json.
+
+Slow (two simulations): the fast tests cover the parts (tests/orchestra/test_server.py draws and keeps
+the fixed centroids, tests/federation/test_strategy.py refuses a release from rotpred) and
+tests/federation/test_baselines_end_to_end.py runs the no-release path for the baselines.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ import torch
 
 from privfed.federation.simulation import simulate
 from privfed.run_plan import plan_run
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
