@@ -23,7 +23,6 @@ from privfed.data.datasets import load_dataset
 from privfed.data.partition import dirichlet_partition
 
 
-
 class SplitOptions(Protocol):
     """The run options that fix the split (a :class:`privfed.config.TrainConfig` has them)."""
 

@@ -12,9 +12,9 @@ import torch
 from privfed.config import DEFAULTS
 from privfed.data import ImageArrays
 from privfed.data.datasets import evaluation_splits, load_dataset
+from privfed.data.federated import FederatedSplit
 from privfed.device import resolve_device
 from privfed.errors import PrivfedError
-from privfed.data.federated import FederatedSplit
 from privfed.evaluation.align_uniform import client_align_uniform, mean_over_clients
 from privfed.evaluation.embedding import save_embedding_figure, subset, tsne_2d
 from privfed.evaluation.features import extract_features
@@ -48,9 +48,10 @@ def evaluate_run(
     Features come from the frozen online backbone, as in the paper's probes;
     ``finetune`` trains a copy of that backbone with a linear head on
     ``label_fraction`` of the train labels (class-balanced, seeded by
-    ``seed``) and scores it. ``tsne`` scores nothing: it draws the test representations coloured by
-    class into ``RUN_DIR/embedding-tsne-<checkpoint>.png``. Options it
-    shares with training default to ``privfed train``'s defaults.
+    ``seed``) and scores it. ``tsne`` scores nothing: it draws the test
+    representations coloured by class into
+    ``RUN_DIR/embedding-tsne-<checkpoint>.png``. Options it shares with
+    training default to ``privfed train``'s defaults.
     """
     if protocol not in PROTOCOLS:
         raise PrivfedError(f"unknown protocol {protocol!r} (choose from {', '.join(PROTOCOLS)})")
