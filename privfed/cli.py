@@ -168,7 +168,7 @@ def _train(plan: RunPlan, point: ResumePoint | None, verbose: bool) -> dict[str,
 @app.command()
 def evaluate(
     run_dir: Path = typer.Argument(..., help="A run directory written by `privfed train`."),
-    train_data: Optional[str] = typer.Option(None, help="Labelled data the probe learns from (its train split; a file named only here is used whole). Needed by knn and linear."),
+    train_data: Optional[str] = typer.Option(None, help="Labelled data the probe learns from (its train split; a file named only here is used whole). Needed by knn, linear and finetune."),
     test_data: str = typer.Option(..., help="Data the probe is scored on (its test split; a file named only here is used whole)."),
     protocol: Protocol = typer.Option(Protocol.knn, help="knn (see --knn-k, --knn-temperature), linear (probe on frozen features), finetune (the whole backbone and a linear head on --label-fraction of the labels) or tsne (a 2-D picture of the test representations by class)."),
     label_fraction: float = typer.Option(0.1, help="finetune: the fraction of labelled train images, class-balanced (the paper: 0.01 and 0.1)."),
