@@ -358,6 +358,7 @@ class RunDriver:
             "k": self.ledger.min_k,
             "worst_case_client": None if worst is None else worst.client,
             "budget": plan.budget,
+            "epsilon_per_release": plan.epsilon_per_release,
             "releases_epsilon": worst.releases_worst if worst is not None and plan.is_dp else None,
             "dp_sgd": dp_sgd,
             **statement.to_dict(),

@@ -60,6 +60,9 @@ class PrivacyPlan:
         planned_epsilon: Release epsilon a client sampled in every round would
             spend (None when the mechanism is not DP).
         per_release_events: What one release costs (for the ledger's look-ahead).
+        epsilon_per_release: One release alone at ``delta`` (None when the
+            mechanism is not DP): what the total budget implies for each
+            release, since composition is not a plain sum.
         fitting_releases: Releases one client can make within the budget.
         dp_sgd: The DP-SGD part (None without ``--dp-sgd``).
         planned_combined_epsilon: Releases and DP-SGD composed, for the
@@ -74,6 +77,7 @@ class PrivacyPlan:
     max_releases: int = 0
     planned_epsilon: float | None = None
     per_release_events: tuple[PrivacyEvent, ...] = ()
+    epsilon_per_release: float | None = None
     fitting_releases: int | None = None
     dp_sgd: DpSgdPlan | None = None
     planned_combined_epsilon: float | None = None
@@ -99,7 +103,8 @@ class PrivacyPlan:
         if self.is_dp:
             lines.append(
                 f"privacy: each client's releases compose to at most epsilon {self.planned_epsilon:.3f} "
-                f"(delta {self.delta:.2g}) over {self.max_releases} possible releases"
+                f"(delta {self.delta:.2g}) over {self.max_releases} possible releases, "
+                f"epsilon {self.epsilon_per_release:.3f} each"
             )
         if self.dp_sgd is not None:
             plan = self.dp_sgd
@@ -191,6 +196,7 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
         max_releases=releases,
         planned_epsilon=planned,
         per_release_events=events,
+        epsilon_per_release=composed_epsilon(events, delta, reference_epsilon=reference),
         fitting_releases=fitting,
         dp_sgd=dp_sgd,
         planned_combined_epsilon=combined,

@@ -77,6 +77,7 @@ def study_row(
         "method": config.method,
         "mechanism": config.release_mechanism,
         "epsilon_budget": config.epsilon if config.release_mechanism is not None else None,
+        "epsilon_per_release": privacy.get("epsilon_per_release"),
         "knn": summary["knn_accuracy"],
         "knn_init": summary["knn_accuracy_init"],
         "linear": linear["accuracy"],

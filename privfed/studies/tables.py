@@ -38,10 +38,14 @@ def summarise(values: list[Any]) -> str:
     return "; ".join(distinct) if distinct else "-"
 
 
+#: Columns too long for a table cell: ``results.md`` lists them per setting below the table.
+PROSE_COLUMNS = ("statement",)
+
+
 def markdown_table(records: list[CellRecord]) -> str:
     """Each setting (in study order) with every column of its rows summarised over its seeds, and failures counted."""
     settings = list(dict.fromkeys(r.name for r in records))
-    columns = list(dict.fromkeys(key for r in records if r.row for key in r.row))
+    columns = [c for c in dict.fromkeys(key for r in records if r.row for key in r.row) if c not in PROSE_COLUMNS]
     lines = [
         "| setting | runs | " + " | ".join(columns) + " |",
         "|---|---|" + "---|" * len(columns),
@@ -56,9 +60,24 @@ def markdown_table(records: list[CellRecord]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def prose_sections(records: list[CellRecord]) -> str:
+    """Each prose column (the privacy statement) per setting, its distinct values over the seeds."""
+    sections = []
+    for column in PROSE_COLUMNS:
+        entries = []
+        for name in dict.fromkeys(r.name for r in records):
+            values = [r.row.get(column) for r in records if r.name == name and r.finished and r.row is not None]
+            distinct = list(dict.fromkeys(str(v) for v in values if v is not None))
+            entries += [f"- **{name}**: {value}" for value in distinct]
+        if entries:
+            sections.append(f"\n## Each setting's {column}\n\n" + "\n".join(entries) + "\n")
+    return "".join(sections)
+
+
 def write_markdown(records: list[CellRecord], path: Path, *, title: str) -> Path:
     errors = [f"- {r.name} seed {r.seed}: {r.error}" for r in records if r.error]
     text = f"# {title}\n\nMean ± standard deviation over seeds (number of finished runs).\n\n{markdown_table(records)}"
+    text += prose_sections(records)
     if errors:
         text += "\n## Failed runs\n\n" + "\n".join(errors) + "\n"
     path.write_text(text)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 QUICK = str(REPO / "configs" / "quick.toml")
 
@@ -33,6 +35,7 @@ def test_budget_running_out_stops_training_cleanly(tmp_path, run_privfed):
     assert summary["rounds"] < 6
     assert summary["privacy"]["epsilon"] <= 1.0
     assert summary["privacy"]["budget"] == 1.0
+    assert summary["privacy"]["epsilon_per_release"] == pytest.approx(0.45, rel=0.01)  # as calibrated
     assert (out / "checkpoints" / "final.pt").is_file()
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == list(range(summary["rounds"] + 1))

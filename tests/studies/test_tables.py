@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from privfed.studies.runner import CellRecord
-from privfed.studies.tables import markdown_table, summarise, tuning_ranking
+from privfed.studies.tables import markdown_table, prose_sections, summarise, tuning_ranking
 
 
 def record(name: str, seed: int, **row) -> CellRecord:
@@ -17,6 +17,14 @@ def test_a_setting_is_summarised_over_its_seeds_and_failures_are_counted():
     table = markdown_table(records)
     assert "| a | 2 (1 failed) | 0.3 ± 0.14 (2) |" in table
     assert summarise(["kanon", "kanon"]) == "kanon" and summarise([None]) == "-"
+
+
+def test_statements_are_listed_per_setting_below_the_table_not_in_it():
+    records = [record("ldp", 0, knn=0.2, statement="(1, 1e-3)-DP"), record("ldp", 1, knn=0.4, statement="(1, 1e-3)-DP"),
+               record("reps", 0, knn=0.5, statement="No guarantee")]
+    table = markdown_table(records)
+    assert "DP" not in table and "statement" not in table and "| ldp | 2 | 0.3 ± 0.14 (2) |" in table
+    assert prose_sections(records).splitlines()[-2:] == ["- **ldp**: (1, 1e-3)-DP", "- **reps**: No guarantee"]
 
 
 def test_tuning_ranks_by_the_score_and_reports_how_well_it_agrees_with_labels():
