@@ -16,8 +16,23 @@ from privfed.studies.grid import Cell
 #: ``attack(run_dir, method=...)``: attacks a recorded run and returns its ``attack.json`` payload.
 AttackRun = Callable[..., dict[str, Any]]
 
-#: The attack figure a study reports: how much closer than the null the best-matching member is, in dB.
-ATTACK_FIGURE = "advantage_psnr_best_member"
+#: The attack figures a study reports, in dB: how much closer than the null a reconstruction comes
+#: to (column ``attack_advantage_psnr``) the image behind its vector: the best-matching member of a
+#: centroid, the source image of a ``reps`` vector (its only member); known only for releases the
+#: attacker's scorer can replay, so not for DP ones; and (``attack_advantage_psnr_client``) the
+#: closest of the client's images, for every mechanism. Each: the ``attack.json`` names, first present.
+ATTACK_COLUMNS: dict[str, tuple[str, ...]] = {
+    "attack_advantage_psnr": ("advantage_psnr_best_member", "advantage_psnr_source"),
+    "attack_advantage_psnr_client": ("advantage_psnr_best_client",),
+}
+
+
+def attack_figures(round_result: dict[str, Any]) -> dict[str, float | None]:
+    """The study's attack columns from one round of ``attack.json`` (None where its vectors lack the truth)."""
+    return {
+        column: next((round_result[name] for name in names if name in round_result), None)
+        for column, names in ATTACK_COLUMNS.items()
+    }
 
 
 class StudyInterrupted(KeyboardInterrupt):
@@ -95,6 +110,6 @@ def study_row(
     if attacked:
         assert attack is not None and attack_method is not None
         last = attack(run_dir, method=attack_method)["rounds"][-1]
-        row[f"attack_{ATTACK_FIGURE}"] = last[ATTACK_FIGURE]
+        row.update(attack_figures(last))
         row["attack_round"] = last["round"]
     return row

@@ -14,14 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privfed.studies.cell_work import ATTACK_FIGURE
+from privfed.studies.cell_work import ATTACK_COLUMNS
 from privfed.studies.runner import CellRecord
 
 #: The mechanisms drawn as horizontal reference lines (they have no ε).
 REFERENCE_MECHANISMS = ("reps", "kanon")
 EPSILON_PLOT = "accuracy-vs-epsilon.png"
 ATTACK_PLOT = "accuracy-vs-attack.png"
-ATTACK_COLUMN = f"attack_{ATTACK_FIGURE}"
 
 
 @dataclass(frozen=True)
@@ -77,21 +76,35 @@ def plot_accuracy_vs_epsilon(records: list[CellRecord], path: Path) -> Path | No
     return _save(fig, plt, path)
 
 
+#: What each attack column's axis says.
+ATTACK_AXES = {
+    "attack_advantage_psnr": "advantage over its null, dB PSNR\nto the best-matching member (reps: the source)",
+    "attack_advantage_psnr_client": "advantage over its null, dB PSNR\nto the closest of the client's images",
+}
+
+
 def plot_accuracy_vs_attack(records: list[CellRecord], path: Path) -> Path | None:
-    """One point per setting: the attack's advantage over its null against accuracy, seed spread as error bars."""
+    """One point per setting: the attack's advantage over its null against accuracy, seed spread as error bars.
+
+    A panel per attack column with any setting in it: the member figure is
+    the sharper one but is unknown for DP releases (their members cannot be
+    replayed), so the client figure puts every mechanism on one axis.
+    """
     accuracy = accuracy_column(records)
-    points = setting_points(records, ATTACK_COLUMN, accuracy)
-    if not points:
+    panels = [(column, points) for column in ATTACK_COLUMNS if (points := setting_points(records, column, accuracy))]
+    if not panels:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for index, p in enumerate(points):
-        ax.errorbar(p.x, p.y, xerr=p.x_std, yerr=p.y_std, marker="o", capsize=3, color=f"C{index % 10}", label=p.name)
-    ax.axvline(0.0, color="grey", linewidth=0.8)
-    ax.set_xlabel("attack advantage over its null (dB PSNR, best-matching member)")
-    ax.set_ylabel(f"{accuracy} accuracy")
-    ax.legend(fontsize=7)
-    ax.set_title("Accuracy against what the attacker recovers", fontsize=10)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4, 4.4) if len(panels) == 1 else (11.0, 4.4), squeeze=False)
+    colours = {name: f"C{index % 10}" for index, name in enumerate(dict.fromkeys(r.name for r in records))}
+    for ax, (column, points) in zip(axes[0], panels):
+        for p in points:
+            ax.errorbar(p.x, p.y, xerr=p.x_std, yerr=p.y_std, marker="o", capsize=3, color=colours[p.name], label=p.name)
+        ax.axvline(0.0, color="grey", linewidth=0.8)
+        ax.set_xlabel(ATTACK_AXES.get(column, column), fontsize=9)
+        ax.set_ylabel(f"{accuracy} accuracy")
+        ax.legend(fontsize=7)
+    fig.suptitle("Accuracy against what the attacker recovers (mean ± std over seeds)", fontsize=10)
     return _save(fig, plt, path)
 
 

@@ -6,7 +6,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from privfed.studies.plots import ATTACK_COLUMN, plot_accuracy_vs_attack, plot_accuracy_vs_epsilon, setting_points, write_study_plots
+from privfed.studies.plots import plot_accuracy_vs_attack, plot_accuracy_vs_epsilon, setting_points, write_study_plots
 from privfed.studies.runner import CellRecord
 
 
@@ -17,7 +17,9 @@ def privacy_study() -> list[CellRecord]:
     for name, mechanism, budget, accuracy in settings:
         for seed in (0, 1, 2):
             row = {"mechanism": mechanism, "epsilon_budget": budget, "linear": accuracy + seed / 100, "knn": 0.3,
-                   ATTACK_COLUMN: 3.0 - seed if mechanism == "reps" else 0.5 + seed / 10}
+                   # DP releases cannot be replayed: no member figure for ldp, only the client one.
+                   "attack_advantage_psnr": None if mechanism == "ldp" else (3.0 if mechanism == "reps" else 0.5) - seed / 10,
+                   "attack_advantage_psnr_client": 0.2 - seed / 10}
             records.append(CellRecord(name, seed, row, None, 1.0))
     records.append(CellRecord("mechanism-ldp_epsilon-1", 3, None, "RuntimeError: failed", 1.0))
     return records
@@ -38,8 +40,23 @@ def test_a_setting_point_is_the_mean_and_spread_of_its_finished_seeds():
 def test_both_pictures_are_drawn_for_a_privacy_study(tmp_path):
     drawn = write_study_plots(privacy_study(), tmp_path)
     assert [p.name for p in drawn] == ["accuracy-vs-epsilon.png", "accuracy-vs-attack.png"]
-    for path in drawn:
-        assert_a_real_picture(path)
+    assert_a_real_picture(drawn[0])
+    assert_a_real_picture(drawn[1], size=(440, 1100))  # a panel per attack figure
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels")  # errorbar is replaced by a recorder
+def test_the_attack_picture_puts_a_setting_in_every_panel_that_has_its_figure(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    drawn = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", lambda self, x, y, **kw: drawn.append((id(self), kw["label"], x)))
+    plot_accuracy_vs_attack(privacy_study(), tmp_path / "a.png")
+    panels = list(dict.fromkeys(axis for axis, _, _ in drawn))
+    by_panel = [[(label, x) for axis, label, x in drawn if axis == panel] for panel in panels]
+    assert [label for label, _ in by_panel[0]] == ["mechanism-reps", "mechanism-kanon"]  # ldp's members are unknown
+    assert [label for label, _ in by_panel[1]] == ["mechanism-reps", "mechanism-kanon", "mechanism-ldp_epsilon-10",
+                                                   "mechanism-ldp_epsilon-1"]
+    assert by_panel[0][0][1] == pytest.approx(2.9) and by_panel[1][2][1] == pytest.approx(0.1)
 
 
 def test_a_study_without_budgets_or_attacks_draws_neither(tmp_path):

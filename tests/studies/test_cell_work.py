@@ -1,0 +1,26 @@
+"""The attack figures a study row takes from ``attack.json``, for every kind of release."""
+
+from __future__ import annotations
+
+import pytest
+
+from attacks.scoring.report import summarize
+from privfed.studies.cell_work import attack_figures
+
+
+def scored(kind: str, value: float, null: float) -> dict[str, float]:
+    return {f"psnr_{kind}": value, f"null_psnr_{kind}": null, "psnr_best_client": value, "null_psnr_best_client": null}
+
+
+@pytest.mark.parametrize("kind", ["source", "best_member"])
+def test_reps_is_scored_against_its_source_and_centroids_against_their_best_member(kind):
+    """reps vectors have one member (their source), centroids several: both give the study a figure."""
+    round_result = summarize([scored(kind, 14.0, 12.0), scored(kind, 15.0, 12.0)])
+    assert attack_figures(round_result) == {"attack_advantage_psnr": pytest.approx(2.5),
+                                            "attack_advantage_psnr_client": pytest.approx(2.5)}
+
+
+def test_a_dp_release_has_only_the_client_figure():
+    """A DP release cannot be replayed, so its members are unknown: None for the member figure, not another score."""
+    round_result = summarize([{"psnr_best_client": 14.0, "null_psnr_best_client": 13.0}])
+    assert attack_figures(round_result) == {"attack_advantage_psnr": None, "attack_advantage_psnr_client": 1.0}
