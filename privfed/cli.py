@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import sys
 from contextlib import ExitStack
@@ -303,8 +304,11 @@ def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list[CellRec
         from attacks import get_attack_class
         from attacks.evaluation import attack_run
 
-        get_attack_class(spec.attack)  # an unknown attack fails before anything trains
-        attack = attack_run
+        try:  # an unknown attack or setting fails before anything trains
+            get_attack_class(spec.attack)(**spec.attack_settings)
+        except (TypeError, ValueError) as err:
+            raise PrivfedError(f"study file {study_file}: [attack_settings] for {spec.attack}: {err}") from None
+        attack = functools.partial(attack_run, attack_settings=spec.attack_settings or None)
     folder = out or Path("studies") / study_file.stem
     folder.mkdir(parents=True, exist_ok=True)
     with RunDirectory(folder).claimed():

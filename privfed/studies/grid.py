@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from privfed.config import TrainConfig, build_config, checked_options, read_toml
 from privfed.errors import PrivfedError
 
 #: Keys of a study file besides its tables.
-STUDY_KEYS = ("preset", "seeds", "base", "grid", "attack")
+STUDY_KEYS = ("preset", "seeds", "base", "grid", "attack", "attack_settings")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,7 @@ class Study:
     base: dict[str, Any]
     grids: tuple[dict[str, list[Any]], ...]
     attack: str | None
+    attack_settings: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> Study:
@@ -101,6 +102,11 @@ class Study:
              for option, values in grid.items()}
             for grid in grids
         )
+        attack_settings = raw.get("attack_settings", {})
+        if not isinstance(attack_settings, dict):
+            raise PrivfedError(f"study file {path}: write attack_settings as an [attack_settings] table")
+        if attack_settings and raw.get("attack") is None:
+            raise PrivfedError(f"study file {path}: attack_settings without an attack (set attack = \"decoder\", say)")
         preset = raw.get("preset")
         return cls(
             path=path,
@@ -109,6 +115,7 @@ class Study:
             base=base,
             grids=checked_grids,
             attack=raw.get("attack"),
+            attack_settings=attack_settings,
         )
 
     def cells(self) -> list[Cell]:

@@ -66,6 +66,8 @@ def test_the_preset_is_read_relative_to_the_study_file(tmp_path):
         ("[[grid]]\nmechanism = ['kanon']\n[[grid]]\nmechanism = ['kanon']\n", "appears twice"),
         ("study = 'x'\n", "unknown keys: study"),
         ("[[grid\n", "not valid TOML"),
+        ("[attack_settings]\nsteps = 5\n", "attack_settings without an attack"),
+        ("attack = 'decoder'\nattack_settings = 5\n", r"an \[attack_settings\] table"),
     ],
 )
 def test_a_mistake_in_a_study_file_is_named_before_anything_trains(tmp_path, text, message):
@@ -93,3 +95,8 @@ def test_the_shipped_studies_load_with_three_seeds_per_cell(name, scale):
         assert all(c.config.delta == 1e-3 for c in cells) and spec.attack == "decoder"
     else:
         assert {c.config.method for c in cells} == {"orchestra", "rotpred", "simclr", "simsiam", "byol", "specloss"}
+
+
+def test_attack_settings_are_read_for_the_attack(tmp_path):
+    spec = study(tmp_path, "attack = 'decoder'\n[attack_settings]\nsteps = 200\n")
+    assert spec.attack == "decoder" and spec.attack_settings == {"steps": 200}

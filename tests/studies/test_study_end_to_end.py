@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import json
+import math
 import os
 import signal
 import subprocess
@@ -137,3 +139,26 @@ def test_tune_ranks_the_grid_by_the_label_free_score_and_shows_the_accuracy(tmp_
               if line.startswith("| ") and line[2].isdigit()]
     assert ranked == sorted(scores, key=scores.get, reverse=True)
     assert "Spearman rank correlation of score and linear accuracy over 3 settings" in stdout
+
+
+def test_an_attacked_study_scores_every_mechanism_and_draws_both_pictures(tmp_path):
+    """reps (one source per vector), kanon (replayable members) and ldp (members unknown) each get their row."""
+    study = STUDY.format(rounds=1).replace("seeds = [0, 1]", 'seeds = [0]\nattack = "decoder"\n[attack_settings]\nsteps = 5')
+    study = study.replace('mechanism = ["reps", "kanon"]', 'mechanism = ["reps", "kanon"]\n[[grid]]\nmechanism = ["ldp"]\nepsilon = [50.0]')
+    (tmp_path / "attacked.toml").write_text(study)
+    run = privfed("study", "attacked.toml", "--out", "out", cwd=tmp_path)
+    _, stderr = run.communicate(timeout=900)
+    assert run.returncode == 0, stderr[-3000:]
+    rows = {r["cell"]: r for r in csv.DictReader((tmp_path / "out" / "results.csv").open())}
+    assert set(rows) == {"mechanism-reps", "mechanism-kanon", "mechanism-ldp_epsilon-50"}
+    assert not any(r.get("error") for r in rows.values())
+    for name in ("mechanism-reps", "mechanism-kanon"):
+        float(rows[name]["attack_advantage_psnr"])  # a number: the source (reps) or the best member (kanon)
+    assert rows["mechanism-ldp_epsilon-50"]["attack_advantage_psnr"] == ""  # a DP release's members are unknown
+    assert all(math.isfinite(float(r["attack_advantage_psnr_client"])) for r in rows.values())  # every mechanism
+    ldp = rows["mechanism-ldp_epsilon-50"]  # two releases (rounds 0 and 1) share the budget
+    assert 0 < float(ldp["epsilon_per_release"]) < float(ldp["epsilon_budget"]) == 50.0
+    assert rows["mechanism-kanon"]["epsilon_per_release"] == ""  # not DP
+    attack = json.loads((tmp_path / "out" / "cells" / "mechanism-kanon-seed0" / "run" / "attack.json").read_text())
+    assert attack["attack"]["steps"] == 5  # the study's attack settings reached the attack
+    assert (tmp_path / "out" / "accuracy-vs-attack.png").is_file() and (tmp_path / "out" / "accuracy-vs-epsilon.png").is_file()
