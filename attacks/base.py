@@ -69,6 +69,29 @@ def represent(encoder: nn.Module, images: torch.Tensor) -> torch.Tensor:
     return F.normalize(encoder(normalize(images)), dim=1)
 
 
+def check_settings(
+    *, counts: dict[str, Any] | None = None, rates: dict[str, Any] | None = None, weights: dict[str, Any] | None = None
+) -> None:
+    """Refuses a setting that would quietly give a weaker attack: counts must be positive whole numbers,
+    rates positive numbers, weights non-negative numbers (a bool or a string is none of these).
+
+    Raises:
+        ValueError: naming the setting and the value.
+    """
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    for name, value in (counts or {}).items():
+        if not (number(value) and float(value).is_integer() and value >= 1):
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    for name, value in (rates or {}).items():
+        if not (number(value) and value > 0):
+            raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    for name, value in (weights or {}).items():
+        if not (number(value) and value >= 0):
+            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+
+
 class Attack(abc.ABC):
     """Learns, from public information only, to turn released vectors into images.
 

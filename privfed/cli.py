@@ -305,7 +305,7 @@ def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list[CellRec
         from attacks.evaluation import attack_run
 
         try:  # an unknown attack or setting fails before anything trains
-            get_attack_class(spec.attack)(**spec.attack_settings)
+            get_attack_class(spec.attack)(seed=0, **spec.attack_settings)  # as attack_run builds it
         except (TypeError, ValueError) as err:
             raise PrivfedError(f"study file {study_file}: [attack_settings] for {spec.attack}: {err}") from None
         attack = functools.partial(attack_run, attack_settings=spec.attack_settings or None)

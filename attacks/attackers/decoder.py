@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attacks.attackers.aux_releases import aux_releases, aux_views_and_representations
-from attacks.base import Attack, AttackTarget, Inversion, ProgressCallback
+from attacks.base import Attack, AttackTarget, Inversion, ProgressCallback, check_settings
 from attacks.registry import register_attack
 from privfed.data.augment import to_float
 from privfed.errors import PrivfedError
@@ -105,7 +105,8 @@ class DecoderAttack(Attack):
 
     def __init__(self, *, seed: int = 0, steps: int = 2000, batch_size: int = 64, lr: float = 2e-3, views: int = 8) -> None:
         super().__init__(seed=seed)
-        self.steps, self.batch_size, self.lr, self.views = steps, batch_size, lr, views
+        check_settings(counts={"steps": steps, "batch_size": batch_size, "views": views}, rates={"lr": lr})
+        self.steps, self.batch_size, self.lr, self.views = int(steps), int(batch_size), lr, int(views)
 
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), "steps": self.steps, "batch_size": self.batch_size, "lr": self.lr, "views": self.views}
@@ -147,7 +148,8 @@ class ReleaseDecoderAttack(DecoderAttack):
 
     def __init__(self, *, seed: int = 0, memories: int = 400, **decoder: Any) -> None:
         super().__init__(seed=seed, **decoder)
-        self.memories = memories
+        check_settings(counts={"memories": memories})
+        self.memories = int(memories)
 
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), "memories": self.memories}

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attacks.base import Attack, AttackTarget, Inversion, ProgressCallback, represent
+from attacks.base import Attack, AttackTarget, Inversion, ProgressCallback, check_settings, represent
 from attacks.registry import register_attack
 from privfed.data.augment import to_float
 
@@ -38,7 +38,8 @@ class OptimizationAttack(Attack):
         self, *, seed: int = 0, steps: int = 200, restarts: int = 4, lr: float = 0.1, tv_weight: float = 0.05, chunk: int = 256
     ) -> None:
         super().__init__(seed=seed)
-        self.steps, self.restarts, self.lr, self.tv_weight, self.chunk = steps, restarts, lr, tv_weight, chunk
+        check_settings(counts={"steps": steps, "restarts": restarts, "chunk": chunk}, rates={"lr": lr}, weights={"tv_weight": tv_weight})
+        self.steps, self.restarts, self.lr, self.tv_weight, self.chunk = int(steps), int(restarts), lr, tv_weight, int(chunk)
 
     def settings(self) -> dict[str, Any]:
         return {

@@ -61,8 +61,10 @@ class PrivacyPlan:
             spend (None when the mechanism is not DP).
         per_release_events: What one release costs (for the ledger's look-ahead).
         epsilon_per_release: One release alone at ``delta`` (None when the
-            mechanism is not DP): what the total budget implies for each
-            release, since composition is not a plain sum.
+            mechanism is not DP; DP-SGD is apart): with ``--epsilon`` alone,
+            what the total budget implies for each release (more than the
+            budget over the releases: composition is not a plain sum); with
+            ``--epsilon-per-release``, that value as calibrated.
         fitting_releases: Releases one client can make within the budget.
         dp_sgd: The DP-SGD part (None without ``--dp-sgd``).
         planned_combined_epsilon: Releases and DP-SGD composed, for the
@@ -196,7 +198,10 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
         max_releases=releases,
         planned_epsilon=planned,
         per_release_events=events,
-        epsilon_per_release=composed_epsilon(events, delta, reference_epsilon=reference),
+        # On a grid fine for one release (the total's grid would round it up by up to 1 % of the total).
+        epsilon_per_release=composed_epsilon(
+            events, delta, reference_epsilon=config.epsilon_per_release or config.epsilon / releases
+        ),
         fitting_releases=fitting,
         dp_sgd=dp_sgd,
         planned_combined_epsilon=combined,

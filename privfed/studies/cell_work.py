@@ -18,21 +18,27 @@ AttackRun = Callable[..., dict[str, Any]]
 
 #: The attack figures a study reports, in dB: how much closer than the null a reconstruction comes
 #: to (column ``attack_advantage_psnr``) the image behind its vector: the best-matching member of a
-#: centroid, the source image of a ``reps`` vector (its only member); known only for releases the
-#: attacker's scorer can replay, so not for DP ones; and (``attack_advantage_psnr_client``) the
-#: closest of the client's images, for every mechanism. Each: the ``attack.json`` names, first present.
+#: centroid, the source image of a ``reps`` vector (its only member); known only for vectors whose
+#: members the scorer could replay, so never for DP releases; and (``attack_advantage_psnr_client``)
+#: the closest of the client's images, for every attacked vector. Each: the ``attack.json`` names,
+#: first present. ``attack_vectors`` and ``attack_member_vectors`` count what each one averages.
 ATTACK_COLUMNS: dict[str, tuple[str, ...]] = {
     "attack_advantage_psnr": ("advantage_psnr_best_member", "advantage_psnr_source"),
     "attack_advantage_psnr_client": ("advantage_psnr_best_client",),
+    "attack_vectors": ("vectors",),
+    "attack_member_vectors": ("n_psnr_best_member", "n_psnr_source"),
 }
 
 
 def attack_figures(round_result: dict[str, Any]) -> dict[str, float | None]:
     """The study's attack columns from one round of ``attack.json`` (None where its vectors lack the truth)."""
-    return {
+    figures = {
         column: next((round_result[name] for name in names if name in round_result), None)
         for column, names in ATTACK_COLUMNS.items()
     }
+    if figures["attack_member_vectors"] is None and figures["attack_vectors"] is not None:
+        figures["attack_member_vectors"] = 0
+    return figures
 
 
 class StudyInterrupted(KeyboardInterrupt):

@@ -105,6 +105,8 @@ class Study:
         attack_settings = raw.get("attack_settings", {})
         if not isinstance(attack_settings, dict):
             raise PrivfedError(f"study file {path}: write attack_settings as an [attack_settings] table")
+        if "seed" in attack_settings:
+            raise PrivfedError(f"study file {path}: [attack_settings] takes no seed (a study attacks with seed 0, privfed attack's default)")
         if attack_settings and raw.get("attack") is None:
             raise PrivfedError(f"study file {path}: attack_settings without an attack (set attack = \"decoder\", say)")
         preset = raw.get("preset")

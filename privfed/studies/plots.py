@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privfed.studies.cell_work import ATTACK_COLUMNS
 from privfed.studies.runner import CellRecord
 
 #: The mechanisms drawn as horizontal reference lines (they have no ε).
@@ -76,7 +75,7 @@ def plot_accuracy_vs_epsilon(records: list[CellRecord], path: Path) -> Path | No
     return _save(fig, plt, path)
 
 
-#: What each attack column's axis says.
+#: The attack columns drawn (``privfed.studies.cell_work.ATTACK_COLUMNS``), a panel each, and what each axis says.
 ATTACK_AXES = {
     "attack_advantage_psnr": "advantage over its null, dB PSNR\nto the best-matching member (reps: the source)",
     "attack_advantage_psnr_client": "advantage over its null, dB PSNR\nto the closest of the client's images",
@@ -91,7 +90,7 @@ def plot_accuracy_vs_attack(records: list[CellRecord], path: Path) -> Path | Non
     replayed), so the client figure puts every mechanism on one axis.
     """
     accuracy = accuracy_column(records)
-    panels = [(column, points) for column in ATTACK_COLUMNS if (points := setting_points(records, column, accuracy))]
+    panels = [(column, points) for column in ATTACK_AXES if (points := setting_points(records, column, accuracy))]
     if not panels:
         return None
     plt = _pyplot()
@@ -101,7 +100,7 @@ def plot_accuracy_vs_attack(records: list[CellRecord], path: Path) -> Path | Non
         for p in points:
             ax.errorbar(p.x, p.y, xerr=p.x_std, yerr=p.y_std, marker="o", capsize=3, color=colours[p.name], label=p.name)
         ax.axvline(0.0, color="grey", linewidth=0.8)
-        ax.set_xlabel(ATTACK_AXES.get(column, column), fontsize=9)
+        ax.set_xlabel(ATTACK_AXES[column], fontsize=9)
         ax.set_ylabel(f"{accuracy} accuracy")
         ax.legend(fontsize=7)
     fig.suptitle("Accuracy against what the attacker recovers (mean ± std over seeds)", fontsize=10)

@@ -41,3 +41,26 @@ def test_a_new_attack_registers_and_a_clash_or_a_missing_name_is_refused(monkeyp
 def test_the_cli_lists_the_attacks(run_privfed):
     result = run_privfed("attacks")
     assert result.returncode == 0 and "decoder-releases" in result.stdout and "optimization" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "settings", "message"),
+    [
+        ("decoder", {"steps": 0}, "steps must be a whole number >= 1, got 0"),
+        ("decoder", {"steps": "2000"}, "steps must be a whole number >= 1, got '2000'"),
+        ("decoder", {"batch_size": 2.5}, "batch_size must be a whole number"),
+        ("decoder", {"lr": 0}, "lr must be a number > 0"),
+        ("decoder-releases", {"memories": True}, "memories must be a whole number"),
+        ("optimization", {"restarts": -1}, "restarts must be a whole number"),
+        ("optimization", {"tv_weight": -0.1}, "tv_weight must be a number >= 0"),
+    ],
+)
+def test_a_setting_that_would_quietly_weaken_the_attack_is_refused(name, settings, message):
+    with pytest.raises(ValueError, match=message):
+        get_attack_class(name)(**settings)
+
+
+def test_valid_settings_are_kept_as_whole_numbers():
+    attack = get_attack_class("decoder")(steps=20.0, lr=1e-3)
+    assert attack.settings()["steps"] == 20 and isinstance(attack.steps, int)
+    assert get_attack_class("optimization")(tv_weight=0).settings()["tv_weight"] == 0

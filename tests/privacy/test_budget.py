@@ -26,17 +26,19 @@ def test_total_budget_is_calibrated_for_every_possible_release():
     assert 0.9 * 2.0 <= plan.planned_epsilon <= 2.0
 
 
-def test_the_plan_states_what_one_release_alone_costs():
-    """Composition is sublinear: each of 5 releases under a total of 2 costs more than 2 / 5 alone, and less than 2."""
-    plan = plan_privacy(base(mechanism="ldp", epsilon=2.0), SIZES)
+@pytest.mark.parametrize("rounds", [4, 20])
+def test_the_plan_states_what_one_release_alone_costs(rounds):
+    """Composition is sublinear: each release under a total of 2 costs more than 2 / releases alone, and less than 2."""
+    plan = plan_privacy(base(mechanism="ldp", epsilon=2.0).replace(rounds=rounds), SIZES)
     mechanism = LshCoresetMechanism(**plan.params)
-    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-5)
     accountant.compose(release_event(mechanism.noise, tree_levels=mechanism.tree_levels), 1)
     assert plan.epsilon_per_release == pytest.approx(accountant.get_epsilon(plan.delta), rel=0.01)
     assert 2.0 / plan.max_releases < plan.epsilon_per_release < 2.0
     assert f"epsilon {plan.epsilon_per_release:.3f} each" in plan.describe()[0]
-    fixed = plan_privacy(base(mechanism="ldp", epsilon_per_release=0.5), SIZES)
-    assert fixed.epsilon_per_release == pytest.approx(0.5, rel=0.01)
+    for cap in (None, 100.0):  # a total budget as a cap does not change what one release costs
+        fixed = plan_privacy(base(mechanism="ldp", epsilon_per_release=0.5, epsilon=cap), SIZES)
+        assert fixed.epsilon_per_release == pytest.approx(0.5, rel=0.01)
     assert plan_privacy(base(mechanism="kanon"), SIZES).epsilon_per_release is None
 
 

@@ -17,10 +17,20 @@ def test_reps_is_scored_against_its_source_and_centroids_against_their_best_memb
     """reps vectors have one member (their source), centroids several: both give the study a figure."""
     round_result = summarize([scored(kind, 14.0, 12.0), scored(kind, 15.0, 12.0)])
     assert attack_figures(round_result) == {"attack_advantage_psnr": pytest.approx(2.5),
-                                            "attack_advantage_psnr_client": pytest.approx(2.5)}
+                                            "attack_advantage_psnr_client": pytest.approx(2.5),
+                                            "attack_vectors": 2, "attack_member_vectors": 2}
 
 
 def test_a_dp_release_has_only_the_client_figure():
     """A DP release cannot be replayed, so its members are unknown: None for the member figure, not another score."""
     round_result = summarize([{"psnr_best_client": 14.0, "null_psnr_best_client": 13.0}])
-    assert attack_figures(round_result) == {"attack_advantage_psnr": None, "attack_advantage_psnr_client": 1.0}
+    assert attack_figures(round_result) == {"attack_advantage_psnr": None, "attack_advantage_psnr_client": 1.0,
+                                            "attack_vectors": 1, "attack_member_vectors": 0}
+
+
+def test_the_member_figure_says_how_many_vectors_it_averages():
+    """A client whose replay differed has no known members: the member figure covers fewer vectors than the client one."""
+    round_result = summarize([scored("best_member", 20.0, 12.0), {"psnr_best_client": 12.0, "null_psnr_best_client": 13.0}])
+    figures = attack_figures(round_result)
+    assert figures["attack_advantage_psnr"] == pytest.approx(8.0) and figures["attack_member_vectors"] == 1
+    assert figures["attack_advantage_psnr_client"] == pytest.approx(3.5) and figures["attack_vectors"] == 2

@@ -68,6 +68,7 @@ def test_the_preset_is_read_relative_to_the_study_file(tmp_path):
         ("[[grid\n", "not valid TOML"),
         ("[attack_settings]\nsteps = 5\n", "attack_settings without an attack"),
         ("attack = 'decoder'\nattack_settings = 5\n", r"an \[attack_settings\] table"),
+        ("attack = 'decoder'\n[attack_settings]\nseed = 3\n", "takes no seed"),
     ],
 )
 def test_a_mistake_in_a_study_file_is_named_before_anything_trains(tmp_path, text, message):
