@@ -332,6 +332,27 @@ def attack_run(
     return payload
 
 
+def attack_last_round(
+    run_dir: Path, *, method: str, attack_settings: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The figures of a run's last recorded round, as a study reports them (``attack.json`` holds that round only).
+
+    A round whose released vectors all carry no weight (a DP mechanism at a
+    small ε can release only padding) leaves the attacker nothing to invert:
+    it scores no vectors instead of failing, so the study keeps the run's
+    accuracy and records that nothing was attackable.
+    """
+    run = RunDirectory(run_dir)
+    available = recorded_rounds(run.releases) if run.config().release_mechanism is not None else []
+    if available:
+        recorded = read_round(run.releases, available[-1])
+        if not any(bool((release.weights > 0).any()) for release in recorded.releases):
+            released = sum(release.vectors.shape[0] for release in recorded.releases)
+            return {"round": available[-1], "vectors": 0, "vectors_released": released, "vectors_with_weight": 0}
+    rounds = available[-1:] or None  # none recorded: attack_run says why
+    return attack_run(run_dir, method=method, rounds=rounds, attack_settings=attack_settings)["rounds"][-1]
+
+
 def _default_rounds(available: list[int]) -> list[int]:
     """The first training round and the last recorded one."""
     training = [r for r in available if r > 0] or available

@@ -302,13 +302,13 @@ def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list[CellRec
     attack = None
     if spec.attack is not None:
         from attacks import get_attack_class
-        from attacks.evaluation import attack_run
+        from attacks.evaluation import attack_last_round
 
         try:  # an unknown attack or setting fails before anything trains
             get_attack_class(spec.attack)(seed=0, **spec.attack_settings)  # as attack_run builds it
         except (TypeError, ValueError) as err:
             raise PrivfedError(f"study file {study_file}: [attack_settings] for {spec.attack}: {err}") from None
-        attack = functools.partial(attack_run, attack_settings=spec.attack_settings or None)
+        attack = functools.partial(attack_last_round, attack_settings=spec.attack_settings or None)
     folder = out or Path("studies") / study_file.stem
     folder.mkdir(parents=True, exist_ok=True)
     with RunDirectory(folder).claimed():

@@ -1,6 +1,6 @@
 """One study cell's work: train the run (or finish a stopped one), evaluate it, attack it, and return its row.
 
-The attack is passed in (``privfed study`` passes :func:`attacks.evaluation.attack_run`),
+The attack is passed in (``privfed study`` passes :func:`attacks.evaluation.attack_last_round`),
 so the studies package never imports the attacks.
 """
 
@@ -13,7 +13,8 @@ from typing import Any, Callable
 from privfed.errors import PrivfedError
 from privfed.studies.grid import Cell
 
-#: ``attack(run_dir, method=...)``: attacks a recorded run and returns its ``attack.json`` payload.
+#: ``attack(run_dir, method=...)``: attacks a recorded run's last round and returns that round's figures
+#: (``privfed study`` passes :func:`attacks.evaluation.attack_last_round`).
 AttackRun = Callable[..., dict[str, Any]]
 
 #: The attack figures a study reports, in dB: how much closer than the null a reconstruction comes
@@ -115,7 +116,7 @@ def study_row(
     }
     if attacked:
         assert attack is not None and attack_method is not None
-        last = attack(run_dir, method=attack_method)["rounds"][-1]
+        last = attack(run_dir, method=attack_method)
         row.update(attack_figures(last))
         row["attack_round"] = last["round"]
     return row

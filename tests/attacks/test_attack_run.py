@@ -126,3 +126,24 @@ def test_the_attack_is_fitted_and_inverts_every_vector_before_any_client_is_repl
     assert len(per_round) == 2
     for block in per_round:
         assert block.startswith("ii") and "r" in block and "i" not in block[block.index("r"):], events
+
+
+def test_a_study_attacks_only_the_last_round(kanon_run):
+    from attacks.evaluation import attack_last_round
+
+    figures = attack_last_round(kanon_run.path, method="decoder", attack_settings={"steps": 5})
+    assert figures["round"] == 1 and figures["vectors"] > 0 and "advantage_psnr_best_member" in figures
+    assert [r["round"] for r in json.loads((kanon_run.path / "attack.json").read_text())["rounds"]] == [1]
+
+
+def test_a_last_round_of_padding_only_scores_no_vectors_instead_of_failing(tmp_path):
+    """A DP mechanism at a small epsilon can release only padding: the study keeps the run and says nothing was attackable."""
+    from attacks.evaluation import attack_last_round
+
+    run = tiny_run(tmp_path / "ldp", mechanism="ldp", epsilon=0.05)
+    recorded = read_round(run.releases, 1)
+    assert all(float(r.weights.sum()) == 0 for r in recorded.releases)  # every release is padding
+    figures = attack_last_round(run.path, method="decoder", attack_settings={"steps": 5})
+    assert figures == {"round": 1, "vectors": 0, "vectors_released": sum(r.vectors.shape[0] for r in recorded.releases),
+                       "vectors_with_weight": 0}
+    assert not (run.path / "attack.json").exists()
