@@ -91,6 +91,8 @@ COST_DIRECTION: dict[str, dict[str, int]] = {
 #: up over compositions, so :func:`calibration_discretisation` shrinks it
 #: until ``compositions * interval`` is at most 1% of the target epsilon.
 MAX_CALIBRATION_DISCRETISATION = 1e-3
+#: The PLD grid where a caller names none: fine for a handful of compositions at epsilon near 1.
+DEFAULT_DISCRETISATION = 1e-4
 
 
 @dataclass(frozen=True)
@@ -239,7 +241,7 @@ def release_privacy_events(noise: NoiseParameters, *, tree_levels: int) -> tuple
     )
 
 
-def replace_one_pld(event: PrivacyEvent, *, discretisation: float = 1e-4) -> PrivacyLossDistribution:
+def replace_one_pld(event: PrivacyEvent, *, discretisation: float = DEFAULT_DISCRETISATION) -> PrivacyLossDistribution:
     """The PLD of a ledger record under replace-one neighbouring.
 
     Understands ``"discrete_laplace"`` (``noise_parameter``, ``sensitivity``,
@@ -275,7 +277,7 @@ def replace_one_pld(event: PrivacyEvent, *, discretisation: float = 1e-4) -> Pri
     raise ValueError(f"unknown privacy event {event.name!r} (privfed accounts {', '.join(EVENT_NAMES)})")
 
 
-def epsilon_of(events: Iterable[PrivacyEvent], delta: float, *, discretisation: float = 1e-4) -> float:
+def epsilon_of(events: Iterable[PrivacyEvent], delta: float, *, discretisation: float = DEFAULT_DISCRETISATION) -> float:
     """Epsilon at ``delta`` of ``events`` composed, under replace-one neighbouring (0 for none)."""
     composed: PrivacyLossDistribution | None = None
     for event in events:
@@ -284,7 +286,7 @@ def epsilon_of(events: Iterable[PrivacyEvent], delta: float, *, discretisation: 
     return 0.0 if composed is None else float(composed.get_epsilon_for_delta(delta))
 
 
-def add_remove_epsilon(event: dp_event.DpEvent, delta: float, *, discretisation: float = 1e-4) -> float:
+def add_remove_epsilon(event: dp_event.DpEvent, delta: float, *, discretisation: float = DEFAULT_DISCRETISATION) -> float:
     """Epsilon of an add/remove-one ``DpEvent`` (PLD): the currency of calibration (see :func:`release_event`)."""
     accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretisation)
     accountant.compose(event)

@@ -119,8 +119,18 @@ def ldp_parameters(
 
 @lru_cache(maxsize=256)
 def release_epsilon(noise: NoiseParameters, *, tree_levels: int, delta: float) -> float:
-    """Epsilon of one release at ``delta`` under replace-one (PLD, grid fine enough for one release)."""
-    return accounting.epsilon_of(accounting.release_privacy_events(noise, tree_levels=tree_levels), delta)
+    """Epsilon of one release at ``delta`` under replace-one (PLD).
+
+    A first pass on the default grid bounds it from above; the second uses
+    the grid calibration would choose for that bound (or the default, if
+    finer), so the rounding costs at most 1 % of it however small the
+    epsilon (the default grid alone overstated a tiny per-release epsilon
+    by more than 10 %).
+    """
+    events = accounting.release_privacy_events(noise, tree_levels=tree_levels)
+    bound = accounting.epsilon_of(events, delta)
+    grid = accounting.calibration_discretisation(bound, accounting.rounding_compositions(events))
+    return accounting.epsilon_of(events, delta, discretisation=min(grid, accounting.DEFAULT_DISCRETISATION))
 
 
 # ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from privfed.errors import PrivfedError
 if TYPE_CHECKING:
     from privfed.resume import ResumePoint
     from privfed.run_plan import RunPlan
+    from privfed.studies.grid import Study
     from privfed.studies.runner import CellRecord
 
 app = typer.Typer(
@@ -269,9 +270,13 @@ def plot(
 def study(
     study_file: Path = typer.Argument(..., help="A study TOML file (see configs/studies/ and docs/studies.md)."),
     out: Optional[Path] = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
+    report: bool = typer.Option(False, "--report", help="Run nothing: write the tables and plots of the runs recorded so far."),
 ) -> None:
     """Run every cell of a study (train, evaluate, attack), skipping finished ones; write results.csv and results.md."""
-    _run_study_file(study_file, out)
+    if report:
+        _report_study_file(study_file, out)
+    else:
+        _run_study_file(study_file, out)
 
 
 @app.command()
@@ -293,9 +298,7 @@ def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list[CellRec
     """Runs (or continues) a study and writes its tables; returns its records and directory."""
     from privfed.studies.cell_work import study_row
     from privfed.studies.grid import Study
-    from privfed.studies.plots import write_study_plots
-    from privfed.studies.runner import run_study
-    from privfed.studies.tables import write_csv, write_markdown
+    from privfed.studies.runner import recorded_cells, run_study
     from privfed.runs import RunDirectory
 
     spec = Study.load(study_file)
@@ -319,14 +322,40 @@ def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list[CellRec
             )
         except KeyboardInterrupt as stop:
             typer.echo(f"study stopped ({stop}); the same command continues it", err=True)
+            _write_study_results(spec, study_file, folder, recorded_cells(spec, folder))
             raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
-        write_csv(records, folder / "results.csv")
-        write_markdown(records, folder / "results.md", title=f"Study {study_file.stem}")
-        pictures = write_study_plots(records, folder)
+        _write_study_results(spec, study_file, folder, records)
+    return records, folder
+
+
+def _report_study_file(study_file: Path, out: Optional[Path]) -> None:
+    """Writes a study's tables and plots from its recorded runs, running nothing (e.g. while it is stopped)."""
+    from privfed.studies.grid import Study
+    from privfed.studies.runner import recorded_cells
+
+    spec = Study.load(study_file)
+    folder = out or Path("studies") / study_file.stem
+    records = recorded_cells(spec, folder) if folder.is_dir() else []
+    if not records:
+        raise PrivfedError(f"{folder} holds no recorded run of {study_file}; run the study first")
+    _write_study_results(spec, study_file, folder, records)
+
+
+def _write_study_results(spec: Study, study_file: Path, folder: Path, records: list[CellRecord]) -> None:
+    """results.csv, results.md and the plots of ``records`` (every cell, or those recorded when stopped)."""
+    from privfed.studies.plots import write_study_plots
+    from privfed.studies.tables import write_csv, write_markdown
+
+    if not records:
+        return
+    cells = len(spec.cells())
+    write_csv(records, folder / "results.csv")
+    write_markdown(records, folder / "results.md", title=f"Study {study_file.stem}", cells=cells)
+    pictures = write_study_plots(records, folder)
     failed = sum(not r.finished for r in records)
     written = ", ".join(str(p) for p in [folder / "results.csv", folder / "results.md", *pictures])
-    typer.echo(f"wrote {written} ({len(records) - failed} runs, {failed} failed)")
-    return records, folder
+    partial = f" of the study's {cells}" if len(records) < cells else ""
+    typer.echo(f"wrote {written} ({len(records) - failed} runs{partial}, {failed} failed)")
 
 
 @app.command(name="attacks")

@@ -62,6 +62,12 @@ def read_record(folder: Path) -> CellRecord | None:
     return CellRecord(values["name"], values["seed"], values["row"], values["error"], values["seconds"])
 
 
+def recorded_cells(study: Study, out: Path) -> list[CellRecord]:
+    """The records of the study's cells that have one, in the study's order: a stopped study's results so far."""
+    records = (read_record(cell_folder(out, cell)) for cell in study.cells())
+    return [record for record in records if record is not None]
+
+
 def write_record(folder: Path, record: CellRecord) -> None:
     """Writes ``cell.json`` whole (a temporary file renamed over it), so a kill never leaves half a record."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -74,9 +74,13 @@ def prose_sections(records: list[CellRecord]) -> str:
     return "".join(sections)
 
 
-def write_markdown(records: list[CellRecord], path: Path, *, title: str) -> Path:
+def write_markdown(records: list[CellRecord], path: Path, *, title: str, cells: int | None = None) -> Path:
+    """Writes ``results.md``; ``cells`` (the study's number of cells) marks a table of a study not yet finished."""
     errors = [f"- {r.name} seed {r.seed}: {r.error}" for r in records if r.error]
-    text = f"# {title}\n\nMean ± standard deviation over seeds (number of finished runs).\n\n{markdown_table(records)}"
+    text = f"# {title}\n\n"
+    if cells is not None and len(records) < cells:
+        text += f"**Partial: {len(records)} of the study's {cells} runs are recorded; the same command continues it.**\n\n"
+    text += f"Mean ± standard deviation over seeds (number of finished runs).\n\n{markdown_table(records)}"
     text += prose_sections(records)
     if errors:
         text += "\n## Failed runs\n\n" + "\n".join(errors) + "\n"

@@ -139,6 +139,20 @@ def test_total_budget_parameters_build_a_mechanism_that_composes_to_the_total():
     assert release.guarantee.epsilon < 3.0
 
 
+@pytest.mark.parametrize("total", [0.05, 0.8, 10.0])
+def test_a_release_states_its_own_epsilon_to_one_percent_however_small(total):
+    """Checked against dp_accounting on a grid whose rounding is far below 1 %; stated above it (the accountant rounds up)."""
+    from dp_accounting.pld import pld_privacy_accountant
+
+    mech = create_mechanism("ldp", **ldp_parameters(total, 1e-3, num_releases=21, max_depth=6))
+    release = mech.release(clustered(100, 8)[0], num_centroids=4, generator=gen())
+    reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=5e-6 * total)
+    reference.compose(accounting.release_event(mech.noise, tree_levels=mech.tree_levels), 1)
+    exact = reference.get_epsilon(1e-3)
+    assert exact <= release.guarantee.epsilon <= 1.01 * exact
+    assert f"({release.guarantee.epsilon:.3g}, 0.001)-differentially private" in release.guarantee.statement
+
+
 # --------------------------------------------------------------------------- audit
 
 

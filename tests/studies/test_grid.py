@@ -95,7 +95,7 @@ def test_the_shipped_studies_load_with_three_seeds_per_cell(name, scale):
                                            "mechanism-ldp_epsilon-1", "mechanism-ldp_epsilon-0.8"}
         assert all(c.config.delta == 1e-3 for c in cells) and spec.attack == "decoder"
     else:
-        assert {c.config.method for c in cells} == {"orchestra", "rotpred", "simclr", "simsiam", "byol", "specloss"}
+        assert {c.config.method for c in cells} == {"orchestra", "rotpred", "simclr", "simsiam", "byol", "specloss", "supervised"}
 
 
 def test_attack_settings_are_read_for_the_attack(tmp_path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from privfed.studies.grid import Study
-from privfed.studies.runner import CELL_FILE, read_record, run_study
+from privfed.studies.runner import CELL_FILE, read_record, recorded_cells, run_study
 from privfed.studies.tables import markdown_table, write_csv, write_markdown
 
 STUDY = """
@@ -90,3 +90,17 @@ def test_a_record_is_whole_json(tmp_path):
     record = json.loads((tmp_path / "out" / "cells" / "mechanism-kanon-seed0" / CELL_FILE).read_text())
     assert record == {"name": "mechanism-kanon", "seed": 0, "row": {"knn": 0.35, "k": 5}, "error": None,
                       "seconds": record["seconds"]}
+
+
+def test_a_stopped_study_reports_its_recorded_cells_in_study_order_and_says_it_is_partial(tmp_path):
+    study, out = load(tmp_path), tmp_path / "out"
+    run_study(study, out, Work(failing={"mechanism-kanon-seed0"}))
+    (out / "cells" / "mechanism-reps-seed1" / CELL_FILE).unlink()  # stopped mid-cell
+    records = recorded_cells(study, out)
+    assert [(r.name, r.seed, r.finished) for r in records] == [
+        ("mechanism-reps", 0, True), ("mechanism-kanon", 0, False), ("mechanism-kanon", 1, True)]
+    text = write_markdown(records, tmp_path / "results.md", title="privacy", cells=4).read_text()
+    assert "Partial: 3 of the study's 4 runs are recorded" in text
+    assert "| mechanism-reps | 1 |" in text and "| mechanism-kanon | 1 (1 failed) |" in text
+    whole = write_markdown(run_study(study, out, Work()), tmp_path / "done.md", title="privacy", cells=4).read_text()
+    assert "Partial" not in whole

@@ -1,6 +1,11 @@
-"""`privfed study` refuses a bad attack setting before any cell trains."""
+"""`privfed study` refuses a bad attack setting before any cell trains; `--report` tables what is recorded and runs nothing."""
 
 from __future__ import annotations
+
+import csv
+
+from privfed.studies.grid import Study
+from privfed.studies.runner import CellRecord, cell_folder, write_record
 
 STUDY = """
 attack = "decoder"
@@ -21,3 +26,31 @@ def test_an_attack_setting_the_attack_does_not_take_fails_before_anything_trains
     assert result.returncode != 0 and "Traceback" not in output
     assert "[attack_settings] for decoder" in output and "stepz" in output
     assert not (tmp_path / "out" / "cells").exists()
+
+
+GRID = """
+seeds = [0, 1]
+[base]
+dataset = "shapes:120"
+[[grid]]
+mechanism = ["reps", "kanon"]
+"""
+
+
+def test_report_tables_the_recorded_runs_and_trains_nothing(tmp_path, run_privfed):
+    (tmp_path / "study.toml").write_text(GRID)
+    out = tmp_path / "out"
+    empty = run_privfed("study", str(tmp_path / "study.toml"), "--out", str(out), "--report")
+    assert empty.returncode != 0 and "no recorded run" in empty.stderr + empty.stdout
+    cells = Study.load(tmp_path / "study.toml").cells()
+    for cell, knn in zip(cells[:3], [0.30, 0.34, 0.40]):  # the last cell never ran
+        write_record(cell_folder(out, cell), CellRecord(cell.name, cell.seed, {"knn": knn}, None, 1.0))
+    result = run_privfed("study", str(tmp_path / "study.toml"), "--out", str(out), "--report")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "3 runs of the study's 4" in result.stdout
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [(r["cell"], r["seed"], r["knn"]) for r in rows] == [
+        ("mechanism-reps", "0", "0.3"), ("mechanism-reps", "1", "0.34"), ("mechanism-kanon", "0", "0.4")]
+    text = (out / "results.md").read_text()
+    assert "Partial: 3 of the study's 4 runs" in text and "| mechanism-reps | 2 | 0.32 ± 0.028 (2) |" in text
+    assert not (cell_folder(out, cells[3])).exists()  # nothing ran

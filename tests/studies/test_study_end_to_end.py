@@ -116,11 +116,13 @@ def test_ctrl_c_stops_the_study_and_the_same_command_finishes_it_without_redoing
     assert first.returncode == 130, stderr[-3000:]
     finished = (tmp_path / "out" / "cells" / "mechanism-reps-seed0" / "cell.json").stat().st_mtime
     assert not (tmp_path / "out" / "cells" / "mechanism-reps-seed1" / "cell.json").exists()
+    assert "Partial: 1 of the study's 4 runs" in (tmp_path / "out" / "results.md").read_text()  # the results so far
     again = privfed("study", "tiny.toml", "--out", "out", cwd=tmp_path)
     stdout, stderr = again.communicate(timeout=900)
     assert again.returncode == 0, stderr[-3000:]
     assert "mechanism-reps-seed0" not in stdout.split("wrote")[0]  # the finished cell was not redone
     assert (tmp_path / "out" / "cells" / "mechanism-reps-seed0" / "cell.json").stat().st_mtime == finished
+    assert "Partial" not in (tmp_path / "out" / "results.md").read_text()
     rows = list(csv.DictReader((tmp_path / "out" / "results.csv").open()))
     assert len(rows) == 4 and all(r["rounds"] == "3" and not r.get("error") for r in rows)
 
