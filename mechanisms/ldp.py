@@ -117,20 +117,32 @@ def ldp_parameters(
     return {**{k: float(v) for k, v in noise.to_dict().items()}, "delta": float(total_delta), "max_depth": max_depth}
 
 
+#: How many times :func:`release_epsilon` may refine its PLD grid (each pass shrinks it to what the last result needs).
+MAX_GRID_REFINEMENTS = 8
+
+
 @lru_cache(maxsize=256)
 def release_epsilon(noise: NoiseParameters, *, tree_levels: int, delta: float) -> float:
-    """Epsilon of one release at ``delta`` under replace-one (PLD).
+    """Epsilon of one release at ``delta`` under replace-one (PLD), at most about 0.5 % above the exact value.
 
-    A first pass on the default grid bounds it from above; the second uses
-    the grid calibration would choose for that bound (or the default, if
-    finer), so the rounding costs at most 1 % of it however small the
-    epsilon (the default grid alone overstated a tiny per-release epsilon
-    by more than 10 %).
+    The accountant rounds every loss up to its grid, which can cost up to
+    one grid step per composed PLD. So the grid is refined until that
+    rounding is at most half a percent of the epsilon found on it (a fixed
+    grid overstated a tiny per-release epsilon by 13 %, and the 1 %
+    calibration grid of a first, rounded-up result by 2 %). Each result is
+    an upper bound, so stopping early only overstates.
     """
     events = accounting.release_privacy_events(noise, tree_levels=tree_levels)
-    bound = accounting.epsilon_of(events, delta)
-    grid = accounting.calibration_discretisation(bound, accounting.rounding_compositions(events))
-    return accounting.epsilon_of(events, delta, discretisation=min(grid, accounting.DEFAULT_DISCRETISATION))
+    compositions = accounting.rounding_compositions(events)
+    grid = accounting.DEFAULT_DISCRETISATION
+    epsilon = accounting.epsilon_of(events, delta, discretisation=grid)
+    for _ in range(MAX_GRID_REFINEMENTS):
+        wanted = 0.5 * accounting.calibration_discretisation(epsilon, compositions)
+        if epsilon == 0.0 or grid <= wanted:
+            break
+        grid = wanted
+        epsilon = accounting.epsilon_of(events, delta, discretisation=grid)
+    return epsilon
 
 
 # ---------------------------------------------------------------------------
