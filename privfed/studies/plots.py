@@ -1,4 +1,4 @@
-"""A study's pictures: accuracy against the privacy budget, and accuracy against the attack's advantage.
+"""A study's pictures: accuracy per setting, against the privacy budget, and against the attack's advantage.
 
 Each point is a setting's mean over its finished seeds, with the standard
 deviation over seeds as error bars; a picture the study has no data for is
@@ -20,6 +20,9 @@ from privfed.studies.runner import CellRecord
 REFERENCE_MECHANISMS = ("reps", "kanon")
 EPSILON_PLOT = "accuracy-vs-epsilon.png"
 ATTACK_PLOT = "accuracy-vs-attack.png"
+SETTINGS_PLOT = "accuracy-by-setting.png"
+#: The accuracy columns of the per-setting picture, and how its legend names them.
+ACCURACY_BARS = {"knn": "kNN monitor", "linear": "linear probe"}
 
 
 @dataclass(frozen=True)
@@ -107,9 +110,39 @@ def plot_accuracy_vs_attack(records: list[CellRecord], path: Path) -> Path | Non
     return _save(fig, plt, path)
 
 
+def plot_accuracy_by_setting(records: list[CellRecord], path: Path) -> Path | None:
+    """Each setting's kNN and linear accuracy as bars (mean ± std over seeds), the untrained network as a line.
+
+    The picture of a comparison with no ε and no attack (the method study);
+    the untrained network's kNN accuracy (``knn_init``) marks what training
+    added at all.
+    """
+    bars = {column: {p.name: p for p in setting_points(records, column, column)} for column in ACCURACY_BARS}
+    names = [name for name in dict.fromkeys(r.name for r in records) if any(name in points for points in bars.values())]
+    if not names:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 1.6 + 0.45 * len(names)))
+    height = 0.8 / len(ACCURACY_BARS)
+    for offset, (column, label) in enumerate(ACCURACY_BARS.items()):
+        mine = [(row, bars[column][name]) for row, name in enumerate(names) if name in bars[column]]
+        ax.barh([row + (offset - (len(ACCURACY_BARS) - 1) / 2) * height for row, _ in mine], [p.y for _, p in mine],
+                height=height, xerr=[p.y_std for _, p in mine], capsize=3, label=label)
+    untrained = setting_points(records, "knn_init", "knn_init")
+    if untrained:
+        ax.axvline(statistics.fmean(p.y for p in untrained), linestyle="--", color="grey", label="kNN, untrained network")
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.invert_yaxis()  # the study's order, top to bottom
+    ax.set_xlabel("accuracy")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=len(ACCURACY_BARS) + 1)  # below: bars reach right
+    ax.set_title("Accuracy per setting (mean ± std over seeds)", fontsize=10)
+    return _save(fig, plt, path)
+
+
 def write_study_plots(records: list[CellRecord], folder: Path) -> list[Path]:
-    """Both pictures, where the study has the data for them."""
-    drawn = [plot_accuracy_vs_epsilon(records, folder / EPSILON_PLOT), plot_accuracy_vs_attack(records, folder / ATTACK_PLOT)]
+    """Every picture the study has the data for."""
+    drawn = [plot_accuracy_by_setting(records, folder / SETTINGS_PLOT), plot_accuracy_vs_epsilon(records, folder / EPSILON_PLOT),
+             plot_accuracy_vs_attack(records, folder / ATTACK_PLOT)]
     return [path for path in drawn if path is not None]
 
 

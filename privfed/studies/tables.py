@@ -61,14 +61,18 @@ def markdown_table(records: list[CellRecord]) -> str:
 
 
 def prose_sections(records: list[CellRecord]) -> str:
-    """Each prose column (the privacy statement) per setting, its distinct values over the seeds."""
+    """Each prose column (the privacy statement) per setting: its distinct values, each with its seeds where they differ."""
     sections = []
     for column in PROSE_COLUMNS:
         entries = []
         for name in dict.fromkeys(r.name for r in records):
-            values = [r.row.get(column) for r in records if r.name == name and r.finished and r.row is not None]
-            distinct = list(dict.fromkeys(str(v) for v in values if v is not None))
-            entries += [f"- **{name}**: {value}" for value in distinct]
+            seeds_by_value: dict[str, list[int]] = {}
+            for r in records:
+                if r.name == name and r.finished and r.row is not None and r.row.get(column) is not None:
+                    seeds_by_value.setdefault(str(r.row[column]), []).append(r.seed)
+            for value, seeds in seeds_by_value.items():
+                which = f" ({_seeds(seeds)})" if len(seeds_by_value) > 1 else ""
+                entries.append(f"- **{name}**{which}: {value}")
         if entries:
             sections.append(f"\n## Each setting's {column}\n\n" + "\n".join(entries) + "\n")
     return "".join(sections)
@@ -118,6 +122,10 @@ def tuning_ranking(records: list[CellRecord], *, accuracy: str = "linear") -> st
     if unscored:
         lines.append(f"\nNot scored (no finite score, e.g. a diverged run): {', '.join(unscored)}")
     return "\n".join(lines) + "\n"
+
+
+def _seeds(seeds: list[int]) -> str:
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(str(seed) for seed in seeds)
 
 
 def _finite(value: Any) -> bool:

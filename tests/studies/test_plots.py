@@ -6,7 +6,13 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from privfed.studies.plots import plot_accuracy_vs_attack, plot_accuracy_vs_epsilon, setting_points, write_study_plots
+from privfed.studies.plots import (
+    plot_accuracy_by_setting,
+    plot_accuracy_vs_attack,
+    plot_accuracy_vs_epsilon,
+    setting_points,
+    write_study_plots,
+)
 from privfed.studies.runner import CellRecord
 
 
@@ -37,11 +43,12 @@ def test_a_setting_point_is_the_mean_and_spread_of_its_finished_seeds():
     assert abs(point.y - 0.34) < 1e-9 and abs(point.y_std - 0.01) < 1e-9  # the failed seed is left out
 
 
-def test_both_pictures_are_drawn_for_a_privacy_study(tmp_path):
+def test_every_picture_is_drawn_for_a_privacy_study(tmp_path):
     drawn = write_study_plots(privacy_study(), tmp_path)
-    assert [p.name for p in drawn] == ["accuracy-vs-epsilon.png", "accuracy-vs-attack.png"]
-    assert_a_real_picture(drawn[0])
-    assert_a_real_picture(drawn[1], size=(440, 1100))  # a panel per attack figure
+    assert [p.name for p in drawn] == ["accuracy-by-setting.png", "accuracy-vs-epsilon.png", "accuracy-vs-attack.png"]
+    assert_a_real_picture(drawn[0], size=(340, 640))  # a row per setting
+    assert_a_real_picture(drawn[1])
+    assert_a_real_picture(drawn[2], size=(440, 1100))  # a panel per attack figure
 
 
 @pytest.mark.filterwarnings("ignore:No artists with labels")  # errorbar is replaced by a recorder
@@ -59,12 +66,37 @@ def test_the_attack_picture_puts_a_setting_in_every_panel_that_has_its_figure(tm
     assert by_panel[0][0][1] == pytest.approx(2.9) and by_panel[1][2][1] == pytest.approx(0.1)
 
 
-def test_a_study_without_budgets_or_attacks_draws_neither(tmp_path):
+def test_a_study_without_budgets_or_attacks_draws_only_its_settings_accuracy(tmp_path):
     records = [CellRecord(f"method-{m}", 0, {"mechanism": None, "epsilon_budget": None, "linear": 0.3}, None, 1.0)
                for m in ("simclr", "byol")]
     assert plot_accuracy_vs_epsilon(records, tmp_path / "e.png") is None
     assert plot_accuracy_vs_attack(records, tmp_path / "a.png") is None
+    assert [p.name for p in write_study_plots(records, tmp_path)] == ["accuracy-by-setting.png"]
+
+
+def test_nothing_is_drawn_without_an_accuracy(tmp_path):
+    records = [CellRecord("method-simclr", 0, None, "RuntimeError: failed", 1.0),
+               CellRecord("method-byol", 0, {"method": "byol", "linear": None}, None, 1.0)]
     assert write_study_plots(records, tmp_path) == []
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels")  # barh is replaced by a recorder
+def test_the_settings_picture_has_a_bar_per_setting_and_accuracy_with_the_untrained_network_as_a_line(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    records = [CellRecord(f"method-{method}", seed, {"knn": base + seed / 100, "linear": base + 0.1, "knn_init": 0.25},
+                          None, 1.0) for method, base in (("orchestra", 0.3), ("simclr", 0.2)) for seed in (0, 1, 2)]
+    records.append(CellRecord("method-byol", 0, {"knn": 0.28, "linear": None, "knn_init": 0.27}, None, 1.0))
+    bars, lines = [], []
+    monkeypatch.setattr(matplotlib.axes.Axes, "barh", lambda self, y, width, **kw: bars.append((kw["label"], list(y), list(width), kw["xerr"])))
+    monkeypatch.setattr(matplotlib.axes.Axes, "axvline", lambda self, x, **kw: lines.append(x))
+    plot_accuracy_by_setting(records, tmp_path / "s.png")
+    (knn_label, knn_rows, knn, knn_std), (linear_label, linear_rows, linear, _) = bars
+    assert knn_label.startswith("kNN") and linear_label.startswith("linear")
+    assert knn == pytest.approx([0.31, 0.21, 0.28]) and knn_std == pytest.approx([0.01, 0.01, 0.0])
+    assert linear == pytest.approx([0.4, 0.3])  # byol has no linear probe: no bar
+    assert knn_rows[:2] < linear_rows[:2] and len(linear_rows) == 2  # side by side on each setting's row
+    assert lines == [pytest.approx((0.25 + 0.25 + 0.27) / 3)]
 
 
 def test_settings_that_differ_in_more_than_epsilon_get_lines_of_their_own(tmp_path, monkeypatch):

@@ -27,6 +27,13 @@ def test_statements_are_listed_per_setting_below_the_table_not_in_it():
     assert prose_sections(records).splitlines()[-2:] == ["- **ldp**: (1, 1e-3)-DP", "- **reps**: No guarantee"]
 
 
+def test_a_statement_that_differs_over_seeds_names_the_seeds_of_each():
+    records = [record("kanon", seed, statement=f"at least {k} images") for seed, k in ((0, 5), (1, 6), (2, 5))]
+    records.append(CellRecord("kanon", 3, None, "RuntimeError: x", 1.0))
+    assert prose_sections(records).splitlines()[-2:] == ["- **kanon** (seeds 0, 2): at least 5 images",
+                                                         "- **kanon** (seed 1): at least 6 images"]
+
+
 def test_tuning_ranks_by_the_score_and_reports_how_well_it_agrees_with_labels():
     scores_and_accuracy = {"lr-0.1": (0.9, 0.30), "lr-0.03": (0.7, 0.40), "lr-0.01": (0.5, 0.35), "lr-0.003": (0.1, 0.2)}
     records = [record(name, seed, tuning_score=score + seed / 100, linear=acc)
