@@ -80,7 +80,7 @@ def _stopped_by_a_signal(run: Any) -> bool:
 def study_row(
     cell: Cell, folder: Path, *, attack_method: str | None, attack: AttackRun | None
 ) -> dict[str, Any]:
-    """Trains (or finishes) the cell's run in ``folder/run``, scores it (kNN, linear probe, the label-free tuning score) and attacks it."""
+    """Trains (or finishes) the cell's run in ``folder/run``, scores it (kNN, linear probe, both also untrained, the label-free tuning score) and attacks it."""
     from privfed.evaluation.run_evaluation import evaluate_run, score_run
 
     run_dir = folder / "run"
@@ -89,9 +89,13 @@ def study_row(
     if str(summary.get("stopped_early") or "").startswith("interrupted"):
         raise StudyInterrupted(f"{cell.run_name}: {summary['stopped_early']}")
     config = cell.config
-    linear = evaluate_run(
-        run_dir, train_data=config.dataset, test_data=config.test_dataset or config.dataset, protocol="linear",
-        data_dir=Path(config.data_dir), device=config.device,
+    linear, linear_init = (
+        evaluate_run(
+            run_dir, train_data=config.dataset, test_data=config.test_dataset or config.dataset, protocol="linear",
+            checkpoint=checkpoint, data_dir=Path(config.data_dir), device=config.device,
+        )
+        # The untrained encoder's probe: on small images random features alone reach a fair share of it.
+        for checkpoint in ("final", "initial")
     )
     unsupervised = score_run(run_dir, device=config.device)
     privacy = summary["privacy"]
@@ -103,6 +107,7 @@ def study_row(
         "knn": summary["knn_accuracy"],
         "knn_init": summary["knn_accuracy_init"],
         "linear": linear["accuracy"],
+        "linear_init": linear_init["accuracy"],
         "alignment": unsupervised["alignment"],
         "uniformity": unsupervised["uniformity"],
         "tuning_score": unsupervised["tuning_score"],

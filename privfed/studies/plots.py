@@ -111,11 +111,11 @@ def plot_accuracy_vs_attack(records: list[CellRecord], path: Path) -> Path | Non
 
 
 def plot_accuracy_by_setting(records: list[CellRecord], path: Path) -> Path | None:
-    """Each setting's kNN and linear accuracy as bars (mean ± std over seeds), the untrained network as a line.
+    """Each setting's kNN and linear accuracy as bars (mean ± std over seeds), the untrained network's as lines.
 
     The picture of a comparison with no ε and no attack (the method study);
-    the untrained network's kNN accuracy (``knn_init``) marks what training
-    added at all.
+    the untrained network's accuracies (``knn_init``, ``linear_init``) mark
+    what training added at all.
     """
     bars = {column: {p.name: p for p in setting_points(records, column, column)} for column in ACCURACY_BARS}
     names = [name for name in dict.fromkeys(r.name for r in records) if any(name in points for points in bars.values())]
@@ -128,13 +128,14 @@ def plot_accuracy_by_setting(records: list[CellRecord], path: Path) -> Path | No
         mine = [(row, bars[column][name]) for row, name in enumerate(names) if name in bars[column]]
         ax.barh([row + (offset - (len(ACCURACY_BARS) - 1) / 2) * height for row, _ in mine], [p.y for _, p in mine],
                 height=height, xerr=[p.y_std for _, p in mine], capsize=3, label=label)
-    untrained = setting_points(records, "knn_init", "knn_init")
-    if untrained:
-        ax.axvline(statistics.fmean(p.y for p in untrained), linestyle="--", color="grey", label="kNN, untrained network")
+    for index, (column, label) in enumerate(ACCURACY_BARS.items()):
+        if untrained := setting_points(records, f"{column}_init", f"{column}_init"):
+            ax.axvline(statistics.fmean(p.y for p in untrained), linestyle="--", color=f"C{index}",
+                       label=f"{label}, untrained network")
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.invert_yaxis()  # the study's order, top to bottom
     ax.set_xlabel("accuracy")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=len(ACCURACY_BARS) + 1)  # below: bars reach right
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2)  # below: bars reach right
     ax.set_title("Accuracy per setting (mean ± std over seeds)", fontsize=10)
     return _save(fig, plt, path)
 

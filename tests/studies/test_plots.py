@@ -81,22 +81,24 @@ def test_nothing_is_drawn_without_an_accuracy(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:No artists with labels")  # barh is replaced by a recorder
-def test_the_settings_picture_has_a_bar_per_setting_and_accuracy_with_the_untrained_network_as_a_line(tmp_path, monkeypatch):
+def test_the_settings_picture_has_a_bar_per_setting_and_accuracy_and_the_untrained_network_as_lines(tmp_path, monkeypatch):
     import matplotlib.axes
 
-    records = [CellRecord(f"method-{method}", seed, {"knn": base + seed / 100, "linear": base + 0.1, "knn_init": 0.25},
-                          None, 1.0) for method, base in (("orchestra", 0.3), ("simclr", 0.2)) for seed in (0, 1, 2)]
-    records.append(CellRecord("method-byol", 0, {"knn": 0.28, "linear": None, "knn_init": 0.27}, None, 1.0))
+    records = [CellRecord(f"method-{method}", seed, {"knn": base + seed / 100, "linear": base + 0.1, "knn_init": 0.25,
+                                                     "linear_init": 0.3 + seed / 100}, None, 1.0)
+               for method, base in (("orchestra", 0.3), ("simclr", 0.2)) for seed in (0, 1, 2)]
+    records.append(CellRecord("method-byol", 0, {"knn": 0.28, "linear": None, "knn_init": 0.27, "linear_init": None}, None, 1.0))
     bars, lines = [], []
     monkeypatch.setattr(matplotlib.axes.Axes, "barh", lambda self, y, width, **kw: bars.append((kw["label"], list(y), list(width), kw["xerr"])))
-    monkeypatch.setattr(matplotlib.axes.Axes, "axvline", lambda self, x, **kw: lines.append(x))
+    monkeypatch.setattr(matplotlib.axes.Axes, "axvline", lambda self, x, **kw: lines.append((kw["label"], x)))
     plot_accuracy_by_setting(records, tmp_path / "s.png")
     (knn_label, knn_rows, knn, knn_std), (linear_label, linear_rows, linear, _) = bars
     assert knn_label.startswith("kNN") and linear_label.startswith("linear")
     assert knn == pytest.approx([0.31, 0.21, 0.28]) and knn_std == pytest.approx([0.01, 0.01, 0.0])
     assert linear == pytest.approx([0.4, 0.3])  # byol has no linear probe: no bar
     assert knn_rows[:2] < linear_rows[:2] and len(linear_rows) == 2  # side by side on each setting's row
-    assert lines == [pytest.approx((0.25 + 0.25 + 0.27) / 3)]
+    assert lines == [("kNN monitor, untrained network", pytest.approx((0.25 + 0.25 + 0.27) / 3)),
+                     ("linear probe, untrained network", pytest.approx(0.31))]  # byol has no untrained probe
 
 
 def test_settings_that_differ_in_more_than_epsilon_get_lines_of_their_own(tmp_path, monkeypatch):

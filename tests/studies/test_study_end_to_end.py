@@ -49,7 +49,10 @@ def test_a_study_runs_every_cell_once_and_a_rerun_redoes_nothing(tmp_path):
     rows = list(csv.DictReader((tmp_path / "out" / "results.csv").open()))
     assert [(r["cell"], r["seed"]) for r in rows] == [
         ("mechanism-reps", "0"), ("mechanism-reps", "1"), ("mechanism-kanon", "0"), ("mechanism-kanon", "1")]
-    assert all(0 < float(r["knn"]) <= 1 and 0 < float(r["linear"]) <= 1 for r in rows)
+    assert all(0 < float(r[column]) <= 1 for r in rows for column in ("knn", "linear", "knn_init", "linear_init"))
+    # Every cell's untrained network is its seed's: the same for both mechanisms.
+    assert rows[0]["linear_init"] == rows[2]["linear_init"] and rows[1]["linear_init"] == rows[3]["linear_init"]
+    assert "accuracy-by-setting.png" in stdout
     assert "| mechanism-kanon | 2 |" in (tmp_path / "out" / "results.md").read_text()
     again = privfed("study", "tiny.toml", "--out", "out", cwd=tmp_path)
     stdout, _ = again.communicate(timeout=300)
@@ -143,7 +146,7 @@ def test_tune_ranks_the_grid_by_the_label_free_score_and_shows_the_accuracy(tmp_
     assert "Spearman rank correlation of score and linear accuracy over 3 settings" in stdout
 
 
-def test_an_attacked_study_scores_every_mechanism_and_draws_both_pictures(tmp_path):
+def test_an_attacked_study_scores_every_mechanism_and_draws_every_picture(tmp_path):
     """reps (one source per vector), kanon (replayable members) and ldp (members unknown) each get their row."""
     study = STUDY.format(rounds=1).replace("seeds = [0, 1]", 'seeds = [0]\nattack = "decoder"\n[attack_settings]\nsteps = 5')
     study = study.replace('mechanism = ["reps", "kanon"]', 'mechanism = ["reps", "kanon"]\n[[grid]]\nmechanism = ["ldp"]\nepsilon = [50.0]')
@@ -163,4 +166,5 @@ def test_an_attacked_study_scores_every_mechanism_and_draws_both_pictures(tmp_pa
     assert rows["mechanism-kanon"]["epsilon_per_release"] == ""  # not DP
     attack = json.loads((tmp_path / "out" / "cells" / "mechanism-kanon-seed0" / "run" / "attack.json").read_text())
     assert attack["attack"]["steps"] == 5  # the study's attack settings reached the attack
-    assert (tmp_path / "out" / "accuracy-vs-attack.png").is_file() and (tmp_path / "out" / "accuracy-vs-epsilon.png").is_file()
+    assert all((tmp_path / "out" / picture).is_file()
+               for picture in ("accuracy-by-setting.png", "accuracy-vs-attack.png", "accuracy-vs-epsilon.png"))
