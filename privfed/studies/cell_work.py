@@ -89,12 +89,12 @@ def study_row(
     if str(summary.get("stopped_early") or "").startswith("interrupted"):
         raise StudyInterrupted(f"{cell.run_name}: {summary['stopped_early']}")
     config = cell.config
+    # The untrained encoder's probe too: on small images random features alone reach much of the trained one's.
     linear, linear_init = (
         evaluate_run(
             run_dir, train_data=config.dataset, test_data=config.test_dataset or config.dataset, protocol="linear",
             checkpoint=checkpoint, data_dir=Path(config.data_dir), device=config.device,
         )
-        # The untrained encoder's probe: on small images random features alone reach a fair share of it.
         for checkpoint in ("final", "initial")
     )
     unsupervised = score_run(run_dir, device=config.device)
