@@ -97,8 +97,10 @@ def tuning_ranking(records: list[CellRecord], *, accuracy: str = "linear") -> st
 
     A line after the table gives the Spearman rank correlation of the two
     over the settings: how far ranking by the score agrees with ranking by
-    labels. A setting without a finite score (a diverged run) is listed as
-    not scored instead of ranked.
+    labels. The score's two parts stand beside it, because a collapsed
+    encoder (alignment 1, uniformity 0) scores 1.0, above most encoders
+    that spread their images. A setting without a finite score (a diverged
+    run) is listed as not scored instead of ranked.
     """
     from scipy.stats import spearmanr
 
@@ -107,15 +109,20 @@ def tuning_ranking(records: list[CellRecord], *, accuracy: str = "linear") -> st
         finished = [r.row for r in records if r.name == name and r.finished and r.row is not None]
         scores = [row["tuning_score"] for row in finished if _finite(row.get("tuning_score"))]
         accuracies = [row[accuracy] for row in finished if _finite(row.get(accuracy))]
+        parts = [summarise([row.get(part) for row in finished if _finite(row.get("tuning_score"))])
+                 for part in ("alignment", "uniformity")]
         if scores:
-            rows.append((name, statistics.fmean(scores), accuracies, scores))
+            rows.append((name, statistics.fmean(scores), accuracies, scores, parts))
         elif finished:
             unscored.append(name)
     rows.sort(key=lambda entry: entry[1], reverse=True)
-    lines = [f"| rank | setting | tuning score (Align + 0.2 Unif) | {accuracy} accuracy |", "|---|---|---|---|"]
-    for rank, (name, _, accuracies, scores) in enumerate(rows, start=1):
-        lines.append(f"| {rank} | {name} | {summarise(scores)} | {summarise(accuracies)} |")
-    paired = [(score, statistics.fmean(accs)) for _, score, accs, _ in rows if accs]
+    lines = [f"| rank | setting | tuning score (Align + 0.2 Unif) | alignment | uniformity | {accuracy} accuracy |",
+             "|---|---|---|---|---|---|"]
+    for rank, (name, _, accuracies, scores, parts) in enumerate(rows, start=1):
+        lines.append(f"| {rank} | {name} | {summarise(scores)} | {' | '.join(parts)} | {summarise(accuracies)} |")
+    lines.append("\nA collapsed encoder (every image at one point: alignment 1, uniformity 0) scores 1.0, above most "
+                 "encoders that spread their images: read a high score's uniformity before trusting it.")
+    paired = [(score, statistics.fmean(accs)) for _, score, accs, _, _ in rows if accs]
     if len(paired) >= 3:
         rho = spearmanr([p[0] for p in paired], [p[1] for p in paired]).statistic
         lines.append(f"\nSpearman rank correlation of score and {accuracy} accuracy over {len(paired)} settings: {rho:.2f}")

@@ -45,6 +45,16 @@ def test_tuning_ranks_by_the_score_and_reports_how_well_it_agrees_with_labels():
     assert "Spearman rank correlation of score and linear accuracy over 4 settings: 0.40" in ranking
 
 
+def test_the_ranking_shows_the_scores_parts_so_a_collapsed_encoder_is_visible():
+    # Collapse: every image at one point gives alignment 1 and uniformity 0, the score 1.0, ahead of a spread encoder.
+    records = [record("collapsed", 0, tuning_score=1.0, alignment=1.0, uniformity=0.0, linear=0.1),
+               record("spread", 0, tuning_score=0.7, alignment=0.6, uniformity=0.5, linear=0.4)]
+    ranking = tuning_ranking(records)
+    assert "| 1 | collapsed | 1 ± 0 (1) | 1 ± 0 (1) | 0 ± 0 (1) | 0.1 ± 0 (1) |" in ranking
+    assert "| 2 | spread | 0.7 ± 0 (1) | 0.6 ± 0 (1) | 0.5 ± 0 (1) | 0.4 ± 0 (1) |" in ranking
+    assert "collapsed encoder" in ranking
+
+
 @pytest.mark.parametrize("count", [1, 2])
 def test_too_few_settings_give_no_correlation(count):
     records = [record(f"s{i}", 0, tuning_score=float(i), linear=0.1) for i in range(count)]
