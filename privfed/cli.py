@@ -317,7 +317,9 @@ def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list[CellRec
     with RunDirectory(folder).claimed():
         try:
             records = run_study(
-                spec, folder, lambda cell, cell_folder: study_row(cell, cell_folder, attack_method=spec.attack, attack=attack),
+                spec, folder, lambda cell, cell_folder: study_row(
+                    cell, cell_folder, attack_method=spec.attack, attack=attack, finetune=spec.finetune
+                ),
                 progress=typer.echo,
             )
         except KeyboardInterrupt as stop:

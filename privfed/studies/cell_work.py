@@ -77,10 +77,27 @@ def _stopped_by_a_signal(run: Any) -> bool:
     return isinstance(stopped, str) and stopped.startswith("interrupted")
 
 
+def finetune_column(fraction: float) -> str:
+    """``finetune_0.01``: the row's column for fine-tuning on that fraction of the labels."""
+    return f"finetune_{fraction:g}"
+
+
 def study_row(
-    cell: Cell, folder: Path, *, attack_method: str | None, attack: AttackRun | None
+    cell: Cell,
+    folder: Path,
+    *,
+    attack_method: str | None,
+    attack: AttackRun | None,
+    finetune: tuple[float, ...] = (),
 ) -> dict[str, Any]:
-    """Trains (or finishes) the cell's run in ``folder/run``, scores it (kNN, linear probe, both also untrained, the label-free tuning score) and attacks it."""
+    """Trains (or finishes) the cell's run in ``folder/run``, scores it and attacks it.
+
+    Scores: kNN and the linear probe, both also on the untrained encoder; the
+    label-free tuning score; and, for each fraction in ``finetune``, the
+    accuracy after fine-tuning on that class-balanced share of the labels
+    (its subset and schedule seeded by the cell's seed), from the trained
+    and from the untrained encoder.
+    """
     from privfed.evaluation.run_evaluation import evaluate_run, score_run
 
     run_dir = folder / "run"
@@ -97,6 +114,15 @@ def study_row(
         )
         for checkpoint in ("final", "initial")
     )
+    finetuned = {
+        finetune_column(fraction) + suffix: evaluate_run(
+            run_dir, train_data=config.dataset, test_data=config.test_dataset or config.dataset, protocol="finetune",
+            label_fraction=fraction, seed=cell.seed, checkpoint=checkpoint, data_dir=Path(config.data_dir),
+            device=config.device,
+        )["accuracy"]
+        for fraction in finetune
+        for checkpoint, suffix in (("final", ""), ("initial", "_init"))  # _init: the same labels, no pretraining
+    }
     unsupervised = score_run(run_dir, device=config.device)
     privacy = summary["privacy"]
     row: dict[str, Any] = {
@@ -108,6 +134,7 @@ def study_row(
         "knn_init": summary["knn_accuracy_init"],
         "linear": linear["accuracy"],
         "linear_init": linear_init["accuracy"],
+        **finetuned,
         "alignment": unsupervised["alignment"],
         "uniformity": unsupervised["uniformity"],
         "tuning_score": unsupervised["tuning_score"],

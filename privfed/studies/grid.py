@@ -18,6 +18,11 @@ go in their own table::
     mechanism = ["ldp"]
     epsilon = [10.0, 1.0, 0.8]
 
+A top-level ``finetune = [0.01, 0.1]`` also fine-tunes every cell's
+encoder on those fractions of the labels (the paper's semi-supervised
+protocol); ``attack = "decoder"`` (with an ``[attack_settings]`` table)
+attacks every cell that releases something.
+
 Every option is a :class:`privfed.config.TrainConfig` field; each cell's
 configuration is built, and so checked, when the study is read, so a typo
 fails before the first cell trains.
@@ -35,7 +40,7 @@ from privfed.config import TrainConfig, build_config, checked_options, read_toml
 from privfed.errors import PrivfedError
 
 #: Keys of a study file besides its tables.
-STUDY_KEYS = ("preset", "seeds", "base", "grid", "attack", "attack_settings")
+STUDY_KEYS = ("preset", "seeds", "base", "grid", "attack", "attack_settings", "finetune")
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class Study:
     grids: tuple[dict[str, list[Any]], ...]
     attack: str | None
     attack_settings: dict[str, Any] = field(default_factory=dict)
+    finetune: tuple[float, ...] = ()
 
     @classmethod
     def load(cls, path: Path) -> Study:
@@ -109,6 +115,11 @@ class Study:
             raise PrivfedError(f"study file {path}: [attack_settings] takes no seed (a study attacks with seed 0, privfed attack's default)")
         if attack_settings and raw.get("attack") is None:
             raise PrivfedError(f"study file {path}: attack_settings without an attack (set attack = \"decoder\", say)")
+        finetune = raw.get("finetune", [])
+        if not isinstance(finetune, list) or not all(
+            isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= 1 for f in finetune
+        ):
+            raise PrivfedError(f"study file {path}: finetune must be a list of label fractions in (0, 1], e.g. [0.01, 0.1]")
         preset = raw.get("preset")
         return cls(
             path=path,
@@ -118,6 +129,7 @@ class Study:
             grids=checked_grids,
             attack=raw.get("attack"),
             attack_settings=attack_settings,
+            finetune=tuple(float(f) for f in dict.fromkeys(finetune)),
         )
 
     def cells(self) -> list[Cell]:

@@ -69,6 +69,10 @@ def test_the_preset_is_read_relative_to_the_study_file(tmp_path):
         ("[attack_settings]\nsteps = 5\n", "attack_settings without an attack"),
         ("attack = 'decoder'\nattack_settings = 5\n", r"an \[attack_settings\] table"),
         ("attack = 'decoder'\n[attack_settings]\nseed = 3\n", "takes no seed"),
+        ("finetune = 0.1\n", "finetune must be a list of label fractions"),
+        ("finetune = [0.01, 1.5]\n", "finetune must be a list of label fractions"),
+        ("finetune = [0]\n", "finetune must be a list of label fractions"),
+        ("finetune = ['10%']\n", "finetune must be a list of label fractions"),
     ],
 )
 def test_a_mistake_in_a_study_file_is_named_before_anything_trains(tmp_path, text, message):
@@ -96,8 +100,14 @@ def test_the_shipped_studies_load_with_three_seeds_per_cell(name, scale):
         assert all(c.config.delta == 1e-3 for c in cells) and spec.attack == "decoder"
     else:
         assert {c.config.method for c in cells} == {"orchestra", "rotpred", "simclr", "simsiam", "byol", "specloss", "supervised"}
+        assert spec.finetune == (0.01, 0.1)  # the paper's semi-supervised protocol
 
 
 def test_attack_settings_are_read_for_the_attack(tmp_path):
     spec = study(tmp_path, "attack = 'decoder'\n[attack_settings]\nsteps = 200\n")
     assert spec.attack == "decoder" and spec.attack_settings == {"steps": 200}
+
+
+def test_finetune_fractions_are_read_once_each_and_default_to_none(tmp_path):
+    assert study(tmp_path, "finetune = [0.01, 0.1, 0.01, 1]\n").finetune == (0.01, 0.1, 1.0)
+    assert study(tmp_path, "seeds = [0]\n").finetune == ()

@@ -41,7 +41,7 @@ def privfed(*args: str, cwd) -> subprocess.Popen:
 
 
 def test_a_study_runs_every_cell_once_and_a_rerun_redoes_nothing(tmp_path):
-    (tmp_path / "tiny.toml").write_text(STUDY.format(rounds=1))
+    (tmp_path / "tiny.toml").write_text(STUDY.format(rounds=1).replace("seeds = [0, 1]", "seeds = [0, 1]\nfinetune = [0.5]"))
     first = privfed("study", "tiny.toml", "--out", "out", cwd=tmp_path)
     stdout, stderr = first.communicate(timeout=900)
     assert first.returncode == 0, stderr[-3000:]
@@ -49,9 +49,11 @@ def test_a_study_runs_every_cell_once_and_a_rerun_redoes_nothing(tmp_path):
     rows = list(csv.DictReader((tmp_path / "out" / "results.csv").open()))
     assert [(r["cell"], r["seed"]) for r in rows] == [
         ("mechanism-reps", "0"), ("mechanism-reps", "1"), ("mechanism-kanon", "0"), ("mechanism-kanon", "1")]
-    assert all(0 < float(r[column]) <= 1 for r in rows for column in ("knn", "linear", "knn_init", "linear_init"))
+    assert all(0 < float(r[column]) <= 1 for r in rows
+               for column in ("knn", "linear", "knn_init", "linear_init", "finetune_0.5", "finetune_0.5_init"))
     # Every cell's untrained network is its seed's: the same for both mechanisms.
-    assert rows[0]["linear_init"] == rows[2]["linear_init"] and rows[1]["linear_init"] == rows[3]["linear_init"]
+    for column in ("linear_init", "finetune_0.5_init"):
+        assert rows[0][column] == rows[2][column] and rows[1][column] == rows[3][column]
     assert "accuracy-by-setting.png" in stdout
     assert "| mechanism-kanon | 2 |" in (tmp_path / "out" / "results.md").read_text()
     again = privfed("study", "tiny.toml", "--out", "out", cwd=tmp_path)
