@@ -6,6 +6,7 @@ so the studies package never imports the attacks.
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -106,22 +107,18 @@ def study_row(
     if str(summary.get("stopped_early") or "").startswith("interrupted"):
         raise StudyInterrupted(f"{cell.run_name}: {summary['stopped_early']}")
     config = cell.config
-    # The untrained encoder's probe too: on small images random features alone reach much of the trained one's.
-    linear, linear_init = (
-        evaluate_run(
-            run_dir, train_data=config.dataset, test_data=config.test_dataset or config.dataset, protocol="linear",
-            checkpoint=checkpoint, data_dir=Path(config.data_dir), device=config.device,
-        )
-        for checkpoint in ("final", "initial")
+    evaluate = functools.partial(
+        evaluate_run, run_dir, train_data=config.dataset, test_data=config.test_dataset or config.dataset,
+        data_dir=Path(config.data_dir), device=config.device,
     )
+    # The untrained encoder's scores too: on small images random features alone reach much of the trained one's.
+    linear, linear_init = (evaluate(protocol="linear", checkpoint=checkpoint) for checkpoint in ("final", "initial"))
     finetuned = {
-        finetune_column(fraction) + suffix: evaluate_run(
-            run_dir, train_data=config.dataset, test_data=config.test_dataset or config.dataset, protocol="finetune",
-            label_fraction=fraction, seed=cell.seed, checkpoint=checkpoint, data_dir=Path(config.data_dir),
-            device=config.device,
+        finetune_column(fraction) + suffix: evaluate(
+            protocol="finetune", label_fraction=fraction, seed=cell.seed, checkpoint=checkpoint
         )["accuracy"]
         for fraction in finetune
-        for checkpoint, suffix in (("final", ""), ("initial", "_init"))  # _init: the same labels, no pretraining
+        for checkpoint, suffix in (("final", ""), ("initial", "_init"))
     }
     unsupervised = score_run(run_dir, device=config.device)
     privacy = summary["privacy"]
