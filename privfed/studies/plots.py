@@ -127,10 +127,9 @@ def plot_accuracy_by_setting(records: list[CellRecord], path: Path) -> Path | No
     for offset, (column, label) in enumerate(ACCURACY_BARS.items()):
         mine = [(row, bars[column][name]) for row, name in enumerate(names) if name in bars[column]]
         ax.barh([row + (offset - (len(ACCURACY_BARS) - 1) / 2) * height for row, _ in mine], [p.y for _, p in mine],
-                height=height, xerr=[p.y_std for _, p in mine], capsize=3, label=label)
-    for index, (column, label) in enumerate(ACCURACY_BARS.items()):
+                height=height, xerr=[p.y_std for _, p in mine], capsize=3, color=f"C{offset}", label=label)
         if untrained := setting_points(records, f"{column}_init", f"{column}_init"):
-            ax.axvline(statistics.fmean(p.y for p in untrained), linestyle="--", color=f"C{index}",
+            ax.axvline(statistics.fmean(p.y for p in untrained), linestyle="--", color=f"C{offset}",
                        label=f"{label}, untrained network")
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.invert_yaxis()  # the study's order, top to bottom

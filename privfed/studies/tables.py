@@ -107,10 +107,10 @@ def tuning_ranking(records: list[CellRecord], *, accuracy: str = "linear") -> st
     rows, unscored = [], []
     for name in dict.fromkeys(r.name for r in records):
         finished = [r.row for r in records if r.name == name and r.finished and r.row is not None]
-        scores = [row["tuning_score"] for row in finished if _finite(row.get("tuning_score"))]
+        scored = [row for row in finished if _finite(row.get("tuning_score"))]
+        scores = [row["tuning_score"] for row in scored]
         accuracies = [row[accuracy] for row in finished if _finite(row.get(accuracy))]
-        parts = [summarise([row.get(part) for row in finished if _finite(row.get("tuning_score"))])
-                 for part in ("alignment", "uniformity")]
+        parts = [summarise([row.get(part) for row in scored]) for part in ("alignment", "uniformity")]
         if scores:
             rows.append((name, statistics.fmean(scores), accuracies, scores, parts))
         elif finished:
