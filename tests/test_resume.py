@@ -7,7 +7,6 @@ so no two runs of it, resumed or not, release the same vectors.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import signal
@@ -21,6 +20,7 @@ from privfed.federation.simulation import SIMULATED_RUN_KEY, simulate
 from privfed.resume import read_resume_point
 from privfed.run_plan import plan_resume, plan_run
 from privfed.runs import RunDirectory
+from tests.run_records import jsonl, same
 
 ROUNDS = 4
 
@@ -43,23 +43,9 @@ def ctrl_c_after_round(stop_round: int):
     return progress
 
 
-def lines(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 def comparable(record: dict) -> dict:
     """A metrics line without wall-clock figures."""
     return {k: v for k, v in record.items() if not k.endswith("seconds")}
-
-
-def same(a, b) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6) or (math.isnan(a) and math.isnan(b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +69,7 @@ def test_the_stop_left_a_resume_point_at_its_last_round(runs):
 def test_the_resumed_run_ends_as_the_uninterrupted_one(runs):
     folder, whole, _, _, resumed = runs
     assert resumed["stopped_early"] is None and resumed["rounds"] == whole["rounds"] == ROUNDS
-    a, b = lines(folder / "whole" / "metrics.jsonl"), lines(folder / "stopped" / "metrics.jsonl")
+    a, b = jsonl(folder / "whole" / "metrics.jsonl"), jsonl(folder / "stopped" / "metrics.jsonl")
     assert [m["round"] for m in b] == list(range(ROUNDS + 1))
     for x, y in zip(a, b):
         assert same(comparable(x), comparable(y)), (comparable(x), comparable(y))
@@ -97,7 +83,7 @@ def test_the_resumed_run_ends_as_the_uninterrupted_one(runs):
 
 def test_the_ledger_after_resume_is_the_uninterrupted_ledger(runs):
     folder, whole, _, _, resumed = runs
-    assert lines(folder / "whole" / "ledger.jsonl") == lines(folder / "stopped" / "ledger.jsonl")
+    assert jsonl(folder / "whole" / "ledger.jsonl") == jsonl(folder / "stopped" / "ledger.jsonl")
     assert resumed["privacy"]["k"] == whole["privacy"]["k"] is not None
 
 

@@ -118,6 +118,7 @@ class OrchestraStrategy(Strategy):
         self._closed_round = 0
         self._configured_round = 0
         self.halted_rounds = 0
+        self.overflow_rounds = 0
         self.rejected_tensor_updates = 0
 
     def __repr__(self) -> str:
@@ -133,6 +134,7 @@ class OrchestraStrategy(Strategy):
             "sampling": self._rng.bit_generator.state,
             "scales": torch.from_numpy(self.scales.copy()),  # a tensor, so resume points load with weights_only
             "halted_rounds": self.halted_rounds,
+            "overflow_rounds": self.overflow_rounds,
             "rejected_tensor_updates": self.rejected_tensor_updates,
         }
 
@@ -141,6 +143,7 @@ class OrchestraStrategy(Strategy):
         self.scales = state["scales"].numpy().copy()
         self.halted_rounds = int(state["halted_rounds"])
         self.rejected_tensor_updates = int(state["rejected_tensor_updates"])
+        self.overflow_rounds = int(state.get("overflow_rounds", 0))  # resume points written before it was counted
 
     @property
     def next_round_trains(self) -> bool:
@@ -285,6 +288,7 @@ class OrchestraStrategy(Strategy):
             "protocol": "SecAgg+ (Flower)",
             **self.secagg.to_dict(),
             "halted_rounds": self.halted_rounds,
+            "overflow_rounds": self.overflow_rounds,
             "rejected_tensor_updates": self.rejected_tensor_updates,
             "final_max_scale": float(self.scales.max()),
         }
@@ -330,11 +334,14 @@ class OrchestraStrategy(Strategy):
         )
         rejected = [k for k, bad in zip(self._keys, decoded.overflow) if bad]
         if rejected:
+            # A clipped tensor's mean is wrong. Applying the others alone would leave, e.g., a BatchNorm layer's
+            # statistics out of step with the weights that feed it, so the whole model stays as it was.
             logger.warning(
-                "round %d: %d aggregated tensors overflowed SecAgg+'s clipping range and were not applied "
-                "(e.g. %s); their scales grow for the next round",
+                "round %d: %d aggregated tensors overflowed SecAgg+'s clipping range (e.g. %s), so the round's model "
+                "update was not applied; their scales grow for the next round",
                 self.orchestra_round(server_round), len(rejected), rejected[0],
             )
+            self.overflow_rounds += 1
         self.rejected_tensor_updates += len(rejected)
         self.scales = next_scales(self.scales, decoded)
         stats = {
@@ -342,7 +349,7 @@ class OrchestraStrategy(Strategy):
             "secagg_max_scale": float(self.scales.max()),
             **decode_metrics(first[-1]),
         }
-        return arrays_to_state(decoded.mean, self._keys), stats
+        return (None if rejected else arrays_to_state(decoded.mean, self._keys)), stats
 
     def _close_round(
         self,

@@ -16,9 +16,9 @@ Each client divides its indicators by its own weight ratio, so a raised
 indicator adds exactly one to the sum whoever raised it. The server learns
 how many clients raised each indicator and nothing else: client sizes are
 public, and had the indicators been weighted like the update, their sum
-would be a subset sum of known sizes that usually names the clients. The
-server rejects the aggregate of any tensor that overflowed and grows the
-scales of tensors that ran high, so the next rounds fit (see
+would be a subset sum of known sizes that usually names the clients. When a
+tensor overflowed the server applies none of the round's update, and it
+grows the scales of tensors that overflowed or ran high, so the next rounds fit (see
 :func:`next_scales`).
 """
 

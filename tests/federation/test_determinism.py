@@ -8,7 +8,6 @@ that must not repeat: these runs use kanon.)
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from privfed.config import build_config
 from privfed.federation.simulation import simulate
 from privfed.run_plan import plan_run
+from tests.run_records import jsonl, same
 
 TIMINGS = ("round_seconds", "elapsed_seconds", "train_seconds", "release_seconds")
 
@@ -50,7 +50,7 @@ def run(tmp_path, name: str, seed: int, rounds: int = 3) -> list[dict]:
     masked.mkdir()
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import this module
     simulate(plan_run(config), outer_mods=[record_masked_vectors(str(masked))])
-    metrics = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    metrics = jsonl(tmp_path / name / "metrics.jsonl")
     return [{k: v for k, v in record.items() if k not in TIMINGS} for record in metrics]
 
 
@@ -75,7 +75,7 @@ def test_a_seed_fixes_every_metric(runs):
     for a, b in zip(first, again):
         assert a.keys() == b.keys()
         for key in a:
-            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["round"], key)
+            assert same(a[key], b[key], rel=1e-6, abs=1e-9), (a["round"], key, a[key], b[key])
 
 
 def test_the_seed_does_not_reach_the_masks(runs):

@@ -333,3 +333,27 @@ def test_an_aggregate_no_honest_round_can_produce_leaves_the_model_unchanged(con
     (report,) = round_.reports
     assert report.server_stats.get("secagg_halted") == 1.0 and len(report.releases) == 2  # releases still recorded
     assert round_.strategy.halted_rounds == 1
+
+
+def test_when_one_tensor_overflows_no_part_of_the_update_is_applied_and_its_scale_grows(config, tmp_path):
+    """A clipped BatchNorm variance left alone beside applied weights made the layer inconsistent; nothing moves now."""
+    round_ = honest_round(config.replace(secagg=True), tmp_path / "run")
+    start = shared_state(round_.strategy.server.network)
+    keys = list(start)
+    clipped = next(i for i, k in enumerate(keys) if k.endswith("running_var"))
+    scales = round_.strategy.scales.copy()
+    delta = [np.full(v.shape, 0.5) for v in start.values()]
+    delta[clipped] = np.full(delta[clipped].shape, 9.0 * scales[clipped])  # beyond the clipping range 8 after scaling
+    aggregate = [*encode_update(delta, scales, weight_ratio=1.0, clipping_range=8.0),
+                 encode_metrics({"loss": 3.0}, clipping_range=8.0)]
+    aggregate[clipped] = np.clip(aggregate[clipped], -8.0, 8.0)  # SecAgg+ saturates; the indicator says so
+    round_.strategy.aggregate_fit(
+        round_.server_round, [(Node(100 + c), with_arrays(round_.reply(c), aggregate)) for c in (0, 1)], []
+    )
+    for key, moved in state_delta(shared_state(round_.strategy.server.network), start).items():
+        assert torch.count_nonzero(moved) == 0, key
+    grown = round_.strategy.scales / scales
+    assert grown[clipped] == 4.0 and np.all(np.delete(grown, clipped) == 1.0)
+    (report,) = round_.reports
+    assert report.server_stats["secagg_rejected_tensors"] == 1.0 and len(report.releases) == 2
+    assert round_.strategy.overflow_rounds == 1 and round_.strategy.secure_aggregation_summary()["overflow_rounds"] == 1
