@@ -6,7 +6,9 @@ run there, so ``summary.json`` and the final checkpoint are written as for
 any early stop. A second signal ends the process at once (exit status
 128 + the signal), leaving the run directory as the last finished round
 left it: raising in the main thread would not do, since Flower's ServerApp
-thread would go on waiting for replies. Ray's own processes go with it.
+thread would go on waiting for replies. Before it exits, the block's
+``on_exit_now`` callback runs (the simulation uses it to end Ray's
+processes, which would otherwise outlive the process for a while).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from types import FrameType
-from typing import Iterator
+from typing import Callable, Iterator
 
 #: The signals a run stops on.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -41,8 +43,12 @@ class StopRequest:
 
 
 @contextmanager
-def stop_on_signals(notice: bool = True) -> Iterator[StopRequest]:
+def stop_on_signals(notice: bool = True, on_exit_now: Callable[[], None] | None = None) -> Iterator[StopRequest]:
     """Handles SIGINT/SIGTERM inside the block as described above; the previous handlers come back after it.
+
+    Enter the block after anything that installs its own handlers (Ray's
+    driver aborts on SIGTERM once ``ray.init`` has run); entering it
+    afterwards puts these handlers back on top.
 
     Outside the main thread (where Python cannot install handlers) the block
     runs with the handlers as they are, and the request is only ever set by
@@ -57,7 +63,11 @@ def stop_on_signals(notice: bool = True) -> Iterator[StopRequest]:
         name = signal.Signals(signum).name
         if stop.requested:
             print(f"\n{name} again: stopping now", file=sys.stderr, flush=True)
-            os._exit(128 + signum)
+            try:
+                if on_exit_now is not None:
+                    on_exit_now()
+            finally:
+                os._exit(128 + signum)
         stop.request(f"interrupted by {name}")
         if notice:
             print(f"\n{name}: stopping after the current round (again to stop at once)", file=sys.stderr, flush=True)

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import signal
+import sys
+import tempfile
 import warnings
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
+import ray
 from flwr.simulation import run_simulation
 
 from privfed.federation.client_app import Mod, make_client_app
@@ -36,7 +42,9 @@ def simulate(
 
     The first Ctrl-C (SIGINT or SIGTERM) stops the run after the current
     round, with its summary and final checkpoint; a second one stops it at
-    once (:mod:`privfed.interruption`). With ``resume`` it continues the
+    once, and ends Ray's processes with it (:mod:`privfed.interruption`).
+    Ray runs in a temporary directory of its own, removed at the end
+    (:func:`ray_session`). With ``resume`` it continues the
     planned run from that point (:mod:`privfed.resume`).
 
     Each virtual node holds the server to the planned run's configuration,
@@ -58,7 +66,9 @@ def simulate(
     config = plan.config
     outcome: dict[str, Any] = {}
     resources: dict[str, Any] = {"num_cpus": config.client_cpus, "num_gpus": config.client_gpus}
-    with stop_on_signals() as stop:
+    init_args: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": verbose}
+    # Ray first: its driver installs a SIGTERM handler that aborts the process, which ours then replaces.
+    with ray_session(init_args) as ray_dir, stop_on_signals(on_exit_now=lambda: end_ray_now(ray_dir)) as stop:
         run_simulation(
             server_app=make_server_app(plan, progress, outcome, stop=stop, resume=resume),
             client_app=make_client_app(
@@ -66,9 +76,7 @@ def simulate(
                 outer_mods=outer_mods, inner_mods=inner_mods,
             ),
             num_supernodes=config.num_clients,
-            backend_config={
-                "client_resources": resources, "init_args": {"logging_level": "WARNING", "log_to_driver": verbose}
-            },
+            backend_config={"client_resources": resources, "init_args": init_args},
             verbose_logging=verbose,
         )
     if "error" in outcome:
@@ -76,3 +84,63 @@ def simulate(
     if "summary" not in outcome:
         raise RuntimeError("the simulation ended without a result (see the log above)")
     return outcome["summary"]
+
+
+@contextmanager
+def ray_session(init_args: dict[str, Any]) -> Iterator[str]:
+    """Starts Ray for a simulation in a temporary directory of its own; shuts it down and removes the directory after.
+
+    Flower starts Ray only when it is not running yet, so the simulation uses
+    this one. Without a directory of its own every run would leave a
+    ``/tmp/ray/session_*`` folder behind. The directory's name is short on
+    purpose: Ray puts Unix sockets inside it, whose paths are limited to 107
+    bytes, so it cannot be the (arbitrarily deep) run directory.
+    """
+    temp_dir = tempfile.mkdtemp(prefix="privfed-ray-")
+    # Ray's workers import the ClientApp's modules from this process's import path.
+    path = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
+    try:
+        ray.init(
+            include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}}, _temp_dir=temp_dir, **init_args
+        )
+        yield temp_dir
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def end_ray_now(temp_dir: str) -> None:
+    """Before an immediate exit: SIGKILLs every process below this one (Ray's) and removes Ray's directory.
+
+    Ray's GCS and raylet die with this process (they ask the kernel to), but
+    the raylet's own children (agents, workers) only notice later; killed
+    here, none outlives the process.
+    """
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def descendants(root: int) -> list[int]:
+    """The ids of every living process below ``root``, read from ``/proc`` (empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
+                # The command name (field 2) is in parentheses and may hold spaces; the parent id follows it.
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        below = children.get(frontier.pop(), [])
+        found.extend(below)
+        frontier.extend(below)
+    return found
