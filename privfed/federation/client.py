@@ -173,6 +173,7 @@ class OrchestraClient(Client):
             metrics={
                 **metrics,
                 "client_id": self.client_id,
+                "round": int(ins.config["round"]),  # the server refuses a reply for another round
                 **({} if update.release is None else encode_release(update.release)),
                 "dp_sgd_events": events_to_json(update.privacy_events),
             },

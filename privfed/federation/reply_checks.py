@@ -1,7 +1,8 @@
 """The server's checks on a client's reply, before anything in it touches the global state or the ledger.
 
 A reply is trusted for nothing it can be checked on: who sent it (the node
-the server asked, not the ``client_id`` it claims), how many examples it
+the server asked, not the ``client_id`` it claims), which round it answers
+(the one the server asked for: :func:`check_round`), how many examples it
 stands for (the partition's size, which the server planned), the release's
 shape, dtype, finiteness, unit norm, count and total weight (bounded by what
 the mechanism could honestly send from that many representations), its
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from privfed.privacy.dp_sgd_plan import DpSgdPlan
     from privfed.run_plan import RunPlan
 
+#: The metric that names the round a reply answers (the instructions' ``round``).
+ROUND_KEY = "round"
 #: Numeric metrics a client may send (the release and the events travel as bytes and JSON).
 NUMERIC_METRICS = frozenset({*STEP_VALUES, "train_seconds", "steps", "release_seconds"})
 #: How far a released vector's norm may stray from 1 (float32 normalisation is far closer).
@@ -124,6 +127,7 @@ def check_reply(
     rules: ReplyRules,
     train: bool,
     delta_shapes: Sequence[tuple[int, ...]] | None,
+    round_index: int | None = None,
 ) -> CheckedReply:
     """Checks one reply from the node that holds partition ``client``.
 
@@ -135,12 +139,16 @@ def check_reply(
         delta_shapes: The delta arrays' shapes to expect, or None where the
             parameters are not one client's (SecAgg+ rounds) and are left
             to the secure aggregation's own checks.
+        round_index: The round the server asked for (:func:`check_round`;
+            None leaves it unchecked, for library use outside a run).
 
     Raises:
         RejectedReply: naming the first check that failed, or the error a
             malformed reply raised while being read (never anything else).
     """
     try:
+        if round_index is not None:
+            check_round(dict(res.metrics), round_index)
         return _check_reply(res, client=client, rules=rules, train=train, delta_shapes=delta_shapes)
     except RejectedReply as err:
         reason = str(err)  # may quote the client's value: kept short, as it goes into logs and run files
@@ -176,7 +184,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    known = NUMERIC_METRICS | {"client_id", "dp_sgd_events", *RELEASE_KEYS}
+    known = NUMERIC_METRICS | {"client_id", ROUND_KEY, "dp_sgd_events", *RELEASE_KEYS}
     unknown = sorted(k for k in metrics if k not in known)
     if unknown:
         raise RejectedReply(f"unknown metrics {unknown[:5]}")
@@ -187,6 +195,23 @@ def _numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
             raise RejectedReply(f"metric {key} is {value!r}, not a finite number")
         numeric[key] = float(value)
     return numeric
+
+
+def check_round(metrics: dict[str, Any], round_index: int) -> None:
+    """Refuses a reply that does not name ``round_index`` as the round it answers.
+
+    A reply to an earlier round, delivered late or replayed by someone on the
+    way, would otherwise count in this one: its release clustered again, its
+    update applied to a model it was not computed from.
+
+    Raises:
+        RejectedReply: naming the round the reply claims.
+    """
+    claimed = metrics.get(ROUND_KEY)
+    if not _is_int(claimed):
+        raise RejectedReply(f"the round it answers is missing or not an integer ({claimed!r})")
+    if claimed != round_index:
+        raise RejectedReply(f"it answers round {claimed}, not round {round_index}")
 
 
 def _json(metrics: dict[str, Any], key: str) -> Any:
@@ -356,6 +381,7 @@ def screen_replies(
     rules: ReplyRules,
     train: bool,
     delta_shapes: Sequence[tuple[int, ...]] | None,
+    round_index: int | None = None,
 ) -> tuple[list[tuple[Any, FitRes, CheckedReply]], list[Rejection]]:
     """Every reply checked; the accepted ones (with what was decoded) in client order, and the rejections.
 
@@ -377,7 +403,8 @@ def screen_replies(
             continue
         seen.add(client)
         try:
-            accepted[client] = (proxy, res, check_reply(res, client=client, rules=rules, train=train, delta_shapes=delta_shapes))
+            checked = check_reply(res, client=client, rules=rules, train=train, delta_shapes=delta_shapes, round_index=round_index)
+            accepted[client] = (proxy, res, checked)
         except RejectedReply as err:
             rejected.append(Rejection(client, str(err)))
     return [accepted[c] for c in sorted(accepted)], rejected

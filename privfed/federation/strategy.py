@@ -203,7 +203,7 @@ class OrchestraStrategy(Strategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        accepted, rejected = self._screen(results, secure=self.secagg is not None and self.next_round_trains)
+        accepted, rejected = self._screen(server_round, results, secure=self.secagg is not None and self.next_round_trains)
         self._rejected.extend(rejected)
         if not accepted:
             reasons = [r.reason for r in self._rejected]
@@ -243,7 +243,8 @@ class OrchestraStrategy(Strategy):
             reason = "the reply carries no readable masked vector"
         else:
             try:
-                check_reply(res, client=client, rules=self._rules, train=True, delta_shapes=None)
+                round_index = self.orchestra_round(self._configured_round)
+                check_reply(res, client=client, rules=self._rules, train=True, delta_shapes=None, round_index=round_index)
                 check_masked_vector(masked, self.masked_vector_shapes(), modulus=self.secagg.modulus_range)
                 return None
             except RejectedReply as err:
@@ -271,7 +272,7 @@ class OrchestraStrategy(Strategy):
             return  # aggregated already, or no client was asked (the run is stopping)
         self.halted_rounds += 1
         logger.warning("round %d: secure aggregation halted; the model is unchanged", self.orchestra_round(server_round))
-        accepted, rejected = self._screen(self._pending, secure=True)
+        accepted, rejected = self._screen(server_round, self._pending, secure=True)
         self._rejected.extend(rejected)
         self._close_round(server_round, accepted, None, {"secagg_halted": 1.0})
 
@@ -299,7 +300,9 @@ class OrchestraStrategy(Strategy):
             raise RuntimeError("the strategy checks every reply: give it reply_rules (see privfed.federation.reply_checks)")
         return self.reply_rules
 
-    def _screen(self, results: list[tuple[ClientProxy, FitRes]], *, secure: bool) -> tuple[list[Accepted], list[Rejection]]:
+    def _screen(
+        self, server_round: int, results: list[tuple[ClientProxy, FitRes]], *, secure: bool
+    ) -> tuple[list[Accepted], list[Rejection]]:
         """The round's replies checked against the plan (:mod:`privfed.federation.reply_checks`)."""
         accepted, rejected = screen_replies(
             results,
@@ -308,6 +311,7 @@ class OrchestraStrategy(Strategy):
             rules=self._rules,
             train=self.next_round_trains,
             delta_shapes=None if secure else self._shapes,
+            round_index=self.orchestra_round(server_round),
         )
         for rejection in rejected:
             logger.warning("client %s's reply was rejected: %s", rejection.client, rejection.reason)

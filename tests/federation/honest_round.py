@@ -78,5 +78,6 @@ def honest_round(config: TrainConfig, out: Path, *, train: bool = True, sampled:
         secagg=plan.secagg,
         dp_sgd=None if plan.privacy.dp_sgd is None else plan.privacy.dp_sgd.settings,
     )
-    strategy._sampled_ids = sampled
-    return HonestRound(plan, strategy, server_round=2 if train else 1, reports=reports)
+    strategy._sampled_ids = sampled  # as configure_fit would have
+    strategy._configured_round = server_round = 2 if train else 1
+    return HonestRound(plan, strategy, server_round=server_round, reports=reports)
