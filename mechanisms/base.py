@@ -166,14 +166,19 @@ class Mechanism(abc.ABC):
         """What one release costs, for the run's ledger (empty when not differentially private)."""
         return ()
 
+    # The three bounds below bound one client's pull on the server: each takes ``num_reps``, the most rows the
+    # caller can hand :meth:`release` (privfed: one per image in the client's memory, so the smaller of its size
+    # and the memory's; its size under DP-SGD, whose Poisson memory has no cap). The server rejects a release
+    # beyond them, so a large client weighs no more than an honest one of the same mechanism could.
+
     @classmethod
     def max_vectors(cls, *, num_reps: int, num_centroids: int) -> int:
-        """The most vectors an honest release from ``num_reps`` representations holds (the server rejects more)."""
+        """The most vectors an honest release from at most ``num_reps`` representations holds (the server rejects more)."""
         return num_centroids
 
     @classmethod
     def max_total_weight(cls, *, num_reps: int, params: dict[str, Any]) -> float:
-        """The largest total weight an honest release from ``num_reps`` representations carries.
+        """The largest total weight an honest release from at most ``num_reps`` representations carries.
 
         Weights count representations, so by default they total at most
         ``num_reps`` (the server rejects heavier releases, which would let
@@ -187,6 +192,20 @@ class Mechanism(abc.ABC):
         if cls.is_differentially_private():
             return DP_WEIGHT_ROOM * max(num_reps, 1)
         return float(num_reps)
+
+    @classmethod
+    def max_k(cls, *, num_reps: int, num_vectors: int, params: dict[str, Any]) -> int | None:
+        """The largest anonymity set an honest release of ``num_vectors`` vectors from at most ``num_reps`` representations has.
+
+        None for a mechanism that is not k-anonymous (it states no k). A
+        k-anonymous release averages disjoint sets of at least ``k`` rows
+        per vector (rows are distinct images), so by default ``k`` is at most
+        ``num_reps // num_vectors``; the server credits no larger ``k``
+        whatever the release claims. A release of no vectors has no ``k``.
+        """
+        if cls.guarantee_kind != K_ANONYMITY or num_vectors <= 0:
+            return None
+        return num_reps // num_vectors
 
     @abc.abstractmethod
     def release(

@@ -21,6 +21,8 @@ assignment makes empty clusters impossible.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from mechanisms.base import K_ANONYMITY, Guarantee, Mechanism, Release
@@ -44,6 +46,16 @@ class KAnonymousCentroids(Mechanism):
             raise ValueError(f"min_k must be at least 2 (a centroid of one image is that image), got {min_k}")
         self.min_k = min_k
         self.num_iters = num_iters
+
+    @classmethod
+    def max_total_weight(cls, *, num_reps: int, params: dict[str, Any]) -> float:
+        """A centroid weighs its cluster's size and the clusters split the rows: ``num_reps`` in all, at most."""
+        return float(num_reps)
+
+    @classmethod
+    def max_k(cls, *, num_reps: int, num_vectors: int, params: dict[str, Any]) -> int | None:
+        """The clusters are equal-size, so the smallest holds at most ``num_reps // num_vectors`` rows."""
+        return num_reps // num_vectors if num_vectors > 0 else None
 
     def num_released(self, *, num_reps: int, num_centroids: int) -> int:
         """How many centroids ``num_reps`` images allow: ``L``, or fewer so that each keeps ``min_k``."""

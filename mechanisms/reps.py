@@ -7,6 +7,8 @@ recovers here is the most any mechanism could leak.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from mechanisms.base import NO_GUARANTEE, Guarantee, Mechanism, Release
@@ -35,6 +37,11 @@ class RawRepresentations(Mechanism):
     def max_vectors(cls, *, num_reps: int, num_centroids: int) -> int:
         """One vector per representation."""
         return num_reps
+
+    @classmethod
+    def max_total_weight(cls, *, num_reps: int, params: dict[str, Any]) -> float:
+        """One unit of weight per released representation."""
+        return float(num_reps)
 
     def release(
         self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator

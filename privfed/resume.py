@@ -75,7 +75,10 @@ def read_resume_point(run_dir: RunDirectory) -> ResumePoint:
     """
     path = run_dir.checkpoints / RESUME_FILE
     if not path.is_file():
-        raise PrivfedError(f"{run_dir.path} has no resume point ({path}); it stopped before its first checkpoint")
+        raise PrivfedError(
+            f"{run_dir.path} has no resume point ({path}): it stopped before its first checkpoint, so nothing can be "
+            "resumed; start it again with another --out (or delete this folder)"
+        )
     try:
         return ResumePoint(**torch.load(path, map_location="cpu", weights_only=True))
     except (RuntimeError, OSError, TypeError, EOFError, pickle.UnpicklingError) as err:

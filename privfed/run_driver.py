@@ -10,16 +10,14 @@ with a :class:`privfed.orchestra.round_report.RoundReport` (see
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import statistics
 import time
 from typing import Any, Callable
 
 import torch
 
 from mechanisms import get_mechanism_class
-from mechanisms.base import K_ANONYMITY, Guarantee
+from mechanisms.base import DIFFERENTIAL_PRIVACY, K_ANONYMITY, NO_GUARANTEE, Guarantee
 from privfed.data import cached_dataset, heterogeneity_stats
 from privfed.device import resolve_device
 from privfed.evaluation.monitor import KnnMonitor
@@ -62,10 +60,31 @@ IN_PROGRESS_STATEMENT = (
     "The run was killed while this round was in progress and this client did not answer it again; it may "
     "have released before the kill, so the planned cost is charged."
 )
+#: The statements recorded with an accepted release, by guarantee kind: the server's words, never the client's.
+ACCEPTED_STATEMENTS = {
+    K_ANONYMITY: "Accepted; k is what the server credits (the least of the claim, the lightest centroid and the "
+    "client's memory over its centroids; none when nothing was released).",
+    DIFFERENTIAL_PRIVACY: "Accepted; charged the planned events of one release (epsilon and delta: one release alone).",
+    NO_GUARANTEE: "Accepted; the release carries no protection.",
+}
+
+
+#: Largest magnitude a client's metric counts with in a round's mean: far beyond any honest loss or duration,
+#: and so far below float's limit that a mean of many capped values cannot overflow.
+METRIC_CAP = 1e300
 
 
 def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
+    """The mean of clients' metrics, each capped at :data:`METRIC_CAP` (or None without any).
+
+    The values are the clients' own and only checked to be finite: two of
+    1.7e308 would overflow a plain mean and end the run (round 0's metrics
+    travel in plaintext even under SecAgg+).
+    """
+    if not values:
+        return None
+    capped = [min(max(v, -METRIC_CAP), METRIC_CAP) for v in values]
+    return math.fsum(v / len(capped) for v in capped)
 
 
 def _rejected_clients(report: RoundReport) -> list[int]:
@@ -213,6 +232,9 @@ class RunDriver:
         for key in (*STEP_VALUES, "train_seconds", "release_seconds"):
             if key not in record:  # SecAgg+ rounds bring the means of the secure sum in server_stats
                 record[key] = _mean([m[key] for m in report.client_metrics if key in m])
+        if report.unusable is not None and self.stop_reason is None:
+            self.stop_reason = report.unusable  # summary.json's stopped_early says why the run ended
+            self._emit({"event": "stop", "reason": self.stop_reason})
         charged_ks = self._charge_releases(report)
         if config.record_releases:
             self._record_round(report)
@@ -288,8 +310,7 @@ class RunDriver:
             k = release.guarantee.k if mechanism.guarantee_kind == K_ANONYMITY else None  # no k for other kinds
             if k is not None:
                 charged_ks.append(k)
-            guarantee = dataclasses.replace(release.guarantee, k=k)
-            self.ledger.record(LedgerEntry(client, report.round, mechanism.name, guarantee, expected))
+            self.ledger.record(LedgerEntry(client, report.round, mechanism.name, self._charged_guarantee(k), expected))
         if expected:
             rejected = Guarantee(kind=mechanism.guarantee_kind, statement=REJECTED_STATEMENT)
             for client in _rejected_clients(report):
@@ -298,6 +319,26 @@ class RunDriver:
             for client in self._maybe_answered_before_a_kill(report):
                 self.ledger.record(LedgerEntry(client, report.round, mechanism.name, in_progress, expected))
         return charged_ks
+
+    def _charged_guarantee(self, k: int | None) -> Guarantee:
+        """What the ledger records with an accepted release: the server's own facts, none of the client's text.
+
+        The kind is the mechanism class's, ``k`` the one the checks credited,
+        epsilon and delta the plan's for one release, and the statement the
+        server's: a client's guarantee may claim anything (``"epsilon": -5``
+        on a k-anonymous release, a 90 kB statement), and the ledger is what
+        the run's privacy is read from.
+        """
+        kind = self.mechanism_class.guarantee_kind if self.mechanism_class is not None else NO_GUARANTEE
+        privacy = self.plan.privacy
+        dp = kind == DIFFERENTIAL_PRIVACY
+        return Guarantee(
+            kind=kind,
+            statement=ACCEPTED_STATEMENTS.get(kind, ACCEPTED_STATEMENTS[NO_GUARANTEE]),
+            k=k,
+            epsilon=privacy.epsilon_per_release if dp else None,
+            delta=privacy.delta if dp else None,
+        )
 
     def _maybe_answered_before_a_kill(self, report: RoundReport) -> list[int]:
         """The silent clients of the round a killed run had in progress (none in any other round)."""

@@ -5,7 +5,8 @@ the server asked, not the ``client_id`` it claims), which round it answers
 (the one the server asked for: :func:`check_round`), how many examples it
 stands for (the partition's size, which the server planned), the release's
 shape, dtype, finiteness, unit norm, count and total weight (bounded by what
-the mechanism could honestly send from that many representations), its
+the mechanism could honestly send from the representations its memory
+holds: at most ``memory_size``, :meth:`ReplyRules.most_reps`), its
 privacy events (exactly the plan's; the server charges its own copy), its
 DP-SGD events, its metrics (each known key with a value of its type) and
 the model delta's arrays: without SecAgg+, their count, shapes, dtype,
@@ -71,6 +72,7 @@ class ReplyRules:
         release_events: What one release costs, as planned.
         min_k: The smallest anonymity set a k-anonymous release may have.
         dp_sgd: The DP-SGD plan (None without DP-SGD); gives each client's round events.
+        memory_size: How many representations a client's memory holds (None: no cap but the client's size).
     """
 
     client_sizes: tuple[int, ...]
@@ -81,6 +83,23 @@ class ReplyRules:
     release_events: tuple[PrivacyEvent, ...]
     min_k: int | None = None
     dp_sgd: DpSgdPlan | None = None
+    memory_size: int | None = None
+
+    def most_reps(self, size: int) -> int:
+        """The most representations a client of ``size`` examples hands its mechanism.
+
+        One per distinct image in its memory, which keeps at most
+        ``memory_size`` (:mod:`privfed.orchestra.memory`, and round 0's
+        sample); under DP-SGD the memory is a Poisson sample with no cap
+        (:func:`privfed.orchestra.memory_sampling.poisson_memory`), so up to
+        ``size``. Every bound on a release (vectors, total weight, credited
+        k) is the mechanism's bound for this many, not for the client's size:
+        a client with 2,000 images would otherwise weigh 2,000 in the global
+        clustering where an honest ``kanon`` release weighs at most 128.
+        """
+        if self.dp_sgd is not None or self.memory_size is None:
+            return size
+        return min(size, self.memory_size)
 
     @classmethod
     def of(cls, plan: RunPlan, mechanism: type[Mechanism] | None) -> ReplyRules:
@@ -95,6 +114,7 @@ class ReplyRules:
             release_events=plan.privacy.per_release_events,
             min_k=None if minimum is None else int(minimum),
             dp_sgd=plan.privacy.dp_sgd,
+            memory_size=config.memory_size,
         )
 
 
@@ -276,7 +296,10 @@ def _release(metrics: dict[str, Any], *, rules: ReplyRules, size: int) -> Releas
     if vectors.ndim != 2 or (vectors.shape[0] and vectors.shape[1] != rules.dimension):
         raise RejectedReply(f"release vectors have shape {vectors.shape}, not [m, {rules.dimension}]")
     count = vectors.shape[0]
-    most = mechanism.max_vectors(num_reps=size, num_centroids=rules.num_centroids)
+    if count == 0:
+        vectors = np.zeros((0, rules.dimension), np.float32)  # an empty release of any width becomes [0, D]
+    reps = rules.most_reps(size)
+    most = mechanism.max_vectors(num_reps=reps, num_centroids=rules.num_centroids)
     if count > most:
         raise RejectedReply(f"release holds {count} vectors; {mechanism.name} sends at most {most}")
     if weights.shape != (count,):
@@ -286,7 +309,7 @@ def _release(metrics: dict[str, Any], *, rules: ReplyRules, size: int) -> Releas
     norms = np.linalg.norm(vectors.astype(np.float64), axis=1)
     if count and float(np.abs(norms - 1.0).max()) > UNIT_NORM_TOLERANCE:
         raise RejectedReply("release vectors are not unit-norm")
-    heaviest = mechanism.max_total_weight(num_reps=size, params=rules.mechanism_params)
+    heaviest = mechanism.max_total_weight(num_reps=reps, params=rules.mechanism_params)
     if (weights < 0).any() or float(weights.astype(np.float64).sum()) > heaviest:
         raise RejectedReply(f"release weights are negative or total more than {heaviest:g}")
     guarantee = _guarantee(_json(metrics, "release_guarantee"))
@@ -297,7 +320,7 @@ def _release(metrics: dict[str, Any], *, rules: ReplyRules, size: int) -> Releas
         raise RejectedReply(f"release costs {[e.name for e in events]} differ from the plan's")
     release = Release(torch.from_numpy(vectors.copy()), torch.from_numpy(weights.copy()), guarantee, events)
     if mechanism.guarantee_kind == K_ANONYMITY:
-        k = _credited_k(release, rules=rules, size=size)
+        k = _credited_k(release, rules=rules, mechanism=mechanism, num_reps=reps)
         release = dataclasses.replace(release, guarantee=dataclasses.replace(guarantee, k=k))
     return release
 
@@ -318,13 +341,16 @@ def _guarantee(value: Any) -> Guarantee:
     return Guarantee(**value)
 
 
-def _credited_k(release: Release, *, rules: ReplyRules, size: int) -> int | None:
-    """The anonymity set the server credits: no more than the claim, the lightest vector, or the client's share."""
+def _credited_k(release: Release, *, rules: ReplyRules, mechanism: type[Mechanism], num_reps: int) -> int | None:
+    """The anonymity set the server credits: no more than the claim, the lightest vector, or the mechanism's
+    largest honest k from the client's ``num_reps`` representations (:meth:`Mechanism.max_k`)."""
     if release.num_vectors == 0:
         return None
     if release.guarantee.k is None:
         raise RejectedReply("a k-anonymous release without its k")
-    k = min(release.guarantee.k, int(release.weights.min()), size // release.num_vectors)
+    bound = mechanism.max_k(num_reps=num_reps, num_vectors=release.num_vectors, params=rules.mechanism_params)
+    share = num_reps // release.num_vectors if bound is None else bound
+    k = min(release.guarantee.k, int(release.weights.min()), share)
     if rules.min_k is not None and k < rules.min_k:
         raise RejectedReply(f"release holds centroids of {k} images, below the run's min_k {rules.min_k}")
     return k

@@ -206,11 +206,14 @@ class OrchestraStrategy(Strategy):
         accepted, rejected = self._screen(server_round, results, secure=self.secagg is not None and self.next_round_trains)
         self._rejected.extend(rejected)
         if not accepted:
-            reasons = [r.reason for r in self._rejected]
-            self._close_round(server_round, [], None, {})  # logs the round and charges the rejected clients
-            raise RuntimeError(
-                f"round {self.orchestra_round(server_round)}: no usable reply: {len(failures)} failed, rejected: {reasons}"
-            )
+            # Nothing to apply: the round is logged and charged (the rejected replies reached the server), the
+            # model stays as it was, and the run stops with a summary that says why instead of a traceback.
+            reason = self._unusable_reason(server_round, len(failures))
+            logger.warning("%s", reason)
+            self._close_round(server_round, [], None, {}, unusable=reason)
+            if self.stop_reason is None:
+                self.stop(reason)
+            return ndarrays_to_parameters(state_to_arrays(self.server.global_state(), self._keys)), {}
         try:
             mean_delta, aggregation_stats = self._mean_delta(server_round, accepted)
         except ImplausibleAggregate as err:
@@ -317,6 +320,16 @@ class OrchestraStrategy(Strategy):
             logger.warning("client %s's reply was rejected: %s", rejection.client, rejection.reason)
         return accepted, rejected
 
+    def _unusable_reason(self, server_round: int, failed: int) -> str:
+        """Why a round had no usable reply: how many replies failed or were rejected, and the first reasons."""
+        rejected = self._rejected
+        reasons = "; ".join(f"client {r.client}: {r.reason}" for r in rejected[:3])
+        more = f"; and {len(rejected) - 3} more" if len(rejected) > 3 else ""
+        return (
+            f"round {self.orchestra_round(server_round)}: no usable reply ({failed} failed, {len(rejected)} rejected"
+            f"{': ' + reasons + more if rejected else ''}); the model is unchanged and the run stops"
+        )
+
     def _mean_delta(self, server_round: int, results: list[Accepted]) -> tuple[StateDict | None, dict[str, float]]:
         """The round's mean model delta (None in round 0) and statistics about forming it."""
         if not self.next_round_trains:
@@ -361,6 +374,8 @@ class OrchestraStrategy(Strategy):
         results: list[Accepted],
         mean_delta: StateDict | None,
         aggregation_stats: dict[str, float],
+        *,
+        unusable: str | None = None,
     ) -> None:
         checked = [c for _, _, c in results]
         releases = [(c.client, c.release) for c in checked if c.release is not None]
@@ -381,6 +396,7 @@ class OrchestraStrategy(Strategy):
                 training_events=[(c.client, c.training_events) for c in checked],
                 rejected=rejected,
                 runtime_state=self.runtime_state(),
+                unusable=unusable,
             )
         )
         if stop_reason is not None:

@@ -45,6 +45,8 @@ class RoundReport:
         runtime_state: The runtime's own state after the round (client
             sampling, SecAgg+ scales), kept opaque in resume points
             (:mod:`privfed.resume`).
+        unusable: Why no reply could be used (None when one could): the
+            model stayed as it was, and the run stops with this reason.
     """
 
     round: int
@@ -58,6 +60,7 @@ class RoundReport:
     training_events: list[tuple[int, tuple[PrivacyEvent, ...]]] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     runtime_state: dict[str, Any] = field(default_factory=dict)
+    unusable: str | None = None
 
     @property
     def sampled(self) -> int:

@@ -94,17 +94,23 @@ class OrchestraServer:
         stats = {
             "clients": float(len(releases)),
             "released_vectors": float(sum(r.num_vectors for r in releases)),
-            "centroid_usage": _centroid_usage(releases, self.centroids),
         }
+        usage = _centroid_usage(releases, self.centroids)
+        if usage is not None:
+            stats["centroid_usage"] = usage
         return stats
 
 
-def _centroid_usage(releases: list[Release], centroids: torch.Tensor) -> float:
-    """Fraction of global centroids that are the nearest one to some released vector.
+def _centroid_usage(releases: list[Release], centroids: torch.Tensor) -> float | None:
+    """Fraction of global centroids that are the nearest one to some released vector (None: nothing was released).
 
     A value far below 1 means the global clustering collapsed onto few clusters.
+    Every release can be empty: honest ``kanon`` clients with fewer than
+    ``--kanon-min-k`` images release nothing.
     """
-    vectors = torch.cat([r.vectors.float() for r in releases if r.num_vectors > 0])
-    nearest = (vectors @ centroids.T).argmax(dim=1)
+    released = [r.vectors.float() for r in releases if r.num_vectors > 0]
+    if not released:
+        return None
+    nearest = (torch.cat(released) @ centroids.T).argmax(dim=1)
     return float(nearest.unique().numel() / centroids.shape[0])
 

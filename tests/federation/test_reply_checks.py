@@ -1,4 +1,4 @@
-"""The k-anonymity the server credits a release: never more than its claim, its lightest centroid or the client's share."""
+"""The k-anonymity the server credits a release: never more than its claim, its lightest centroid or the client's share of its memory."""
 
 from __future__ import annotations
 
@@ -41,11 +41,11 @@ def test_an_overclaimed_k_is_cut_to_the_lightest_centroid(kanon_rules):
     assert credited(rules, plan, kanon_release([3.0, 9.0, 9.0, 9.0], k=8)) == 3
 
 
-def test_k_never_exceeds_the_clients_size_over_its_vectors(kanon_rules):
+def test_k_never_exceeds_the_clients_memory_over_its_vectors(kanon_rules):
     plan, rules = kanon_rules
     client = min(range(len(plan.client_sizes)), key=lambda c: plan.client_sizes[c])
-    share = plan.client_sizes[client] // 4
-    heavy = [share + 1.0] * 4  # weights must total at most the client's size, so they cannot all exceed the share
+    share = rules.most_reps(plan.client_sizes[client]) // 4  # its memory's rows: min(size, memory_size)
+    heavy = [share + 1.0] * 4  # weights must total at most the memory's rows, so they cannot all exceed the share
     with pytest.raises(RejectedReply, match="total more than"):
         credited(rules, plan, kanon_release(heavy, k=10_000), client)
     assert credited(rules, plan, kanon_release([float(share)] * 4, k=10_000), client) == share

@@ -222,10 +222,11 @@ def test_a_node_that_was_not_asked_is_rejected(fresh, honest):
 
 def test_a_round_with_no_usable_reply_is_logged_and_charged_then_stops_the_run(fresh, honest):
     start = shared_state(fresh.strategy.server.network)
-    with pytest.raises(RuntimeError, match="no usable reply.*client_id is missing"):
-        fresh.strategy.aggregate_fit(fresh.server_round, [(Node(100), with_metrics(honest[0], client_id=None))], [])
+    fresh.strategy.aggregate_fit(fresh.server_round, [(Node(100), with_metrics(honest[0], client_id=None))], [])
     (report,) = fresh.reports  # the driver sees the round, so it can charge the rejected client
     assert report.completed == 0 and [r.client for r in report.rejected] == [0]
+    assert re.search("no usable reply.*client_id is missing", report.unusable)
+    assert fresh.strategy.stop_reason == report.unusable  # no further round is configured
     assert all(torch.equal(v, start[k]) for k, v in shared_state(fresh.strategy.server.network).items())
 
 
