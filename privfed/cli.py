@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 import sys
+import threading
+import traceback
 from contextlib import ExitStack
 from enum import Enum
 from pathlib import Path
@@ -39,6 +42,10 @@ class Protocol(str, Enum):
 
 #: What `privfed train` exits with after a Ctrl-C stopped the run cleanly (the shell's 128 + SIGINT).
 INTERRUPTED_EXIT_CODE = 130
+#: What every command exits with for bad input (an option, a file, a run directory): one line on stderr.
+USAGE_EXIT_CODE = 2
+#: What `privfed train` exits with when the run stopped because no client could train (its summary says why).
+FAILED_RUN_EXIT_CODE = 1
 
 
 def _print_progress(event: dict[str, Any]) -> None:
@@ -136,15 +143,59 @@ def train(
     with ExitStack() as held:  # the run directory stays claimed until training ends
         if resume is None:
             plan, point = plan_run(build_config(config, **options)), None
-            plan.run_dir.path.mkdir(parents=True, exist_ok=True)
+            _check_client_resources(plan.config)
+            _make_run_directory(plan.run_dir.path)
             held.enter_context(plan.run_dir.claimed())
         else:
             held.enter_context(RunDirectory(resume).claimed())  # before the resume rewrites anything
             plan, point = plan_resume(resume, options)
+            _check_client_resources(plan.config)
             typer.echo(f"privfed: resuming {resume} after round {point.round}")
         summary = _train(plan, point, verbose)
-    if str(summary.get("stopped_early") or "").startswith("interrupted"):
-        raise typer.Exit(INTERRUPTED_EXIT_CODE)
+    code = train_exit_code(summary)
+    if code == FAILED_RUN_EXIT_CODE:
+        typer.echo(f"error: the run failed: {summary['stopped_early']} (see {plan.run_dir.path / 'summary.json'})", err=True)
+    if code:
+        raise typer.Exit(code)
+
+
+def train_exit_code(summary: dict[str, Any]) -> int:
+    """What `privfed train` exits with for a run that ended with ``summary``: 0, or why it did not finish."""
+    from privfed.run_driver import stopped_without_training
+
+    stopped = summary.get("stopped_early")
+    if isinstance(stopped, str) and stopped.startswith("interrupted"):
+        return INTERRUPTED_EXIT_CODE
+    if stopped_without_training(stopped):
+        return FAILED_RUN_EXIT_CODE
+    return 0
+
+
+def _make_run_directory(path: Path) -> None:
+    """Creates the run directory, or says in one line why it cannot (a file in the way, no permission)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise PrivfedError(f"cannot create the run directory {path}: a file is in the way") from None
+    except OSError as err:
+        raise PrivfedError(f"cannot create the run directory {path}: {err.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PrivfedError(f"cannot write in the run directory {path}: permission denied")
+
+
+def _check_client_resources(config: TrainConfig) -> None:
+    """Refuses client resources this machine lacks before the runtime starts (Ray would wait for them forever)."""
+    import torch
+
+    cores = os.cpu_count() or 1
+    if config.client_cpus > cores:
+        raise PrivfedError(f"--client-cpus {config.client_cpus:g} is more than this machine's {cores} CPU cores")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if config.client_gpus > gpus:
+        raise PrivfedError(
+            f"--client-gpus {config.client_gpus:g} asks for more GPUs than this machine has ({gpus}); "
+            "use --client-gpus 0 on a machine without one"
+        )
 
 
 def _train(plan: RunPlan, point: ResumePoint | None, verbose: bool) -> dict[str, Any]:
@@ -159,6 +210,8 @@ def _train(plan: RunPlan, point: ResumePoint | None, verbose: bool) -> dict[str,
     )
     for line in privacy.describe():
         typer.echo(line)
+    for warning in plan.warnings:
+        typer.echo(f"warning: {warning}", err=True)
     if privacy.is_dp and privacy.may_stop_early:
         typer.echo(
             f"privacy: the budget covers {privacy.fitting_releases} releases per client; training stops "
@@ -199,6 +252,8 @@ def evaluate(
         knn_k=knn_k,
         knn_temperature=knn_temperature,
     )
+    for warning in result.get("warnings", []):
+        typer.echo(f"warning: {warning}", err=True)
     if result["accuracy"] is None:
         typer.echo(f"wrote {result['picture']} ({result['num_test']} {test_data} test images, {result['checkpoint']})")
     else:
@@ -234,7 +289,9 @@ def attack(
     import torch
 
     from attacks.evaluation import attack_run
+    from privfed.config import check_seed
 
+    check_seed("--seed", seed)
     try:
         result = attack_run(
             run_dir, method=method, aux=aux, rounds=_parse_rounds(rounds), device=device, seed=seed,
@@ -313,7 +370,12 @@ def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list[CellRec
             raise PrivfedError(f"study file {study_file}: [attack_settings] for {spec.attack}: {err}") from None
         attack = functools.partial(attack_last_round, attack_settings=spec.attack_settings or None)
     folder = out or Path("studies") / study_file.stem
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise PrivfedError(f"cannot create the study directory {folder}: a file is in the way") from None
+    except OSError as err:
+        raise PrivfedError(f"cannot create the study directory {folder}: {err.strerror}") from None
     with RunDirectory(folder).claimed():
         try:
             records = run_study(
@@ -391,13 +453,17 @@ def datasets() -> None:
         typer.echo(f"{name:<14} {description}")
 
 
+#: The longest certificate validity ``privfed certs`` writes (100 years; X.509 dates end in 9999).
+MAX_CERTIFICATE_DAYS = 36500
+
+
 @app.command()
 def certs(
     out_dir: Path = typer.Option(Path("certificates"), "--out-dir", "-o", help="Directory to write the keys and certificates to."),
     supernodes: int = typer.Option(2, "--supernodes", "-n", min=0, help="SuperNode authentication key pairs to create: supernode-0 ... supernode-(N-1), one per partition."),
     host: Optional[list[str]] = typer.Option(None, "--host", help="DNS name or IP address SuperNodes and the flwr CLI use to reach the SuperLink (repeatable); localhost, 127.0.0.1 and ::1 are always included."),
     port: int = typer.Option(8000, min=1, max=65535, help="SuperLink port used in the printed commands."),
-    days: int = typer.Option(365, min=1, help="Validity of the certificates in days."),
+    days: int = typer.Option(365, min=1, max=MAX_CERTIFICATE_DAYS, help="Validity of the certificates in days."),
     force: bool = typer.Option(False, "--force", help="Replace existing files (all of them: a new CA invalidates the old certificates)."),
 ) -> None:
     """Create a CA, a SuperLink TLS certificate and SuperNode authentication keys for a Flower deployment."""
@@ -405,7 +471,12 @@ def certs(
 
     hosts = list(host or [])
     credentials = generate_credentials(supernodes, hosts, valid_days=days)
-    paths = write_credentials(credentials, out_dir, force=force)
+    try:
+        paths = write_credentials(credentials, out_dir, force=force)
+    except FileExistsError as err:
+        raise PrivfedError(f"cannot write the certificates into {out_dir}: {err.filename} is in the way") from None
+    except OSError as err:
+        raise PrivfedError(f"cannot write the certificates into {out_dir}: {err.strerror} ({err.filename})") from None
     private = set(paths.private_files())
     typer.echo(f"wrote {len(paths.all_files())} files to {paths.directory}:")
     for path in paths.all_files():
@@ -415,25 +486,48 @@ def certs(
     typer.echo(next_steps(paths, superlink_host=hosts[0] if hosts else "127.0.0.1", port=port))
 
 
-def main() -> None:
-    """Console entry point: user errors become one line on stderr and exit code 2."""
+def _one_line(text: str) -> str:
+    """A message on one line (a path or a quoted value may carry newlines)."""
+    return " ".join(str(text).split())
+
+
+def _exit_after_a_bug(code: int) -> None:
+    """Exits after an unexpected error, without waiting for threads a runtime left behind (they can wait forever)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    current = threading.current_thread()
+    if any(t.is_alive() and not t.daemon and t is not current for t in threading.enumerate()):
+        os._exit(code)
+    sys.exit(code)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Console entry point: bad input becomes one line on stderr and exit code 2.
+
+    ``argv`` defaults to the command line (tests pass their own).
+    """
+    import click
+
     try:
-        code = app(standalone_mode=False)  # click returns a typer.Exit's code here instead of raising it
+        code = app(args=argv, prog_name="privfed", standalone_mode=False)  # a typer.Exit's code is returned, not raised
     except PrivfedError as err:
-        typer.echo(f"error: {err}", err=True)
-        sys.exit(2)
+        typer.echo(f"error: {_one_line(str(err))}", err=True)
+        sys.exit(USAGE_EXIT_CODE)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
-        sys.exit(130)
+        sys.exit(INTERRUPTED_EXIT_CODE)
     except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
-    except Exception as err:  # click usage errors
-        import click
-
-        if isinstance(err, click.ClickException):
-            err.show()
-            sys.exit(err.exit_code)
-        raise
+    except click.ClickException as err:  # usage errors: an unknown option, a value of the wrong type
+        command = err.ctx.command_path if isinstance(err, click.UsageError) and err.ctx is not None else "privfed"
+        typer.echo(f"error: {_one_line(err.format_message())} (see {command} --help)", err=True)
+        sys.exit(err.exit_code)
+    except click.exceptions.Abort:
+        typer.echo("interrupted", err=True)
+        sys.exit(INTERRUPTED_EXIT_CODE)
+    except Exception:
+        traceback.print_exc()
+        _exit_after_a_bug(1)
     if isinstance(code, int) and code:
         sys.exit(code)
 

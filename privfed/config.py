@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -247,14 +248,43 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
     raise PrivfedError(f"config key {name!r} must be {names}, got {value!r}")
 
 
+def read_text(path: Path) -> str:
+    """A text file privfed reads (a preset, a run's records), as UTF-8.
+
+    Raises:
+        PrivfedError: naming the file when it cannot be read or is not UTF-8 text.
+    """
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise PrivfedError(f"{path} is not UTF-8 text (byte {err.start}); the file is damaged or not a text file") from None
+    except OSError as err:
+        raise PrivfedError(f"cannot read {path}: {err.strerror}") from None
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file holding one object (``config.json``, ``summary.json``, ...).
+
+    Raises:
+        PrivfedError: naming the file when it cannot be read or holds no JSON object.
+    """
+    try:
+        value = json.loads(read_text(path))
+    except json.JSONDecodeError as err:
+        raise PrivfedError(f"{path} is not valid JSON ({err.msg}, line {err.lineno}); the file is damaged") from None
+    if not isinstance(value, dict):
+        raise PrivfedError(f"{path} holds no JSON object; the file is damaged")
+    return value
+
+
 def read_toml(path: Path, *, kind: str) -> dict[str, Any]:
     """A TOML file's table; a missing or malformed file is a one-line error naming ``kind`` ("config file", ...)."""
     if not path.is_file():
         raise PrivfedError(f"{kind} not found: {path}")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(read_text(path))
     except tomllib.TOMLDecodeError as err:
-        raise PrivfedError(f"{kind} {path} is not valid TOML: {err}") from None
+        raise PrivfedError(f"{kind} {path} is not valid TOML: {' '.join(str(err).split())}") from None
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
@@ -268,11 +298,16 @@ def checked_options(raw: dict[str, Any], *, source: str) -> dict[str, Any]:
     Raises:
         PrivfedError: naming ``source`` and the unknown keys or the mistyped value.
     """
+    if not isinstance(raw, dict):
+        raise PrivfedError(f"{source} must be a table of options, got {raw!r}")
     types = field_types()
     unknown = sorted(set(raw) - set(types))
     if unknown:
         raise PrivfedError(f"{source} has unknown keys: {', '.join(unknown)}")
-    return {key: _coerce(key, value, types[key]) for key, value in raw.items()}
+    try:
+        return {key: _coerce(key, value, types[key]) for key, value in raw.items()}
+    except PrivfedError as err:
+        raise PrivfedError(f"{source}: {err}") from None
 
 
 def build_config(file: Path | None = None, **overrides: Any) -> TrainConfig:
@@ -286,8 +321,61 @@ def build_config(file: Path | None = None, **overrides: Any) -> TrainConfig:
     return config
 
 
+#: The epsilons a DP option may ask for: below the least, the noise a release needs is too large to represent; above
+#: the largest, the guarantee means nothing (and calibrating the noise takes minutes).
+MIN_EPSILON, MAX_EPSILON = 1e-6, 100.0
+#: Where every float option must lie, as (low, high, low included, high included); a test checks that every float
+#: field of :class:`TrainConfig` is here, so a NaN or an infinity never reaches a run.
+FLOAT_RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "participation": (0.0, 1.0, False, True),
+    "alpha": (0.0, math.inf, False, False),
+    "lr": (0.0, math.inf, False, False),
+    "momentum": (0.0, 1.0, True, False),
+    "weight_decay": (0.0, math.inf, True, False),
+    "temperature": (0.0, math.inf, False, False),
+    "ema_decay": (0.0, 1.0, True, False),
+    "epsilon": (MIN_EPSILON, MAX_EPSILON, True, True),
+    "delta": (0.0, 1.0, False, False),
+    "epsilon_per_release": (MIN_EPSILON, MAX_EPSILON, True, True),
+    "secagg_clipping_range": (0.0, math.inf, False, False),
+    "secagg_timeout": (0.0, math.inf, False, False),
+    "max_grad_norm": (0.0, math.inf, False, False),
+    "dp_sgd_noise_multiplier": (0.0, math.inf, False, False),
+    "dp_sgd_epsilon": (MIN_EPSILON, MAX_EPSILON, True, True),
+    "knn_temperature": (0.0, math.inf, False, False),
+    "client_cpus": (0.0, math.inf, False, False),
+    "client_gpus": (0.0, math.inf, True, False),
+}
+#: Seeds feed NumPy, PyTorch and SecAgg+'s rounding; all of them take a 32-bit unsigned seed.
+MAX_SEED = 2**32 - 1
+
+
+def check_float(name: str, value: float | None, low: float, high: float, low_in: bool, high_in: bool) -> None:
+    """Refuses a NaN, an infinity or a value outside the interval (``None`` is "not set" and passes)."""
+    if value is None:
+        return
+    inside = (low <= value if low_in else low < value) and (value <= high if high_in else value < high)
+    if not (math.isfinite(value) and inside):
+        upper = "inf)" if high == math.inf else f"{high:g}{']' if high_in else ')'}"
+        raise PrivfedError(f"{name} must be a finite number in {'[' if low_in else '('}{low:g}, {upper}, got {value}")
+
+
+def check_seed(name: str, value: int) -> None:
+    """Refuses a seed that NumPy, PyTorch or SecAgg+ cannot take."""
+    if not 0 <= value <= MAX_SEED:
+        raise PrivfedError(f"{name} must be an integer from 0 to {MAX_SEED}, got {value}")
+
+
 def validate(config: TrainConfig) -> None:
     """Rejects settings that cannot run, with a message naming the problem."""
+    for name, bounds in FLOAT_RANGES.items():
+        check_float(name, getattr(config, name), *bounds)
+    check_seed("seed", config.seed)
+    if not config.secagg:
+        given = [n for n in ("secagg_shares", "secagg_threshold", "secagg_timeout") if getattr(config, n) is not None]
+        if given:
+            flags = ", ".join("--" + n.replace("_", "-") for n in given)
+            raise PrivfedError(f"{flags} set{'s' if len(given) == 1 else ''} up SecAgg+, which --no-secagg turns off")
     positive_ints = (
         "num_clients", "rounds", "local_epochs", "batch_size", "memory_size",
         "num_local_centroids", "num_global_centroids", "projection_dim", "eval_every", "knn_k",
@@ -297,18 +385,8 @@ def validate(config: TrainConfig) -> None:
             raise PrivfedError(f"{name} must be at least 1, got {getattr(config, name)}")
     if config.batch_size < 2:
         raise PrivfedError("batch_size must be at least 2 (BatchNorm needs two samples)")
-    if config.alpha <= 0:
-        raise PrivfedError(f"alpha must be > 0, got {config.alpha}")
-    if not 0 < config.participation <= 1:
-        raise PrivfedError(f"participation must be in (0, 1], got {config.participation}")
-    if config.lr <= 0:
-        raise PrivfedError(f"lr must be > 0, got {config.lr}")
-    if config.temperature <= 0 or config.knn_temperature <= 0:
-        raise PrivfedError("temperatures must be > 0")
     if config.checkpoint_every < 0:
         raise PrivfedError(f"checkpoint_every must be 0 or more, got {config.checkpoint_every}")
-    if not 0 <= config.ema_decay < 1:
-        raise PrivfedError(f"ema_decay must be in [0, 1), got {config.ema_decay}")
     methods = available_methods()
     if config.method not in methods:
         raise PrivfedError(f"unknown method {config.method!r} (choose from {', '.join(methods)})")
@@ -328,14 +406,8 @@ def validate(config: TrainConfig) -> None:
         mechanism = get_mechanism_class(config.mechanism)
     except (UnknownMechanismError, MechanismRegistrationError) as err:
         raise PrivfedError(str(err)) from None
-    for name in ("epsilon", "epsilon_per_release"):
-        value = getattr(config, name)
-        if value is not None and value <= 0:
-            raise PrivfedError(f"{name} must be > 0, got {value}")
     if config.kanon_min_k < 2:
         raise PrivfedError(f"kanon_min_k must be at least 2 (a centroid of one image is that image), got {config.kanon_min_k}")
-    if config.delta is not None and not 0 < config.delta < 1:
-        raise PrivfedError(f"delta must be in (0, 1), got {config.delta}")
     if config.global_clustering not in GLOBAL_CLUSTERINGS:
         raise PrivfedError(
             f"unknown global clustering {config.global_clustering!r} (choose from {', '.join(GLOBAL_CLUSTERINGS)})"
@@ -370,5 +442,10 @@ def config_from_run_config(run_config: dict[str, Any]) -> TrainConfig:
 
 
 def load_saved_config(path: Path) -> TrainConfig:
-    """Reads a run directory's ``config.json`` back."""
-    return TrainConfig(**json.loads(path.read_text()))
+    """Reads a run directory's ``config.json`` back, each value checked against its field's type.
+
+    Raises:
+        PrivfedError: naming the file when it is damaged (not JSON, unknown keys, values of the wrong type).
+    """
+    values = checked_options(read_json_object(path), source=str(path))
+    return TrainConfig(**values)

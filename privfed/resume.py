@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from privfed.config import TrainConfig
+from privfed.config import TrainConfig, read_text
 from privfed.errors import PrivfedError
+from privfed.privacy.ledger import LedgerEntry
 from privfed.runs import RunDirectory
 
 RESUME_FILE = "resume.pt"
@@ -81,8 +81,9 @@ def read_resume_point(run_dir: RunDirectory) -> ResumePoint:
         )
     try:
         return ResumePoint(**torch.load(path, map_location="cpu", weights_only=True))
-    except (RuntimeError, OSError, TypeError, EOFError, pickle.UnpicklingError) as err:
-        raise PrivfedError(f"cannot read {path}: {str(err).splitlines()[0]}") from None
+    except Exception as err:  # a damaged file can make the unpickler raise anything
+        why = err.strerror if isinstance(err, OSError) and err.strerror else "it is damaged or not a resume point"
+        raise PrivfedError(f"cannot read {path}: {why}") from None
 
 
 def resumed_config(run_dir: RunDirectory, overrides: dict[str, Any]) -> TrainConfig:
@@ -116,8 +117,7 @@ def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConf
             f"{run_dir.path}'s resume point is at round {point.round}, but its metrics.jsonl ends at "
             f"{max(logged) if logged else 'no round'}: the point is not this run's"
         )
-    ledger = run_dir.path / "ledger.jsonl"
-    charged = [json.loads(line)["round"] for line in ledger.read_text().splitlines()] if ledger.is_file() else []
+    charged = [entry.round for entry in _ledger_entries(run_dir.path / "ledger.jsonl")]
     later = sorted({r for r in logged + charged if r > point.round})
     if later:
         raise PrivfedError(
@@ -126,7 +126,7 @@ def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConf
             "cannot go on from there (--checkpoint-every 1 keeps the point at the last finished round)"
         )
     summary = run_dir.path / "summary.json"
-    stopped = json.loads(summary.read_text()).get("stopped_early") if summary.is_file() else None
+    stopped = run_dir.read_json(summary.name).get("stopped_early") if summary.is_file() else None
     if isinstance(stopped, str) and stopped.startswith(BUDGET_STOP):
         raise PrivfedError(f"{run_dir.path} stopped because its privacy budget ran out; it cannot go on")
     if config.rounds <= point.round:
@@ -134,3 +134,23 @@ def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConf
             f"{run_dir.path} already finished round {point.round} of {config.rounds}; "
             "resume with more --rounds to go on"
         )
+
+
+def _ledger_entries(path: Path) -> list[LedgerEntry]:
+    """The server's ledger, read whole before a resume relies on it.
+
+    Raises:
+        PrivfedError: naming the line that is not a ledger entry: the budget already spent is then unknown.
+    """
+    if not path.is_file():
+        return []
+    entries = []
+    for number, line in enumerate(read_text(path).splitlines(), start=1):
+        try:
+            entries.append(LedgerEntry.from_dict(json.loads(line)))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise PrivfedError(
+                f"{path}, line {number}, is not a ledger entry; the budget already spent is unknown, so the run "
+                "cannot go on"
+            ) from None
+    return entries

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from privfed.config import TrainConfig
+from privfed.errors import PrivfedError
 from privfed.runs import RunDirectory
 
 logger = logging.getLogger(__name__)
@@ -79,8 +80,30 @@ def run_label(config: TrainConfig) -> str:
     return ", ".join(parts)
 
 
+def picture_path(path: Path, formats: dict[str, str]) -> Path:
+    """Where a picture asked for at ``path`` goes: a name without an extension gets ``.png``, as matplotlib gives it.
+
+    Raises:
+        PrivfedError: for an extension matplotlib cannot write, or a folder that does not exist.
+    """
+    path = Path(path)
+    if path.suffix == "":
+        path = path.with_name(path.name + ".png")
+    if path.suffix[1:].lower() not in formats:
+        raise PrivfedError(f"cannot draw {path}: unknown picture type {path.suffix!r} (use .png, .pdf or .svg)")
+    if not path.parent.is_dir():
+        raise PrivfedError(f"cannot write {path}: the folder {path.parent} does not exist")
+    return path
+
+
 def plot_curves(runs: list[RunCurves], path: Path, *, title: str | None = None) -> Path:
-    """Draws :data:`PANELS` for every run into one PNG; a panel no run logged says so."""
+    """Draws :data:`PANELS` for every run into one picture (PNG unless ``path`` says otherwise); returns where it went.
+
+    A panel no run logged says so.
+
+    Raises:
+        PrivfedError: when the picture cannot be written at ``path`` (see :func:`picture_path`).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -112,8 +135,13 @@ def plot_curves(runs: list[RunCurves], path: Path, *, title: str | None = None) 
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.06 if handles else 0, 1, 1))
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    try:
+        path = picture_path(path, fig.canvas.get_supported_filetypes())
+        fig.savefig(path, dpi=DPI)
+    except OSError as err:
+        raise PrivfedError(f"cannot write {path}: {err.strerror or err}") from None
+    finally:
+        plt.close(fig)
     return path
 
 

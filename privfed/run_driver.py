@@ -11,6 +11,7 @@ with a :class:`privfed.orchestra.round_report.RoundReport` (see
 from __future__ import annotations
 
 import math
+import re
 import time
 from typing import Any, Callable
 
@@ -36,6 +37,15 @@ from privfed.run_curves import save_run_curves
 from privfed.run_plan import RunPlan
 
 ProgressCallback = Callable[[dict[str, Any]], None]
+
+#: How a stop reads when a round brought no usable reply (the strategy's, or
+#: :meth:`RunDriver._stop_if_no_client_trained`'s): no client could train, and the CLI exits non-zero.
+NO_USABLE_REPLY = re.compile(r"round \d+: no usable reply")
+
+
+def stopped_without_training(stop_reason: str | None) -> bool:
+    """Whether a run's ``stopped_early`` says it stopped because a round had no usable reply."""
+    return stop_reason is not None and NO_USABLE_REPLY.match(stop_reason) is not None
 
 
 def build_monitor(plan: RunPlan, device: torch.device) -> KnnMonitor:
@@ -241,6 +251,7 @@ class RunDriver:
         if charged_ks:
             record["min_k"] = min(charged_ks)
         self._record_training(report)
+        self._stop_if_no_client_trained(report)
         if self.ledger.is_dp:
             worst = self.ledger.worst_case_summary()
             record.update(privacy_epsilon=worst.epsilon, privacy_delta=worst.delta, privacy_worst_client=worst.client)
@@ -358,6 +369,26 @@ class RunDriver:
         clients = [client for client, _ in report.training_events] + _rejected_clients(report)
         for client in clients + self._maybe_answered_before_a_kill(report):
             self.ledger.record(LedgerEntry.dp_sgd(client, report.round, dp_sgd.round_events(self.plan.client_sizes[client])))
+
+    def _stop_if_no_client_trained(self, report: RoundReport) -> None:
+        """Stops after a round in which no sampled client's reply could be used.
+
+        Every later round would go the same way (a setting no client can train
+        with, replies the server rejects), so the run ends now with a summary
+        that says why, and ``--resume`` can continue it once the cause is fixed.
+        The round a killed run had in progress is exempt: its clients may have
+        answered it before the kill and so stay silent (:meth:`_forget_summary`).
+        """
+        if report.completed > 0 or self.stop_reason is not None or report.round == self._round_maybe_answered:
+            return
+        rejected = report.rejected
+        why = f"{len(rejected)} rejected" + (f": client {rejected[0].client}: {rejected[0].reason}" if rejected else "")
+        failed = max(report.failures - len(rejected), 0)
+        self.stop_reason = (
+            f"round {report.round}: no usable reply from its {report.sampled} sampled clients ({failed} failed, "
+            f"{why}); the model is unchanged and the run stops"
+        )
+        self._emit({"event": "stop", "reason": self.stop_reason})
 
     def _stop_if_budget_runs_out(self, round_index: int) -> None:
         """Stops before the round whose releases could take a client past its budget."""

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privfed.config import TrainConfig
-from privfed.data.federated import FederatedSplit
+from privfed.config import TrainConfig, validate
+from privfed.data.arrays import size_mismatch
+from privfed.data.federated import FederatedSplit, cached_dataset
 from privfed.errors import PrivfedError
+from privfed.models.resnet import BACKBONES
 from privfed.secagg_settings import SecAggPlusSettings, secagg_settings
 from privfed.privacy.budget import PrivacyPlan, plan_privacy
 from privfed.resume import ResumePoint, check_resumable, read_resume_point, resumed_config
@@ -32,6 +34,7 @@ class RunPlan:
         client_sizes: Each client's number of examples.
         secagg: SecAgg+ parameters (None with ``--no-secagg``).
         privacy: The privacy budget's plan: mechanism parameters, delta, DP-SGD noise.
+        warnings: What the run can do but the user should know (e.g. test images of another size).
     """
 
     config: TrainConfig
@@ -39,6 +42,7 @@ class RunPlan:
     client_sizes: tuple[int, ...]
     secagg: SecAggPlusSettings | None
     privacy: PrivacyPlan
+    warnings: tuple[str, ...] = ()
 
     @property
     def run_dir(self) -> RunDirectory:
@@ -55,8 +59,11 @@ def plan_run(config: TrainConfig, *, resuming: bool = False) -> RunPlan:
         config = config.replace(out=str(default_run_dir(config)))
     if not resuming and RunDirectory(Path(config.out)).holds_a_run():
         raise PrivfedError(f"{config.out} already holds a run; choose another --out")
+    if config.backbone not in BACKBONES:  # the network is first built on the server, after the runtime started
+        raise PrivfedError(f"unknown backbone {config.backbone!r} (choose from {', '.join(BACKBONES)})")
     split = FederatedSplit.of(config)
     sizes = split.client_sizes()
+    warnings = _test_data_warnings(config, split)
     secagg = secagg_settings(config, sizes)
     privacy = plan_privacy(config, sizes)
     return RunPlan(
@@ -65,7 +72,22 @@ def plan_run(config: TrainConfig, *, resuming: bool = False) -> RunPlan:
         client_sizes=tuple(sizes),
         secagg=secagg,
         privacy=privacy,
+        warnings=warnings,
     )
+
+
+def _test_data_warnings(config: TrainConfig, split: FederatedSplit) -> tuple[str, ...]:
+    """Loads a separate ``--test-dataset`` now (the kNN monitor needs it once the runtime runs) and compares image sizes.
+
+    Raises:
+        PrivfedError: for a test dataset that cannot be loaded.
+    """
+    if config.test_dataset is None:
+        return ()
+    test = cached_dataset(config.test_dataset, "test", config.data_dir, config.download)
+    mismatch = size_mismatch(split.train_data(), test, train_name=f"training ({config.dataset})",
+                             test_name=f"test ({config.test_dataset})")
+    return () if mismatch is None else (f"{mismatch}; the kNN monitor compares them anyway",)
 
 
 def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, ResumePoint]:
@@ -85,6 +107,10 @@ def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, Resu
     # The directory named, wherever it was first written from: a relative recorded `out` would point elsewhere.
     config = resumed_config(directory, overrides).replace(out=str(directory.path.resolve()))
     recorded = recorded.replace(out=config.out)
+    try:  # a damaged config.json can hold values no run was started with
+        validate(config)
+    except PrivfedError as err:
+        raise PrivfedError(f"{directory.path / 'config.json'}: {err}") from None
     check_resumable(directory, point, config)
     plan = plan_run(config, resuming=True)
     if config != recorded:

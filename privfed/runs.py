@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import torch
 
-from privfed.config import TrainConfig, load_saved_config, save_config
+from privfed.config import TrainConfig, load_saved_config, read_json_object, read_text, save_config
 from privfed.errors import PrivfedError
 from privfed.models.network import OrchestraNetwork, build_network
 
@@ -73,7 +73,11 @@ class RunDirectory:
         """
         if not self.path.is_dir():
             raise PrivfedError(f"{self.path} is not a directory")
-        with open(self.path / LOCK_FILE, "a") as handle:
+        try:
+            handle = open(self.path / LOCK_FILE, "a")
+        except OSError as err:
+            raise PrivfedError(f"cannot write in {self.path}: {err.strerror}") from None
+        with handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -87,9 +91,21 @@ class RunDirectory:
         """Appends one result to ``evaluation.json``, under a lock of its own so concurrent evaluations keep every entry."""
         with open(self.path / EVALUATION_LOCK_FILE, "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
-            path = self.path / "evaluation.json"
-            history = json.loads(path.read_text())["evaluations"] if path.is_file() else []
-            self.write_json("evaluation.json", {"evaluations": [*history, result]})
+            self.write_json("evaluation.json", {"evaluations": [*self.evaluations(), result]})
+
+    def evaluations(self) -> list[dict[str, Any]]:
+        """The results ``evaluation.json`` holds (none without the file).
+
+        Raises:
+            PrivfedError: naming the file when it is not an evaluation record (``privfed evaluate`` checks
+                this before it computes anything, so no result is lost to a broken file).
+        """
+        if not (self.path / "evaluation.json").is_file():
+            return []
+        history = self.read_json("evaluation.json").get("evaluations")
+        if not isinstance(history, list):
+            raise PrivfedError(f"{self.path / 'evaluation.json'} holds no list of evaluations; move it away")
+        return history
 
     def holds_a_run(self) -> bool:
         return (self.path / "config.json").is_file()
@@ -102,6 +118,11 @@ class RunDirectory:
         save_config(config, self.path / "config.json")
 
     def config(self) -> TrainConfig:
+        """The run's recorded configuration.
+
+        Raises:
+            PrivfedError: when there is none, or it cannot be read back.
+        """
         path = self.path / "config.json"
         if not path.is_file():
             raise PrivfedError(f"{self.path} is not a privfed run directory (no config.json)")
@@ -112,10 +133,26 @@ class RunDirectory:
             fh.write(json.dumps(record) + "\n")
 
     def metrics(self) -> list[dict[str, Any]]:
+        """Every logged round, in order.
+
+        Raises:
+            PrivfedError: naming the file and line when a line is not a round's record (a truncated or edited file).
+        """
         path = self.path / "metrics.jsonl"
         if not path.is_file():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records = []
+        for number, line in enumerate(read_text(path).splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise PrivfedError(f"{path}, line {number}, is not valid JSON ({err.msg}); the file is damaged") from None
+            if not isinstance(record, dict) or not isinstance(record.get("round"), int):
+                raise PrivfedError(f"{path}, line {number}, is not a round's record; the file is damaged")
+            records.append(record)
+        return records
 
     def write_json(self, name: str, payload: dict[str, Any]) -> None:
         tmp = self.path / f".{name}.tmp"
@@ -123,7 +160,12 @@ class RunDirectory:
         tmp.replace(self.path / name)
 
     def read_json(self, name: str) -> dict[str, Any]:
-        return json.loads((self.path / name).read_text())
+        """A JSON object the run wrote.
+
+        Raises:
+            PrivfedError: naming the file when it cannot be read or is not a JSON object.
+        """
+        return read_json_object(self.path / name)
 
     def save_checkpoint(
         self, name: str, network: OrchestraNetwork, centroids: torch.Tensor | None, round_index: int
@@ -149,10 +191,11 @@ class RunDirectory:
 
 def load_network(config: TrainConfig, checkpoint: Path) -> OrchestraNetwork:
     """Rebuilds the run's network (GroupNorm if it trained with DP-SGD) and loads a checkpoint into it."""
+    network = build_network(config)
     try:
         payload = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        network = build_network(config)
         network.load_state_dict(payload["network"])
-    except (RuntimeError, KeyError, OSError) as err:
-        raise PrivfedError(f"cannot load checkpoint {checkpoint}: {str(err).splitlines()[0]}") from None
+    except Exception as err:  # a damaged or foreign file can make the unpickler raise anything
+        why = err.strerror if isinstance(err, OSError) and err.strerror else "it is damaged or not a privfed checkpoint"
+        raise PrivfedError(f"cannot load checkpoint {checkpoint}: {why}") from None
     return network

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from privfed.config import DEFAULTS, OPTION_METADATA, TrainConfig, build_config, option_help
+from privfed.config import DEFAULTS, OPTION_METADATA, TrainConfig, build_config, load_saved_config, option_help
 from privfed.errors import PrivfedError
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
@@ -92,3 +93,36 @@ def test_recording_the_releases_of_a_method_that_releases_nothing_is_refused():
     assert build_config(record_releases=True).record_releases
     with pytest.raises(PrivfedError, match="rotpred releases nothing, so --record-releases has nothing to record"):
         build_config(method="rotpred", record_releases=True)
+
+
+def test_every_float_option_has_a_range_and_nan_inf_are_refused():
+    """A float option missing from FLOAT_RANGES would let NaN or infinity through to a run."""
+    from privfed.config import FLOAT_RANGES, field_types
+
+    floats = {name for name, hint in field_types().items() if float in getattr(hint, "__args__", (hint,))}
+    assert floats == set(FLOAT_RANGES)
+    for name in sorted(floats):
+        for bad in (math.nan, math.inf, -math.inf):
+            with pytest.raises(PrivfedError, match=name):
+                build_config(**{name: bad})
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 2**70])
+def test_a_seed_outside_32_bits_is_refused(seed):
+    with pytest.raises(PrivfedError, match="seed must be an integer from 0 to 4294967295"):
+        build_config(seed=seed)
+
+
+def test_secagg_options_without_secagg_are_refused():
+    with pytest.raises(PrivfedError, match="--secagg-shares, --secagg-timeout set up SecAgg"):
+        build_config(secagg=False, secagg_shares=3, secagg_timeout=5.0)
+
+
+def test_a_damaged_saved_config_is_one_error_naming_the_file(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"lr": "fast"}')
+    with pytest.raises(PrivfedError, match=f"{path}: config key 'lr' must be float"):
+        load_saved_config(path)
+    path.write_bytes(b"\xff{}")
+    with pytest.raises(PrivfedError, match="is not UTF-8 text"):
+        load_saved_config(path)

@@ -154,3 +154,32 @@ def test_a_run_stopped_by_its_privacy_budget_is_not_resumed(ldp_after_round_0):
     ldp_after_round_0.finish(secure_aggregation={"enabled": False})
     with pytest.raises(PrivfedError, match="privacy budget ran out"):
         plan_resume(ldp_after_round_0.run_dir.path, {})
+
+
+def test_a_round_in_which_no_client_trained_stops_the_run_with_a_summary_that_says_why(tiny_config, tmp_path):
+    """A SecAgg+ round halted with no usable reply (every client failed or was rejected) ends the run, and
+    `privfed train` exits non-zero for it, instead of running every round with nobody training."""
+    from privfed.cli import FAILED_RUN_EXIT_CODE, train_exit_code
+    from privfed.run_driver import stopped_without_training
+
+    driver = started(tiny_config.replace(rounds=3, out=str(tmp_path / "run")))
+    driver.on_round_end(RoundReport(round=0, completed=2, failures=0, seconds=0.1, server_stats={}, sampled_clients=(0, 1)))
+    halted = RoundReport(round=1, completed=0, failures=2, seconds=0.1, server_stats={"secagg_halted": 1.0},
+                         sampled_clients=(0, 1), rejected=[Rejection(1, "release holds NaN or Inf")])
+    reason = driver.on_round_end(halted)
+    assert stopped_without_training(reason)
+    assert "round 1: no usable reply from its 2 sampled clients (1 failed, 1 rejected: client 1: release holds NaN" in reason
+    summary = driver.finish(secure_aggregation={"enabled": True})
+    assert json.loads((driver.run_dir.path / "summary.json").read_text())["stopped_early"] == reason
+    assert summary["rounds"] == 1 and train_exit_code(summary) == FAILED_RUN_EXIT_CODE
+
+
+def test_rounds_with_a_usable_reply_go_on_and_the_finished_run_exits_0(tiny_config, tmp_path):
+    from privfed.cli import train_exit_code
+
+    driver = started(tiny_config.replace(rounds=1, out=str(tmp_path / "run")))
+    for round_ in (0, 1):  # one of the two sampled clients failed each round
+        assert driver.on_round_end(RoundReport(round=round_, completed=1, failures=1, seconds=0.1, server_stats={},
+                                               sampled_clients=(0, 1))) is None
+    summary = driver.finish(secure_aggregation={"enabled": False})
+    assert summary["stopped_early"] is None and train_exit_code(summary) == 0

@@ -91,6 +91,13 @@ def load_npz(path: Path, *, split: Split) -> ImageArrays:
     return ImageArrays(x, y, classes, path.stem)
 
 
+def size_mismatch(train: ImageArrays, test: ImageArrays, *, train_name: str, test_name: str) -> str | None:
+    """A warning when two datasets' images differ in size (the encoder runs on both, but compares unlike images)."""
+    if train.images.shape[1:] == test.images.shape[1:]:
+        return None
+    return f"the {test_name} images are {_hwc(test.images)} but the {train_name} images are {_hwc(train.images)}"
+
+
 def has_test_arrays(path: Path) -> bool:
     """Whether an ``.npz`` holds its own test split (``x_test``); False for a file that cannot be read,
     which :func:`load_npz` then reports."""
@@ -167,8 +174,17 @@ def _checked_pair(
 
 
 def _class_names(stored: np.ndarray | None, labels: np.ndarray, path: Path) -> tuple[str, ...]:
-    """Return class names, defaulting to "0", "1", … when the file has none."""
+    """Return class names, defaulting to "0", "1", … when the file has none.
+
+    The labels must be class indices 0..C-1 with C at most the number of images: a stray large label
+    would otherwise make a classifier (and a kNN vote) with millions of empty classes.
+    """
     num_classes = int(labels.max()) + 1
+    if num_classes > len(labels):
+        raise PrivfedError(
+            f"{path}: labels must be class indices 0..C-1 with C at most the {len(labels)} images, "
+            f"but the largest label is {num_classes - 1}"
+        )
     if stored is None:
         return tuple(str(i) for i in range(num_classes))
     names = tuple(str(name) for name in np.asarray(stored).reshape(-1))

@@ -119,9 +119,9 @@ def load_dataset(
 
 def _load_shapes(size_arg: str | None, split: Literal["train", "test"]) -> ImageArrays:
     """Generate the embedded shapes dataset (fixed, distinct seeds for train and test)."""
+    size = SHAPES_TRAIN_SIZE if size_arg is None else _parse_size(size_arg)  # checked for either split
     if split == "test":
         return make_shapes(SHAPES_TEST_SIZE, seed=SHAPES_TEST_SEED)
-    size = SHAPES_TRAIN_SIZE if size_arg is None else _parse_size(size_arg)
     return make_shapes(size, seed=SHAPES_TRAIN_SEED)
 
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from privfed.config import DEFAULTS
+from privfed.config import DEFAULTS, check_float, check_seed
 from privfed.data import ImageArrays
+from privfed.data.arrays import size_mismatch
 from privfed.data.datasets import evaluation_splits, load_dataset
 from privfed.data.federated import FederatedSplit
 from privfed.device import resolve_device
@@ -57,10 +59,16 @@ def evaluate_run(
         raise PrivfedError(f"unknown protocol {protocol!r} (choose from {', '.join(PROTOCOLS)})")
     if protocol in PROBES and train_data is None:
         raise PrivfedError(f"the {protocol} protocol learns from labelled data: give --train-data")
+    check_float("label_fraction", label_fraction, 0.0, 1.0, False, True)
+    check_float("knn_temperature", knn_temperature, 0.0, math.inf, False, False)
+    if knn_k < 1:
+        raise PrivfedError(f"knn_k must be at least 1, got {knn_k}")
+    check_seed("seed", seed)
     run = RunDirectory(run_path)
     if not run.path.is_dir():
         raise PrivfedError(f"run directory not found: {run.path}")
     config = run.config()
+    run.evaluations()  # a damaged evaluation.json fails now, not after the result is computed
     checkpoint_file = run.checkpoint_path(checkpoint)
     network = load_network(config, checkpoint_file)
     train_split, test_split = evaluation_splits(train_data, test_data)
@@ -77,6 +85,9 @@ def evaluate_run(
     else:
         assert train_data is not None  # checked above
         train = load_dataset(train_data, split=train_split, data_dir=data_dir, download=download)
+        mismatch = size_mismatch(train, test, train_name=f"train ({train_data})", test_name=f"test ({test_data})")
+        if mismatch is not None:
+            result["warnings"] = [f"{mismatch}; the probe compares them anyway"]
         if protocol == "finetune":
             accuracy, labelled = fine_tune_accuracy(
                 backbone, train.to_tensor(), torch.as_tensor(train.labels), test.to_tensor(),

@@ -99,6 +99,11 @@ class Study:
             for option, values in grid.items():
                 if not isinstance(values, list) or not values:
                     raise PrivfedError(f"study file {path}: grid option {option} must be a non-empty list")
+        if not isinstance(raw.get("base", {}), dict):
+            raise PrivfedError(f"study file {path}: write the options every cell shares as a [base] table")
+        for key in ("preset", "attack"):
+            if key in raw and not isinstance(raw[key], str):
+                raise PrivfedError(f"study file {path}: {key} must be a string, got {raw[key]!r}")
         for table in (raw.get("base", {}), *grids):
             if "seed" in table:
                 raise PrivfedError(f"study file {path}: set seeds with the top-level `seeds` list, not as an option")

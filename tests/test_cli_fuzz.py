@@ -1,0 +1,359 @@
+"""Malformed invocations of every command end in one line on stderr and exit code 2, never in a traceback.
+
+The invocations are generated: every float option with values outside its
+range, integer options below theirs, names no registry knows, each file of a
+run damaged in several ways, paths nothing can be written to, broken study
+and config files. They run in-process through ``privfed.cli.main`` (a few as
+real processes), and every one must fail before any training starts: the
+fixture below fails the test if one reaches the runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mechanisms.base import K_ANONYMITY, Guarantee
+from privfed.cli import main
+from privfed.config import FLOAT_RANGES, build_config
+from privfed.models.network import build_network
+from privfed.privacy.ledger import LedgerEntry
+from privfed.resume import ResumePoint, write_resume_point
+from privfed.runs import RunDirectory
+
+#: Paths nothing can be created under, as root too: /proc refuses new entries, /sys new directories.
+MISSING_UNDER_PROC = "/proc/privfed-nowhere/out"
+REFUSED_UNDER_SYS = "/sys/privfed-refused"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One malformed invocation: its arguments (``{tmp}``, ``{run}``, ... filled in per test) and words its error names."""
+
+    name: str
+    argv: tuple[str, ...]
+    needles: tuple[str, ...] = ()  # the line must contain one of these (empty: any line)
+
+
+def flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def out_of_range(low: float, high: float, low_in: bool, high_in: bool) -> list[str]:
+    """Values a float option must refuse: NaN, infinities and the nearest values outside its interval."""
+    values = ["nan", "inf", "-inf"]
+    values.append(f"{low - 1:g}")
+    if not low_in:
+        values.append(f"{low:g}")
+    if math.isfinite(high):
+        values.append(f"{high * 2 + 1:g}")
+        if not high_in:
+            values.append(f"{high:g}")
+    elif low > 0:
+        values.append("1e-300")
+    return list(dict.fromkeys(values))
+
+
+def train(*args: str) -> tuple[str, ...]:
+    return ("train", "--out", "{tmp}/out", *args)
+
+
+def option_cases() -> list[Case]:
+    """`privfed train` with each option set to values it must refuse."""
+    cases = []
+    for field, bounds in FLOAT_RANGES.items():
+        for value in out_of_range(*bounds):
+            extra = ("--no-dp-sgd",) if field != "secagg_timeout" else ()
+            cases.append(Case(f"{field}={value}", train(f"{flag(field)}={value}", *extra), (field, flag(field))))
+    positive = ("num_clients", "rounds", "local_epochs", "batch_size", "memory_size", "num_local_centroids",
+                "num_global_centroids", "projection_dim", "eval_every", "knn_k", "projection_hidden_dim")
+    for field in positive:
+        for value in ("0", "-5"):
+            cases.append(Case(f"{field}={value}", train(f"{flag(field)}={value}"), (field, flag(field))))
+    for value in ("-1", str(2**32), str(2**70)):
+        cases.append(Case(f"seed={value}", train(f"--seed={value}"), ("seed",)))
+    cases += [
+        Case("checkpoint_every=-1", train("--checkpoint-every=-1"), ("checkpoint_every",)),
+        Case("kanon_min_k=1", train("--kanon-min-k=1"), ("kanon_min_k",)),
+        Case("batch_size=1", train("--batch-size=1"), ("batch_size",)),
+        Case("shares without secagg", train("--no-secagg", "--secagg-shares=3"), ("--secagg-shares",)),
+        Case("threshold without secagg", train("--no-secagg", "--secagg-threshold=2"), ("--secagg-threshold",)),
+        Case("timeout without secagg", train("--no-secagg", "--secagg-timeout=5"), ("--secagg-timeout",)),
+        Case("secagg shares 2", train("--secagg-shares=2"), ("--secagg-shares",)),
+        Case("secagg clipping 3", train("--secagg-clipping-range=3"), ("--secagg-clipping-range",)),
+        Case("client cpus beyond the machine", train("--client-cpus=100000"), ("--client-cpus",)),
+        Case("client gpus without a gpu", train("--client-gpus=100000"), ("--client-gpus",)),
+        Case("too few centroids", train("-G", "1000"), ("num_global_centroids",)),
+    ]
+    for value in ("abc", "1.5x", ""):
+        cases.append(Case(f"lr not a number {value!r}", train(f"--lr={value}"), ("--lr",)))
+    for value in ("1.5", "many"):
+        cases.append(Case(f"rounds not an int {value!r}", train(f"--rounds={value}"), ("--rounds",)))
+    return cases
+
+
+def name_cases() -> list[Case]:
+    """Names no registry knows, refused before any runtime starts."""
+    names = {
+        "backbone": ("bogus", "resnet"), "method": ("bogus", "Orchestra"), "mechanism": ("bogus", ""),
+        "global_clustering": ("bogus",), "device": ("tpu", "cuda:x"),
+        "dataset": ("bogus", "shapes:0", "shapes:x", "arrays:", "arrays:{tmp}/missing.npz", "cifar10:5"),
+        "test_dataset": ("bogus", "shapes:-3", "arrays:{tmp}"),
+    }
+    cases = [Case(f"{field}={value}", train(f"{flag(field)}={value}")) for field, values in names.items() for value in values]
+    cases += [
+        Case("unknown option", train("--learning-rate=0.1"), ("--learning-rate",)),
+        Case("unknown command", ("fly",), ("fly",)),
+        Case("resume with config", ("train", "--resume", "{run}", "--config", "{tmp}/preset.toml"), ("--config",)),
+        Case("resume a missing run", ("train", "--resume", "{tmp}/no-run"), ("no-run",)),
+        Case("resume changes the seed", ("train", "--resume", "{run}", "--seed", "4"), ("seed",)),
+        Case("attack seed", ("attack", "{run}", "--method", "decoder", "--seed=-1"), ("seed",)),
+        Case("attack rounds", ("attack", "{run}", "--method", "decoder", "--rounds", "1,x"), ("--rounds",)),
+        Case("attack without releases", ("attack", "{run}", "--method", "decoder"), ()),
+        Case("plot no run", ("plot", "{tmp}", "--out", "{tmp}/p.png"), ("metrics.jsonl",)),
+    ]
+    return cases
+
+
+def file_system_cases() -> list[Case]:
+    """Output paths that are files, under /proc or /sys, with a missing folder or an unknown picture type."""
+    return [
+        Case("train out is a file", train("--out", "{tmp}/a-file"), ("a-file",)),
+        Case("train out under proc", train("--out", MISSING_UNDER_PROC), ("/proc",)),
+        Case("train out under sys", train("--out", REFUSED_UNDER_SYS), ("/sys",)),
+        Case("plot out missing folder", ("plot", "{run}", "--out", "{tmp}/nowhere/p.png"), ("nowhere",)),
+        Case("plot out unknown type", ("plot", "{run}", "--out", "{tmp}/p.xyz"), (".xyz",)),
+        Case("plot out under proc", ("plot", "{run}", "--out", MISSING_UNDER_PROC + ".png"), ("/proc",)),
+        Case("plot out is a folder", ("plot", "{run}", "--out", "{tmp}/folder.png"), ("folder.png",)),
+        Case("study out is a file", ("study", "{tmp}/study.toml", "--out", "{tmp}/a-file"), ("a-file",)),
+        Case("study out under sys", ("study", "{tmp}/study.toml", "--out", REFUSED_UNDER_SYS), ("/sys",)),
+        Case("study report of nothing", ("study", "{tmp}/study.toml", "--report", "--out", "{tmp}/empty"), ()),
+        Case("certs out is a file", ("certs", "--out-dir", "{tmp}/a-file"), ("a-file",)),
+        Case("certs out under proc", ("certs", "--out-dir", MISSING_UNDER_PROC), ("/proc",)),
+        Case("certs out under sys", ("certs", "--out-dir", REFUSED_UNDER_SYS), ("/sys",)),
+        Case("certs days huge", ("certs", "--out-dir", "{tmp}/c1", "--days", "1000000000"), ("--days",)),
+        Case("certs days zero", ("certs", "--out-dir", "{tmp}/c2", "--days", "0"), ("--days",)),
+        Case("certs port", ("certs", "--out-dir", "{tmp}/c3", "--port", "70000"), ("--port",)),
+    ]
+
+
+def evaluate(*args: str) -> tuple[str, ...]:
+    return ("evaluate", "{run}", "--train-data", "shapes:300", "--test-data", "shapes:300", *args)
+
+
+def evaluate_cases() -> list[Case]:
+    """`privfed evaluate` with options it must refuse, before it loads anything."""
+    bad = {
+        "label_fraction": ("0", "nan", "2", "-1", "inf"),
+        "knn_k": ("-5", "0"),
+        "knn_temperature": ("0", "nan", "-1", "inf"),
+        "seed": ("-1", str(2**70)),
+    }
+    cases = [Case(f"evaluate {field}={value}", evaluate(f"{flag(field)}={value}"), (field, flag(field)))
+             for field, values in bad.items() for value in values]
+    cases += [
+        Case("evaluate checkpoint /etc/passwd", evaluate("--checkpoint", "/etc/passwd"), ("/etc/passwd",)),
+        Case("evaluate checkpoint missing", evaluate("--checkpoint", "{tmp}/none.pt"), ("none.pt",)),
+        Case("evaluate protocol", evaluate("--protocol", "svm"), ("svm",)),
+        Case("evaluate no train data", ("evaluate", "{run}", "--test-data", "shapes"), ("--train-data",)),
+        Case("evaluate missing run", ("evaluate", "{tmp}/gone", "--train-data", "shapes", "--test-data", "shapes"), ("gone",)),
+    ]
+    return cases
+
+
+def input_file_cases() -> list[Case]:
+    """Config, study and .npz files that are damaged or say something impossible."""
+    configs = {"bad-utf8": "not UTF-8", "not-toml": "TOML", "unknown-key": "learning_rate", "lr-string": "lr",
+               "lr-nan": "lr", "seed-negative": "seed"}
+    studies = {"study-preset-5": "preset", "study-base-5": "base", "study-seeds": "seeds", "study-grid": "grid",
+               "study-attack-5": "attack", "study-bad-utf8": "UTF-8", "study-unknown": "unknown",
+               "study-cell": "momentum", "study-preset-missing": "not found"}
+    npz = {"labels-huge": "labels", "labels-beyond-images": "labels", "labels-negative": "negative",
+           "images-float": "uint8"}
+    return [
+        *(Case(f"config {name}", train("--config", f"{{tmp}}/{name}.toml"), (needle,)) for name, needle in configs.items()),
+        *(Case(f"study {name}", ("study", f"{{tmp}}/{name}.toml", "--out", "{tmp}/s"), (needle,))
+          for name, needle in studies.items()),
+        *(Case(f"npz {name}", train("--dataset", f"arrays:{{tmp}}/{name}.npz"), (needle,)) for name, needle in npz.items()),
+    ]
+
+
+#: How each file of a run is damaged: JSON and JSON-lines files, and checkpoints.
+DAMAGE = {
+    "json": ("truncated", "not-utf8", "not-json", "not-an-object"),
+    "jsonl": ("truncated", "not-utf8", "not-json", "wrong-shape"),
+    "pt": ("truncated", "not-utf8", "text"),
+}
+#: The files each command reads, and the command.
+DAMAGED_FILES = {
+    "resume": (("train", "--resume", "{run}"),
+               ("config.json", "metrics.jsonl", "summary.json", "ledger.jsonl", "checkpoints/resume.pt")),
+    "evaluate": (evaluate(), ("config.json", "evaluation.json", "checkpoints/final.pt")),
+    "plot": (("plot", "{run}", "--out", "{tmp}/p.png"), ("metrics.jsonl", "config.json", "summary.json")),
+}
+
+
+def damaged_run_cases() -> list[Case]:
+    cases = []
+    for command, (argv, files) in DAMAGED_FILES.items():
+        for file in files:
+            kind = file.rsplit(".", 1)[1]
+            for damage in DAMAGE[kind]:
+                cases.append(Case(f"{command} {file} {damage}", ("damage", file, damage, *argv), (Path(file).name,)))
+    return cases
+
+
+CASES = [*option_cases(), *name_cases(), *file_system_cases(), *evaluate_cases(), *input_file_cases(), *damaged_run_cases()]
+
+
+def test_at_least_150_malformed_invocations_are_generated():
+    assert len(CASES) >= 150, len(CASES)
+    assert len({c.name for c in CASES}) == len(CASES)
+
+
+def fabricate_run(folder: Path) -> None:
+    """A stopped run's files, as ``privfed train`` leaves them after round 1 of 1 (written directly: no training)."""
+    config = build_config(dataset="shapes:300", num_clients=4, participation=1.0, projection_dim=16, batch_size=16,
+                          memory_size=32, num_local_centroids=4, num_global_centroids=8, rounds=1, device="cpu",
+                          out=str(folder))
+    run = RunDirectory(folder)
+    run.create(config)
+    run.append_metrics({"round": 0, "task": "init", "clients_completed": 4, "loss": None})
+    run.append_metrics({"round": 1, "task": "train", "clients_completed": 4, "loss": 1.0, "knn_accuracy": 0.3})
+    run.write_json("summary.json", {"stopped_early": None, "knn_accuracy": 0.3, "knn_accuracy_init": 0.2})
+    run.write_json("evaluation.json", {"evaluations": []})
+    entry = LedgerEntry(0, 0, "kanon", Guarantee(kind=K_ANONYMITY, statement="k-anonymous", k=5), ())
+    (folder / "ledger.jsonl").write_text(json.dumps(entry.to_dict()) + "\n")
+    network = build_network(config)
+    run.save_checkpoint("final", network, None, round_index=1)
+    write_resume_point(run, ResumePoint(round=1, network=network.state_dict(), centroids=None, initialised=True,
+                                        server_generator=torch.zeros(1), runtime={}, driver={}))
+
+
+def damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "not-utf8":
+        path.write_bytes(b"\xff\xfe\x00\x81" + data[4:])
+    elif how == "not-json":
+        path.write_text("{oops\n")
+    elif how == "not-an-object":
+        path.write_text("[1, 2, 3]\n")
+    elif how == "wrong-shape":
+        path.write_text(data.decode() + '{"round": "one", "client": "x"}\n')
+    elif how == "text":
+        path.write_text("just some text\n")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The files the cases refer to: a run, a file where folders are expected, broken presets, studies and arrays."""
+    tmp = tmp_path_factory.mktemp("fuzz")
+    fabricate_run(tmp / "run")
+    (tmp / "a-file").write_text("a file, not a folder\n")
+    (tmp / "folder.png").mkdir()
+    (tmp / "preset.toml").write_text('rounds = 2\n')
+    presets = {"not-toml": "rounds = = 2\n", "unknown-key": "learning_rate = 0.1\n", "lr-string": 'lr = "fast"\n',
+               "lr-nan": "lr = nan\n", "seed-negative": "seed = -1\n"}
+    for name, text in presets.items():
+        (tmp / f"{name}.toml").write_text(text)
+    (tmp / "bad-utf8.toml").write_bytes(b"rounds = 2\n# \xff\xfe\n")
+    study = 'seeds = [0]\n[base]\ndataset = "shapes:300"\nnum_clients = 4\nparticipation = 1.0\n'
+    studies = {"study": study, "study-preset-5": "preset = 5\n" + study, "study-base-5": "base = 5\n",
+               "study-seeds": 'seeds = "all"\n', "study-grid": "grid = 5\n", "study-attack-5": "attack = 5\n" + study,
+               "study-unknown": "colour = 1\n", "study-cell": study + "[[grid]]\nmomentum = [0.9, -5.0]\n",
+               "study-preset-missing": 'preset = "none.toml"\n' + study}
+    for name, text in studies.items():
+        (tmp / f"{name}.toml").write_text(text)
+    (tmp / "study-bad-utf8.toml").write_bytes(b'seeds = [0]\n# \xff\n')
+    images = np.random.default_rng(0).integers(0, 255, size=(30, 8, 8, 3), dtype=np.uint8)
+    labels = np.arange(30) % 3
+    np.savez(tmp / "labels-huge.npz", x=images, y=np.where(labels == 0, 10_000_000, labels))
+    np.savez(tmp / "labels-beyond-images.npz", x=images, y=labels + 30)
+    np.savez(tmp / "labels-negative.npz", x=images, y=labels - 1)
+    np.savez(tmp / "images-float.npz", x=images.astype(np.float32), y=labels)
+    return tmp
+
+
+@pytest.fixture
+def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fails the test if an invocation gets as far as starting the runtime: every case must fail before."""
+    import privfed.federation.simulation as simulation
+
+    def reached(*args: object, **kwargs: object) -> None:
+        pytest.fail("a malformed invocation reached training")
+
+    monkeypatch.setattr(simulation, "simulate", reached)
+
+
+def filled(argv: tuple[str, ...], tmp: Path, run: Path) -> list[str]:
+    return [a.replace("{tmp}", str(tmp)).replace("{run}", str(run)) for a in argv]
+
+
+def assert_one_line_error(code: object, stdout: str, stderr: str, needles: tuple[str, ...]) -> None:
+    assert "Traceback" not in stdout + stderr, stdout + stderr
+    assert code == 2, (code, stderr)
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    assert not needles or any(n in lines[0] for n in needles), (needles, lines[0])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_a_malformed_invocation_is_one_line_and_exit_code_2(case, world, no_training, tmp_path, capsys):
+    run = world / "run"
+    argv = case.argv
+    if argv[0] == "damage":  # a copy of the run, with one file damaged
+        _, file, how, *argv = argv
+        run = tmp_path / "run"
+        shutil.copytree(world / "run", run)
+        damage(run / file, how)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(filled(tuple(argv), world, run))
+    captured = capsys.readouterr()
+    assert_one_line_error(exit_.value.code, captured.out, captured.err, case.needles)
+
+
+def test_the_undamaged_run_resumes_as_far_as_the_check_that_it_is_finished(world, no_training, tmp_path, capsys):
+    """So the damaged copies fail for their damage: the intact run gets past every file check."""
+    shutil.copytree(world / "run", tmp_path / "run")
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--resume", str(tmp_path / "run")])
+    captured = capsys.readouterr()
+    assert_one_line_error(exit_.value.code, captured.out, captured.err, ("already finished round 1 of 1",))
+
+
+def test_plot_says_the_path_it_wrote(world, tmp_path, capsys):
+    main(["plot", str(world / "run"), "--out", str(tmp_path / "curves")])
+    assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'curves.png'}"
+    assert (tmp_path / "curves.png").is_file()
+
+
+#: Invocations run as real processes: the console entry point, its streams and its exit, as a user sees them.
+PROCESS_CASES = [
+    ("train", "--lr", "nan"),
+    ("train", "--client-cpus", "0"),
+    ("plot", "{run}", "--out", "{tmp}/p.xyz"),
+]
+
+
+def test_malformed_invocations_in_a_real_process_print_one_line_and_exit_2(world):
+    env_cwd = world  # a run directory the default --out would create lands here, never in the repository
+    processes = [
+        subprocess.Popen([sys.executable, "-m", "privfed.cli", *filled(argv, world, world / "run")], cwd=env_cwd,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for argv in PROCESS_CASES
+    ]
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=300)
+        assert_one_line_error(process.returncode, stdout, stderr, ())
