@@ -342,7 +342,6 @@ def test_plot_says_the_path_it_wrote(world, tmp_path, capsys):
 #: Invocations run as real processes: the console entry point, its streams and its exit, as a user sees them.
 PROCESS_CASES = [
     ("train", "--lr", "nan"),
-    ("train", "--client-cpus", "0"),
     ("plot", "{run}", "--out", "{tmp}/p.xyz"),
 ]
 

@@ -155,3 +155,24 @@ def test_object_arrays_rejected(tmp_path):
     path = _write(tmp_path, x=_indexed_images(2), y=np.array([0, 1]), classes=classes)
     with pytest.raises(PrivfedError, match="Python objects"):
         load_npz(path, split="all")
+
+
+@pytest.mark.parametrize("labels", [[0, 1, 10_000_000], [0, 3, 1]])
+def test_labels_beyond_the_number_of_images_are_refused(tmp_path, labels):
+    """One stray label of 1e7 made 10,000,001 classes (4.3 GB for 300 images)."""
+    path = _write(tmp_path, x=_indexed_images(3), y=np.array(labels))
+    with pytest.raises(PrivfedError, match=r"class indices 0\.\.C-1 with C at most the 3 images"):
+        load_npz(path, split="all")
+
+
+def test_test_images_of_another_size_are_warned_about_not_refused(tmp_path):
+    from privfed.config import build_config
+    from privfed.run_plan import plan_run
+
+    images = np.random.default_rng(0).integers(0, 255, size=(60, 8, 8, 3), dtype=np.uint8)
+    spec = f"arrays:{_write(tmp_path, x=images, y=np.arange(60) % 3)}"
+    config = build_config(dataset="shapes:300", test_dataset=spec, num_clients=4, participation=1.0,
+                          num_global_centroids=8, out=str(tmp_path / "run"))
+    (warning,) = plan_run(config).warnings
+    assert f"the test ({spec}) images are 8×8×3 but the training (shapes:300) images are 32×32×3" in warning
+    assert plan_run(config.replace(test_dataset="shapes")).warnings == ()
