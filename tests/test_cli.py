@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -111,3 +112,20 @@ def test_mechanisms_lists_kanon(run_privfed):
 def test_a_run_directory_in_use_is_not_resumed(tmp_path, run_privfed):
     with RunDirectory(tmp_path).claimed():  # as a training process holds it
         assert_user_error(run_privfed("train", "--resume", str(tmp_path)), "in use by another privfed process")
+
+
+def test_an_unexpected_error_exits_even_when_a_thread_is_left_waiting():
+    """A runtime that fails can leave a thread waiting forever (Ray's did, for --client-gpus without a GPU):
+    the traceback is shown and the process exits instead of hanging in threading._shutdown."""
+    script = (
+        "import threading\n"
+        "from privfed import cli\n"
+        "@cli.app.command()\n"
+        "def crash() -> None:\n"
+        "    threading.Thread(target=threading.Event().wait).start()  # never ends, and is no daemon\n"
+        "    raise RuntimeError('a bug')\n"
+        "cli.main(['crash'])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "RuntimeError: a bug" in result.stderr
