@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -42,6 +42,7 @@ from privfed.federation.messages import (
     state_to_arrays,
 )
 from privfed.federation.partitions import PARTITION_KEY
+from privfed.federation.reply_store import ReplyStore, instructions_digest
 from privfed.federation.update_encoding import (
     SECURE_METRIC_SCALES,
     encode_metrics,
@@ -80,12 +81,15 @@ class DeclaredRun:
             a training round must use SecAgg+ with exactly these encodings.
         guard: The client's own calibration and ledger (:mod:`privfed.privacy.client_guard`).
         run: The run the node's ledger charges rounds to (Flower's run id, or the key a simulation passes).
+        replies: The client's last reply, sent again when the same round of the same run is replayed
+            (:mod:`privfed.federation.reply_store`).
     """
 
     client_config: ClientConfig
     secagg: SecAggPlusSettings | None
     guard: ClientGuard
     run: int
+    replies: ReplyStore = field(default_factory=ReplyStore)
 
 
 class OrchestraClient(Client):
@@ -128,9 +132,14 @@ class OrchestraClient(Client):
         if config.dp_sgd and dp_sgd is None:
             raise ValueError("the run trains with DP-SGD but the server sent no DP-SGD settings")
         images = config.split.client_images(self.client_id)
+        digest = None
         if self.declared is not None:
+            digest = instructions_digest(ins)
+            replayed = self._replayed(int(ins.config["round"]), digest)
+            if replayed is not None:
+                return replayed
             # Before anything touches the data: the round is checked and charged, or refused.
-            self._admit(ins.config, config, params, dp_sgd, int(images.shape[0]), train, keys)
+            self._admit(ins.config, config, params, dp_sgd, int(images.shape[0]), train, keys, digest)
         labels = config.split.client_labels(self.client_id) if config.local.objective.uses_labels else None
         if config.mechanism is not None:
             mechanism = create_mechanism(config.mechanism, **params)
@@ -166,7 +175,7 @@ class OrchestraClient(Client):
             secure = encode_metrics(metrics, clipping_range=float(ins.config["secagg_clipping_range"]))
             arrays = [*prepare_for_secagg(arrays, ins.config, update.num_samples), secure]
             metrics = {k: v for k, v in metrics.items() if k not in SECURE_METRIC_SCALES}
-        return FitRes(
+        res = FitRes(
             status=Status(code=Code.OK, message="ok"),
             parameters=ndarrays_to_parameters(arrays),
             num_examples=update.num_samples,
@@ -178,6 +187,28 @@ class OrchestraClient(Client):
                 "dp_sgd_events": events_to_json(update.privacy_events),
             },
         )
+        if self.declared is not None and digest is not None:
+            # Kept before it leaves: a reply that reached anyone can always be sent again instead of a new one.
+            self.declared.replies.answer(self.declared.run, int(ins.config["round"]), digest, res)
+        return res
+
+    def _replayed(self, round_index: int, digest: str) -> FitRes | None:
+        """The reply this client already sent for this round of this run, when the server asks for it again.
+
+        A resumed run replays the round a kill interrupted; the same
+        instructions get the same message, so nothing new is released and
+        nothing is charged twice. Other instructions for an answered round are
+        refused.
+        """
+        declared = self.declared
+        assert declared is not None
+        stored = declared.replies.get(declared.run, round_index)
+        if stored is None or stored.reply is None:
+            return None
+        if stored.digest != digest:
+            raise RoundRefused(f"round {round_index} of run {declared.run} was answered already, for other instructions")
+        logger.info("client %d, round %d: sending the reply it sent before again", self.client_id, round_index)
+        return stored.reply
 
     def _admit(
         self,
@@ -188,8 +219,14 @@ class OrchestraClient(Client):
         num_samples: int,
         train: bool,
         keys: list[str],
+        digest: str,
     ) -> None:
-        """Refuses a round that departs from the declared run or its budget (:class:`RoundRefused`)."""
+        """Refuses a round that departs from the declared run or its budget (:class:`RoundRefused`).
+
+        The round is recorded as begun before it is charged: a round begun,
+        charged and never answered (a kill while the client computed) is
+        admitted again without a second charge, since nothing of it left.
+        """
         declared = self.declared
         assert declared is not None
         differing = declared.client_config.differences(config)
@@ -197,9 +234,14 @@ class OrchestraClient(Client):
             raise RoundRefused(f"the server's client configuration differs from the declared run in {', '.join(differing)}")
         if train and declared.secagg is not None:
             check_secagg_encoding(fit, declared.secagg, keys)
+        round_index = int(fit["round"])
+        begun = declared.replies.get(declared.run, round_index)
+        unreleased = begun is not None and begun.reply is None and begun.digest == digest
+        declared.replies.begin(declared.run, round_index, digest)
         declared.guard.admit(
-            run=declared.run, round_index=int(fit["round"]), mechanism=config.mechanism, params=params, dp_sgd=dp_sgd,
+            run=declared.run, round_index=round_index, mechanism=config.mechanism, params=params, dp_sgd=dp_sgd,
             batch_size=config.local.batch_size, epochs=config.local.epochs, num_samples=num_samples, train=train,
+            unreleased=unreleased,
         )
 
 

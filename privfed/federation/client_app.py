@@ -44,13 +44,16 @@ def make_client_fn(
     Without one, it lives in the client process only. The guard answers
     each round of a run once; ``run_key`` names the run (default: Flower's
     run id, new for every ``flwr run``), so a resumed run must pass the key
-    of the run it continues.
+    of the run it continues. Next to the ledger the client keeps its last
+    reply, which it sends again when the same round of the same run is
+    replayed (:mod:`privfed.federation.reply_store`).
     """
 
     def client_fn(context: Context) -> Client:
         """Builds the client for this node's partition (``partition-id`` in the node config)."""
         from privfed.federation.client import DeclaredRun, OrchestraClient
         from privfed.federation.client_config import ClientConfig
+        from privfed.federation.reply_store import ReplyStore
         from privfed.errors import PrivfedError
         from privfed.privacy.client_guard import ClientGuard, declared_budget, node_cap_from
         from privfed.secagg_settings import secagg_settings
@@ -59,12 +62,13 @@ def make_client_fn(
         partition = int(node["partition-id"])
         run = declared if declared is not None else _declared_by_run_config(context)
         folder = Path(str(node[STATE_DIR])) if node.get(STATE_DIR) else state_dir
-        ledger = None
+        ledger = replies = None
         if folder is None:
             logger.warning("partition %d keeps its privacy ledger in memory only: set the node config %s", partition, STATE_DIR)
         else:
             folder.mkdir(parents=True, exist_ok=True)
             ledger = folder / f"privfed-ledger-partition-{partition}.jsonl"
+            replies = folder / f"privfed-reply-partition-{partition}.npz"  # its last reply, for a replayed round
         client_config = ClientConfig.of(run)
         sizes = client_config.split.client_sizes()
         try:
@@ -74,7 +78,7 @@ def make_client_fn(
             logger.error("partition %d cannot hold the server to its budget: %s", partition, err)
             raise NodeGuardFailed("this node cannot check its privacy budget; the reason is in its log") from None
         key = int(context.run_id) if run_key is None else run_key
-        declared_run = DeclaredRun(client_config, secagg_settings(run, sizes), guard, key)
+        declared_run = DeclaredRun(client_config, secagg_settings(run, sizes), guard, key, ReplyStore(replies))
         return OrchestraClient(partition, int(node["num-partitions"]), declared=declared_run)
 
     def _declared_by_run_config(context: Context) -> TrainConfig:

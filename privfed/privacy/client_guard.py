@@ -255,6 +255,7 @@ class ClientGuard:
         epochs: int,
         num_samples: int,
         train: bool,
+        unreleased: bool = False,
     ) -> None:
         """Checks the round's parameters and budget, then charges the round before anything is computed.
 
@@ -262,7 +263,11 @@ class ClientGuard:
         the client may overcount, never undercount. A round index past the
         declared rounds, or not after the last one charged in the same run, is
         refused: answering one round twice lets a server difference two
-        SecAgg+ sums that differ by this client alone.
+        SecAgg+ sums that differ by this client alone. The one exception is
+        ``unreleased``: the caller attests that the last round charged in this
+        run was begun but nothing of it left the node (its computation was
+        killed; :mod:`privfed.federation.reply_store`), so it is admitted again
+        without a second charge.
 
         Raises:
             RoundRefused: when the parameters are weaker than declared or the round would overrun a cap.
@@ -280,6 +285,8 @@ class ClientGuard:
         with self._locked():
             self.ledger = self._read()
             last = self.ledger.last_round(run)
+            if unreleased and last == round_index:
+                return  # charged when it was begun; computing it again releases it once
             if last is not None and round_index <= last:
                 raise RoundRefused(f"round {round_index} of run {run} comes after round {last} was answered")
             self._check_caps(releases, training)

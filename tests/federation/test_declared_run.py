@@ -98,11 +98,14 @@ def test_a_training_round_without_secagg_is_refused_when_the_run_declared_it(pla
 
 
 def test_the_same_round_is_not_answered_twice(plan, tmp_path):
-    """Two answers to one round would let the server difference two SecAgg+ sums that differ by this client."""
-    ins = instructions(plan)
-    client(plan, tmp_path).fit(ins)
-    with pytest.raises(RoundRefused, match="comes after round 1"):
-        client(plan, tmp_path).fit(ins)  # a fresh process, as Flower starts one per message
+    """Two answers to one round would let the server difference two SecAgg+ sums that differ by this client: asked
+    again, the client sends its first answer again (tests/federation/test_reply_replay.py), and refuses a round
+    before its last."""
+    first = client(plan, tmp_path).fit(instructions(plan))
+    again = client(plan, tmp_path).fit(instructions(plan))  # a fresh process, as Flower starts one per message
+    assert again.parameters.tensors == first.parameters.tensors and again.metrics == first.metrics
+    with pytest.raises(RoundRefused, match="round 0 of run 1 comes after round 1"):
+        client(plan, tmp_path).fit(instructions(plan, task="init"))
 
 
 @pytest.mark.parametrize("scale", [1e-308, float("nan"), float("inf")])

@@ -1,0 +1,157 @@
+"""A client's copy of its last reply, so that a replayed round gets the same message and nothing new.
+
+A run killed mid-round and resumed sends that round again, to clients some of
+which had answered it. Computing a second answer would release new
+information (another release, another update, a second SecAgg+ sum to
+difference); refusing makes the resumed run end elsewhere. So a client keeps
+the reply it sent (:class:`ReplyStore`, one file next to its privacy ledger)
+and sends exactly that reply again when the same round of the same run comes
+with the same instructions: nothing new leaves the node and nothing is
+charged twice.
+
+The store also records that a round was *begun* (before the guard charges
+it): a round that was begun and charged but never stored a reply was
+killed while the client computed, so nothing of it left the node (a reply
+is stored before it is returned) and the client may compute it again without
+a second charge.
+
+Under SecAgg+ the replayed plaintext is masked again, with fresh keys: the
+masked vectors differ, but the masks cancel in the sum as before, and with
+the same cohort the sum is the one the interrupted round would have
+produced. ``docs/privacy.md`` and ``docs/flower.md`` say what a server that
+replays a round with a *different* cohort could learn.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.common import Code, FitIns, FitRes, Parameters, Status
+
+#: How the header of a stored reply is laid out (a file of another version is ignored).
+FORMAT = 1
+
+
+def instructions_digest(ins: FitIns) -> str:
+    """A digest of everything the server sent for a round: the model's arrays and the whole configuration."""
+    digest = hashlib.sha256()
+    for tensor in ins.parameters.tensors:
+        digest.update(len(tensor).to_bytes(8, "little"))
+        digest.update(tensor)
+    for key in sorted(ins.config):
+        value = ins.config[key]
+        raw = value if isinstance(value, bytes) else repr(value).encode()
+        digest.update(f"{key}:{type(value).__name__}:{len(raw)}:".encode())
+        digest.update(raw)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class StoredReply:
+    """What the store holds for one round: the instructions' digest and the reply (None: begun, not answered)."""
+
+    run: int
+    round: int
+    digest: str
+    reply: FitRes | None
+
+
+class ReplyStore:
+    """The last round a client began or answered, in ``path`` (None: in this process's memory only).
+
+    Only the latest round is kept: a round before it is never answered again
+    (:class:`privfed.privacy.client_guard.ClientGuard`). Writes replace the
+    file whole, so a kill mid-write leaves the previous content.
+    """
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self._memory: StoredReply | None = None
+
+    def begin(self, run: int, round_index: int, digest: str) -> None:
+        """Records that the client starts computing this round (before the guard charges it)."""
+        self._write(StoredReply(run, round_index, digest, None))
+
+    def answer(self, run: int, round_index: int, digest: str, reply: FitRes) -> None:
+        """Keeps the reply; called before the reply is returned, so a reply that left the node is always stored."""
+        self._write(StoredReply(run, round_index, digest, reply))
+
+    def get(self, run: int, round_index: int) -> StoredReply | None:
+        """What is stored for this round of this run (None: nothing, or an unreadable file)."""
+        stored = self._read()
+        if stored is None or stored.run != run or stored.round != round_index:
+            return None
+        return stored
+
+    def _write(self, stored: StoredReply) -> None:
+        if self.path is None:
+            self._memory = stored
+            return
+        header: dict[str, Any] = {"format": FORMAT, "run": stored.run, "round": stored.round, "digest": stored.digest}
+        arrays: dict[str, np.ndarray] = {}
+        if stored.reply is not None:
+            res = stored.reply
+            header.update(
+                num_examples=res.num_examples,
+                tensor_type=res.parameters.tensor_type,
+                status=[int(res.status.code.value), res.status.message],
+                metrics={key: _encode_value(value) for key, value in res.metrics.items()},
+                tensors=len(res.parameters.tensors),
+            )
+            arrays = {f"tensor_{i}": np.frombuffer(t, dtype=np.uint8) for i, t in enumerate(res.parameters.tensors)}
+        buffer = io.BytesIO()
+        np.savez(buffer, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as file:
+            file.write(buffer.getvalue())
+            file.flush()
+            os.fsync(file.fileno())
+        tmp.replace(self.path)
+
+    def _read(self) -> StoredReply | None:
+        if self.path is None:
+            return self._memory
+        if not self.path.is_file():
+            return None
+        try:
+            with np.load(self.path, allow_pickle=False) as data:
+                header = json.loads(data["header"].tobytes().decode())
+                if header.get("format") != FORMAT:
+                    return None
+                reply = None
+                if "tensors" in header:
+                    tensors = [data[f"tensor_{i}"].tobytes() for i in range(int(header["tensors"]))]
+                    code, message = header["status"]
+                    reply = FitRes(
+                        status=Status(code=Code(code), message=message),
+                        parameters=Parameters(tensors=tensors, tensor_type=header["tensor_type"]),
+                        num_examples=int(header["num_examples"]),
+                        metrics={key: _decode_value(value) for key, value in header["metrics"].items()},
+                    )
+                return StoredReply(int(header["run"]), int(header["round"]), str(header["digest"]), reply)
+        except (OSError, ValueError, KeyError, TypeError, EOFError):
+            return None  # unreadable: treated as nothing stored, so the round is refused, never answered twice
+
+
+def _encode_value(value: Any) -> list[Any]:
+    """A metric value as JSON, keeping its type (bytes travel as base64)."""
+    if isinstance(value, bytes):
+        return ["bytes", base64.b64encode(value).decode()]
+    if isinstance(value, (bool, int, float, str)):
+        return [type(value).__name__, value]
+    raise TypeError(f"cannot store a metric of type {type(value).__name__}")
+
+
+def _decode_value(encoded: list[Any]) -> Any:
+    kind, value = encoded
+    if kind == "bytes":
+        return base64.b64decode(value)
+    return {"bool": bool, "int": int, "float": float, "str": str}[kind](value)

@@ -1,0 +1,77 @@
+"""A client asked again for a round it answered sends the same reply, and nothing is charged twice (issue 28, item 4).
+
+The mechanism is ``ldp``: its noise comes from a secure source, so only a stored reply, never a recomputed one, can
+be the same message again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from privfed.federation.messages import tensor_to_bytes
+from privfed.federation.reply_store import ReplyStore, instructions_digest
+from privfed.privacy.client_guard import ClientGuard, RoundRefused, declared_budget
+from privfed.run_plan import plan_run
+from tests.federation.test_declared_run import PARTITION, client, instructions
+
+RUN = 1  # the Context's run id in test_declared_run.client
+
+
+@pytest.fixture
+def plan(tiny_config, tmp_path):
+    return plan_run(tiny_config.replace(mechanism="ldp", epsilon=2.0, out=str(tmp_path / "run")))
+
+
+def ledger_rounds(tmp_path) -> list[int]:
+    path = tmp_path / "state" / f"privfed-ledger-partition-{PARTITION}.jsonl"
+    return [json.loads(line)["round"] for line in path.read_text().splitlines()]
+
+
+def test_a_replayed_round_gets_the_same_reply_and_no_second_charge(plan, tmp_path):
+    ins = instructions(plan)
+    first = client(plan, tmp_path).fit(ins)
+    again = client(plan, tmp_path).fit(ins)  # a new client process, as after a resume: only the files remain
+    assert again.parameters.tensors == first.parameters.tensors and again.num_examples == first.num_examples
+    assert again.metrics == first.metrics and "release_vectors" in first.metrics
+    assert ledger_rounds(tmp_path) == [1]
+
+
+def test_other_instructions_for_an_answered_round_are_refused(plan, tmp_path):
+    ins = instructions(plan)
+    client(plan, tmp_path).fit(ins)
+    other = F.normalize(torch.randn(plan.config.num_global_centroids, plan.config.projection_dim), dim=1)
+    with pytest.raises(RoundRefused, match="round 1 of run 1 was answered already, for other instructions"):
+        client(plan, tmp_path).fit(dataclasses.replace(ins, config={**ins.config, "centroids": tensor_to_bytes(other)}))
+    assert ledger_rounds(tmp_path) == [1]
+
+
+def test_a_round_charged_but_killed_before_its_reply_is_computed_again_without_a_second_charge(plan, tmp_path):
+    """What a kill while the client computed leaves: the round begun and charged, no reply stored (so none left)."""
+    ins = instructions(plan)
+    state = tmp_path / "state"
+    state.mkdir()
+    ReplyStore(state / f"privfed-reply-partition-{PARTITION}.npz").begin(RUN, 1, instructions_digest(ins))
+    size = plan.client_sizes[PARTITION]
+    guard = ClientGuard(declared_budget(plan.config, size), state / f"privfed-ledger-partition-{PARTITION}.jsonl")
+    guard.admit(
+        run=RUN, round_index=1, mechanism="ldp", params=json.loads(str(ins.config["mechanism_params"])), dp_sgd=None,
+        batch_size=plan.config.batch_size, epochs=plan.config.local_epochs, num_samples=size, train=True,
+    )
+    res = client(plan, tmp_path).fit(ins)
+    assert res.metrics["round"] == 1 and "release_vectors" in res.metrics
+    assert ledger_rounds(tmp_path) == [1]
+
+
+def test_without_a_record_of_the_round_an_answered_round_is_still_refused(plan, tmp_path):
+    """A ledger that charged the round but no stored reply nor begun record (e.g. written by an older privfed)."""
+    ins = instructions(plan)
+    client(plan, tmp_path).fit(ins)
+    (tmp_path / "state" / f"privfed-reply-partition-{PARTITION}.npz").unlink()
+    with pytest.raises(RoundRefused, match="comes after round 1 was answered"):
+        client(plan, tmp_path).fit(ins)
+    assert ledger_rounds(tmp_path) == [1]
