@@ -143,13 +143,13 @@ def train(
     with ExitStack() as held:  # the run directory stays claimed until training ends
         if resume is None:
             plan, point = plan_run(build_config(config, **options)), None
-            _check_client_resources(plan.config)
+            _check_machine(plan.config)
             _make_run_directory(plan.run_dir.path)
             held.enter_context(plan.run_dir.claimed())
         else:
             held.enter_context(RunDirectory(resume).claimed())  # before the resume rewrites anything
             plan, point = plan_resume(resume, options)
-            _check_client_resources(plan.config)
+            _check_machine(plan.config)
             typer.echo(f"privfed: resuming {resume} after round {point.round}")
         summary = _train(plan, point, verbose)
     code = train_exit_code(summary)
@@ -183,10 +183,14 @@ def _make_run_directory(path: Path) -> None:
         raise PrivfedError(f"cannot write in the run directory {path}: permission denied")
 
 
-def _check_client_resources(config: TrainConfig) -> None:
-    """Refuses client resources this machine lacks before the runtime starts (Ray would wait for them forever)."""
+def _check_machine(config: TrainConfig) -> None:
+    """Refuses a device or client resources this machine lacks before the runtime starts (Ray would wait for them
+    forever, and the server first resolves its device after the runtime started)."""
     import torch
 
+    from privfed.device import resolve_device
+
+    resolve_device(config.device)
     cores = os.cpu_count() or 1
     if config.client_cpus > cores:
         raise PrivfedError(f"--client-cpus {config.client_cpus:g} is more than this machine's {cores} CPU cores")

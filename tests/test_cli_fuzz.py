@@ -94,6 +94,8 @@ def option_cases() -> list[Case]:
         Case("client gpus without a gpu", train("--client-gpus=100000"), ("--client-gpus",)),
         Case("too few centroids", train("-G", "1000"), ("num_global_centroids",)),
     ]
+    if not torch.cuda.is_available():
+        cases.append(Case("device cuda without a gpu", train("--device=cuda"), ("--device cuda",)))
     for value in ("abc", "1.5x", ""):
         cases.append(Case(f"lr not a number {value!r}", train(f"--lr={value}"), ("--lr",)))
     for value in ("1.5", "many"):
