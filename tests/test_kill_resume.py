@@ -128,5 +128,6 @@ def test_sigkill_at_each_point_of_a_round_then_resume_gives_the_uninterrupted_ru
         assert ledgers == sorted(path.name for path in (killed / "client-ledgers").glob("*.jsonl"))
         for name in ledgers:
             assert jsonl(whole / "client-ledgers" / name) == jsonl(killed / "client-ledgers" / name), name
+        assert not list(temp.glob("privfed-ray-*"))  # each start removed the Ray folder the previous kill left
     finally:
         shutil.rmtree(temp, ignore_errors=True)

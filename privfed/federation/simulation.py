@@ -10,6 +10,7 @@ import sys
 import tempfile
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import ray
@@ -22,6 +23,9 @@ from privfed.resume import ResumePoint
 from privfed.run_driver import ProgressCallback
 from privfed.run_plan import RunPlan
 
+
+#: How the temporary folder Ray runs in for one simulation is named (in the system's temporary directory).
+RAY_FOLDER_PREFIX = "privfed-ray-"
 
 #: The run key of every simulated client's guard. Each simulated run keeps its clients' ledgers in its own
 #: directory, so to them the run, resumed or not, is one run: a round answered before a kill is not answered
@@ -94,9 +98,12 @@ def ray_session(init_args: dict[str, Any]) -> Iterator[str]:
     this one. Without a directory of its own every run would leave a
     ``/tmp/ray/session_*`` folder behind. The directory's name is short on
     purpose: Ray puts Unix sockets inside it, whose paths are limited to 107
-    bytes, so it cannot be the (arbitrarily deep) run directory.
+    bytes, so it cannot be the (arbitrarily deep) run directory. Folders that
+    a run killed with ``kill -9`` left behind are removed first
+    (:func:`remove_abandoned_ray_folders`).
     """
-    temp_dir = tempfile.mkdtemp(prefix="privfed-ray-")
+    remove_abandoned_ray_folders(Path(tempfile.gettempdir()))
+    temp_dir = tempfile.mkdtemp(prefix=RAY_FOLDER_PREFIX)
     # Ray's workers import the ClientApp's modules from this process's import path.
     path = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
     try:
@@ -107,6 +114,35 @@ def ray_session(init_args: dict[str, Any]) -> Iterator[str]:
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def remove_abandoned_ray_folders(parent: Path) -> list[Path]:
+    """Removes the ``privfed-ray-*`` folders in ``parent`` whose Ray session's driver process is gone; returns them.
+
+    Ray names a session folder after its driver's process id
+    (``session_<date>_<time>_<pid>``). A folder without a session yet
+    belongs to a run that is starting, and one whose driver id is alive may
+    be in use (or the id was reused): both are left alone.
+    """
+    removed = []
+    for folder in parent.glob(f"{RAY_FOLDER_PREFIX}*"):
+        sessions = [s for s in folder.glob("session_*") if not s.is_symlink()]
+        pids = [s.name.rsplit("_", 1)[-1] for s in sessions]
+        if not sessions or not all(pid.isdigit() and not _process_exists(int(pid)) for pid in pids):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 def end_ray_now(temp_dir: str) -> None:
