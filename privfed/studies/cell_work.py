@@ -7,6 +7,7 @@ so the studies package never imports the attacks.
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -51,7 +52,10 @@ def train_cell(cell: Cell, run_dir: Path, *, record_releases: bool) -> dict[str,
     """The summary of the cell's run: read when it finished, resumed when it stopped, trained otherwise.
 
     A run that cannot be resumed (e.g. killed between logging a round and
-    saving its resume point) is trained again from nothing.
+    saving its resume point) is trained again from nothing, and so is a
+    killed run whose resumed round did not go as it would have
+    (:func:`replayed_exactly`): a study never keeps a run that differs from
+    the run left alone.
     """
     from privfed.federation.simulation import simulate
     from privfed.resume import RESUME_FILE
@@ -62,15 +66,39 @@ def train_cell(cell: Cell, run_dir: Path, *, record_releases: bool) -> dict[str,
     if summary_file.is_file() and not _stopped_by_a_signal(RunDirectory(run_dir)):
         return RunDirectory(run_dir).read_json("summary.json")
     if (run_dir / "checkpoints" / RESUME_FILE).is_file():
+        killed = not summary_file.is_file()
         try:
             plan, point = plan_resume(run_dir, {})
-            return simulate(plan, resume=point)
+            summary = simulate(plan, resume=point)
+            if not killed or replayed_exactly(RunDirectory(run_dir), point.round + 1):
+                return summary
         except PrivfedError:
             pass  # not resumable: start again
     if run_dir.exists():
         shutil.rmtree(run_dir)
     config = cell.config.replace(out=str(run_dir), record_releases=record_releases or cell.config.record_releases)
     return simulate(plan_run(config))
+
+
+def replayed_exactly(run: Any, round_index: int) -> bool:
+    """Whether ``round_index``, the round a kill interrupted, went in the resumed run as in the run left alone.
+
+    It did when every sampled client answered it (each client that had
+    answered before the kill sends the same reply again,
+    :mod:`privfed.federation.reply_store`). A client that did not (a
+    failure, or its stored reply missing) was charged as one that may have
+    released before the kill, and the round and all after it differ.
+    """
+    from privfed.run_driver import IN_PROGRESS_STATEMENT
+
+    line = next((m for m in run.metrics() if m["round"] == round_index), None)
+    if line is None:
+        return True  # the resumed run stopped before it: nothing went otherwise
+    if line["clients_completed"] != line["clients_sampled"]:
+        return False
+    ledger = run.path / "ledger.jsonl"
+    entries = [json.loads(text) for text in ledger.read_text().splitlines()] if ledger.is_file() else []
+    return not any(entry["guarantee"].get("statement") == IN_PROGRESS_STATEMENT for entry in entries)
 
 
 def _stopped_by_a_signal(run: Any) -> bool:
