@@ -1,10 +1,11 @@
 """A client's side of every Orchestra round, as a Flower ``Client``.
 
-The client is stateless between rounds: each ``fit`` rebuilds the network
-from the server's state, runs :func:`privfed.orchestra.client_update`, and
-replies with the model delta and the mechanism's release. The memory of
-representations is dropped inside ``client_update`` and never reaches the
-reply.
+Between rounds the client keeps only its privacy ledger and its last reply
+(:mod:`privfed.federation.reply_store`, sent again if a resumed run replays
+that round): each ``fit`` rebuilds the network from the server's state, runs
+:func:`privfed.orchestra.client_update`, and replies with the model delta
+and the mechanism's release. The memory of representations is dropped
+inside ``client_update`` and never reaches the reply.
 
 When the server runs SecAgg+, Flower's ``secaggplus_mod`` masks the delta
 before it leaves the node; the client first rescales it so that nothing is

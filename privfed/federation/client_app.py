@@ -53,7 +53,7 @@ def make_client_fn(
         """Builds the client for this node's partition (``partition-id`` in the node config)."""
         from privfed.federation.client import DeclaredRun, OrchestraClient
         from privfed.federation.client_config import ClientConfig
-        from privfed.federation.reply_store import ReplyStore
+        from privfed.federation.reply_store import ReplyStore, reply_file
         from privfed.errors import PrivfedError
         from privfed.privacy.client_guard import ClientGuard, declared_budget, node_cap_from
         from privfed.secagg_settings import secagg_settings
@@ -68,7 +68,7 @@ def make_client_fn(
         else:
             folder.mkdir(parents=True, exist_ok=True)
             ledger = folder / f"privfed-ledger-partition-{partition}.jsonl"
-            replies = folder / f"privfed-reply-partition-{partition}.npz"  # its last reply, for a replayed round
+            replies = reply_file(folder, partition)  # its last reply, for a replayed round
         client_config = ClientConfig.of(run)
         sizes = client_config.split.client_sizes()
         try:

@@ -38,6 +38,35 @@ from flwr.common import Code, FitIns, FitRes, Parameters, Status
 
 #: How the header of a stored reply is laid out (a file of another version is ignored).
 FORMAT = 1
+#: A client's stored reply, next to its ledger (``{}``: the partition).
+REPLY_FILE = "privfed-reply-partition-{}.npz"
+
+
+def reply_file(folder: Path, partition: int) -> Path:
+    return folder / REPLY_FILE.format(partition)
+
+
+def stored_round(path: Path) -> int | None:
+    """The round a stored reply (or a begun record) is for, reading its header only (None: unreadable)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return int(json.loads(data["header"].tobytes().decode())["round"])
+    except (OSError, ValueError, KeyError, TypeError, EOFError):
+        return None
+
+
+def forget_replies(folder: Path, before: int | None = None) -> None:
+    """Removes the clients' stored replies in ``folder`` for rounds before ``before`` (None: every one).
+
+    For a simulation, whose clients keep their replies in the run directory:
+    a resumed run replays only the round after its resume point, so a reply
+    is useless once a later round has been logged, and every reply once the
+    run has its summary. Without this, every client that ever answered
+    would keep a model-sized file until the run's folder is deleted.
+    """
+    for path in folder.glob(REPLY_FILE.format("*")):
+        if before is None or (stored_round(path) or 0) < before:
+            path.unlink(missing_ok=True)
 
 
 def instructions_digest(ins: FitIns) -> str:

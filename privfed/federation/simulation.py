@@ -17,6 +17,7 @@ import ray
 from flwr.simulation import run_simulation
 
 from privfed.federation.client_app import Mod, make_client_app
+from privfed.federation.reply_store import forget_replies
 from privfed.federation.server_app import make_server_app
 from privfed.interruption import stop_on_signals
 from privfed.resume import ResumePoint
@@ -74,7 +75,9 @@ def simulate(
     # Ray first: its driver installs a SIGTERM handler that aborts the process, which ours then replaces.
     with ray_session(init_args) as ray_dir, stop_on_signals(on_exit_now=lambda: end_ray_now(ray_dir)) as stop:
         run_simulation(
-            server_app=make_server_app(plan, progress, outcome, stop=stop, resume=resume),
+            server_app=make_server_app(
+                plan, forgetting_replies(progress, plan.run_dir.client_ledgers), outcome, stop=stop, resume=resume
+            ),
             client_app=make_client_app(
                 declared=config, state_dir=plan.run_dir.client_ledgers, run_key=SIMULATED_RUN_KEY,
                 outer_mods=outer_mods, inner_mods=inner_mods,
@@ -88,6 +91,27 @@ def simulate(
     if "summary" not in outcome:
         raise RuntimeError("the simulation ended without a result (see the log above)")
     return outcome["summary"]
+
+
+def forgetting_replies(progress: ProgressCallback | None, folder: Path) -> ProgressCallback:
+    """``progress``, after removing the clients' stored replies no resume can replay any more.
+
+    A resume replays only the round right after its resume point, and is
+    refused once a later round has been logged (:mod:`privfed.resume`); so
+    when round r is logged the replies for rounds before r are useless, and
+    once the run has its summary every one is
+    (:func:`privfed.federation.reply_store.forget_replies`).
+    """
+
+    def hook(event: dict[str, Any]) -> None:
+        if event["event"] == "round":
+            forget_replies(folder, before=int(event["round"]))
+        elif event["event"] == "finish":
+            forget_replies(folder)
+        if progress is not None:
+            progress(event)
+
+    return hook
 
 
 @contextmanager

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from privfed.federation.messages import tensor_to_bytes
-from privfed.federation.reply_store import ReplyStore, instructions_digest
+from privfed.federation.reply_store import ReplyStore, forget_replies, instructions_digest, reply_file
 from privfed.privacy.client_guard import ClientGuard, RoundRefused, declared_budget
 from privfed.run_plan import plan_run
 from tests.federation.test_declared_run import PARTITION, client, instructions
@@ -75,3 +75,18 @@ def test_without_a_record_of_the_round_an_answered_round_is_still_refused(plan, 
     with pytest.raises(RoundRefused, match="comes after round 1 was answered"):
         client(plan, tmp_path).fit(ins)
     assert ledger_rounds(tmp_path) == [1]
+
+
+def test_replies_no_resume_can_replay_are_forgotten(plan, tmp_path):
+    """A simulation's clients keep their replies in the run directory: each is a model-sized file."""
+    ins = instructions(plan)
+    reply = client(plan, tmp_path).fit(ins)
+    folder = tmp_path / "replies"
+    folder.mkdir()
+    for partition, round_index in [(0, 1), (1, 2), (2, 2)]:
+        ReplyStore(reply_file(folder, partition)).answer(RUN, round_index, instructions_digest(ins), reply)
+    forget_replies(folder, before=2)
+    assert sorted(path.name for path in folder.iterdir()) == [reply_file(folder, p).name for p in (1, 2)]
+    assert ReplyStore(reply_file(folder, 1)).get(RUN, 2).reply.parameters.tensors == reply.parameters.tensors
+    forget_replies(folder)
+    assert not list(folder.iterdir())

@@ -40,13 +40,14 @@ simulate(plan_run(build_config(**json.loads(sys.argv[1]))))
 
 
 @pytest.mark.slow
-def test_a_killed_cell_whose_round_cannot_be_replayed_is_trained_again():
+def test_a_killed_cell_whose_round_cannot_be_replayed_is_trained_again(monkeypatch):
+    monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "0")  # no worker killed for other jobs' memory use
     temp = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))  # short: Ray's sockets go below TMPDIR
     try:
         run = temp / "run"
         process = subprocess.Popen(
             [sys.executable, "-c", SCRIPT, json.dumps({**OPTIONS, "out": str(run)})],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(temp)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(temp), "RAY_memory_monitor_refresh_ms": "0"},
         )
         deadline = time.monotonic() + 300
         while not answered(run, 1):
