@@ -1,7 +1,7 @@
 """How many global centroids one hostile client takes, and how much honest coverage it costs, before and after the weight cap.
 
 One round of the real global clustering (``privfed.orchestra.global_clustering``)
-on synthetic data: unit vectors in ``--dim`` dimensions around 10 class
+on synthetic data: unit vectors in ``--dim`` dimensions around ``--classes`` (10) class
 directions, each client holding a label-skewed sample (Dirichlet ``--alpha``)
 of ``--size`` images. Every honest client releases what the real ``kanon``
 mechanism makes of its memory (``min(size, memory_size)`` rows). One hostile
@@ -49,7 +49,6 @@ from privfed.orchestra.global_clustering import global_centroids
 
 #: (clients, global centroids G, images per client): the CPU preset's round, and a cross-device-like one.
 SETTINGS = {10: (16, 400), 50: (128, 2000)}
-CLASSES = 10
 
 
 @dataclass(frozen=True)
@@ -60,15 +59,17 @@ class Federation:
     dim: int
 
 
-def federation(num_clients: int, size: int, *, dim: int, alpha: float, spread: float, generator: torch.Generator) -> Federation:
-    """Clients with label-skewed samples of 10 tight classes on the sphere."""
-    classes = F.normalize(torch.randn(CLASSES, dim, generator=generator), dim=1)
-    mixtures = torch.distributions.Dirichlet(torch.full((CLASSES,), alpha)).sample((num_clients,))
+def federation(
+    num_clients: int, size: int, *, dim: int, classes: int, alpha: float, spread: float, generator: torch.Generator
+) -> Federation:
+    """Clients with label-skewed samples of ``classes`` class directions on the sphere."""
+    directions = F.normalize(torch.randn(classes, dim, generator=generator), dim=1)
+    mixtures = torch.distributions.Dirichlet(torch.full((classes,), alpha)).sample((num_clients,))
     data = []
     for mixture in mixtures:
         labels = torch.multinomial(mixture, size, replacement=True, generator=generator)
         noise = torch.randn(size, dim, generator=generator) * spread / dim**0.5
-        data.append(F.normalize(classes[labels] + noise, dim=1))
+        data.append(F.normalize(directions[labels] + noise, dim=1))
     return Federation(data, dim)
 
 
@@ -122,7 +123,9 @@ def one_seed(num_clients: int, seed: int, args: argparse.Namespace) -> dict[str,
     num_global, size = SETTINGS[num_clients]
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # the Dirichlet mixtures
-    fed = federation(num_clients, size, dim=args.dim, alpha=args.alpha, spread=args.spread, generator=generator)
+    fed = federation(
+        num_clients, size, dim=args.dim, classes=args.classes, alpha=args.alpha, spread=args.spread, generator=generator
+    )
     honest = [honest_release(d, memory_size=args.memory_size, num_centroids=args.local, generator=generator) for d in fed.data]
     hostile = num_clients - 1  # its honest data still counts for nothing: coverage is of the other clients'
     honest_data = fed.data[:hostile]
@@ -160,18 +163,22 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=sorted(SETTINGS), choices=sorted(SETTINGS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--classes", type=int, default=10, help="class directions (more than G: every centroid counts)")
     parser.add_argument("--memory-size", type=int, default=128)
     parser.add_argument("--local", type=int, default=8, help="L, local centroids per release")
     parser.add_argument("--alpha", type=float, default=0.1, help="Dirichlet label skew of each client")
     parser.add_argument("--spread", type=float, default=1.0, help="noise around each class direction")
     parser.add_argument("--cold", action="store_true", help="start the attacked round from k-means++, not a clean round's centroids")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (more are far slower on a busy machine)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     for num_clients in args.clients:
         num_global, size = SETTINGS[num_clients]
         rows = [one_seed(num_clients, seed, args) for seed in args.seeds]
         clean = [r["clean"][1] for r in rows]
         print(
             f"\n1 hostile client among {num_clients} (G {num_global}, L {args.local}, size {size}, memory {args.memory_size}, "
+            f"{args.classes} classes, "
             f"{'cold' if args.cold else 'warm'} start, seeds {args.seeds}); clean coverage {spread_of(clean, '.3f')}"
         )
         print(f"{'attack':<8} {'cap':<14} {'weight':>7} {'taken of G':>14} {'coverage':>15} {'drop':>15}")
