@@ -459,12 +459,14 @@ def datasets() -> None:
 
 #: The longest certificate validity ``privfed certs`` writes (100 years; X.509 dates end in 9999).
 MAX_CERTIFICATE_DAYS = 36500
+#: The most SuperNode key pairs one ``privfed certs`` creates (each takes a few milliseconds and two files).
+MAX_SUPERNODE_KEYS = 10_000
 
 
 @app.command()
 def certs(
     out_dir: Path = typer.Option(Path("certificates"), "--out-dir", "-o", help="Directory to write the keys and certificates to."),
-    supernodes: int = typer.Option(2, "--supernodes", "-n", min=0, help="SuperNode authentication key pairs to create: supernode-0 ... supernode-(N-1), one per partition."),
+    supernodes: int = typer.Option(2, "--supernodes", "-n", min=0, max=MAX_SUPERNODE_KEYS, help="SuperNode authentication key pairs to create: supernode-0 ... supernode-(N-1), one per partition."),
     host: Optional[list[str]] = typer.Option(None, "--host", help="DNS name or IP address SuperNodes and the flwr CLI use to reach the SuperLink (repeatable); localhost, 127.0.0.1 and ::1 are always included."),
     port: int = typer.Option(8000, min=1, max=65535, help="SuperLink port used in the printed commands."),
     days: int = typer.Option(365, min=1, max=MAX_CERTIFICATE_DAYS, help="Validity of the certificates in days."),

@@ -324,6 +324,17 @@ def build_config(file: Path | None = None, **overrides: Any) -> TrainConfig:
 #: The epsilons a DP option may ask for: below the least, the noise a release needs is too large to represent; above
 #: the largest, the guarantee means nothing (and calibrating the noise takes minutes).
 MIN_EPSILON, MAX_EPSILON = 1e-6, 100.0
+#: Below this delta the accountant's discretisation needs gigabytes (1e-30 ran out of memory).
+MIN_DELTA = 1e-12
+#: The DP-SGD noise multipliers the accountant can work with in reasonable memory (0.01 ran out of it, 1e300
+#: overflowed); outside them the guarantee means nothing anyway.
+MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER = 0.1, 1e4
+#: A SecAgg+ stage timeout beyond this (about 11 days) is no timeout, and Python's waits refuse huge ones.
+MAX_TIMEOUT_SECONDS = 1e6
+#: Every integer option fits in 32 bits; these also bound what a client allocates up front (its memory buffer
+#: is memory_size x projection_dim floats).
+MAX_INT = 2**31 - 1
+INT_MAXIMA = {"memory_size": 2**20, "projection_dim": 2**16, "projection_hidden_dim": 2**16}
 #: Where every float option must lie, as (low, high, low included, high included); a test checks that every float
 #: field of :class:`TrainConfig` is here, so a NaN or an infinity never reaches a run.
 FLOAT_RANGES: dict[str, tuple[float, float, bool, bool]] = {
@@ -335,12 +346,12 @@ FLOAT_RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "temperature": (0.0, math.inf, False, False),
     "ema_decay": (0.0, 1.0, True, False),
     "epsilon": (MIN_EPSILON, MAX_EPSILON, True, True),
-    "delta": (0.0, 1.0, False, False),
+    "delta": (MIN_DELTA, 1.0, True, False),
     "epsilon_per_release": (MIN_EPSILON, MAX_EPSILON, True, True),
     "secagg_clipping_range": (0.0, math.inf, False, False),
-    "secagg_timeout": (0.0, math.inf, False, False),
+    "secagg_timeout": (0.0, MAX_TIMEOUT_SECONDS, False, True),
     "max_grad_norm": (0.0, math.inf, False, False),
-    "dp_sgd_noise_multiplier": (0.0, math.inf, False, False),
+    "dp_sgd_noise_multiplier": (MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER, True, True),
     "dp_sgd_epsilon": (MIN_EPSILON, MAX_EPSILON, True, True),
     "knn_temperature": (0.0, math.inf, False, False),
     "client_cpus": (0.0, math.inf, False, False),
@@ -371,6 +382,11 @@ def validate(config: TrainConfig) -> None:
     for name, bounds in FLOAT_RANGES.items():
         check_float(name, getattr(config, name), *bounds)
     check_seed("seed", config.seed)
+    for name, hint in field_types().items():
+        value, most = getattr(config, name), INT_MAXIMA.get(name, MAX_INT)
+        is_int = int in getattr(hint, "__args__", (hint,)) and isinstance(value, int) and not isinstance(value, bool)
+        if is_int and name != "seed" and value > most:
+            raise PrivfedError(f"{name} must be at most {most}, got {value}")
     if not config.secagg:
         given = [n for n in ("secagg_shares", "secagg_threshold", "secagg_timeout") if getattr(config, n) is not None]
         if given:

@@ -65,7 +65,13 @@ def plan_run(config: TrainConfig, *, resuming: bool = False) -> RunPlan:
     sizes = split.client_sizes()
     warnings = _test_data_warnings(config, split)
     secagg = secagg_settings(config, sizes)
-    privacy = plan_privacy(config, sizes)
+    try:
+        privacy = plan_privacy(config, sizes)
+    except (OverflowError, MemoryError) as err:  # the accountant, at settings far from any useful guarantee
+        raise PrivfedError(
+            f"the privacy accountant cannot work with these settings ({type(err).__name__}); choose an epsilon, delta "
+            "or noise multiplier nearer the usual ones"
+        ) from None
     return RunPlan(
         config=config.replace(delta=privacy.delta),
         split=split,
@@ -108,9 +114,10 @@ def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, Resu
     config = resumed_config(directory, overrides).replace(out=str(directory.path.resolve()))
     recorded = recorded.replace(out=config.out)
     try:  # a damaged config.json can hold values no run was started with
-        validate(config)
+        validate(recorded)
     except PrivfedError as err:
         raise PrivfedError(f"{directory.path / 'config.json'}: {err}") from None
+    validate(config)  # with the rounds asked for now
     check_resumable(directory, point, config)
     plan = plan_run(config, resuming=True)
     if config != recorded:

@@ -24,7 +24,7 @@ import torch
 
 from mechanisms.base import K_ANONYMITY, Guarantee
 from privfed.cli import main
-from privfed.config import FLOAT_RANGES, build_config
+from privfed.config import FLOAT_RANGES, INT_MAXIMA, MAX_INT, build_config, field_types
 from privfed.models.network import build_network
 from privfed.privacy.ledger import LedgerEntry
 from privfed.resume import ResumePoint, write_resume_point
@@ -79,6 +79,14 @@ def option_cases() -> list[Case]:
     for field in positive:
         for value in ("0", "-5"):
             cases.append(Case(f"{field}={value}", train(f"{flag(field)}={value}"), (field, flag(field))))
+    ints = [name for name, hint in field_types().items() if int in getattr(hint, "__args__", (hint,)) and name != "seed"]
+    for field in ints:
+        value = str(INT_MAXIMA.get(field, MAX_INT) + 1)
+        cases.append(Case(f"{field}={value}", train(f"{flag(field)}={value}"), (field, flag(field))))
+    cases += [
+        Case("noise multiplier 0.01", train("--dp-sgd", "--dp-sgd-noise-multiplier=0.01"), ("dp_sgd_noise_multiplier",)),
+        Case("delta 1e-300", train("--mechanism=ldp", "--epsilon=1", "--delta=1e-300"), ("delta",)),
+    ]
     for value in ("-1", str(2**32), str(2**70)):
         cases.append(Case(f"seed={value}", train(f"--seed={value}"), ("seed",)))
     cases += [
@@ -118,6 +126,7 @@ def name_cases() -> list[Case]:
         Case("resume with config", ("train", "--resume", "{run}", "--config", "{tmp}/preset.toml"), ("--config",)),
         Case("resume a missing run", ("train", "--resume", "{tmp}/no-run"), ("no-run",)),
         Case("resume changes the seed", ("train", "--resume", "{run}", "--seed", "4"), ("seed",)),
+        Case("resume with rounds beyond 32 bits", ("train", "--resume", "{run}", "--rounds", str(2**40)), ("rounds",)),
         Case("attack seed", ("attack", "{run}", "--method", "decoder", "--seed=-1"), ("seed",)),
         Case("attack rounds", ("attack", "{run}", "--method", "decoder", "--rounds", "1,x"), ("--rounds",)),
         Case("attack without releases", ("attack", "{run}", "--method", "decoder"), ()),
@@ -145,6 +154,8 @@ def file_system_cases() -> list[Case]:
         Case("certs days huge", ("certs", "--out-dir", "{tmp}/c1", "--days", "1000000000"), ("--days",)),
         Case("certs days zero", ("certs", "--out-dir", "{tmp}/c2", "--days", "0"), ("--days",)),
         Case("certs port", ("certs", "--out-dir", "{tmp}/c3", "--port", "70000"), ("--port",)),
+        Case("certs supernodes huge", ("certs", "--out-dir", "{tmp}/c4", "--supernodes", "100000000000"), ("--supernodes",)),
+        Case("certs supernodes negative", ("certs", "--out-dir", "{tmp}/c5", "--supernodes=-1"), ("--supernodes",)),
     ]
 
 
