@@ -80,9 +80,9 @@ def test_ldp_and_dp_sgd_compose_to_less_than_the_sum_of_their_parts():
     "options,message",
     [
         (dict(dp_sgd=True, dp_sgd_noise_multiplier=1.0, dp_sgd_epsilon=2.0), "not both"),
-        (dict(dp_sgd=True, dp_sgd_noise_multiplier=0.0), "noise-multiplier must be > 0"),
-        (dict(dp_sgd=True, max_grad_norm=0.0), "max-grad-norm must be > 0"),
-        (dict(dp_sgd=True, dp_sgd_epsilon=-1.0), "dp-sgd-epsilon must be > 0"),
+        (dict(dp_sgd=True, dp_sgd_noise_multiplier=0.0), "dp_sgd_noise_multiplier must be a finite number"),
+        (dict(dp_sgd=True, max_grad_norm=0.0), "max_grad_norm must be a finite number"),
+        (dict(dp_sgd=True, dp_sgd_epsilon=-1.0), "dp_sgd_epsilon must be a finite number"),
         (dict(dp_sgd_epsilon=2.0), "only apply with --dp-sgd"),
         (dict(max_grad_norm=2.0), "only apply with --dp-sgd"),
         (dict(dp_sgd=True, epsilon=2.0), "use --dp-sgd-epsilon"),
