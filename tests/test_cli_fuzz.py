@@ -369,3 +369,17 @@ def test_malformed_invocations_in_a_real_process_print_one_line_and_exit_2(world
     for process in processes:
         stdout, stderr = process.communicate(timeout=300)
         assert_one_line_error(process.returncode, stdout, stderr, ())
+
+
+def test_evaluate_warns_about_test_images_of_another_size_and_keeps_the_result(world, tmp_path, capsys):
+    """Allowed, but said: the encoder runs on both sizes, yet compares unlike images."""
+    shutil.copytree(world / "run", tmp_path / "run")
+    images = np.random.default_rng(1).integers(0, 255, size=(30, 8, 8, 3), dtype=np.uint8)
+    np.savez(tmp_path / "small.npz", x=images, y=np.arange(30) % 3)
+    main(["evaluate", str(tmp_path / "run"), "--train-data", f"arrays:{tmp_path / 'small.npz'}",
+          "--test-data", "shapes:300", "--knn-k", "5", "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert captured.err.startswith("warning: the test (shapes:300) images are 32×32×3 but the train (arrays:")
+    assert captured.out.startswith("knn accuracy: ")
+    (kept,) = json.loads((tmp_path / "run" / "evaluation.json").read_text())["evaluations"]
+    assert kept["num_train"] == 30 and kept["warnings"] == [captured.err.strip().removeprefix("warning: ")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from pathlib import Path
@@ -104,7 +105,12 @@ def evaluate_run(
         result.update(accuracy=accuracy, train_data=train_data, train_split=train_split,  # "all": the whole file
                       num_train=len(train), num_test=len(test))
     result.update(seconds=time.perf_counter() - start, time=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    run.append_evaluation(result)
+    try:
+        run.append_evaluation(result)
+    except PrivfedError as err:  # evaluation.json was damaged while this ran: keep the result beside it
+        kept = run.path / f"evaluation-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        kept.write_text(json.dumps(result, indent=2) + "\n")
+        raise PrivfedError(f"{err}; this result was kept in {kept}") from None
     return result
 
 
