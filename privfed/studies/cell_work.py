@@ -62,9 +62,13 @@ def train_cell(cell: Cell, run_dir: Path, *, record_releases: bool) -> dict[str,
     from privfed.run_plan import plan_resume, plan_run
     from privfed.runs import RunDirectory
 
+    from privfed.run_driver import stopped_without_training
+
     summary_file = run_dir / "summary.json"
     if summary_file.is_file() and not _stopped_by_a_signal(RunDirectory(run_dir)):
-        return RunDirectory(run_dir).read_json("summary.json")
+        summary = RunDirectory(run_dir).read_json("summary.json")
+        if not stopped_without_training(summary.get("stopped_early")):
+            return summary  # a run that stopped for want of usable replies is tried again from its resume point
     if (run_dir / "checkpoints" / RESUME_FILE).is_file():
         killed = not summary_file.is_file()
         try:
@@ -128,12 +132,15 @@ def study_row(
     and from the untrained encoder.
     """
     from privfed.evaluation.run_evaluation import evaluate_run, score_run
+    from privfed.run_driver import stopped_without_training
 
     run_dir = folder / "run"
     attacked = attack_method is not None and attack is not None and cell.config.release_mechanism is not None
     summary = train_cell(cell, run_dir, record_releases=attacked)
     if str(summary.get("stopped_early") or "").startswith("interrupted"):
         raise StudyInterrupted(f"{cell.run_name}: {summary['stopped_early']}")
+    if stopped_without_training(summary.get("stopped_early")):  # recorded as the cell's error, never as a result
+        raise RuntimeError(f"the run stopped: {summary['stopped_early']}")
     config = cell.config
     evaluate = functools.partial(
         evaluate_run, run_dir, train_data=config.dataset, test_data=config.test_dataset or config.dataset,
