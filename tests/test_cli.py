@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,21 @@ def test_an_unexpected_error_exits_even_when_a_thread_is_left_waiting():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "Traceback" in result.stderr and "RuntimeError: a bug" in result.stderr
+
+
+def test_a_run_in_which_no_client_can_train_stops_with_its_reason_and_exit_1(tmp_path, run_privfed):
+    """A temperature of 1e-300 makes every client's loss non-finite, so each training round's client fails:
+    the run stops after the first such round with a summary that says why, instead of running every round
+    with 0 clients and ending "done" with exit 0. (A process that hung would time out here.)"""
+    out = tmp_path / "run"
+    result = run_privfed(
+        "train", "--dataset", "shapes:300", "--num-clients", "4", "--participation", "1.0", "--rounds", "3", "-L", "4",
+        "-G", "8", "--memory-size", "32", "--batch-size", "16", "--local-epochs", "1", "--projection-dim", "16",
+        "--temperature", "1e-300", "--out", str(out), timeout=300,
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    stopped = json.loads((out / "summary.json").read_text())["stopped_early"]
+    assert stopped.startswith("round 1: no usable reply from its 4 sampled clients (4 failed")
+    # (Flower logs each client's failure, with its traceback, above; privfed's own last word is one line.)
+    assert result.stderr.splitlines()[-1].startswith(f"error: the run failed: {stopped}")
+    assert [json.loads(line)["round"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1]
