@@ -39,18 +39,24 @@ def read_until(process: subprocess.Popen, marker: str, timeout: float = 300) -> 
     raise AssertionError(f"no {marker!r} in the output: {''.join(lines)}")
 
 
-def test_the_first_ctrl_c_stops_after_the_current_round_with_a_summary_and_a_checkpoint(tmp_path):
-    out = tmp_path / "run"
+def stopped_after_round_1(out: Path, stop: signal.Signals, options: list[str]) -> tuple[subprocess.Popen, str]:
+    """A real `privfed train` sent ``stop`` once round 1 is printed, and left to stop; the process and its stderr."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "privfed.cli", "train", *TRAIN, "--out", str(out)],
+        [sys.executable, "-m", "privfed.cli", "train", *options, "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
         read_until(process, "round   1")
-        process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=300)
+        process.send_signal(stop)
+        _, stderr = process.communicate(timeout=300)
     finally:
         process.kill()
+    return process, stderr
+
+
+def test_the_first_ctrl_c_stops_after_the_current_round_with_a_summary_and_a_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    process, stderr = stopped_after_round_1(out, signal.SIGINT, TRAIN)
     assert process.returncode == 130, stderr[-2000:]
     assert "stopping after the current round" in stderr and "Traceback" not in stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -68,16 +74,7 @@ def test_sigterm_under_ray_stops_after_the_round_with_a_summary_and_the_run_resu
     out = tmp_path / "run"
     short = list(TRAIN)
     short[short.index("--rounds") + 1] = "4"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "privfed.cli", "train", *short, "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        read_until(process, "round   1")
-        process.send_signal(signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=300)
-    finally:
-        process.kill()
+    process, stderr = stopped_after_round_1(out, signal.SIGTERM, short)
     assert process.returncode == 130, stderr[-2000:]
     assert "SIGTERM: stopping after the current round" in stderr and "SIGTERM received" not in stderr
     summary = json.loads((out / "summary.json").read_text())

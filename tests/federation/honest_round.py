@@ -9,7 +9,7 @@ import torch
 from flwr.common import FitRes, ndarrays_to_parameters
 
 from mechanisms import get_mechanism_class
-from privfed.config import TrainConfig
+from privfed.config import TrainConfig, build_config
 from privfed.federation.client import OrchestraClient
 from privfed.federation.client_config import ClientConfig
 from privfed.federation.reply_checks import ReplyRules
@@ -23,6 +23,15 @@ from privfed.run_plan import RunPlan, plan_run
 
 #: Node ids are not partition ids: the strategy must map one to the other.
 NODE_OFFSET = 100
+
+
+def small_round_config(**changes) -> TrainConfig:
+    """Four clients, two sampled, a tiny network: a real round in about a second."""
+    return build_config(**{
+        "dataset": "shapes:300", "num_clients": 4, "participation": 0.5, "backbone": "resnet8", "projection_dim": 16,
+        "local_epochs": 1, "batch_size": 16, "memory_size": 32, "num_local_centroids": 4, "num_global_centroids": 8,
+        "rounds": 1, "secagg": False, "seed": 0, **changes,
+    })
 
 
 @dataclass(frozen=True)

@@ -11,19 +11,14 @@ import numpy as np
 import pytest
 from flwr.common import FitIns, ndarray_to_bytes, ndarrays_to_parameters, parameters_to_ndarrays
 
-from privfed.config import build_config
 from privfed.federation.client import OrchestraClient
 from privfed.orchestra.model_state import shared_keys
-from tests.federation.honest_round import honest_round
+from tests.federation.honest_round import honest_round, small_round_config
 
 
 @pytest.fixture(scope="module")
 def instructions(tmp_path_factory) -> FitIns:
-    config = build_config(
-        dataset="shapes:300", num_clients=4, participation=0.5, backbone="resnet8", projection_dim=16,
-        local_epochs=1, batch_size=16, memory_size=32, num_local_centroids=4, num_global_centroids=8,
-        rounds=1, seed=0,
-    )
+    config = small_round_config(secagg=True)
     round_ = honest_round(config, tmp_path_factory.mktemp("ins") / "run")
     server = round_.strategy.server
     state = ndarrays_to_parameters([server.global_state()[k].numpy() for k in shared_keys(server.network)])

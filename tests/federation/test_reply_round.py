@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 from flwr.common import FitRes
 
-from privfed.config import build_config
 from privfed.federation.reply_checks import RejectedReply, check_round
-from tests.federation.honest_round import Node, honest_round
+from tests.federation.honest_round import Node, honest_round, small_round_config
 
 
 def with_round(res: FitRes, value: object) -> FitRes:
@@ -25,11 +24,7 @@ def with_round(res: FitRes, value: object) -> FitRes:
 
 @pytest.fixture(scope="module")
 def config():
-    return build_config(
-        dataset="shapes:300", num_clients=4, participation=0.5, backbone="resnet8", projection_dim=16,
-        local_epochs=1, batch_size=16, memory_size=32, num_local_centroids=4, num_global_centroids=8,
-        rounds=2, secagg=False, seed=0,
-    )
+    return small_round_config(rounds=2)
 
 
 def test_the_client_names_the_round_it_answers(config, tmp_path):

@@ -17,11 +17,10 @@ import pytest
 import torch
 from flwr.common import FitRes, bytes_to_ndarray, ndarray_to_bytes, ndarrays_to_parameters, parameters_to_ndarrays
 
-from privfed.config import build_config
 from privfed.federation.messages import RELEASE_KEYS
 from privfed.federation.update_encoding import encode_metrics, encode_update
 from privfed.orchestra.model_state import shared_state, state_delta
-from tests.federation.honest_round import HonestRound, Node, honest_round
+from tests.federation.honest_round import HonestRound, Node, honest_round, small_round_config
 
 
 def with_metrics(res: FitRes, **changes) -> FitRes:
@@ -68,11 +67,7 @@ def unit_rows(count: int, dim: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def config():
-    return build_config(
-        dataset="shapes:300", num_clients=4, participation=0.5, backbone="resnet8", projection_dim=16,
-        local_epochs=1, batch_size=16, memory_size=32, num_local_centroids=4, num_global_centroids=8,
-        rounds=1, secagg=False, seed=0,
-    )
+    return small_round_config()
 
 
 @pytest.fixture(scope="module")
