@@ -144,7 +144,7 @@ def train(
         if resume is None:
             plan, point = plan_run(build_config(config, **options)), None
             _check_machine(plan.config)
-            _make_run_directory(plan.run_dir.path)
+            _make_directory(plan.run_dir.path, kind="run directory")
             held.enter_context(plan.run_dir.claimed())
         else:
             held.enter_context(RunDirectory(resume).claimed())  # before the resume rewrites anything
@@ -171,16 +171,16 @@ def train_exit_code(summary: dict[str, Any]) -> int:
     return 0
 
 
-def _make_run_directory(path: Path) -> None:
-    """Creates the run directory, or says in one line why it cannot (a file in the way, no permission)."""
+def _make_directory(path: Path, *, kind: str) -> None:
+    """Creates ``path``, or says in one line why it cannot (a file in the way, no permission)."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise PrivfedError(f"cannot create the run directory {path}: a file is in the way") from None
+        raise PrivfedError(f"cannot create the {kind} {path}: a file is in the way") from None
     except OSError as err:
-        raise PrivfedError(f"cannot create the run directory {path}: {err.strerror}") from None
+        raise PrivfedError(f"cannot create the {kind} {path}: {err.strerror}") from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise PrivfedError(f"cannot write in the run directory {path}: permission denied")
+        raise PrivfedError(f"cannot write in the {kind} {path}: permission denied")
 
 
 def _check_machine(config: TrainConfig) -> None:
@@ -374,12 +374,7 @@ def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list[CellRec
             raise PrivfedError(f"study file {study_file}: [attack_settings] for {spec.attack}: {err}") from None
         attack = functools.partial(attack_last_round, attack_settings=spec.attack_settings or None)
     folder = out or Path("studies") / study_file.stem
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise PrivfedError(f"cannot create the study directory {folder}: a file is in the way") from None
-    except OSError as err:
-        raise PrivfedError(f"cannot create the study directory {folder}: {err.strerror}") from None
+    _make_directory(folder, kind="study directory")
     with RunDirectory(folder).claimed():
         try:
             records = run_study(
