@@ -48,7 +48,7 @@ def test_flower_runs_exactly_the_requested_shares_and_threshold(sampled, shares,
         ({"num_clients": 6, "secagg_shares": 7}, "odd number"),
         ({"num_clients": 6, "secagg_threshold": 7}, "between 2"),
         ({"num_clients": 6, "secagg_threshold": 1}, "between 2"),
-        ({"num_clients": 6, "secagg_clipping_range": 0.0}, "clipping-range"),
+        ({"num_clients": 6, "secagg_clipping_range": 0.0}, "clipping.range"),  # the range check names the field
         ({"num_clients": 6, "secagg_clipping_range": 3.0}, "power of two"),
     ],
 )

@@ -63,6 +63,10 @@ from privfed.secagg_settings import SecAggPlusSettings
 logger = logging.getLogger(__name__)
 
 
+#: What the server learns of a failed round: nothing about why.
+ROUND_FAILED = "this client's round failed; the reason is logged on the client only, since it may depend on its data"
+
+
 class ClientRoundFailed(RuntimeError):
     """A client's round failed; the message the server sees says nothing about the client's data."""
 
@@ -166,9 +170,9 @@ class OrchestraClient(Client):
             # Flower forwards an exception's text to the server in plaintext, and a failed
             # check can depend on the data (e.g. how many representations were NaN).
             logger.error("client %d, round %s: update failed: %s", self.client_id, ins.config["round"], err)
-            raise ClientRoundFailed(
-                "this client's round failed; the reason is logged on the client only, since it may depend on its data"
-            ) from None
+            if self.declared is not None and digest is not None:
+                self.declared.replies.fail(self.declared.run, int(ins.config["round"]), digest)
+            raise ClientRoundFailed(ROUND_FAILED) from None
         arrays = [] if update.delta is None else state_to_arrays(update.delta, keys)
         metrics = update.metrics
         if arrays and "secagg_scales" in ins.config:
@@ -204,10 +208,12 @@ class OrchestraClient(Client):
         declared = self.declared
         assert declared is not None
         stored = declared.replies.get(declared.run, round_index)
-        if stored is None or stored.reply is None:
+        if stored is None or (stored.reply is None and not stored.failed):
             return None
         if stored.digest != digest:
             raise RoundRefused(f"round {round_index} of run {declared.run} was answered already, for other instructions")
+        if stored.failed:
+            raise ClientRoundFailed(ROUND_FAILED)
         logger.info("client %d, round %d: sending the reply it sent before again", self.client_id, round_index)
         return stored.reply
 
@@ -224,7 +230,7 @@ class OrchestraClient(Client):
     ) -> None:
         """Refuses a round that departs from the declared run or its budget (:class:`RoundRefused`).
 
-        The round is recorded as begun before it is charged: a round begun,
+        The round is recorded as begun as the guard charges it: a round begun,
         charged and never answered (a kill while the client computed) is
         admitted again without a second charge, since nothing of it left.
         """
@@ -237,12 +243,12 @@ class OrchestraClient(Client):
             check_secagg_encoding(fit, declared.secagg, keys)
         round_index = int(fit["round"])
         begun = declared.replies.get(declared.run, round_index)
-        unreleased = begun is not None and begun.reply is None and begun.digest == digest
-        declared.replies.begin(declared.run, round_index, digest)
+        # A begun record exists only for a round the guard charged (it is written as the charge is made).
+        unreleased = begun is not None and begun.reply is None and not begun.failed and begun.digest == digest
         declared.guard.admit(
             run=declared.run, round_index=round_index, mechanism=config.mechanism, params=params, dp_sgd=dp_sgd,
             batch_size=config.local.batch_size, epochs=config.local.epochs, num_samples=num_samples, train=train,
-            unreleased=unreleased,
+            unreleased=unreleased, on_charge=lambda: declared.replies.begin(declared.run, round_index, digest),
         )
 
 

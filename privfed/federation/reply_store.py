@@ -67,6 +67,8 @@ def forget_replies(folder: Path, before: int | None = None) -> None:
     for path in folder.glob(REPLY_FILE.format("*")):
         if before is None or (stored_round(path) or 0) < before:
             path.unlink(missing_ok=True)
+    for leftover in folder.glob(REPLY_FILE.format("*") + ".tmp"):  # a write a kill interrupted
+        leftover.unlink(missing_ok=True)
 
 
 def instructions_digest(ins: FitIns) -> str:
@@ -85,12 +87,19 @@ def instructions_digest(ins: FitIns) -> str:
 
 @dataclass(frozen=True)
 class StoredReply:
-    """What the store holds for one round: the instructions' digest and the reply (None: begun, not answered)."""
+    """What the store holds for one round: the instructions' digest and the reply (None: begun, not answered).
+
+    ``failed``: the round was charged and its computation failed; the same
+    instructions get the same failure, never a fresh attempt (a failure can
+    depend on the data or the noise, and each retry would show the server one
+    more bit of it).
+    """
 
     run: int
     round: int
     digest: str
     reply: FitRes | None
+    failed: bool = False
 
 
 class ReplyStore:
@@ -106,8 +115,12 @@ class ReplyStore:
         self._memory: StoredReply | None = None
 
     def begin(self, run: int, round_index: int, digest: str) -> None:
-        """Records that the client starts computing this round (before the guard charges it)."""
+        """Records that the client starts computing this round; the guard calls it as it charges the round, never on a refusal."""
         self._write(StoredReply(run, round_index, digest, None))
+
+    def fail(self, run: int, round_index: int, digest: str) -> None:
+        """Records that this charged round's computation failed (see :class:`StoredReply`)."""
+        self._write(StoredReply(run, round_index, digest, None, failed=True))
 
     def answer(self, run: int, round_index: int, digest: str, reply: FitRes) -> None:
         """Keeps the reply; called before the reply is returned, so a reply that left the node is always stored."""
@@ -124,7 +137,9 @@ class ReplyStore:
         if self.path is None:
             self._memory = stored
             return
-        header: dict[str, Any] = {"format": FORMAT, "run": stored.run, "round": stored.round, "digest": stored.digest}
+        header: dict[str, Any] = {
+            "format": FORMAT, "run": stored.run, "round": stored.round, "digest": stored.digest, "failed": stored.failed,
+        }
         arrays: dict[str, np.ndarray] = {}
         if stored.reply is not None:
             res = stored.reply
@@ -165,7 +180,8 @@ class ReplyStore:
                         num_examples=int(header["num_examples"]),
                         metrics={key: _decode_value(value) for key, value in header["metrics"].items()},
                     )
-                return StoredReply(int(header["run"]), int(header["round"]), str(header["digest"]), reply)
+                failed = bool(header.get("failed", False))
+                return StoredReply(int(header["run"]), int(header["round"]), str(header["digest"]), reply, failed)
         except (OSError, ValueError, KeyError, TypeError, EOFError):
             return None  # unreadable: treated as nothing stored, so the round is refused, never answered twice
 

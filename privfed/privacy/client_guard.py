@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mechanisms import get_mechanism_class
 from mechanisms.accounting import COST_DIRECTION
@@ -256,6 +256,7 @@ class ClientGuard:
         num_samples: int,
         train: bool,
         unreleased: bool = False,
+        on_charge: Callable[[], None] | None = None,
     ) -> None:
         """Checks the round's parameters and budget, then charges the round before anything is computed.
 
@@ -267,7 +268,10 @@ class ClientGuard:
         ``unreleased``: the caller attests that the last round charged in this
         run was begun but nothing of it left the node (its computation was
         killed; :mod:`privfed.federation.reply_store`), so it is admitted again
-        without a second charge.
+        without a second charge. ``on_charge`` runs under the ledger's lock
+        once every check has passed, just before the charge: the reply store
+        records the round as begun there, so a refused round never leaves a
+        record that would later pass for a charged one.
 
         Raises:
             RoundRefused: when the parameters are weaker than declared or the round would overrun a cap.
@@ -290,6 +294,8 @@ class ClientGuard:
             if last is not None and round_index <= last:
                 raise RoundRefused(f"round {round_index} of run {run} comes after round {last} was answered")
             self._check_caps(releases, training)
+            if on_charge is not None:
+                on_charge()
             if mechanism is not None:
                 self.ledger.record(LedgerEntry(SELF, round_index, mechanism, _charged(mechanism), releases, run=run))
             if training:

@@ -52,12 +52,13 @@ Clauses = tuple[list[str], list[str]]  # (covers, not_covered)
 DEVIATING_SERVER = (
     "a server that deviates from the run's plan beyond what clients check: each client refuses a configuration other "
     "than the declared run's, mechanism or DP-SGD parameters weaker than its own calibration, SecAgg+ encodings or "
-    "scales other than the declared ones, a round index it was charged for already in the same run, and rounds past "
+    "scales other than the declared ones, a round index it was charged for already in the same run (except the last one, asked again with the same "
+    "instructions: it gets the stored reply again), and rounds past "
     "the budget in its own ledger; but in deployment the declared run is the run config the SuperLink delivers (a "
     "node's own privacy-epsilon caps it), a node's ledger outlives a round only in its state-dir, and the server still "
     "chooses the model and centroids clients compute on, which clients it samples within their budgets, and SecAgg+ "
     "neighbours (require-secagg and secagg-min-clients narrow the rest); it can get the same answer again under a new "
-    "run id or a slightly changed model, and two SecAgg+ sums over cohorts that differ by one client reveal that "
+    "run id or a slightly changed model, or replay a round's stored reply to a smaller cohort, and two SecAgg+ sums over cohorts that differ by one client reveal that "
     "client's update (up to augmentation noise), unless DP-SGD bounds it"
 )
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from privfed.federation.client import ClientRoundFailed
 from privfed.federation.messages import tensor_to_bytes
 from privfed.federation.reply_store import ReplyStore, forget_replies, instructions_digest, reply_file
 from privfed.privacy.client_guard import ClientGuard, RoundRefused, declared_budget
@@ -90,3 +91,32 @@ def test_replies_no_resume_can_replay_are_forgotten(plan, tmp_path):
     assert ReplyStore(reply_file(folder, 1)).get(RUN, 2).reply.parameters.tensors == reply.parameters.tensors
     forget_replies(folder)
     assert not list(folder.iterdir())
+
+
+def test_a_refused_round_leaves_no_record_that_buys_an_uncharged_release(plan, tmp_path):
+    """helper-4's sequence: a refusal used to write a "begun" record (over the stored reply), which a second ask with
+    the same new instructions then passed off as charged-but-killed: a fresh release for no charge, repeatable."""
+    ins = instructions(plan)
+    first = client(plan, tmp_path).fit(ins)
+    other = F.normalize(torch.randn(plan.config.num_global_centroids, plan.config.projection_dim), dim=1)
+    elsewhere = dataclasses.replace(ins, config={**ins.config, "centroids": tensor_to_bytes(other)})
+    for _ in range(2):
+        with pytest.raises(RoundRefused, match="comes after round 1 was answered"):
+            client(plan, tmp_path).fit(dataclasses.replace(ins, config={**ins.config, "round": 0}))
+        for _ in range(2):
+            with pytest.raises(RoundRefused, match="answered already, for other instructions"):
+                client(plan, tmp_path).fit(elsewhere)
+    assert ledger_rounds(tmp_path) == [1]
+    assert client(plan, tmp_path).fit(ins).parameters.tensors == first.parameters.tensors  # the stored reply survived
+
+
+def test_a_charged_round_that_failed_fails_again_instead_of_drawing_new_noise(plan, tmp_path):
+    """A failure can depend on the data or the noise; a free retry would show the server one more bit each time."""
+    ins = instructions(plan)
+    state = tmp_path / "state"
+    state.mkdir()
+    store = ReplyStore(reply_file(state, PARTITION))
+    store.fail(RUN, 1, instructions_digest(ins))
+    with pytest.raises(ClientRoundFailed):
+        client(plan, tmp_path).fit(ins)
+    assert not (state / f"privfed-ledger-partition-{PARTITION}.jsonl").exists() or ledger_rounds(tmp_path) == []
