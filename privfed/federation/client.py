@@ -117,6 +117,14 @@ class OrchestraClient(Client):
         return GetPropertiesRes(status=Status(code=Code.OK, message="ok"), properties={PARTITION_KEY: self.client_id})
 
     def fit(self, ins: FitIns) -> FitRes:
+        if self.declared is None:
+            return self._fit(ins, None)
+        digest = instructions_digest(ins)
+        # One computation per partition at a time: a second message for the round waits, then gets the stored reply.
+        with self.declared.replies.computing(self.declared.run, int(ins.config["round"]), digest):
+            return self._fit(ins, digest)
+
+    def _fit(self, ins: FitIns, digest: str | None) -> FitRes:
         config = ClientConfig.from_json(str(ins.config["client_config"]))
         if self.num_partitions is not None and self.num_partitions != config.split.num_clients:
             raise ValueError(
@@ -137,9 +145,7 @@ class OrchestraClient(Client):
         if config.dp_sgd and dp_sgd is None:
             raise ValueError("the run trains with DP-SGD but the server sent no DP-SGD settings")
         images = config.split.client_images(self.client_id)
-        digest = None
-        if self.declared is not None:
-            digest = instructions_digest(ins)
+        if self.declared is not None and digest is not None:
             replayed = self._replayed(int(ins.config["round"]), digest)
             if replayed is not None:
                 return replayed
@@ -170,8 +176,6 @@ class OrchestraClient(Client):
             # Flower forwards an exception's text to the server in plaintext, and a failed
             # check can depend on the data (e.g. how many representations were NaN).
             logger.error("client %d, round %s: update failed: %s", self.client_id, ins.config["round"], err)
-            if self.declared is not None and digest is not None:
-                self.declared.replies.fail(self.declared.run, int(ins.config["round"]), digest)
             raise ClientRoundFailed(ROUND_FAILED) from None
         arrays = [] if update.delta is None else state_to_arrays(update.delta, keys)
         metrics = update.metrics

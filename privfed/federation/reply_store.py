@@ -25,13 +25,15 @@ replays a round with a *different* cohort could learn.
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import io
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 from flwr.common import Code, FitIns, FitRes, Parameters, Status
@@ -106,13 +108,47 @@ class ReplyStore:
     """The last round a client began or answered, in ``path`` (None: in this process's memory only).
 
     Only the latest round is kept: a round before it is never answered again
-    (:class:`privfed.privacy.client_guard.ClientGuard`). Writes replace the
+    (:class:`privfed.privacy.client_guard.ClientGuard`) in a run that charges
+    something; a run that charges nothing (no mechanism, no DP-SGD) may be
+    asked again for any round and computes it again. Writes replace the
     file whole, so a kill mid-write leaves the previous content.
     """
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
         self._memory: StoredReply | None = None
+
+    @contextlib.contextmanager
+    def computing(self, run: int, round_index: int, digest: str) -> Iterator[None]:
+        """Holds the partition's computation lock while a message is answered; records a charged round that failed.
+
+        Flower may start a second ClientApp process for a message while the
+        first still computes (or two nodes may share a state-dir): without the
+        lock the second would see the round begun, unanswered, and pass it off
+        as killed, computing a second release for one charge. It waits here
+        and then finds the stored reply. Any error after the round was charged
+        (begun, no reply) marks it failed, so asking again never redraws noise.
+        """
+        with self._exclusive():
+            try:
+                yield
+            except Exception:  # not a Ctrl-C: like a kill, it leaves the round to be computed again
+                stored = self.get(run, round_index)
+                if stored is not None and stored.reply is None and not stored.failed and stored.digest == digest:
+                    self.fail(run, round_index, digest)
+                raise
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        if self.path is None:
+            yield  # in memory: one process
+            return
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def begin(self, run: int, round_index: int, digest: str) -> None:
         """Records that the client starts computing this round; the guard calls it as it charges the round, never on a refusal."""

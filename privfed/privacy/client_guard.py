@@ -269,9 +269,11 @@ class ClientGuard:
         run was begun but nothing of it left the node (its computation was
         killed; :mod:`privfed.federation.reply_store`), so it is admitted again
         without a second charge. ``on_charge`` runs under the ledger's lock
-        once every check has passed, just before the charge: the reply store
-        records the round as begun there, so a refused round never leaves a
-        record that would later pass for a charged one.
+        once the whole charge is written: the reply store records the round as
+        begun there, so neither a refused round nor a kill between two of the
+        round's ledger entries leaves a record that would pass for a charged
+        one (a kill just before it makes a resume refuse the round: never an
+        undercount).
 
         Raises:
             RoundRefused: when the parameters are weaker than declared or the round would overrun a cap.
@@ -294,12 +296,12 @@ class ClientGuard:
             if last is not None and round_index <= last:
                 raise RoundRefused(f"round {round_index} of run {run} comes after round {last} was answered")
             self._check_caps(releases, training)
-            if on_charge is not None:
-                on_charge()
             if mechanism is not None:
                 self.ledger.record(LedgerEntry(SELF, round_index, mechanism, _charged(mechanism), releases, run=run))
             if training:
                 self.ledger.record(LedgerEntry.dp_sgd(SELF, round_index, training, run=run))
+            if on_charge is not None:
+                on_charge()
 
     def spent(self, part: str) -> float:
         """Epsilon the client's ledger holds for ``part`` (0 when nothing DP was charged)."""

@@ -120,3 +120,49 @@ def test_a_charged_round_that_failed_fails_again_instead_of_drawing_new_noise(pl
     with pytest.raises(ClientRoundFailed):
         client(plan, tmp_path).fit(ins)
     assert not (state / f"privfed-ledger-partition-{PARTITION}.jsonl").exists() or ledger_rounds(tmp_path) == []
+
+
+def test_a_charged_round_whose_computation_fails_is_recorded_and_fails_again(plan, tmp_path):
+    """Wherever after the charge it fails (here: centroids of the wrong width), asking again gets the failure."""
+    ins = instructions(plan)
+    wrong = F.normalize(torch.randn(plan.config.num_global_centroids, plan.config.projection_dim + 1), dim=1)
+    broken = dataclasses.replace(ins, config={**ins.config, "centroids": tensor_to_bytes(wrong)})
+    with pytest.raises(Exception):
+        client(plan, tmp_path).fit(broken)
+    assert ReplyStore(reply_file(tmp_path / "state", PARTITION)).get(RUN, 1).failed
+    with pytest.raises(ClientRoundFailed):
+        client(plan, tmp_path).fit(broken)
+    assert ledger_rounds(tmp_path) == [1]
+
+
+def test_a_second_message_for_a_round_in_progress_waits_and_gets_the_same_reply(plan, tmp_path, monkeypatch):
+    """helper-5's race: the second ClientApp process saw the round begun and unanswered, took it for killed and
+    computed a second release for one charge; now it waits for the first and is sent the first's reply."""
+    import threading
+
+    import privfed.federation.client as client_module
+
+    started, go = threading.Event(), threading.Event()
+    real_update = client_module.client_update
+
+    def slow_update(*args, **kwargs):
+        started.set()
+        assert go.wait(30)
+        return real_update(*args, **kwargs)
+
+    monkeypatch.setattr(client_module, "client_update", slow_update)
+    ins = instructions(plan)
+    replies: dict[str, object] = {}
+    first = threading.Thread(target=lambda: replies.setdefault("first", client(plan, tmp_path).fit(ins)))
+    first.start()
+    assert started.wait(30)
+    second = threading.Thread(target=lambda: replies.setdefault("second", client(plan, tmp_path).fit(ins)))
+    second.start()
+    second.join(0.5)
+    assert second.is_alive()  # waiting for the first computation, not computing its own
+    go.set()
+    first.join(60)
+    second.join(60)
+    assert replies["second"].parameters.tensors == replies["first"].parameters.tensors
+    assert replies["second"].metrics == replies["first"].metrics
+    assert ledger_rounds(tmp_path) == [1]
