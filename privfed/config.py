@@ -126,8 +126,8 @@ class TrainConfig:
     # secure aggregation of model updates (Flower SecAgg+)
     secagg: bool = option(
         True,
-        "Aggregate encoder updates with Flower's SecAgg+, so a server that follows the protocol only sees their sum "
-        "(see the README's caveat on Flower 1.41's 32-bit mask seeds).",
+        "Aggregate encoder updates with SecAgg+ (Flower's protocol, masks from AES-256-CTR), so a server that follows "
+        "the protocol only sees their sum.",
     )
     secagg_shares: int | None = option(
         None,

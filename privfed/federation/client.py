@@ -7,7 +7,7 @@ that round): each ``fit`` rebuilds the network from the server's state, runs
 and the mechanism's release. The memory of representations is dropped
 inside ``client_update`` and never reaches the reply.
 
-When the server runs SecAgg+, Flower's ``secaggplus_mod`` masks the delta
+When the server runs SecAgg+, privfed's SecAgg+ mod (:mod:`privfed.federation.secagg_client`) masks the delta
 before it leaves the node; the client first rescales it so that nothing is
 clipped (:mod:`privfed.federation.update_encoding`).
 """

@@ -16,10 +16,10 @@ import numpy as np
 from flwr.app import Message
 from flwr.app.message_type import MessageType
 from flwr.client import Client, ClientApp
-from flwr.client.mod import secaggplus_mod
 from flwr.common import Context
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 
+from privfed.federation.secagg_client import privfed_secaggplus_mod
 from privfed.secagg_settings import ENCODING_IN_FLOWER_STATE
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class UnmaskedRoundRefused(RuntimeError):
 
 
 def secaggplus_when_requested(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
-    """Flower's SecAgg+ client mod, for the messages of a SecAgg+ round only.
+    """privfed's SecAgg+ client mod (:mod:`privfed.federation.secagg_client`), for the messages of a SecAgg+ round only.
 
     The same ClientApp then serves round 0 (plain), ``--no-secagg`` runs and
     secure rounds; Flower's mod alone fails on messages without its records.
@@ -131,7 +131,7 @@ def secaggplus_when_requested(msg: Message, context: Context, call_next: Callabl
             raise UnmaskedRoundRefused("a SecAgg+ training round without privfed's SecAgg+ settings")
         if fit.get("task") == "train":
             check_encoding_matches_setup(fit, context.state.config_records.get(RECORD_KEY_STATE))
-        reply = secaggplus_mod(msg, context, call_next)
+        reply = privfed_secaggplus_mod(msg, context, call_next)
         np.random.seed()  # fresh OS entropy: the rounding seed must not predict later draws in this process
         return reply
     fit = msg.content.config_records.get(FIT_CONFIG_RECORD, {})
@@ -214,14 +214,15 @@ def rounding_seed(run_seed: int, round_index: int, partition: int) -> int:
 def seeded_secagg_rounding(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
     """Makes SecAgg+'s stochastic rounding reproducible from the run's seed.
 
-    Flower's ``secaggplus_mod`` rounds the client's update stochastically
+    SecAgg+'s quantisation (Flower's ``quantize``) rounds the client's update stochastically
     with NumPy's global generator right after the client replies, so the
     same seed gave slightly different aggregates on every run. This mod
     sits just inside it and seeds that generator from the round's seed once
     the reply exists; :func:`secaggplus_when_requested` reseeds it from the
     OS as soon as SecAgg+ is done, so nothing drawn later (another mod, a
     plugin) is predictable from the public seed. The rounding only has to be
-    unbiased, not secret, and the masks do not use this generator.
+    unbiased, not secret, and the masks do not use this generator
+    (:mod:`privfed.secagg_masks`).
     """
     reply = call_next(msg, context)
     config = msg.content.config_records.get(FIT_CONFIG_RECORD)

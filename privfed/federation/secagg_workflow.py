@@ -5,6 +5,11 @@ Only model deltas are summed securely. The released centroids are not a sum
 their own message content next to the masked vector, protected by the
 release mechanism.
 
+Flower's workflow runs the message flow; privfed states its protocol
+version at setup (clients that do not answer with it are left out) and
+unmasks the sum itself, with the masks of
+:mod:`privfed.secagg_masks`.
+
 Round 0 only initialises: clients send no update, so it runs Flower's plain
 fit workflow instead of a key exchange over nothing.
 """
@@ -16,21 +21,30 @@ from typing import Any, Callable, Iterable, Protocol
 
 import flwr.compat.common.recorddict_compat as compat
 import numpy as np
-from flwr.common import Context, Error, FitRes, Message, bytes_to_ndarray
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.app import ConfigRecord, RecordDict
+from flwr.app.message_type import MessageType
+from flwr.common import Context, Error, FitRes, Message, bytes_to_ndarray, ndarrays_to_parameters
+from flwr.common.secure_aggregation.crypto.shamir import combine_shares
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Stage
 from flwr.common.secure_aggregation.secaggplus_constants import Key as SecAggKey
 from flwr.server import Grid, LegacyContext
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.workflow import SecAggPlusWorkflow
-from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, Key
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 from flwr.server.workflow.default_workflows import default_fit_workflow
 
+from privfed import secagg_masks
+from privfed.federation import secagg_masking
+from privfed.federation.secagg_masking import decode_weighted_mean, pairwise_seed, unmask_sum
+from privfed.secagg_masks import PROTOCOL_KEY, PROTOCOL_VERSION
 from privfed.secagg_settings import SecAggPlusSettings
 
 logger = logging.getLogger(__name__)
 
 #: Error code of a reply the server rejected (Flower's own codes are small integers).
 REJECTED_REPLY = 4001
+#: Error code of a setup reply from a client that does not run the server's protocol version.
+OTHER_PROTOCOL = 4002
 
 
 #: Set on Flower's round state once the key exchange is over (see :meth:`_CapturingSecAggPlusWorkflow._check_threshold`).
@@ -91,6 +105,39 @@ class _ScreeningGrid:
         return Message(metadata=reply.metadata, error=Error(code=REJECTED_REPLY, reason=f"rejected by the server: {reason}"))
 
 
+class _ProtocolGrid:
+    """A grid that states privfed's protocol version in the setup request and leaves out clients that do not run it.
+
+    A client on another protocol (an older privfed, or Flower's own mod)
+    would mask with other masks, and its vector would spoil the sum. Left
+    out at setup, it has shared no keys and is forgotten like any early
+    dropout (:func:`forget_nodes_without_shares`).
+    """
+
+    def __init__(self, grid: Grid) -> None:
+        self._grid = grid
+        self.other_protocol: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        stamped = list(messages)
+        for message in stamped:
+            message.content.config_records[RECORD_KEY_CONFIGS][PROTOCOL_KEY] = PROTOCOL_VERSION
+        return [self._checked(reply) for reply in self._grid.send_and_receive(stamped, timeout=timeout)]
+
+    def _checked(self, reply: Message) -> Message:
+        if reply.has_error():
+            return reply
+        runs = reply.content.config_records.get(RECORD_KEY_CONFIGS, {}).get(PROTOCOL_KEY)
+        if runs == PROTOCOL_VERSION:
+            return reply
+        self.other_protocol.append(reply.metadata.src_node_id)
+        logger.warning("a client runs SecAgg+ protocol %r, not %r: it is left out of the round", runs, PROTOCOL_VERSION)
+        return Message(metadata=reply.metadata, error=Error(code=OTHER_PROTOCOL, reason=f"runs SecAgg+ protocol {runs!r}"))
+
+
 def forget_nodes_without_shares(state: Any) -> None:
     """Drops the nodes that left before sharing their keys from the round's SecAgg+ state.
 
@@ -131,7 +178,7 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         self.strategy = strategy
 
     def setup_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
-        return self._halting_on_errors(super().setup_stage, grid, context, state)
+        return self._halting_on_errors(super().setup_stage, _ProtocolGrid(grid), context, state)  # type: ignore[arg-type]
 
     def share_keys_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
         proceed = self._halting_on_errors(super().share_keys_stage, grid, context, state)
@@ -151,7 +198,55 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         return proceed
 
     def unmask_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
-        return self._halting_on_errors(super().unmask_stage, grid, context, state)
+        return self._halting_on_errors(self._unmask, grid, context, state)
+
+    def _unmask(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
+        """Collects the shares, rebuilds the secrets, takes the masks off the sum and hands the mean to the strategy.
+
+        Each survivor (a client whose masked vector is in the sum) is asked
+        for its neighbours' shares: of the private mask seed of each
+        survivor, and of the first private key of each client that dropped
+        after sharing its keys. No client is asked for both secrets of one
+        client.
+        """
+        server_round = int(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND])
+        survivors = set(state.active_node_ids)
+        dropped = state.sampled_node_ids - survivors
+        requests = [_share_request(node, state.nid_to_neighbours[node], survivors, dropped, server_round) for node in survivors]
+        shares: dict[int, list[bytes]] = {node: [] for node in state.sampled_node_ids}
+        responders = set()
+        for reply in grid.send_and_receive(requests, timeout=self.timeout):
+            if reply.has_error():
+                state.failures.append(Exception(reply.error))
+                continue
+            node = reply.metadata.src_node_id
+            _collect_shares(reply, state.nid_to_neighbours[node] & state.sampled_node_ids, shares)
+            responders.add(node)
+        state.active_node_ids = responders
+        short = [node for node, node_shares in shares.items() if len(node_shares) < state.threshold]
+        if short:
+            logger.warning("secure aggregation halted: %d clients' secrets have fewer shares than the threshold", len(short))
+            return False
+        secrets = {node: combine_shares(node_shares) for node, node_shares in shares.items()}
+        total = unmask_sum(
+            state.aggregate_ndarrays,
+            private_seeds={node: secrets[node] for node in survivors},
+            dropped_pairwise_seeds={
+                gone: {
+                    survivor: pairwise_seed(secrets[gone], state.nid_to_publickeys[survivor][0])
+                    for survivor in state.nid_to_neighbours[gone] & survivors
+                }
+                for gone in dropped
+            },
+            modulus=state.mod_range,
+        )
+        del state.aggregate_ndarrays
+        mean = decode_weighted_mean(
+            total, num_summed=len(survivors), clipping_range=state.clipping_range,
+            quantization_range=state.quantization_range,
+        )
+        _hand_to_strategy(mean, server_round, context, state)
+        return True
 
     def _check_threshold(self, state: Any) -> bool:
         """Flower's check that every node keeps ``threshold`` live neighbours, for the nodes that matter.
@@ -185,12 +280,52 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
             return False
 
 
+def _share_request(node: int, neighbours: set[int], survivors: set[int], dropped: set[int], server_round: int) -> Message:
+    """The unmask request to one survivor: which of its neighbours survived and which dropped."""
+    configs = ConfigRecord(
+        {
+            SecAggKey.STAGE: Stage.UNMASK,
+            SecAggKey.ACTIVE_NODE_ID_LIST: sorted(neighbours & survivors),
+            SecAggKey.DEAD_NODE_ID_LIST: sorted(neighbours & dropped),
+        }
+    )
+    return Message(
+        content=RecordDict({RECORD_KEY_CONFIGS: configs}), dst_node_id=node,
+        message_type=MessageType.TRAIN, group_id=str(server_round),
+    )
+
+
+def _collect_shares(reply: Message, neighbours: set[int], shares: dict[int, list[bytes]]) -> None:
+    """Adds one survivor's shares; shares of anyone but its neighbours, or twice of one, break the stage."""
+    configs = reply.content.config_records[RECORD_KEY_CONFIGS]
+    owners, values = list(configs[SecAggKey.NODE_ID_LIST]), list(configs[SecAggKey.SHARE_LIST])
+    if len(owners) != len(values) or len(set(owners)) != len(owners) or not set(owners) <= neighbours:
+        raise ValueError(f"node {reply.metadata.src_node_id} sent shares that do not match its neighbours")
+    for owner, share in zip(owners, values):
+        shares[owner].append(share)
+
+
+def _hand_to_strategy(mean: list[np.ndarray], server_round: int, context: LegacyContext, state: Any) -> None:
+    """Gives the strategy the replies with the mean in place of each update, as Flower's workflow does."""
+    parameters = ndarrays_to_parameters(mean)
+    for _, res in state.legacy_results:
+        res.parameters = parameters
+    aggregated, metrics = context.strategy.aggregate_fit(server_round, state.legacy_results, state.failures)  # type: ignore[arg-type]
+    if aggregated:
+        context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(aggregated, True)
+        context.history.add_metrics_distributed_fit(server_round=server_round, metrics=metrics)
+
+
+#: Modules whose errors while handling replies are the clients' doing (a bad share rebuilds a bad secret).
+_REPLY_HANDLING = {__name__, secagg_masking.__name__, secagg_masks.__name__}
+
+
 def _raised_by_privfed(err: BaseException) -> bool:
-    """Whether privfed's server code (other than this module's wrappers) is on the error's traceback."""
+    """Whether privfed's server code (other than the reply handling here) is on the error's traceback."""
     frame = err.__traceback__
     while frame is not None:
         module = str(frame.tb_frame.f_globals.get("__name__", ""))
-        if module.split(".")[0] in ("privfed", "mechanisms") and module != __name__:
+        if module.split(".")[0] in ("privfed", "mechanisms") and module not in _REPLY_HANDLING:
             return True
         frame = frame.tb_next
     return False

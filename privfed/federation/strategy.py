@@ -39,6 +39,7 @@ from flwr.server.strategy import Strategy
 
 from mechanisms.base import Release
 from privfed.federation.client_config import ClientConfig
+from privfed.secagg_masks import MASK_PRG, PROTOCOL_VERSION
 from privfed.federation.messages import arrays_to_state, state_to_arrays, tensor_to_bytes
 from privfed.federation.reply_checks import (
     CheckedReply,
@@ -289,7 +290,8 @@ class OrchestraStrategy(Strategy):
             return {"enabled": False, "protocol": None}
         return {
             "enabled": True,
-            "protocol": "SecAgg+ (Flower)",
+            "protocol": PROTOCOL_VERSION,
+            "mask_prg": MASK_PRG,
             **self.secagg.to_dict(),
             "halted_rounds": self.halted_rounds,
             "overflow_rounds": self.overflow_rounds,

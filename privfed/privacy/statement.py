@@ -15,6 +15,7 @@ from typing import Any
 from mechanisms.base import K_ANONYMITY, Mechanism
 from privfed.methods import ORCHESTRA_LOSS, Objective
 from privfed.privacy.ledger import WorstCase
+from privfed.secagg_masks import MASK_PRG
 
 #: The privacy unit of DP-SGD, and of DP releases under DP-SGD.
 EXAMPLE_UNIT = "replacing one training example of a client by another (replace-one: its dataset size is public)"
@@ -73,9 +74,9 @@ def _encoder_update_clauses(*, dp_sgd: bool, worst: WorstCase | None, secagg: bo
             "amplification, which relies on each client's batch sampling staying secret"
         ], []
     protection = (
-        "SecAgg+ shows a server that follows the protocol only their sum, which is not a DP bound; a server that "
-        "deviates can leave SecAgg+ out of a round (a node refuses if the round or its own config says SecAgg+), "
-        "and Flower 1.41's 32-bit mask seeds let a server that searches them strip a client's masks"
+        f"SecAgg+ with masks from {MASK_PRG} shows a server that follows the protocol only their sum, which is not "
+        "a DP bound; a server that deviates can leave SecAgg+ out of a round (a node refuses if the round or its "
+        "own config says SecAgg+)"
         if secagg
         else "sent in the clear"
     )

@@ -1,7 +1,8 @@
-"""One SecAgg+ round in-process: privfed's workflow against Flower's real client mod, over a grid that delivers directly.
+"""One SecAgg+ round in-process: privfed's workflow against privfed's real client mod, over a grid that delivers directly.
 
 No Ray and no simulation: each message goes straight to the node's
-``secaggplus_mod`` with a fit that returns the node's fixed update. A node's
+SecAgg+ mod (:func:`privfed.federation.secagg_client.privfed_secaggplus_mod`,
+by default) with a fit that returns the node's fixed update. A node's
 ``behaviour`` may replace or tamper with its honest reply, so tests can drop
 clients at any stage or send hostile replies, and read what the server
 aggregated. The strategy is a small stand-in with the workflow's interface
@@ -17,13 +18,13 @@ from typing import Any, Callable
 import flwr.compat.common.recorddict_compat as compat
 import numpy as np
 from flwr.app import Context, Error, Message, RecordDict
-from flwr.client.mod.secure_aggregation.secaggplus_mod import secaggplus_mod
 from flwr.common import Code, ConfigRecord, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 from flwr.server import LegacyContext
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
 
+from privfed.federation.secagg_client import privfed_secaggplus_mod
 from privfed.federation.secagg_workflow import _CapturingSecAggPlusWorkflow
 
 #: ``behaviour(stage, honest_reply) -> reply``: raise to drop out, or return a (tampered) reply.
@@ -88,9 +89,12 @@ class StandInStrategy:
 class DirectGrid:
     """Delivers each message to the node's client stack and records which stages each node reached."""
 
-    def __init__(self, updates: dict[int, tuple[list[np.ndarray], int]], behaviours: dict[int, Behaviour]) -> None:
+    def __init__(
+        self, updates: dict[int, tuple[list[np.ndarray], int]], behaviours: dict[int, Behaviour], client_mods: dict[int, Any]
+    ) -> None:
         self.updates = updates
         self.behaviours = behaviours
+        self.client_mods = client_mods
         self.contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(), run_config={}) for n in updates}
         self.stages: list[str] = []
 
@@ -104,7 +108,8 @@ class DirectGrid:
                 RecordDict({k: ConfigRecord(dict(v)) for k, v in message.content.config_records.items()}),
                 dst_node_id=node, message_type=message.metadata.message_type, group_id=message.metadata.group_id,
             )
-            honest = lambda own=own, node=node: secaggplus_mod(own, self.contexts[node], self._fit(node))
+            mod = self.client_mods.get(node, privfed_secaggplus_mod)
+            honest = lambda own=own, node=node, mod=mod: mod(own, self.contexts[node], self._fit(node))
             behaviour = self.behaviours.get(node)
             try:
                 reply = behaviour(stage, honest) if behaviour else honest()
@@ -146,8 +151,12 @@ def run_round(
     behaviours: dict[int, Behaviour] | None = None,
     reject: Callable[[int], str | None] = lambda node_id: None,
     seed: int = 0,
+    client_mods: dict[int, Any] | None = None,
 ) -> RoundOutcome:
-    """One SecAgg+ round over ``updates`` (node id -> (arrays, num_examples)), every node sampled."""
+    """One SecAgg+ round over ``updates`` (node id -> (arrays, num_examples)), every node sampled.
+
+    ``client_mods`` replaces privfed's SecAgg+ client mod at some nodes (e.g. with Flower's own).
+    """
     random.seed(seed)  # Flower shuffles the nodes into its neighbour ring with the global generator
     strategy = StandInStrategy(list(updates), reject=reject)
     workflow = _CapturingSecAggPlusWorkflow(
@@ -159,7 +168,7 @@ def run_round(
     context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
         ndarrays_to_parameters([np.zeros(3)]), True
     )
-    grid = DirectGrid(updates, behaviours or {})
+    grid = DirectGrid(updates, behaviours or {}, client_mods or {})
     workflow(grid, LegacyContext(context, strategy=strategy, client_manager=_ClientManager(len(updates))))  # type: ignore[arg-type]
     return RoundOutcome(strategy, grid)
 

@@ -1,8 +1,10 @@
 """SecAgg+ rounds with dropouts at every stage and hostile replies, in-process (tests/federation/secagg_harness.py).
 
-Flower's real client mod masks and unmasks; privfed's workflow runs the
-server side. Each test states when the round must complete (and with what
-sum) or halt, and that it never crashes.
+privfed's real client mod masks and Flower's exchanges keys; privfed's
+workflow runs the server side. Flower's own mask expansion is replaced by
+one that raises (tests/federation/flower_prg.py), so every round here also
+shows that no code path calls it. Each test states when the round must
+complete (and with what sum) or halt, and that it never crashes.
 """
 
 from __future__ import annotations
@@ -11,9 +13,15 @@ import random
 
 import numpy as np
 import pytest
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app.message_type import MessageType
+from flwr.client.mod.secure_aggregation.secaggplus_mod import secaggplus_mod
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 from flwr.supercore.task_identity import TaskIdentity
 
+from privfed.federation.secagg_client import MaskProtocolRefused, privfed_secaggplus_mod
+from privfed.secagg_masks import PROTOCOL_KEY, PROTOCOL_VERSION
+from tests.federation.flower_prg import replace_flowers_prg
 from tests.federation.secagg_harness import drops_at, mean_of, run_round
 
 TOLERANCE = 1e-3  # fixed-point error of the secure sum at these sizes is about 1e-5
@@ -24,6 +32,11 @@ def task_identity(monkeypatch):
     """Flower builds messages only inside a task; the harness runs server and clients in this process."""
     for name, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
         monkeypatch.setattr(TaskIdentity, name, value, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def no_flower_prg(monkeypatch):
+    replace_flowers_prg(monkeypatch)
 
 
 def updates(count: int, seed: int = 0) -> dict[int, tuple[list[np.ndarray], int]]:
@@ -103,3 +116,33 @@ def test_an_error_raised_by_privfeds_own_server_code_is_not_taken_for_a_client_f
     monkeypatch.setattr(StandInStrategy, "aggregate_fit", failing_aggregate)
     with pytest.raises(RejectedReply):
         run_round(updates(4), shares=4, threshold=3)
+
+
+def test_a_client_on_flowers_own_masks_is_left_out_at_setup_and_the_others_are_summed():
+    clients = updates(5)
+    outcome = run_round(clients, shares=5, threshold=3, client_mods={101: secaggplus_mod})
+    assert outcome.completed and 101 not in outcome.strategy.aggregated_from
+    assert np.abs(outcome.mean - mean_of(clients, [100, 102, 103, 104])).max() < TOLERANCE
+
+
+def setup_message(protocol: str | None) -> Message:
+    configs = {Key.STAGE: Stage.SETUP, Key.SAMPLE_NUMBER: 3, Key.SHARE_NUMBER: 3, Key.THRESHOLD: 2,
+               Key.CLIPPING_RANGE: 8.0, Key.TARGET_RANGE: 2**22, Key.MOD_RANGE: 2**32, Key.MAX_WEIGHT: 100.0}
+    if protocol is not None:
+        configs[PROTOCOL_KEY] = protocol
+    return Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord(configs)}), dst_node_id=7, message_type=MessageType.TRAIN)
+
+
+@pytest.mark.parametrize("protocol", [None, "privfed-secagg+/1", "flower"], ids=["unstated", "older", "unknown"])
+def test_a_node_refuses_a_server_on_another_protocol_before_it_makes_any_key(protocol):
+    context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
+    with pytest.raises(MaskProtocolRefused, match="masks only under"):
+        privfed_secaggplus_mod(setup_message(protocol), context, lambda msg, ctx: pytest.fail("trained"))
+    assert RECORD_KEY_STATE not in context.state.config_records  # no key pair was made, nothing to send
+
+
+def test_a_node_answers_privfeds_setup_with_its_keys_and_its_protocol():
+    context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
+    reply = privfed_secaggplus_mod(setup_message(PROTOCOL_VERSION), context, lambda msg, ctx: pytest.fail("trained"))
+    answered = reply.content.config_records[RECORD_KEY_CONFIGS]
+    assert answered[PROTOCOL_KEY] == PROTOCOL_VERSION and Key.PUBLIC_KEY_1 in answered

@@ -4,12 +4,16 @@ Three clients, all sampled, four training rounds. A mod inside SecAgg+'s
 masking records each client's plaintext update (what never leaves the node);
 a spy on the strategy records what the server-side code receives. From round
 2 on, one client per round drops out, each at a different stage of the
-protocol (see DROPOUTS).
+protocol (see DROPOUTS). Flower's own mask expansion is replaced by one
+that raises, in the server and in every client process
+(tests/federation/flower_prg.py), so the run also shows that no code path
+calls it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -22,9 +26,11 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.compat.common import recorddict_compat
 
 from privfed.config import build_config
+from privfed.secagg_masks import MASK_PRG
 from privfed.federation.simulation import simulate
 from privfed.federation.strategy import OrchestraStrategy
 from privfed.run_plan import plan_run
+from tests.federation import flower_prg
 
 #: Orchestra round -> (the client that drops out, the SecAgg+ stage whose request it fails).
 DROPOUTS = {2: (0, "collect_masked_vectors"), 3: (1, "setup"), 4: (2, "share_keys")}
@@ -52,6 +58,19 @@ def record_plaintext(folder: str):
     return mod
 
 
+def without_flowers_prg(folder: str):
+    """Outer mod: replaces Flower's mask expansion in this client process, and notes the process."""
+
+    def mod(msg, context, call_next):
+        import os
+
+        flower_prg.replace_flowers_prg(pytest.MonkeyPatch())  # for the rest of this worker's life
+        (Path(folder) / f"client-process-{os.getpid()}").touch()
+        return call_next(msg, context)
+
+    return mod
+
+
 def drop_out(msg, context, call_next):
     """Outer mod: the client DROPOUTS names fails when asked for its part of the stage it names."""
     configs = msg.content.config_records.get(RECORD_KEY_CONFIGS)
@@ -68,6 +87,8 @@ def secagg_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("secagg")
     plaintext = folder / "plaintext"
     plaintext.mkdir()
+    processes = folder / "processes"
+    processes.mkdir()
     config = build_config(
         dataset="shapes:240", num_clients=3, participation=1.0, alpha=1.0, projection_dim=16,
         local_epochs=1, batch_size=16, memory_size=32, num_local_centroids=4, num_global_centroids=8,
@@ -93,13 +114,19 @@ def secagg_run(tmp_path_factory):
 
     # The mods are defined in this test module, which Ray's workers cannot import.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(flower_prg)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(OrchestraStrategy, "aggregate_fit", spy)
+        flower_prg.replace_flowers_prg(patch)  # the server side runs in this process
         summary = simulate(
-            plan_run(config), outer_mods=[drop_out], inner_mods=[record_plaintext(str(plaintext))]
+            plan_run(config), outer_mods=[without_flowers_prg(str(processes)), drop_out],
+            inner_mods=[record_plaintext(str(plaintext))],
         )
     metrics = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
-    return {"summary": summary, "seen": seen, "plaintext": plaintext, "metrics": metrics, "config": config}
+    return {
+        "summary": summary, "seen": seen, "plaintext": plaintext, "metrics": metrics, "config": config,
+        "client_processes": {path.name for path in processes.iterdir()},
+    }
 
 
 def client_updates(plaintext: Path, round_index: int) -> dict[int, tuple[list[np.ndarray], int]]:
@@ -178,6 +205,13 @@ def test_a_client_dropping_out_at_any_stage_leaves_the_others_aggregated(secagg_
     bound = quantisation_bound(updates, secagg_run["summary"]["secure_aggregation"])
     for got, want in zip(seen["parameters"][0], fedavg(updates)):
         assert np.abs(got - want).max() <= bound
+
+
+def test_flowers_mask_expansion_was_replaced_in_every_client_process(secagg_run):
+    """The other tests here pass with it raising: neither end of privfed's SecAgg+ calls it."""
+    assert secagg_run["client_processes"]
+    assert f"client-process-{os.getpid()}" not in secagg_run["client_processes"]  # clients ran in Ray's workers
+    assert secagg_run["summary"]["secure_aggregation"]["mask_prg"] == MASK_PRG
 
 
 def test_no_round_halted(secagg_run):

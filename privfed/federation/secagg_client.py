@@ -1,0 +1,125 @@
+"""The client's side of privfed's SecAgg+: Flower's key exchange, privfed's masks.
+
+Flower's ``secaggplus_mod`` runs the stages that exchange keys and shares
+(setup, share keys, unmask). The stage that masks the update is privfed's
+own (:func:`_masked_vectors_stage`), so every mask comes from
+:func:`~privfed.secagg_masks.expand_mask` and Flower's 32-bit
+mask expansion is never called. At setup the node refuses a server that
+does not state :data:`~privfed.secagg_masks.PROTOCOL_VERSION`,
+before it makes any key, and answers with the version it runs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import flwr.compat.common.recorddict_compat as compat
+from flwr.app import ConfigRecord, Context, Message
+from flwr.client.mod.secure_aggregation.secaggplus_mod import (
+    SecAggPlusState,
+    check_configs,
+    check_stage,
+    secaggplus_mod,
+)
+from flwr.common import ndarray_to_bytes, parameters_to_ndarrays
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
+from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_separate
+
+from privfed.federation.secagg_masking import encode_update, mask_update, pairwise_seed
+from privfed.secagg_masks import PROTOCOL_KEY, PROTOCOL_VERSION
+
+CallNext = Callable[[Message, Context], Message]
+
+
+class MaskProtocolRefused(RuntimeError):
+    """The server runs a SecAgg+ protocol other than this node's (e.g. Flower's 32-bit masks): nothing is sent."""
+
+
+def privfed_secaggplus_mod(msg: Message, context: Context, call_next: CallNext) -> Message:
+    """One SecAgg+ stage of a training message, with privfed's masks."""
+    configs = msg.content.config_records[RECORD_KEY_CONFIGS]
+    stage = configs.get(Key.STAGE)
+    if stage == Stage.SETUP:
+        check_protocol(configs)
+        del configs[PROTOCOL_KEY]  # Flower's setup reads only its own keys
+        reply = secaggplus_mod(msg, context, call_next)
+        if not reply.has_error():
+            reply.content.config_records[RECORD_KEY_CONFIGS][PROTOCOL_KEY] = PROTOCOL_VERSION
+        return reply
+    if stage == Stage.COLLECT_MASKED_VECTORS:
+        return _masked_vectors_stage(msg, context, call_next)
+    return secaggplus_mod(msg, context, call_next)
+
+
+def check_protocol(configs: ConfigRecord) -> None:
+    """Refuses a setup whose server does not state this node's protocol version."""
+    stated = configs.get(PROTOCOL_KEY)
+    if stated != PROTOCOL_VERSION:
+        raise MaskProtocolRefused(
+            f"the server runs SecAgg+ protocol {stated!r}; this node masks only under {PROTOCOL_VERSION!r} "
+            "(unstated: Flower's own masks, whose 32-bit seeds a server can search)"
+        )
+
+
+def _masked_vectors_stage(msg: Message, context: Context, call_next: CallNext) -> Message:
+    """Stores the neighbours' shares, trains, and replies with the masked update alone."""
+    if RECORD_KEY_STATE not in context.state.config_records:
+        raise MaskProtocolRefused("a masked-vector request before this node set SecAgg+ up")
+    state = SecAggPlusState(**context.state.config_records[RECORD_KEY_STATE])
+    configs = msg.content.config_records[RECORD_KEY_CONFIGS]
+    check_stage(state.current_stage, configs)
+    state.current_stage = str(configs.pop(Key.STAGE))
+    check_configs(state.current_stage, configs)
+    neighbours = _store_neighbour_shares(state, configs)
+
+    reply = call_next(msg, context)
+    if reply.has_error():
+        return reply
+    fitres = compat.recorddict_to_fitres(reply.content, keep_input=True)
+    encoded = encode_update(
+        parameters_to_ndarrays(fitres.parameters),
+        fitres.num_examples,
+        max_weight=state.max_weight,
+        clipping_range=state.clipping_range,
+        quantization_range=state.target_range,
+    )
+    masked = mask_update(
+        encoded,
+        node_id=state.nid,
+        private_seed=state.rd_seed,
+        pairwise_seeds={n: pairwise_seed(state.sk1, state.public_keys_dict[n][0]) for n in neighbours},
+        modulus=state.mod_range,
+    )
+    for arrays in reply.content.array_records.values():
+        arrays.clear()  # the plaintext update never leaves the node
+    context.state.config_records[RECORD_KEY_STATE] = ConfigRecord(state.to_dict())
+    reply.content.config_records[RECORD_KEY_CONFIGS] = ConfigRecord(
+        {Key.MASKED_PARAMETERS: [ndarray_to_bytes(array) for array in masked]}, False
+    )
+    return Message(reply.content, reply_to=msg)
+
+
+def _store_neighbour_shares(state: SecAggPlusState, configs: ConfigRecord) -> list[int]:
+    """Decrypts the shares the neighbours sent through the server; returns who sent them.
+
+    The client masks with exactly these neighbours: the server can rebuild
+    the pairwise key of any of them that drops, from the shares it holds.
+    """
+    sources = list(configs[Key.SOURCE_LIST])
+    ciphertexts = list(configs[Key.CIPHERTEXT_LIST])
+    if len(sources) != len(ciphertexts):
+        raise ValueError("the server's share lists differ in length")
+    if len(ciphertexts) + 1 < state.threshold:
+        raise ValueError(f"{len(ciphertexts)} neighbours' shares arrived; the threshold needs {state.threshold - 1}")
+    if len(set(sources)) != len(sources):
+        raise ValueError("the server forwarded one neighbour's shares twice")
+    for source, ciphertext in zip(sources, ciphertexts):
+        if source not in state.ss2_dict:
+            raise ValueError(f"node {state.nid} got shares from node {source}, which is not its neighbour")
+        sender, receiver, seed_share, key_share = share_keys_plaintext_separate(decrypt(state.ss2_dict[source], ciphertext))
+        if sender != source or receiver != state.nid:
+            raise ValueError(f"node {state.nid} got node {sender}'s shares for node {receiver} labelled as node {source}'s")
+        state.rd_seed_share_dict[source] = seed_share
+        state.sk1_share_dict[source] = key_share
+    return sources

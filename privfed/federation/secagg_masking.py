@@ -1,0 +1,118 @@
+"""Both ends of SecAgg+'s masking arithmetic: what a client adds to its update, what the server takes off the sum.
+
+A client encodes its weighted update as integers (Flower's quantisation,
+with the FedAvg weight in front) and adds its private mask and, for each
+neighbour, a pairwise mask: added when its node id is the larger of the
+two, subtracted otherwise, so the pair cancels in the sum. The server
+removes each survivor's private mask and, for each client that dropped
+after sharing its keys, the pairwise masks it left in its surviving
+neighbours' vectors. Every mask comes from :func:`~privfed.secagg_masks.expand_mask`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import numpy as np
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
+from flwr.common.secure_aggregation.ndarrays_arithmetic import factor_combine, factor_extract
+from flwr.common.secure_aggregation.quantization import dequantize, quantize
+from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
+
+from privfed.secagg_masks import expand_mask
+
+logger = logging.getLogger(__name__)
+
+
+def pairwise_seed(own_private_key: bytes, other_public_key: bytes) -> bytes:
+    """The seed two clients share for their pairwise mask (ECDH of one's first key pair with the other's)."""
+    return generate_shared_key(bytes_to_private_key(own_private_key), bytes_to_public_key(other_public_key))
+
+
+def encode_update(
+    arrays: list[np.ndarray], num_examples: int, *, max_weight: float, clipping_range: float, quantization_range: int
+) -> list[np.ndarray]:
+    """The update as SecAgg+ sums it: weighted by ``num_examples / max_weight`` on Flower's fixed-point grid.
+
+    The weight is rounded to ``1 / quantization_range`` first and travels in
+    front as an integer, so the server can divide the sum by the total
+    weight. Flower's clients round the same way, which
+    :mod:`privfed.federation.update_encoding` relies on.
+    """
+    ratio = num_examples / max_weight
+    if ratio > 1:
+        logger.warning("a SecAgg+ weight of %s exceeds max_weight %s: the sum may overflow", num_examples, max_weight)
+    weight = round(ratio * quantization_range)
+    scaled = [array * (weight / quantization_range) for array in arrays]
+    return factor_combine(weight, quantize(scaled, clipping_range, quantization_range))
+
+
+def mask_update(
+    encoded: list[np.ndarray],
+    *,
+    node_id: int,
+    private_seed: bytes,
+    pairwise_seeds: Mapping[int, bytes],
+    modulus: int,
+) -> list[np.ndarray]:
+    """``encoded`` plus the client's private mask and its pairwise masks, mod ``modulus``."""
+    shapes = [array.shape for array in encoded]
+    masked = [array.astype(np.int64) for array in encoded]
+    _add(masked, expand_mask(private_seed, modulus, shapes), sign=1)
+    for neighbour, seed in pairwise_seeds.items():
+        _add(masked, expand_mask(seed, modulus, shapes), sign=1 if node_id > neighbour else -1)
+    return [np.mod(array, modulus) for array in masked]
+
+
+def unmask_sum(
+    masked_sum: list[np.ndarray],
+    *,
+    private_seeds: Mapping[int, bytes],
+    dropped_pairwise_seeds: Mapping[int, Mapping[int, bytes]],
+    modulus: int,
+) -> list[np.ndarray]:
+    """The sum of the survivors' encoded updates, from the sum of their masked vectors.
+
+    Args:
+        masked_sum: The survivors' masked vectors, summed mod ``modulus``.
+        private_seeds: Each survivor's private mask seed, rebuilt from its shares.
+        dropped_pairwise_seeds: For each client that dropped after sharing its
+            keys, the seed it shared with each surviving neighbour (rebuilt
+            from its first private key's shares).
+        modulus: The protocol's modulus.
+    """
+    shapes = [array.shape for array in masked_sum]
+    total = [array.astype(np.int64) for array in masked_sum]
+    for seed in private_seeds.values():
+        _add(total, expand_mask(seed, modulus, shapes), sign=-1)
+    for dropped, seeds in dropped_pairwise_seeds.items():
+        for survivor, seed in seeds.items():
+            # The survivor added this mask if its id was the larger one: take off what it put on.
+            _add(total, expand_mask(seed, modulus, shapes), sign=-1 if survivor > dropped else 1)
+    return [np.mod(array, modulus) for array in total]
+
+
+def decode_weighted_mean(
+    total: list[np.ndarray], *, num_summed: int, clipping_range: float, quantization_range: int
+) -> list[np.ndarray]:
+    """The weighted mean of ``num_summed`` clients' updates from the sum of their encodings.
+
+    Each encoding shifts its values by ``+clipping_range`` before quantising;
+    :func:`dequantize` takes one shift off, the other ``num_summed - 1`` go
+    here. Dividing by the summed weights leaves the FedAvg mean.
+    """
+    weight, values = factor_extract(total)
+    if int(weight) <= 0:
+        raise ValueError(f"the summed SecAgg+ weight is {int(weight)}, not positive")
+    scale = quantization_range / int(weight)
+    mean = dequantize(values, clipping_range, quantization_range)
+    return [(array - (num_summed - 1) * clipping_range) * scale for array in mean]
+
+
+def _add(arrays: list[np.ndarray], masks: list[np.ndarray], *, sign: int) -> None:
+    for array, mask in zip(arrays, masks):
+        if sign > 0:
+            array += mask
+        else:
+            array -= mask
