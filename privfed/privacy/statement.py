@@ -65,6 +65,15 @@ DEVIATING_SERVER = (
 )
 
 
+#: k-anonymity holds per release only (docs/privacy.md, "k-anonymity across releases").
+KANON_DIFFERENCING = (
+    "k-anonymity across releases: it does not compose, and two releases whose memories differ by one image reveal "
+    "that image; what stops this today is a server that follows the plan (each round a new model, and a memory the "
+    "client recomputes from fresh augmentations); a server that deviates may craft models to set it up, and "
+    "nothing in kanon or the client refuses that"
+)
+
+
 def _encoder_update_clauses(*, dp_sgd: bool, worst: WorstCase | None, secagg: bool) -> Clauses:
     """What protects the encoder updates: DP-SGD, or nothing that is a DP bound."""
     if dp_sgd:
@@ -108,8 +117,11 @@ def _release_clauses(
         ]
     if mechanism.guarantee_kind == K_ANONYMITY:
         return [], [
-            f"released centroids ({name}): k-anonymity (each the mean of the representations of at least {_k(k)} "
-            "distinct images of a client), not differential privacy; they are not in the epsilon"
+            (
+                f"released centroids ({name}): k-anonymity (each the mean of the representations of at least {_k(k)} "
+                "distinct images of a client), not differential privacy; they are not in the epsilon"
+            ),
+            KANON_DIFFERENCING,
         ]
     raw = ", representations are sent in the clear" if mechanism.releases_raw_data else ""
     return [], [f"released vectors ({name}): no guarantee{raw}; they are not in the epsilon"]
@@ -176,7 +188,10 @@ def _headline(mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCa
         )
     if dp_sgd:
         if mechanism.guarantee_kind == K_ANONYMITY:
-            release_note = f"Released centroids are only {_k(k)}-anonymous and are not covered."
+            release_note = (
+                f"Released centroids are only {_k(k)}-anonymous, per release (it does not compose), and are not "
+                "covered."
+            )
         elif mechanism.releases_raw_data:
             release_note = (
                 f"What the {name} mechanism releases is NOT covered (raw representations), so no per-example "
@@ -198,7 +213,7 @@ def _headline(mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCa
         return (
             f"Every released centroid is the mean of the representations of at least {_k(k)} distinct images of "
             "a client, one view each (k-anonymity, not differential privacy: an outlying image still moves its "
-            "centroid). Encoder updates are not covered."
+            "centroid, and two releases whose memories differ by one image reveal it). Encoder updates are not covered."
         )
     if mechanism.releases_raw_data:
         return "No guarantee: clients release their representations in the clear. Encoder updates are not covered."

@@ -147,3 +147,27 @@ def test_supervised_fedavg_names_the_labels_and_each_method_only_the_metrics_it_
         assert not any("target entropy" in n for n in other.not_covered)  # no centroids, no such metric
     orchestra = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4)
     assert any("target entropy, centroid cosine" in n for n in orchestra.not_covered)
+
+
+@pytest.mark.parametrize("dp_sgd", [False, True])
+def test_kanon_says_it_does_not_compose_across_releases_and_what_stops_differencing(dp_sgd):
+    """The claims of tests/mechanisms/test_kanon_differencing.py and tests/privacy/test_kanon_across_rounds.py."""
+    s = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=dp_sgd,
+                          worst=worst(0.0, 7.5, 7.5) if dp_sgd else None, k=6)
+    (clause,) = [n for n in s.not_covered if n.startswith("k-anonymity across releases")]
+    assert "does not compose" in clause
+    assert "two releases whose memories differ by one image reveal that image" in clause
+    assert "server that follows the plan" in clause and "new model" in clause and "fresh augmentations" in clause
+    assert "server that deviates may craft models to set it up" in clause
+    assert clause in s.text
+    headline = s.text.split(" Not covered: ")[0]
+    if dp_sgd:
+        assert "only 6-anonymous, per release (it does not compose)" in headline
+    else:
+        assert "two releases whose memories differ by one image reveal it" in headline
+
+
+@pytest.mark.parametrize("mechanism", [None, "ldp", "reps"])
+def test_only_kanon_carries_the_differencing_clause(mechanism):
+    s, _ = statement_of_mode(mechanism, dp_sgd=False)
+    assert not any("k-anonymity across releases" in n for n in s.not_covered)
