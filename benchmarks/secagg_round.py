@@ -1,36 +1,90 @@
-"""Wall time of an Orchestra round with and without SecAgg+, for several round sizes.
+"""Wall time of a SecAgg+ round with privfed's mask PRG and with Flower's, for 10 and 50 clients.
 
-Every client is sampled in every round, holds the same small amount of data
-and trains the small backbone for one local epoch, so the difference between
-the two columns is the protocol's cost (key exchange, masking, unmasking).
-A round is timed from client sampling to the aggregate being applied (the
-kNN evaluation is not included); the figure is the median over the
-training rounds, round 0 (initialisation, never secure) left out.
+privfed's SecAgg+ expands every mask with HKDF-SHA256 and AES-256-CTR
+(:mod:`privfed.secagg_masks`); Flower 1.41 uses a Mersenne Twister seeded
+with 32 bits. To time the same round under Flower's PRG, this script swaps
+Flower's function in for privfed's at both ends. Nothing else changes: same
+message flow, same seeds, same data. Three tables:
+
+1. One mask expansion, for each model's update size.
+2. The protocol alone: one SecAgg+ round in this process (the test
+   harness's direct grid, no Ray), every client sending a fixed update of
+   the model's size. This is where the PRG's share of the time is largest.
+3. Whole Orchestra rounds in Flower's simulation (``--sim-backbones``):
+   every client sampled, one local epoch on a little data; a round is timed
+   from client sampling to the aggregate being applied, the median over
+   the training rounds (round 0, never secure, left out). ``none`` is the
+   same run without SecAgg+.
+
+Each setting runs ``--repeats`` times in alternating order; the table
+gives the median and the range.
 
     python benchmarks/secagg_round.py
-    python benchmarks/secagg_round.py --clients 10 50 --rounds 3 --samples-per-client 32
+    python benchmarks/secagg_round.py --clients 10 --backbones resnet8 --sim-backbones --repeats 1
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import statistics
+import sys
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+import numpy as np
+import ray.cloudpickle
+import torch
+from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
+
 from privfed.config import build_config
+from privfed.federation import secagg_masking
+from privfed.secagg_masks import expand_mask
 from privfed.federation.simulation import simulate
-from privfed.runs import RunDirectory
+from privfed.models.network import build_network
+from privfed.orchestra.model_state import shared_state
 from privfed.run_plan import plan_run
+from privfed.secagg_settings import default_num_shares, default_threshold
+from privfed.runs import RunDirectory
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for the test harness
+from tests.federation.secagg_harness import run_round  # noqa: E402
+
+PRGS = ("none", "privfed", "flower")
 
 
-def run_one(num_clients: int, secagg: bool, args: argparse.Namespace, out: Path) -> dict:
-    config = build_config(
+def flower_expand(seed: bytes, modulus: int, shapes: list[tuple[int, ...]]) -> list:
+    """Flower's mask expansion behind privfed's signature (the baseline only)."""
+    return pseudo_rand_gen(seed, modulus, list(shapes))
+
+
+def flowers_prg_in_client(msg, context, call_next):
+    """Outer mod: this client process masks with Flower's PRG."""
+    secagg_masking.expand_mask = flower_expand
+    return call_next(msg, context)
+
+
+@contextmanager
+def flowers_prg_here() -> Iterator[None]:
+    original = secagg_masking.expand_mask
+    secagg_masking.expand_mask = flower_expand
+    try:
+        yield
+    finally:
+        secagg_masking.expand_mask = original
+
+
+def config_for(num_clients: int, backbone: str, prg: str, args: argparse.Namespace, out: Path):
+    return build_config(
         dataset=f"shapes:{num_clients * args.samples_per_client}",
         num_clients=num_clients,
         participation=1.0,
         alpha=1000.0,  # near-equal client sizes
-        backbone=args.backbone,
+        backbone=backbone,
         projection_dim=16,
         rounds=args.rounds,
         local_epochs=1,
@@ -39,44 +93,131 @@ def run_one(num_clients: int, secagg: bool, args: argparse.Namespace, out: Path)
         num_local_centroids=4,
         num_global_centroids=16,
         eval_every=args.rounds,
-        secagg=secagg,
+        secagg=prg != "none",
         out=str(out),
         device="cpu",
     )
-    summary = simulate(plan_run(config))
+
+
+def run_one(num_clients: int, backbone: str, prg: str, args: argparse.Namespace, out: Path) -> dict:
+    plan = plan_run(config_for(num_clients, backbone, prg, args, out))
+    if prg == "flower":
+        with flowers_prg_here():
+            summary = simulate(plan, outer_mods=[flowers_prg_in_client])
+    else:
+        summary = simulate(plan)
     training_rounds = [m for m in RunDirectory(out).metrics() if m["round"] > 0]
+    halted = sum(1 for m in training_rounds if m.get("secagg_halted"))
+    if halted or min(m["clients_completed"] for m in training_rounds) < num_clients:
+        raise RuntimeError(f"{backbone}, {num_clients} clients, {prg}: {halted} rounds halted or clients missing")
     return {
         "clients": num_clients,
-        "secagg": secagg,
+        "backbone": backbone,
+        "prg": prg,
         "round_s": statistics.median(m["round_seconds"] for m in training_rounds),
         "train_s": statistics.fmean(m["train_seconds"] for m in training_rounds),
-        "completed": min(m["clients_completed"] for m in training_rounds),
         "shares": summary["secure_aggregation"].get("num_shares"),
-        "threshold": summary["secure_aggregation"].get("reconstruction_threshold"),
     }
+
+
+def update_shapes(backbone: str, args: argparse.Namespace) -> list[tuple[int, ...]]:
+    """Shapes of one client's update: the model state it shares."""
+    network = build_network(config_for(10, backbone, "none", args, Path(tempfile.gettempdir())))
+    return [tuple(t.shape) for t in shared_state(network).values() if torch.is_floating_point(t)]
+
+
+def time_protocol_round(shapes: list[tuple[int, ...]], num_clients: int, prg: str) -> float:
+    """Seconds for one in-process SecAgg+ round of ``num_clients`` clients, all sending the same update."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
+        setattr(TaskIdentity, name, value)  # the harness builds Flower messages outside a Flower task
+    rng = np.random.default_rng(0)
+    update = [rng.uniform(-0.1, 0.1, shape).astype(np.float32) for shape in shapes]
+    updates = {100 + i: (update, 100) for i in range(num_clients)}  # one array set shared by all: memory
+    shares = default_num_shares(num_clients)
+    start = time.perf_counter()
+    with flowers_prg_here() if prg == "flower" else nullcontext():
+        outcome = run_round(updates, shares=shares, threshold=default_threshold(shares))
+    seconds = time.perf_counter() - start
+    if not outcome.completed:
+        raise RuntimeError(f"the in-process round with {num_clients} clients and PRG {prg} did not complete")
+    return seconds
+
+
+def time_expansion(prg, size: int, repeats: int = 5) -> float:
+    seed = bytes(range(32))
+    prg(seed, 2**32, [(size,)])  # warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        prg(seed, 2**32, [(size,)])
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[10, 50])
+    parser.add_argument("--backbones", nargs="+", default=["resnet8", "resnet18"], help="models of tables 1 and 2")
+    parser.add_argument("--sim-backbones", nargs="*", default=["resnet8"], help="models of table 3 (none: skip it)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--samples-per-client", type=int, default=32)
-    parser.add_argument("--backbone", default="resnet8")
+    parser.add_argument("--prgs", nargs="+", choices=PRGS, default=list(PRGS))
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each setting")
     args = parser.parse_args()
+    logging.getLogger("flwr").setLevel(logging.WARNING)  # one INFO line per protocol stage otherwise
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the mod runs in Ray's workers
+
+    shapes = {backbone: update_shapes(backbone, args) for backbone in {*args.backbones, *args.sim_backbones}}
+    print("1. one mask expansion, modulus 2^32 (median of 5)")
+    print(f"{'backbone':>9} {'values':>11} {'privfed ms':>10} {'flower ms':>10}")
+    for backbone in args.backbones:
+        size = sum(math.prod(shape) for shape in shapes[backbone])
+        ours, theirs = time_expansion(expand_mask, size) * 1e3, time_expansion(flower_expand, size) * 1e3
+        print(f"{backbone:>9} {size:>11,} {ours:>10.1f} {theirs:>10.1f}", flush=True)
+
+    print(f"\n2. the protocol alone: one in-process SecAgg+ round, seconds (median [min-max] of {args.repeats})")
+    print(f"{'backbone':>9} {'clients':>7} {'privfed s':>20} {'flower s':>20} {'ratio':>6}")
+    for backbone in args.backbones:
+        for num_clients in args.clients:
+            times: dict[str, list[float]] = {"privfed": [], "flower": []}
+            for repeat in range(args.repeats):
+                for prg in ("privfed", "flower") if repeat % 2 == 0 else ("flower", "privfed"):
+                    times[prg].append(time_protocol_round(shapes[backbone], num_clients, prg))
+            ours, theirs = statistics.median(times["privfed"]), statistics.median(times["flower"])
+            cells = [f"{statistics.median(t):.2f} [{min(t):.2f}-{max(t):.2f}]" for t in times.values()]
+            print(f"{backbone:>9} {num_clients:>7} {cells[0]:>20} {cells[1]:>20} {ours / theirs:>5.3f}x", flush=True)
+    if not args.sim_backbones:
+        return
+
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for num_clients in args.clients:
-            for secagg in (False, True):
-                rows.append(run_one(num_clients, secagg, args, Path(tmp) / f"k{num_clients}-{secagg}"))
-    print(f"{args.backbone}, {args.samples_per_client} samples per client, 1 local epoch, all clients sampled")
-    print(f"{'clients':>7} {'secagg':>6} {'shares/threshold':>16} {'round s (median)':>16} {'client train s':>14} {'overhead':>8}")
-    plain = {r["clients"]: r["round_s"] for r in rows if not r["secagg"]}
+        for backbone in args.sim_backbones:
+            for num_clients in args.clients:
+                for repeat in range(args.repeats):
+                    # Alternate the order, so a drift in machine load does not favour one PRG.
+                    for prg in args.prgs if repeat % 2 == 0 else args.prgs[::-1]:
+                        out = Path(tmp) / f"{backbone}-k{num_clients}-{prg}-{repeat}"
+                        rows.append(run_one(num_clients, backbone, prg, args, out))
+                        print(f"  done: {backbone} {num_clients} clients, PRG {prg}, repeat {repeat}: "
+                              f"{rows[-1]['round_s']:.2f} s/round", flush=True)
+    print(f"\n3. whole Orchestra rounds in simulation: {args.samples_per_client} samples per client, 1 local epoch, "
+          f"all clients sampled; per run the median "
+          f"of {args.rounds - 1} training rounds, then the median over {args.repeats} runs (min-max in brackets)")
+    print(f"{'backbone':>9} {'clients':>7} {'PRG':>8} {'shares':>6} {'round s':>22} {'train s':>8} {'vs flower':>9}")
+    cells: dict[tuple[str, int, str], list[dict]] = {}
     for r in rows:
-        protocol = f"{r['shares']}/{r['threshold']}" if r["secagg"] else "-"
-        overhead = f"{r['round_s'] / plain[r['clients']]:.2f}x" if r["secagg"] else "-"
+        cells.setdefault((r["backbone"], r["clients"], r["prg"]), []).append(r)
+    medians = {key: statistics.median(r["round_s"] for r in runs) for key, runs in cells.items()}
+    for (backbone, clients, prg), runs in cells.items():
+        times = [r["round_s"] for r in runs]
+        base = medians.get((backbone, clients, "flower"))
+        ratio = f"{medians[backbone, clients, prg] / base:.3f}x" if base and prg != "none" else "-"
+        spread = f"{medians[backbone, clients, prg]:.2f} [{min(times):.2f}-{max(times):.2f}]"
         print(
-            f"{r['clients']:>7} {str(r['secagg']):>6} {protocol:>16} {r['round_s']:>16.2f} "
-            f"{r['train_s']:>14.2f} {overhead:>8}"
+            f"{backbone:>9} {clients:>7} {prg:>8} {str(runs[0]['shares'] or '-'):>6} {spread:>22} "
+            f"{statistics.fmean(r['train_s'] for r in runs):>8.2f} {ratio:>9}"
         )
 
 
