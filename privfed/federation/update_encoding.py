@@ -220,8 +220,8 @@ def encode_metrics(metrics: dict[str, float], *, clipping_range: float) -> np.nd
 
     Summed by SecAgg+ like the update, they reach the server as the round's
     weighted means; over rounds whose cohorts change, these let the server
-    solve for each client's own values up to one common offset (see
-    ``tests/federation/test_metric_attribution.py``). ``present`` lets a
+    solve for each client's own values up to one common offset
+    (``tests/federation/test_update_encoding.py``). ``present`` lets a
     metric some clients do not report (no step taken, a term switched off)
     average over the clients that do; whether a client reports a metric
     follows from its public size and the run's method. Values beyond the
