@@ -40,6 +40,7 @@ def run_one(num_clients: int, secagg: bool, args: argparse.Namespace, out: Path)
         num_global_centroids=16,
         eval_every=args.rounds,
         secagg=secagg,
+        report_client_metrics=True,  # the client train time column; 16 more values in the masked sum
         out=str(out),
         device="cpu",
     )
