@@ -147,7 +147,7 @@ def _metrics_fact(*, dp_sgd: bool, secagg: bool, releases: bool, objective: Obje
         "timings)"
     )
     if not secagg:
-        return f"the {reported} each client reports in plaintext every round (--report-client-metrics)"
+        return f"with --report-client-metrics, the {reported} each client reports in plaintext every round"
     plain = (
         "; in rounds sent as initialisation (round 0, or any round the server labels so), which have no secure "
         "sum, each client's release time in plaintext"
@@ -155,8 +155,8 @@ def _metrics_fact(*, dp_sgd: bool, secagg: bool, releases: bool, objective: Obje
         else ""
     )
     return (
-        f"the round's weighted means of the clients' {reported} (--report-client-metrics), summed inside SecAgg+ "
-        "like the update: not a DP bound, and not hidden per client either, since over rounds whose cohorts change "
+        f"with --report-client-metrics, the round's weighted means of the clients' {reported}, summed inside "
+        "SecAgg+ like the update: not a DP bound, and not hidden per client either, since over rounds whose cohorts change "
         f"the server can solve the means for each client's own values up to one common offset{plain}"
     )
 
