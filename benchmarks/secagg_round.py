@@ -94,6 +94,7 @@ def config_for(num_clients: int, backbone: str, prg: str, args: argparse.Namespa
         num_global_centroids=16,
         eval_every=args.rounds,
         secagg=prg != "none",
+        report_client_metrics=True,  # the client train time column; 16 more values in the masked sum
         out=str(out),
         device="cpu",
     )

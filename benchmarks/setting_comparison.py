@@ -70,7 +70,9 @@ def ensure_run(config_file: Path, overrides: dict[str, Any], seed: int, out: Pat
         if out.is_dir() and reason != "no summary.json":
             print(f"  {out.name}: {reason}; training it again", flush=True)
             shutil.rmtree(out)
-        simulate(plan_run(build_config(config_file, **overrides, seed=seed, out=str(out))))
+        # The rows read the clients' metrics (target entropy, timings), which they send only when asked to.
+        options = {"report_client_metrics": True, **overrides}
+        simulate(plan_run(build_config(config_file, **options, seed=seed, out=str(out))))
         if (problem := incomplete(out)) is not None:
             raise RuntimeError(f"{out.name} did not complete: {problem}")
     return json.loads((out / "summary.json").read_text())

@@ -147,6 +147,15 @@ class TrainConfig:
         "SecAgg+: seconds to wait for the replies of each protocol stage (set it for real deployments).",
         default_text="wait for all",
     )
+    # what clients report besides their update and release
+    report_client_metrics: bool = option(
+        False,
+        "Clients also send their per-round training metrics (losses, target entropy, centroid cosine, step counts, "
+        "timings) for metrics.jsonl and curves.png. Off by default: under SecAgg+ the server gets each round's means, "
+        "and over rounds whose cohorts change it can solve these for every client's own values (up to one common "
+        "offset); without SecAgg+ they travel per client in plaintext. Under DP-SGD only step counts and timings "
+        "are ever sent. Clients follow the declared run's value and refuse a server that sets another.",
+    )
     # DP-SGD on clients (Opacus)
     dp_sgd: bool = option(False, "Train clients with DP-SGD (Opacus: per-sample clipping and Gaussian noise).")
     max_grad_norm: float = option(1.0, "DP-SGD: per-sample gradient clipping norm.")

@@ -26,15 +26,21 @@ DPI = 100
 
 @dataclass(frozen=True)
 class Panel:
-    """One plot of the figure: metrics against the round, drawn with the given line styles."""
+    """One plot of the figure: metrics against the round, drawn with the given line styles; ``missing`` says why
+    a panel no run logged is empty."""
 
     title: str
     metrics: tuple[tuple[str, str], ...]  # (metrics.jsonl key, line style)
+    missing: str = "not logged by these runs"
 
 
 PANELS = (
     Panel("kNN accuracy", (("knn_accuracy", "-o"),)),
-    Panel("loss: cluster (solid), rotation (dashed)", (("cluster_loss", "-"), ("rotation_loss", "--"))),
+    Panel(
+        "loss: cluster (solid), rotation (dashed)",
+        (("cluster_loss", "-"), ("rotation_loss", "--")),
+        "not logged: clients send losses only with --report-client-metrics",
+    ),
     Panel("epsilon spent by the worst-case client", (("privacy_epsilon", "-"),)),
     Panel("round time (s)", (("round_seconds", "-"),)),
 )
@@ -126,7 +132,7 @@ def plot_curves(runs: list[RunCurves], path: Path, *, title: str | None = None) 
         ax.tick_params(labelsize=7)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if not drawn:
-            ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+            ax.text(0.5, 0.5, panel.missing, ha="center", va="center", transform=ax.transAxes, fontsize=8)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     if not handles:
         handles, labels = axes.flat[1].get_legend_handles_labels()

@@ -240,7 +240,7 @@ class RunDriver:
             **report.server_stats,
         }
         for key in (*STEP_VALUES, "train_seconds", "release_seconds"):
-            if key not in record:  # SecAgg+ rounds bring the means of the secure sum in server_stats
+            if key not in record:  # SecAgg+ rounds bring the means of the secure sum in server_stats (if reported)
                 record[key] = _mean([m[key] for m in report.client_metrics if key in m])
         if report.unusable is not None and self.stop_reason is None:
             self.stop_reason = report.unusable  # summary.json's stopped_early says why the run ended
@@ -419,6 +419,7 @@ class RunDriver:
             k=self.ledger.min_k,
             secagg=self.plan.secagg is not None,
             objective=self.method.objective,
+            report_metrics=self.config.report_client_metrics,
         )
         dp_sgd = None
         if plan.dp_sgd is not None and worst is not None:

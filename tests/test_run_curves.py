@@ -9,7 +9,7 @@ import pytest
 from matplotlib.image import imread
 
 from privfed.config import build_config
-from privfed.run_curves import DPI, FIGURE_SIZE, RunCurves, plot_curves, run_label, save_run_curves
+from privfed.run_curves import DPI, FIGURE_SIZE, PANELS, RunCurves, plot_curves, run_label, save_run_curves
 from privfed.runs import RunDirectory
 
 
@@ -66,6 +66,18 @@ def test_a_finished_runs_knn_curve_starts_at_the_untrained_encoder(tmp_path):
 def test_a_loss_that_is_off_is_not_drawn_as_zero(tmp_path):
     curves = RunCurves("rotpred", [{"round": r, "cluster_loss": 0.0, "rotation_loss": 1.0} for r in range(3)])
     assert curves.series("cluster_loss") == ([], []) and curves.series("rotation_loss")[0] == [0, 1, 2]
+
+
+def test_a_run_whose_clients_sent_no_metrics_is_drawn_with_its_loss_panel_saying_why(tmp_path):
+    """By default clients send no losses (--report-client-metrics), so metrics.jsonl logs them as null."""
+    run = RunDirectory(tmp_path / "run")
+    run.create(build_config(out=str(run.path)))
+    for r in range(3):
+        run.append_metrics({"round": r, "round_seconds": 5.0, "loss": None, "cluster_loss": None, "rotation_loss": None})
+    curves = RunCurves.of(run.path)
+    assert curves.series("cluster_loss") == ([], []) and curves.series("round_seconds")[0] == [0, 1, 2]
+    assert PANELS[1].missing.endswith("--report-client-metrics")
+    assert save_run_curves(run) == run.path / "curves.png"
 
 
 def test_labels_name_what_tells_runs_apart():

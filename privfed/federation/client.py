@@ -9,7 +9,9 @@ inside ``client_update`` and never reaches the reply.
 
 When the server runs SecAgg+, privfed's SecAgg+ mod (:mod:`privfed.federation.secagg_client`) masks the delta
 before it leaves the node; the client first rescales it so that nothing is
-clipped (:mod:`privfed.federation.update_encoding`).
+clipped (:mod:`privfed.federation.update_encoding`). The client's training
+metrics stay on the client unless the declared run reports them
+(``--report-client-metrics``, :func:`reported_metrics`).
 """
 
 from __future__ import annotations
@@ -178,12 +180,14 @@ class OrchestraClient(Client):
             logger.error("client %d, round %s: update failed: %s", self.client_id, ins.config["round"], err)
             raise ClientRoundFailed(ROUND_FAILED) from None
         arrays = [] if update.delta is None else state_to_arrays(update.delta, keys)
-        metrics = update.metrics
+        report = (config if self.declared is None else self.declared.client_config).report_client_metrics
+        metrics = reported_metrics(update.metrics, report=report)
         if arrays and "secagg_scales" in ins.config:
-            # The training metrics join the masked sum; only their round means reach the server.
-            secure = encode_metrics(metrics, clipping_range=float(ins.config["secagg_clipping_range"]))
-            arrays = [*prepare_for_secagg(arrays, ins.config, update.num_samples), secure]
-            metrics = {k: v for k, v in metrics.items() if k not in SECURE_METRIC_SCALES}
+            arrays = prepare_for_secagg(arrays, ins.config, update.num_samples)
+            if report:
+                # The training metrics join the masked sum, which shows the server their round means.
+                arrays.append(encode_metrics(metrics, clipping_range=float(ins.config["secagg_clipping_range"])))
+                metrics = {k: v for k, v in metrics.items() if k not in SECURE_METRIC_SCALES}
         res = FitRes(
             status=Status(code=Code.OK, message="ok"),
             parameters=ndarrays_to_parameters(arrays),
@@ -254,6 +258,19 @@ class OrchestraClient(Client):
             batch_size=config.local.batch_size, epochs=config.local.epochs, num_samples=num_samples, train=train,
             unreleased=unreleased, on_charge=lambda: declared.replies.begin(declared.run, round_index, digest),
         )
+
+
+def reported_metrics(metrics: dict[str, float], *, report: bool) -> dict[str, float]:
+    """The training metrics a client sends: none unless its declared run reports them.
+
+    Off by default, with or without SecAgg+: the server needs no client's
+    loss to run Orchestra, and means over cohorts that change from round to
+    round let the server solve for each client's own values. Step counts and
+    timings stay home too: the counts follow from the public sizes, so the
+    server can compute them, and a release's time depends on the data (an
+    iterative clustering's convergence).
+    """
+    return dict(metrics) if report else {}
 
 
 def check_secagg_encoding(fit: dict, declared: SecAggPlusSettings, keys: list[str]) -> None:

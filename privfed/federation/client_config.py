@@ -36,6 +36,9 @@ class ClientConfig:
         num_local_centroids: ``L``.
         device: ``auto``, ``cpu`` or ``cuda``.
         threads: CPU threads a client may use.
+        report_client_metrics: Whether the client sends its training metrics
+            (``--report-client-metrics``). A declared client follows its declared
+            run's value and refuses instructions that carry another.
     """
 
     split: FederatedSplit
@@ -51,6 +54,7 @@ class ClientConfig:
     num_local_centroids: int
     device: str
     threads: int
+    report_client_metrics: bool
 
     @classmethod
     def of(cls, config: TrainConfig) -> ClientConfig:
@@ -68,6 +72,7 @@ class ClientConfig:
             num_local_centroids=config.num_local_centroids,
             device=config.device,
             threads=max(1, int(config.client_cpus)),
+            report_client_metrics=config.report_client_metrics,
         )
 
     def differences(self, other: ClientConfig) -> list[str]:

@@ -8,7 +8,8 @@ shape, dtype, finiteness, unit norm, count and total weight (bounded by what
 the mechanism could honestly send from the representations its memory
 holds: at most ``memory_size``, :meth:`ReplyRules.most_reps`), its
 privacy events (exactly the plan's; the server charges its own copy), its
-DP-SGD events, its metrics (each known key with a value of its type) and
+DP-SGD events, its metrics (each known key with a value of its type, and
+training metrics only in a run that reports them) and
 the model delta's arrays: without SecAgg+, their count, shapes, dtype,
 finiteness and size; under SecAgg+, the masked vector's count, shapes and
 integer range (:func:`check_masked_vector`). A
@@ -73,6 +74,8 @@ class ReplyRules:
         min_k: The smallest anonymity set a k-anonymous release may have.
         dp_sgd: The DP-SGD plan (None without DP-SGD); gives each client's round events.
         memory_size: How many representations a client's memory holds (None: no cap but the client's size).
+        client_metrics: Whether clients send training metrics (``--report-client-metrics``); without it a reply
+            that carries one departs from the plan.
     """
 
     client_sizes: tuple[int, ...]
@@ -84,6 +87,7 @@ class ReplyRules:
     min_k: int | None = None
     dp_sgd: DpSgdPlan | None = None
     memory_size: int | None = None
+    client_metrics: bool = False
 
     def most_reps(self, size: int) -> int:
         """The most representations a client of ``size`` examples hands its mechanism.
@@ -115,6 +119,7 @@ class ReplyRules:
             min_k=None if minimum is None else int(minimum),
             dp_sgd=plan.privacy.dp_sgd,
             memory_size=config.memory_size,
+            client_metrics=config.report_client_metrics,
         )
 
 
@@ -192,7 +197,7 @@ def _check_reply(
     size = rules.client_sizes[client]
     if not _is_int(res.num_examples) or res.num_examples != size:
         raise RejectedReply(f"num_examples {res.num_examples!r} is not the client's {size} examples")
-    numeric = _numeric_metrics(metrics)
+    numeric = _numeric_metrics(metrics, reported=rules.client_metrics)
     training_events = _training_events(metrics, rules=rules, size=size, train=train)
     release = _release(metrics, rules=rules, size=size)
     delta = None if delta_shapes is None else _delta(res, delta_shapes, train=train)
@@ -203,11 +208,14 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def _numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+def _numeric_metrics(metrics: dict[str, Any], *, reported: bool) -> dict[str, float]:
     known = NUMERIC_METRICS | {"client_id", ROUND_KEY, "dp_sgd_events", *RELEASE_KEYS}
     unknown = sorted(k for k in metrics if k not in known)
     if unknown:
         raise RejectedReply(f"unknown metrics {unknown[:5]}")
+    unasked = sorted(NUMERIC_METRICS & metrics.keys()) if not reported else []
+    if unasked:
+        raise RejectedReply(f"training metrics {unasked[:5]}, which this run does not report")
     numeric: dict[str, float] = {}
     for key in NUMERIC_METRICS & metrics.keys():
         value = metrics[key]

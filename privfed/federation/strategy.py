@@ -257,8 +257,8 @@ class OrchestraStrategy(Strategy):
         return reason
 
     def masked_vector_shapes(self) -> list[tuple[int, ...]]:
-        """A SecAgg+ masked vector's arrays: Flower's weight factor, then the encoded update's."""
-        return [(1,), *secure_sum_shapes(self._shapes)]
+        """A SecAgg+ masked vector's arrays: Flower's weight factor, then the encoded update's (and metrics')."""
+        return [(1,), *secure_sum_shapes(self._shapes, metrics=self.client_config.report_client_metrics)]
 
     def note_replies(self, results: list[tuple[ClientProxy, FitRes]]) -> None:
         """Replies that reached the server during secure aggregation (their releases are disclosed)."""
@@ -347,9 +347,11 @@ class OrchestraStrategy(Strategy):
             )
             for _, res, _ in results
         ]
-        # The last array is the clients' training metrics (encode_metrics), summed like the update.
+        # With --report-client-metrics the last array is the clients' training metrics (encode_metrics).
+        metrics = self.client_config.report_client_metrics
         decoded = decode_aggregate(
-            first[:-1], self.scales, weight_ratios=weight_ratios, clipping_range=self.secagg.clipping_range
+            first[:-1] if metrics else first, self.scales, weight_ratios=weight_ratios,
+            clipping_range=self.secagg.clipping_range,
         )
         rejected = [k for k, bad in zip(self._keys, decoded.overflow) if bad]
         if rejected:
@@ -366,7 +368,7 @@ class OrchestraStrategy(Strategy):
         stats = {
             "secagg_rejected_tensors": float(len(rejected)),
             "secagg_max_scale": float(self.scales.max()),
-            **decode_metrics(first[-1]),
+            **(decode_metrics(first[-1]) if metrics else {}),
         }
         return (None if rejected else arrays_to_state(decoded.mean, self._keys)), stats
 

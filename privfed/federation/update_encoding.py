@@ -13,10 +13,13 @@ securely like everything else:
 * ``high``: it used more than half of the range.
 
 Each client divides its indicators by its own weight ratio, so a raised
-indicator adds exactly one to the sum whoever raised it. The server learns
-how many clients raised each indicator and nothing else: client sizes are
-public, and had the indicators been weighted like the update, their sum
-would be a subset sum of known sizes that usually names the clients. When a
+indicator adds exactly one to the sum whoever raised it. In one round the
+server learns how many clients raised each indicator, not which: client
+sizes are public, and had the indicators been weighted like the update,
+their sum would be a subset sum of known sizes that usually names the
+clients. Across rounds the counts are sums over known cohorts, so they can
+still be attributed to clients (a count of 0 or of the whole cohort names
+every member's flag; see docs/privacy.md). When a
 tensor overflowed the server applies none of the round's update, and it
 grows the scales of tensors that overflowed or ran high, so the next rounds fit (see
 :func:`next_scales`).
@@ -111,10 +114,11 @@ def encode_update(
     return [*scaled, overflow, high]
 
 
-def secure_sum_shapes(tensor_shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
-    """The shapes of the arrays a client hands to SecAgg+: :func:`encode_update`'s, then :func:`encode_metrics`'."""
+def secure_sum_shapes(tensor_shapes: list[tuple[int, ...]], *, metrics: bool) -> list[tuple[int, ...]]:
+    """The shapes of the arrays a client hands to SecAgg+: :func:`encode_update`'s, then, when the run reports
+    client metrics (``--report-client-metrics``), :func:`encode_metrics`'."""
     indicators = (len(tensor_shapes),)
-    return [*tensor_shapes, indicators, indicators, (2 * len(SECURE_METRIC_SCALES),)]
+    return [*tensor_shapes, indicators, indicators, *([(2 * len(SECURE_METRIC_SCALES),)] if metrics else [])]
 
 
 @dataclass(frozen=True)
@@ -196,8 +200,9 @@ def next_scales(scales: np.ndarray, decoded: DecodedAggregate) -> np.ndarray:
     return scales * growth
 
 
-#: Training metrics that travel inside the secure sum in SecAgg+ rounds, each
-#: divided by a public scale so that typical values fit the clipping range.
+#: Training metrics that travel inside the secure sum in SecAgg+ rounds of a run
+#: that reports them (``--report-client-metrics``), each divided by a public
+#: scale so that typical values fit the clipping range.
 SECURE_METRIC_SCALES: dict[str, float] = {
     "loss": 16.0,
     "cluster_loss": 16.0,
@@ -213,8 +218,10 @@ SECURE_METRIC_SCALES: dict[str, float] = {
 def encode_metrics(metrics: dict[str, float], *, clipping_range: float) -> np.ndarray:
     """A client's training metrics as one more array of the secure sum: ``[value / scale, present]`` per metric.
 
-    Summed by SecAgg+ like the update, they reach the server only as the
-    round's weighted means, never one client's own values. ``present`` lets a
+    Summed by SecAgg+ like the update, they reach the server as the round's
+    weighted means; over rounds whose cohorts change, these let the server
+    solve for each client's own values up to one common offset
+    (``tests/federation/test_update_encoding.py``). ``present`` lets a
     metric some clients do not report (no step taken, a term switched off)
     average over the clients that do; whether a client reports a metric
     follows from its public size and the run's method. Values beyond the

@@ -2,7 +2,8 @@
 
 Given the global state, it trains (or, in round 0, only computes
 representations), asks the mechanism what may leave the client, and returns
-exactly what will be sent: a model delta, the mechanism's release, metrics.
+exactly what may be sent: a model delta, the mechanism's release, metrics
+(which the client sends only in a run with ``--report-client-metrics``).
 The memory of representations is dropped here and never returned. A method
 that does not cluster (:mod:`privfed.methods`) has no mechanism:
 its clients release nothing, and its round 0 does nothing.
@@ -41,7 +42,8 @@ class ClientUpdate:
         delta: Model update (None in round 0).
         release: What the mechanism made of the memory (None: the method releases nothing).
         num_samples: The client's dataset size (public: the FedAvg weight).
-        metrics: Diagnostics; under DP-SGD only :data:`DP_SGD_METRICS`.
+        metrics: Diagnostics; under DP-SGD only :data:`DP_SGD_METRICS`. Sent only in a run that
+            reports them (:func:`privfed.federation.client.reported_metrics`).
         privacy_events: The DP-SGD cost of this round's update (empty
             without DP-SGD, and in round 0, which does not train).
     """

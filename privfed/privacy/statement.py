@@ -127,34 +127,51 @@ def _release_clauses(
     return [], [f"released vectors ({name}): no guarantee{raw}; they are not in the epsilon"]
 
 
-def _public_facts(*, dp_sgd: bool, secagg: bool, releases: bool, objective: Objective) -> list[str]:
-    """What no part of the run protects: sizes and participation, and the metrics clients report."""
+#: Overflow and high counts of SecAgg+ rounds: a count per round, but the server knows every cohort.
+OVERFLOW_COUNTS = (
+    "per tensor, how many clients' updates overflowed or ran high in each SecAgg+ round: a count, not which "
+    "clients, but the server knows each round's cohort, so a count of 0 or of the whole cohort names every "
+    "member's flag, and across rounds whose cohorts change the counts can be attributed to clients"
+)
+
+
+def _public_facts(
+    *, dp_sgd: bool, secagg: bool, releases: bool, objective: Objective, report_metrics: bool
+) -> list[str]:
+    """What no part of the run protects: sizes and participation, overflow counts, and any metrics clients report."""
     facts = [
         "each client's dataset size (public: it weighs the FedAvg average), which rounds it took part in, whether "
         "its round failed or was refused (a refusal for the budget also shows that the client's ledger ran out, "
         "counting every run that shares it), and when its reply arrived"
     ]
+    if report_metrics:
+        facts.append(_metrics_fact(dp_sgd=dp_sgd, secagg=secagg, releases=releases, objective=objective))
+    if secagg:
+        facts.append(OVERFLOW_COUNTS)
+    return facts
+
+
+def _metrics_fact(*, dp_sgd: bool, secagg: bool, releases: bool, objective: Objective) -> str:
+    """What the training metrics of ``--report-client-metrics`` reveal."""
     reported = (
         "step counts and wall-clock timings (their losses are not reported)"
         if dp_sgd
         else f"training metrics ({_data_metrics(objective)}: averages computed from their data; step counts and "
         "timings)"
     )
-    if secagg:
-        plain = (
-            "; in rounds sent as initialisation (round 0, or any round the server labels so), which have no secure "
-            "sum, each client's release time in plaintext"
-            if releases
-            else ""
-        )
-        facts.append(
-            f"the round's weighted means of the clients' {reported}, summed inside SecAgg+ like the update (no "
-            f"client's own values, but not a DP bound), and per tensor how many clients' updates overflowed or ran "
-            f"high{plain}"
-        )
-    else:
-        facts.append(f"the {reported} each client reports in plaintext every round")
-    return facts
+    if not secagg:
+        return f"with --report-client-metrics, the {reported} each client reports in plaintext every round"
+    plain = (
+        "; in rounds sent as initialisation (round 0, or any round the server labels so), which have no secure "
+        "sum, each client's release time in plaintext"
+        if releases
+        else ""
+    )
+    return (
+        f"with --report-client-metrics, the round's weighted means of the clients' {reported}, summed inside "
+        "SecAgg+ like the update: not a DP bound, and not hidden per client either, since over rounds whose cohorts change "
+        f"the server can solve the means for each client's own values up to one common offset{plain}"
+    )
 
 
 def _data_metrics(objective: Objective) -> str:
@@ -228,6 +245,7 @@ def privacy_statement(
     k: int | None,
     secagg: bool = True,
     objective: Objective = Objective(),
+    report_metrics: bool = False,
 ) -> PrivacyStatement:
     """Builds the statement for one run.
 
@@ -241,7 +259,8 @@ def privacy_statement(
         k: Smallest anonymity-set size of k-anonymous releases, if any.
         secagg: Whether encoder updates went through secure aggregation.
         objective: The run's method's objective: which metrics its clients
-            report, and whether they train on their labels.
+            compute, and whether they train on their labels.
+        report_metrics: Whether clients send those metrics (``--report-client-metrics``).
     """
     if (dp_sgd or (mechanism is not None and mechanism.is_differentially_private())) and worst is None:
         raise ValueError("a run with a DP part needs the ledger's worst case")
@@ -258,7 +277,9 @@ def privacy_statement(
             "the clients' labels: supervised FedAvg trains the classifier and the backbone on them, so each "
             "update carries the client's label distribution (e.g. which classes it holds)"
         )
-    not_covered += _public_facts(dp_sgd=dp_sgd, secagg=secagg, releases=mechanism is not None, objective=objective)
+    not_covered += _public_facts(
+        dp_sgd=dp_sgd, secagg=secagg, releases=mechanism is not None, objective=objective, report_metrics=report_metrics
+    )
     not_covered.append(DEVIATING_SERVER)
     text = _headline(mechanism, dp_sgd=dp_sgd, worst=worst, k=k) + " Not covered: " + "; ".join(not_covered) + "."
     return PrivacyStatement(text=text, covers=tuple(covers), not_covered=tuple(not_covered))

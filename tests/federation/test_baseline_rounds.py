@@ -16,6 +16,7 @@ def test_the_strategy_averages_a_baselines_updates_and_records_no_release(tmp_pa
     config = build_config(
         dataset="shapes:300", num_clients=4, participation=0.5, projection_dim=16, local_epochs=1, batch_size=16,
         memory_size=32, num_local_centroids=4, num_global_centroids=8, rounds=1, secagg=False, seed=0, method=method,
+        report_client_metrics=True,
     )
     round_ = honest_round(config, tmp_path / "run")
     start = shared_state(round_.strategy.server.network)

@@ -21,7 +21,7 @@ def test_a_baseline_trains_under_secagg_and_releases_nothing(tmp_path, method):
     config = build_config(
         dataset="shapes:200", num_clients=4, participation=0.5, rounds=2, local_epochs=1, batch_size=16,
         memory_size=32, num_local_centroids=4, num_global_centroids=8, projection_dim=16, eval_every=1,
-        method=method, out=str(tmp_path / method), seed=0,
+        method=method, out=str(tmp_path / method), seed=0, report_client_metrics=True,  # the losses, as round means
     )
     summary = simulate(plan_run(config))
     assert summary["method"] == {**summary["method"], "name": method, "loss": method, "releases": False}

@@ -19,7 +19,7 @@ from flwr.common import FitRes, bytes_to_ndarray, ndarrays_to_parameters, parame
 from mechanisms import registry
 from privfed.federation.client import OrchestraClient
 from privfed.federation.client_config import ClientConfig
-from privfed.federation.messages import decode_release, has_release
+from privfed.federation.messages import RELEASE_KEYS, decode_release, has_release
 from privfed.federation.strategy import OrchestraStrategy
 from privfed.methods import NO_CENTROIDS, get_method
 from privfed.models import OrchestraNetwork
@@ -167,25 +167,59 @@ def test_a_failed_round_tells_the_server_nothing_about_the_clients_data(tiny_con
 
 
 
-def test_under_secagg_a_training_reply_carries_no_training_metric_in_plaintext(tiny_config):
-    """The losses, entropy, cosine, steps and timings travel inside the masked sum instead."""
-    from privfed.federation.update_encoding import SECURE_METRIC_SCALES
+def reply_to(config, task: str = "train") -> tuple[FitRes, int]:
+    """The real client's reply to the real strategy's instructions, and how many tensors the update has."""
     from privfed.secagg_settings import secagg_settings
 
-    config = tiny_config.replace(secagg=True)
     torch.manual_seed(0)
     network = OrchestraNetwork(config.backbone, config.projection_dim)
     server = OrchestraServer(network, num_global_centroids=8, seed=0)
-    server.initialised = True
-    server.centroids = F.normalize(torch.randn(8, config.projection_dim), dim=1)
+    if task == "train":
+        server.initialised = True
+        server.centroids = F.normalize(torch.randn(8, config.projection_dim), dim=1)
     strategy = OrchestraStrategy(
         server, ClientConfig.of(config), on_round_end=lambda report: None,
         clients_per_round=config.clients_per_round, seed=config.seed,
-        secagg=secagg_settings(config, [100] * config.num_clients),
+        secagg=secagg_settings(config, [100] * config.num_clients) if config.secagg else None,
     )
     state = ndarrays_to_parameters([server.global_state()[k].numpy() for k in shared_keys(network)])
-    res = OrchestraClient(client_id=1).fit(strategy.fit_instructions(server_round=2, parameters=state))
-    assert not set(SECURE_METRIC_SCALES) & set(res.metrics)
+    ins = strategy.fit_instructions(server_round=2 if task == "train" else 1, parameters=state)
+    return OrchestraClient(client_id=1).fit(ins), len(shared_keys(network))
+
+
+#: What every reply's metrics hold besides the release: who answers, which round, and the DP-SGD cost (none here).
+PROTOCOL_KEYS = {"client_id", "round", "dp_sgd_events"}
+
+
+@pytest.mark.parametrize("task", ["init", "train"])
+@pytest.mark.parametrize("secagg", [True, False])
+def test_by_default_a_reply_carries_no_training_metric_with_or_without_secagg(tiny_config, secagg, task):
+    """Neither in plaintext nor in the masked sum: the reply is the update, its indicators and the release."""
+    res, tensors = reply_to(tiny_config.replace(secagg=secagg), task)
+    assert set(res.metrics) - set(RELEASE_KEYS) == PROTOCOL_KEYS
     arrays = parameters_to_ndarrays(res.parameters)
-    assert len(arrays) == len(shared_keys(network)) + 3  # the update, two indicator vectors, the metrics
-    assert arrays[-1].shape == (2 * len(SECURE_METRIC_SCALES),) and arrays[-1][1] == 1.0  # the loss is there
+    if task == "init":
+        assert arrays == []
+    elif secagg:  # the encoded update, then the overflow and high indicators, and nothing after them
+        assert len(arrays) == tensors + 2 and arrays[-1].shape == arrays[-2].shape == (tensors,)
+        raised = set(np.unique(np.concatenate(arrays[-2:]))) - {0.0}
+        assert len(raised) <= 1 and all(v >= 1 for v in raised)  # flags: 0, or 1 over the client's weight ratio
+    else:
+        assert len(arrays) == tensors
+
+
+def test_with_report_client_metrics_the_losses_travel_in_the_masked_sum_under_secagg(tiny_config):
+    from privfed.federation.update_encoding import SECURE_METRIC_SCALES
+
+    res, tensors = reply_to(tiny_config.replace(secagg=True, report_client_metrics=True))
+    assert set(res.metrics) - set(RELEASE_KEYS) == PROTOCOL_KEYS  # nothing in plaintext
+    arrays = parameters_to_ndarrays(res.parameters)
+    assert len(arrays) == tensors + 3  # the update, two indicator vectors, the metrics
+    names = list(SECURE_METRIC_SCALES)
+    present = dict(zip(names, arrays[-1][1::2]))
+    assert arrays[-1].shape == (2 * len(names),) and present["loss"] == present["steps"] == 1.0
+
+
+def test_with_report_client_metrics_and_no_secagg_each_clients_losses_travel_in_plaintext(tiny_config):
+    res, _ = reply_to(tiny_config.replace(secagg=False, report_client_metrics=True))
+    assert res.metrics["loss"] > 0 and res.metrics["steps"] >= 1 and "target_entropy" in res.metrics

@@ -71,6 +71,8 @@ def test_the_honest_servers_round_is_answered_and_charged(plan, tmp_path):
         (lambda c: dataclasses.replace(c, mechanism="reps"), "mechanism"),
         (lambda c: dataclasses.replace(c, local=dataclasses.replace(c.local, epochs=c.local.epochs + 5)), "local"),
         (lambda c: dataclasses.replace(c, split=dataclasses.replace(c.split, alpha=100.0)), "split"),
+        # a server that turns metrics on behind the client's back: the declared run's value holds
+        (lambda c: dataclasses.replace(c, report_client_metrics=True), "report_client_metrics"),
     ],
 )
 def test_a_client_configuration_other_than_the_declared_one_is_refused(plan, tmp_path, change, named):
@@ -78,6 +80,14 @@ def test_a_client_configuration_other_than_the_declared_one_is_refused(plan, tmp
     with pytest.raises(RoundRefused, match=f"differs from the declared run in .*{named}"):
         client(plan, tmp_path).fit(instructions(plan, client_config=tampered))
     assert not (tmp_path / "state" / f"privfed-ledger-partition-{PARTITION}.jsonl").exists()
+
+
+@pytest.mark.parametrize("report", [False, True])
+def test_the_client_sends_training_metrics_as_its_declared_run_says(plan, tmp_path, report):
+    plan = dataclasses.replace(plan, config=plan.config.replace(report_client_metrics=report))
+    res = client(plan, tmp_path).fit(instructions(plan))
+    arrays = len(res.parameters.tensors) - len(shared_keys(OrchestraNetwork(plan.config.backbone, plan.config.projection_dim)))
+    assert arrays == (3 if report else 2)  # under SecAgg+ the metrics are one more array of the masked sum
 
 
 def test_weakened_noise_is_refused_with_a_clear_error(plan, tmp_path):

@@ -60,7 +60,7 @@ def test_metrics_has_one_record_per_round_starting_with_initialisation(run_dir):
     for record in records[1:]:
         assert record["task"] == "train"
         assert record["clients_completed"] == record["clients_sampled"] == 4
-        assert record["loss"] > 0
+        assert record["loss"] is None and record["train_seconds"] is None  # clients send no metrics by default
     assert "knn_accuracy" in records[-1]
 
 

@@ -54,7 +54,7 @@ def test_a_round_0_where_every_release_is_empty_sets_random_centroids(config, tm
 
 def test_huge_finite_metrics_do_not_overflow_the_rounds_mean(config, tmp_path):
     """Round 0's metrics travel in plaintext even under SecAgg+: two colluding clients could end a run."""
-    round_, driver = driven_round(config, tmp_path / "run")
+    round_, driver = driven_round(config.replace(report_client_metrics=True), tmp_path / "run")
     huge = {"release_seconds": 1.7e308, "train_seconds": -1.7e308}
     replies = [(Node(NODE_OFFSET + c), with_metrics(round_.reply(c), **huge)) for c in (0, 1)]
     round_.strategy.aggregate_fit(1, replies, [])

@@ -28,7 +28,7 @@ def runs(tmp_path_factory):
         config = build_config(
             dataset="shapes:200", num_clients=4, participation=0.5, rounds=2, local_epochs=1, batch_size=16,
             memory_size=32, num_local_centroids=4, num_global_centroids=8, projection_dim=16, eval_every=1,
-            method=method, out=str(root / method), seed=0,
+            method=method, out=str(root / method), seed=0, report_client_metrics=True,
         )
         summaries[method] = (simulate(plan_run(config)), root / method)
     return summaries

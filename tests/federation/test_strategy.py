@@ -18,7 +18,7 @@ import torch
 from flwr.common import FitRes, bytes_to_ndarray, ndarray_to_bytes, ndarrays_to_parameters, parameters_to_ndarrays
 
 from privfed.federation.messages import RELEASE_KEYS
-from privfed.federation.update_encoding import encode_metrics, encode_update
+from privfed.federation.update_encoding import encode_metrics, encode_update, secure_sum_shapes
 from privfed.orchestra.model_state import shared_state, state_delta
 from tests.federation.honest_round import HonestRound, Node, honest_round, small_round_config
 
@@ -138,8 +138,8 @@ HOSTILE_REPLIES: list[tuple[str, Tamper, str]] = [
     ("negative num_examples", lambda r, size: dataclasses.replace(r, num_examples=-5), "num_examples -5"),
     ("1e9 num_examples", lambda r, size: dataclasses.replace(r, num_examples=10**9), "num_examples"),
     ("one example more", lambda r, size: dataclasses.replace(r, num_examples=size + 1), "num_examples"),
-    ("nan loss", lambda r, size: with_metrics(r, loss=float("nan")), "metric loss is nan"),
-    ("loss as text", lambda r, size: with_metrics(r, loss="low"), "metric loss"),
+    ("a loss the run does not report", lambda r, size: with_metrics(r, loss=1.0),
+     r"training metrics \['loss'\], which this run does not report"),
     ("an unknown metric", lambda r, size: with_metrics(r, admin_override=1.0), "unknown metrics"),
     ("nan in the delta", lambda r, size: with_arrays(r, [poisoned(delta_of(r)[0], np.nan), *delta_of(r)[1:]]),
      "delta array 0 holds NaN or Inf"),
@@ -179,6 +179,16 @@ def test_a_hostile_reply_is_rejected_with_its_reason_and_the_round_goes_on(fresh
     assert report.rejected[0].reason and re.search(reason, report.rejected[0].reason), report.rejected[0].reason
     assert report.completed == 1 and [c for c, _ in report.releases] == [0]
     assert global_state_is_finite(fresh)
+
+
+@pytest.mark.parametrize(("value", "reason"), [(float("nan"), "metric loss is nan"), ("low", "metric loss is 'low'")])
+def test_in_a_run_that_reports_metrics_one_that_is_not_a_finite_number_is_rejected(config, tmp_path, value, reason):
+    round_ = honest_round(config.replace(report_client_metrics=True), tmp_path / "run")
+    replies = [(Node(100), round_.reply(0)), (Node(101), with_metrics(round_.reply(1), loss=value))]
+    round_.strategy.aggregate_fit(round_.server_round, replies, [])
+    (report,) = round_.reports
+    assert [(r.client, r.reason) for r in report.rejected] == [(1, f"{reason}, not a finite number")]
+    assert report.client_metrics[0]["loss"] > 0  # the honest reply's loss, as its client reported it
 
 
 def test_the_honest_replies_pass_and_are_averaged_by_size(fresh, honest):
@@ -242,24 +252,30 @@ def test_a_release_the_method_does_not_make_is_rejected(config, tmp_path, honest
     assert report.releases == []
 
 
-def test_with_secagg_the_strategy_decodes_the_one_aggregate(config, tmp_path):
-    round_ = honest_round(config.replace(secagg=True), tmp_path / "run")
+@pytest.mark.parametrize("report", [False, True])
+def test_with_secagg_the_strategy_decodes_the_one_aggregate(config, tmp_path, report):
+    round_ = honest_round(config.replace(secagg=True, report_client_metrics=report), tmp_path / "run")
     replies = {c: round_.reply(c) for c in (0, 1)}
     start = shared_state(round_.strategy.server.network)
     delta = [np.full(v.shape, 1.5) for v in start.values()]
     scales = round_.strategy.scales.copy()
     # SecAgg+ hands every reply the same weighted mean of the encoded updates; here both clients sent `delta`.
-    aggregate = [*encode_update(delta, scales, weight_ratio=1.0, clipping_range=8.0),
-                 encode_metrics({"loss": 3.0, "target_entropy": 0.5}, clipping_range=8.0)]
+    aggregate = encode_update(delta, scales, weight_ratio=1.0, clipping_range=8.0)
+    if report:  # the metrics' weighted means travel as one more array of the sum
+        aggregate.append(encode_metrics({"loss": 3.0, "target_entropy": 0.5}, clipping_range=8.0))
     round_.strategy.aggregate_fit(
         round_.server_round, [(Node(100 + c), with_arrays(replies[c], aggregate)) for c in (0, 1)], []
     )
     for key, moved in state_delta(shared_state(round_.strategy.server.network), start).items():
         assert torch.allclose(moved, torch.full_like(moved, 1.5), atol=1e-6), key
     assert np.array_equal(round_.strategy.scales, scales)  # nothing came near the clipping range
-    (report,) = round_.reports
-    assert report.server_stats["loss"] == pytest.approx(3.0) and report.server_stats["target_entropy"] == pytest.approx(0.5)
-    assert "rotation_loss" not in report.server_stats  # no client reported it
+    (logged,) = round_.reports
+    if report:
+        assert logged.server_stats["loss"] == pytest.approx(3.0)
+        assert logged.server_stats["target_entropy"] == pytest.approx(0.5)
+        assert "rotation_loss" not in logged.server_stats  # no client reported it
+    else:
+        assert not {"loss", "target_entropy", "steps", "train_seconds"} & set(logged.server_stats)
 
 
 def masked_vector(round_: HonestRound) -> list[np.ndarray]:
@@ -301,6 +317,19 @@ def test_under_secagg_a_malformed_masked_vector_is_kept_out_of_the_sum(config, t
     assert [r.client for r in round_.strategy._rejected] == [1]
 
 
+@pytest.mark.parametrize("report", [False, True])
+def test_under_secagg_the_masked_vector_holds_a_metrics_array_only_when_the_run_reports_metrics(config, tmp_path, report):
+    """The real client's vector has the form the strategy expects; one of the other setting's form is kept out."""
+    round_ = honest_round(config.replace(secagg=True, report_client_metrics=report), tmp_path / "run")
+    reply = round_.reply(1)
+    sent = [(1,), *(a.shape for a in delta_of(reply))]  # Flower puts the weight factor first
+    assert sent == round_.strategy.masked_vector_shapes()
+    assert sent == [(1,), *secure_sum_shapes(round_.strategy._shapes, metrics=report)]
+    assert round_.strategy.check_masked_reply(101, reply, [np.zeros(s, np.int64) for s in sent]) is None
+    other = [np.zeros(s, np.int64) for s in [(1,), *secure_sum_shapes(round_.strategy._shapes, metrics=not report)]]
+    assert "arrays, not" in round_.strategy.check_masked_reply(101, reply, other)
+
+
 def test_in_round_0_a_reply_with_a_model_delta_is_rejected(config, tmp_path):
     round_ = honest_round(config, tmp_path / "run", train=False)
     good, other = round_.reply(0), round_.reply(1)
@@ -318,8 +347,7 @@ def test_an_aggregate_no_honest_round_can_produce_leaves_the_model_unchanged(con
     round_ = honest_round(config.replace(secagg=True), tmp_path / "run")
     start = shared_state(round_.strategy.server.network)
     delta = [np.full(v.shape, 1.5) for v in start.values()]
-    aggregate = [*encode_update(delta, round_.strategy.scales, weight_ratio=1.0, clipping_range=8.0),
-                 encode_metrics({"loss": 3.0}, clipping_range=8.0)]
+    aggregate = encode_update(delta, round_.strategy.scales, weight_ratio=1.0, clipping_range=8.0)
     aggregate[0] = np.full_like(aggregate[0], value)
     round_.strategy.aggregate_fit(
         round_.server_round, [(Node(100 + c), with_arrays(round_.reply(c), aggregate)) for c in (0, 1)], []
@@ -340,8 +368,7 @@ def test_when_one_tensor_overflows_no_part_of_the_update_is_applied_and_its_scal
     scales = round_.strategy.scales.copy()
     delta = [np.full(v.shape, 0.5) for v in start.values()]
     delta[clipped] = np.full(delta[clipped].shape, 9.0 * scales[clipped])  # beyond the clipping range 8 after scaling
-    aggregate = [*encode_update(delta, scales, weight_ratio=1.0, clipping_range=8.0),
-                 encode_metrics({"loss": 3.0}, clipping_range=8.0)]
+    aggregate = encode_update(delta, scales, weight_ratio=1.0, clipping_range=8.0)
     aggregate[clipped] = np.clip(aggregate[clipped], -8.0, 8.0)  # SecAgg+ saturates; the indicator says so
     round_.strategy.aggregate_fit(
         round_.server_round, [(Node(100 + c), with_arrays(round_.reply(c), aggregate)) for c in (0, 1)], []

@@ -9,6 +9,7 @@ from privfed.federation.update_encoding import (
     HIGH_GROWTH,
     OVERFLOW_GROWTH,
     decode_aggregate,
+    decode_metrics,
     encode_metrics,
     encode_update,
     initial_scales,
@@ -174,8 +175,6 @@ def test_a_delta_that_is_not_finite_is_refused_before_secagg_quantises_it():
 
 
 def test_training_metrics_reach_the_server_only_as_weighted_means_over_the_clients_that_report_them():
-    from privfed.federation.update_encoding import decode_metrics, encode_metrics
-
     np.random.seed(3)
     sizes = [30, 10, 20]
     metrics = [{"loss": 4.0, "target_entropy": 0.9}, {"loss": 2.0}, {"loss": 6.0, "target_entropy": 0.3, "steps": 12.0}]
@@ -191,9 +190,78 @@ def test_training_metrics_reach_the_server_only_as_weighted_means_over_the_clien
 def test_secure_sum_shapes_are_the_shapes_a_client_hands_to_secagg():
     shapes = [(4, 3, 3, 3), (4,), ()]
     delta = [np.ones(shape) for shape in shapes]
-    arrays = [*encode_update(delta, np.ones(3), weight_ratio=0.5, clipping_range=8.0),
-              encode_metrics({"loss": 1.0}, clipping_range=8.0)]
-    assert [a.shape for a in arrays] == secure_sum_shapes(shapes)
+    arrays = encode_update(delta, np.ones(3), weight_ratio=0.5, clipping_range=8.0)
+    assert [a.shape for a in arrays] == secure_sum_shapes(shapes, metrics=False)
+    arrays.append(encode_metrics({"loss": 1.0}, clipping_range=8.0))  # --report-client-metrics
+    assert [a.shape for a in arrays] == secure_sum_shapes(shapes, metrics=True)
+
+
+#: The review's setting: 10 clients, participation 0.5, 60 rounds.
+CLIENTS, PER_ROUND, ROUNDS = 10, 5, 60
+
+
+def cohorts(seed: int = 0) -> list[list[int]]:
+    """Each round's sampled clients, drawn as the strategy draws them; the server knows every one."""
+    rng = np.random.default_rng(seed)
+    return [sorted(int(c) for c in rng.choice(CLIENTS, size=PER_ROUND, replace=False)) for _ in range(ROUNDS)]
+
+
+def cohort_weights(cohort: list[int], sizes: np.ndarray, max_weight: float) -> np.ndarray:
+    """The public weights of one round's mean: each member's SecAgg+ weight ratio over their total."""
+    weights = np.zeros(CLIENTS)
+    weights[cohort] = [ratio(int(sizes[c]), max_weight) for c in cohort]
+    return weights / weights.sum()
+
+
+def smooth_trend_basis(degree: int = 4) -> np.ndarray:
+    """``[ROUNDS, degree]`` Legendre polynomials 1..degree over the rounds (the constant is left to the clients)."""
+    t = np.linspace(-1.0, 1.0, ROUNDS)
+    return np.stack([np.polynomial.legendre.Legendre.basis(d)(t) for d in range(1, degree + 1)], axis=1)
+
+
+def test_metric_means_over_changing_cohorts_reveal_each_clients_own_loss_up_to_one_offset():
+    """The privacy statement's claim for --report-client-metrics: an honest server that knows the cohorts and the
+    public weights solves the SecAgg+ round means for every client's own loss by least squares across rounds."""
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(20, 200, size=CLIENTS)
+    max_weight = float(sizes.max())
+    own = rng.normal(0.0, 0.3, size=CLIENTS)  # each client's own level, which the round means were said to hide
+    trend = 2.0 + 1.5 * np.exp(-np.arange(ROUNDS) / 15)  # the loss falls smoothly over the run
+    losses = own[:, None] + trend[None, :] + rng.normal(0.0, 0.01, size=(CLIENTS, ROUNDS))
+    np.random.seed(4)  # SecAgg+'s stochastic rounding
+    means, rows = [], []
+    for r, cohort in enumerate(cohorts()):
+        encoded = [[encode_metrics({"loss": float(losses[c, r])}, clipping_range=8.0)] for c in cohort]
+        (aggregate,) = secagg_sum(encoded, [int(sizes[c]) for c in cohort], max_weight=max_weight, clipping_range=8.0)
+        means.append(decode_metrics(aggregate)["loss"])  # what the server logs for the round
+        rows.append(cohort_weights(cohort, sizes, max_weight))
+    design = np.hstack([np.array(rows), smooth_trend_basis()])
+    solution, *_ = np.linalg.lstsq(design, np.array(means), rcond=None)
+    recovered = solution[:CLIENTS]
+    error = (recovered - recovered.mean()) - (own - own.mean())  # one common offset is all that is left unknown
+    assert np.corrcoef(recovered, own)[0, 1] > 0.99 and np.abs(error).max() < 0.05
+    # What makes it work is the changing cohort: had the same clients taken part every round, it could not.
+    fixed = np.hstack([np.array([cohort_weights(cohorts()[0], sizes, max_weight)] * ROUNDS), smooth_trend_basis()])
+    assert np.linalg.matrix_rank(fixed) < CLIENTS
+
+
+def test_overflow_counts_over_changing_cohorts_name_the_client_whose_update_overflows():
+    """Each round shows only a count; across rounds the known cohorts attribute it (the statement says so)."""
+    np.random.seed(5)
+    sizes = np.random.default_rng(1).integers(20, 200, size=CLIENTS)
+    max_weight, culprit = float(sizes.max()), 3
+    counts, rows = [], []
+    for cohort in cohorts(seed=1):
+        deltas = [[np.array([1e4 if c == culprit else 0.01])] for c in cohort]
+        encoded = [encode_update(d, np.ones(1), weight_ratio=ratio(int(sizes[c]), max_weight), clipping_range=8.0)
+                   for d, c in zip(deltas, cohort)]
+        indicators = secagg_sum(encoded, [int(sizes[c]) for c in cohort], max_weight=max_weight, clipping_range=8.0)[1:]
+        ratios = [ratio(int(sizes[c]), max_weight) for c in cohort]
+        counts.append(decode_aggregate([np.zeros(1), *indicators], np.ones(1), weight_ratios=ratios).overflow_counts[0])
+        rows.append(np.isin(np.arange(CLIENTS), cohort).astype(float))
+    assert set(counts) == {0, 1}  # no single round says who
+    rates, *_ = np.linalg.lstsq(np.array(rows), np.array(counts, dtype=float), rcond=None)
+    assert np.allclose(rates, np.eye(CLIENTS)[culprit], atol=1e-6)
 
 
 def test_an_aggregate_outside_the_clipping_range_or_not_finite_is_refused():

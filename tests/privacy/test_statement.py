@@ -51,14 +51,49 @@ def test_without_any_dp_nothing_is_claimed():
         privacy_statement(mechanism=get_mechanism_class("ldp"), dp_sgd=False, worst=None, k=None)
 
 
+@pytest.mark.parametrize("secagg", [True, False])
 @pytest.mark.parametrize("mechanism", ["ldp", "kanon", "reps"])
-def test_training_metrics_are_named_as_uncovered_unless_dp_sgd_keeps_them_home(mechanism):
+def test_by_default_no_training_metric_is_named_as_revealed(mechanism, secagg):
+    """Clients send none unless the run sets --report-client-metrics."""
+    for dp_sgd in (False, True):
+        s = privacy_statement(mechanism=get_mechanism_class(mechanism), dp_sgd=dp_sgd, worst=worst(2.0, 7.5, 8.0),
+                              k=4, secagg=secagg)
+        facts = " ".join(s.not_covered)
+        assert "training metrics" not in facts and "weighted means" not in facts and "timings" not in facts
+        assert "release time" not in facts
+
+
+@pytest.mark.parametrize("mechanism", ["ldp", "kanon", "reps"])
+def test_reported_training_metrics_are_named_as_uncovered_unless_dp_sgd_keeps_them_home(mechanism):
     needs_worst = mechanism == "ldp"
-    plain = privacy_statement(mechanism=get_mechanism_class(mechanism), dp_sgd=False,
+    plain = privacy_statement(mechanism=get_mechanism_class(mechanism), dp_sgd=False, secagg=False, report_metrics=True,
                               worst=worst(2.0, 0.0, 2.0) if needs_worst else None, k=4)
-    assert any("training metrics" in n and "plaintext" in n for n in plain.not_covered)
-    private = privacy_statement(mechanism=get_mechanism_class(mechanism), dp_sgd=True, worst=worst(2.0, 7.5, 8.0), k=4)
+    assert any("training metrics" in n and "each client reports in plaintext" in n for n in plain.not_covered)
+    private = privacy_statement(mechanism=get_mechanism_class(mechanism), dp_sgd=True, worst=worst(2.0, 7.5, 8.0),
+                                k=4, report_metrics=True)
     assert not any("training metrics" in n for n in private.not_covered)
+    assert any("step counts and wall-clock timings" in n for n in private.not_covered)
+
+
+def test_reported_metric_means_under_secagg_are_said_to_reveal_each_clients_own_values_across_rounds():
+    """tests/federation/test_update_encoding.py::test_metric_means_over_changing_cohorts_reveal_each_clients_own_loss_up_to_one_offset
+    backs the claim."""
+    s = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4, report_metrics=True)
+    (means,) = [n for n in s.not_covered if "weighted means" in n]
+    assert "over rounds whose cohorts change" in means and "each client's own values up to one common offset" in means
+    assert "no client's own values" not in s.text
+
+
+@pytest.mark.parametrize("report_metrics", [False, True])
+def test_overflow_counts_are_said_to_be_attributable_to_clients_across_rounds(report_metrics):
+    """tests/federation/test_update_encoding.py::test_overflow_counts_over_changing_cohorts_name_the_client_whose_update_overflows
+    backs the claim."""
+    s = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4,
+                          report_metrics=report_metrics)
+    (counts,) = [n for n in s.not_covered if "overflowed or ran high" in n]
+    assert "across rounds whose cohorts change the counts can be attributed to clients" in counts
+    clear = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4, secagg=False)
+    assert not any("overflowed" in n for n in clear.not_covered)  # no SecAgg+, no indicators
 
 
 def test_the_secagg_weakness_is_named_where_updates_are_not_covered():
@@ -74,7 +109,8 @@ def test_a_method_that_releases_nothing_claims_no_protection_for_it():
     assert plain.text.startswith("No guarantee: the method runs no release mechanism")
     assert plain.covers == ()  # sending nothing is not a protection of what is sent
     assert any("encoder updates: no DP-SGD" in n and "BatchNorm running statistics" in n for n in plain.not_covered)
-    assert any("step counts and timings" in n for n in plain.not_covered)
+    reported = privacy_statement(mechanism=None, dp_sgd=False, worst=None, k=None, report_metrics=True)
+    assert any("step counts and timings" in n for n in reported.not_covered)
     private = privacy_statement(mechanism=None, dp_sgd=True, worst=worst(0.0, 7.5, 7.5), k=None)
     assert private.text.startswith("Encoder updates are (7.5, 0.0001)-differentially private")
     assert "replacing one training example" in private.text and "replace-one" in private.text
@@ -100,11 +136,12 @@ EVERY_MODE = pytest.mark.parametrize(
 )
 
 
-def statement_of_mode(mechanism: str | None, dp_sgd: bool):
+def statement_of_mode(mechanism: str | None, dp_sgd: bool, **options):
     """The statement of a run with this mechanism (None: a method that releases nothing) and DP-SGD setting."""
     cls = None if mechanism is None else get_mechanism_class(mechanism)
     is_dp = dp_sgd or (cls is not None and cls.is_differentially_private())
-    return privacy_statement(mechanism=cls, dp_sgd=dp_sgd, worst=worst(2.0, 7.5, 8.0) if is_dp else None, k=6), is_dp
+    worst_case = worst(2.0, 7.5, 8.0) if is_dp else None
+    return privacy_statement(mechanism=cls, dp_sgd=dp_sgd, worst=worst_case, k=6, **options), is_dp
 
 
 @EVERY_MODE
@@ -126,11 +163,13 @@ def test_every_statement_says_it_assumes_a_server_that_follows_the_plan(mechanis
 
 @EVERY_MODE
 def test_what_travels_in_plaintext_under_secagg_is_named_and_only_what_travels(mechanism, dp_sgd):
-    """Release times go in plaintext only in initialisation rounds of a method that releases; overflow counts,
-    failures and refusals are named in every mode."""
+    """Release times go in plaintext only in initialisation rounds of a method that releases, with reported metrics;
+    overflow counts, failures and refusals are named in every mode."""
     s, _ = statement_of_mode(mechanism, dp_sgd)
     facts = " ".join(s.not_covered)
-    assert ("release time in plaintext" in facts) == (mechanism is not None)
+    assert "release time" not in facts  # no metric is sent by default
+    reported, _ = statement_of_mode(mechanism, dp_sgd, report_metrics=True)
+    assert ("release time in plaintext" in " ".join(reported.not_covered)) == (mechanism is not None)
     assert "how many clients' updates overflowed" in facts
     assert "whether its round failed or was refused" in facts
 
@@ -144,8 +183,11 @@ def test_supervised_fedavg_names_the_labels_and_each_method_only_the_metrics_it_
     for method in ("simclr", "byol", "rotpred"):
         other = privacy_statement(mechanism=None, dp_sgd=False, worst=None, k=None, objective=get_method(method).objective)
         assert not any("labels" in n for n in other.not_covered)
-        assert not any("target entropy" in n for n in other.not_covered)  # no centroids, no such metric
-    orchestra = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4)
+        reported = privacy_statement(mechanism=None, dp_sgd=False, worst=None, k=None, report_metrics=True,
+                                     objective=get_method(method).objective)
+        assert not any("target entropy" in n for n in reported.not_covered)  # no centroids, no such metric
+    orchestra = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4,
+                                  report_metrics=True)
     assert any("target entropy, centroid cosine" in n for n in orchestra.not_covered)
 
 
