@@ -118,7 +118,8 @@ def secaggplus_when_requested(msg: Message, context: Context, call_next: Callabl
     the message itself says it is a SecAgg+ round (it carries SecAgg+ scales)
     or when the node's own config requires SecAgg+ (``require-secagg``).
     A SecAgg+ training round must also carry privfed's own SecAgg+ settings,
-    which put the training metrics into the masked sum. Minimums on the
+    which encode its overflow indicators (and, if the run reports them, its
+    training metrics) into the masked sum. Minimums on the
     round's size are :func:`check_secagg_round`'s.
     """
     if msg.metadata.message_type != MessageType.TRAIN:
@@ -127,7 +128,7 @@ def secaggplus_when_requested(msg: Message, context: Context, call_next: Callabl
         check_secagg_round(msg.content.config_records[RECORD_KEY_CONFIGS], context)
         fit = msg.content.config_records.get(FIT_CONFIG_RECORD, {})
         if fit.get("task") == "train" and "secagg_scales" not in fit:
-            # privfed masks its metrics and indicators only with its own SecAgg+ settings.
+            # privfed masks its indicators (and any metrics) only with its own SecAgg+ settings.
             raise UnmaskedRoundRefused("a SecAgg+ training round without privfed's SecAgg+ settings")
         if fit.get("task") == "train":
             check_encoding_matches_setup(fit, context.state.config_records.get(RECORD_KEY_STATE))
