@@ -148,8 +148,9 @@ class NoiseParameters:
     sum_noise_multiplier: float
 
     def __post_init__(self) -> None:
-        if min(self.tree_count_parameter, self.leaf_count_parameter, self.sum_noise_multiplier) <= 0:
-            raise ValueError(f"noise parameters must be positive, got {self}")
+        values = (self.tree_count_parameter, self.leaf_count_parameter, self.sum_noise_multiplier)
+        if not all(math.isfinite(v) and v > 0 for v in values):
+            raise ValueError(f"noise parameters must be positive and finite, got {self}")
 
     def scaled(self, factor: float) -> NoiseParameters:
         """All noise multiplied by ``factor`` (> 1 means more noise)."""
