@@ -126,10 +126,10 @@ class Mechanism(abc.ABC):
     What privfed checks and what it trusts: the server recomposes the events
     of a calibrated mechanism with its own accountant, charges every release
     the events it planned, and refuses a release whose events or guarantee
-    kind differ from the plan and the class. Each client, in turn, builds
-    the mechanism from the server's parameters and compares its
-    :meth:`privacy_events` with those of its own calibration, so the events
-    must follow the parameters (less noise, costlier events). Neither can
+    kind differ from the plan and the class. Each client, in turn, accepts
+    only the parameters of its own calibration, builds the mechanism from
+    them (so the constructor must refuse noise its samplers cannot draw)
+    and charges their :meth:`privacy_events`. Neither can
     see inside :meth:`release`: that the noise drawn there is the noise
     :meth:`privacy_events` declares, and that the sensitivity is what the
     events assume, is the mechanism's own promise.

@@ -24,7 +24,9 @@ by round could choose each from what it saw before (11 releases at twice
 the noise fit where 3 declared ones do), and a PLD filter is not proven to
 hold under such choices. With every charged event the declared one, a
 client's releases are a prefix, of a length the server chooses, of the
-declared sequence, and so are its DP-SGD rounds.
+declared sequence, and so are its DP-SGD rounds. Still composed as if fixed
+in advance (``docs/privacy.md`` says so): the runs that share a ledger, and,
+under a node cap, the mix of release-only and training rounds.
 
 Every entry is charged at the run's delta, and no cap prices an entry at a
 larger delta than its own (:meth:`PrivacyLedger.pricing_delta`): a later

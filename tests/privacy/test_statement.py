@@ -146,3 +146,13 @@ def test_supervised_fedavg_names_the_labels_and_each_method_only_the_metrics_it_
         assert not any("target entropy" in n for n in other.not_covered)  # no centroids, no such metric
     orchestra = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4)
     assert any("target entropy, centroid cosine" in n for n in orchestra.not_covered)
+
+
+@EVERY_MODE
+def test_every_statement_says_clients_accept_only_their_own_calibration_and_what_the_caps_assume(mechanism, dp_sgd):
+    """The client guard refuses noisier parameters too (tests/privacy/test_client_guard.py); a cap over several runs,
+    or over a mix of releases and trainings the server picks, is PLD composition of a sequence taken as fixed."""
+    s, _ = statement_of_mode(mechanism, dp_sgd)
+    assert "parameters other than its own calibration (noisier ones too)" in s.text
+    assert "weaker than its own calibration" not in s.text
+    assert "as if that sequence had been fixed in advance" in s.text
