@@ -42,7 +42,6 @@ possible for a malicious server is in ``docs/privacy.md``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import logging
 import math
@@ -289,8 +288,8 @@ class ClientGuard:
         training: tuple[PrivacyEvent, ...] = ()
         if train and dp_sgd is not None:
             training = self.budget.training_events
-            own = round_events(num_samples, batch_size=batch_size, epochs=epochs, noise_multiplier=dp_sgd.noise_multiplier)
-            if own != training:
+            own = self.budget.dp_sgd.noise_multiplier
+            if round_events(num_samples, batch_size=batch_size, epochs=epochs, noise_multiplier=own) != training:
                 raise RoundRefused("the round's DP-SGD steps are not the declared run's (size, batch size or epochs)")
         self._check_node_cap_covers(mechanism, train, dp_sgd)
         with self._locked():
@@ -301,14 +300,11 @@ class ClientGuard:
             if last is not None and round_index <= last:
                 raise RoundRefused(f"round {round_index} of run {run} comes after round {last} was answered")
             self._check_caps(releases, training)
+            # The ledger stamps each entry with its delta, the run's.
             if mechanism is not None:
-                self.ledger.record(
-                    LedgerEntry(SELF, round_index, mechanism, _charged(mechanism), releases, run=run, delta=self.budget.delta)
-                )
+                self.ledger.record(LedgerEntry(SELF, round_index, mechanism, _charged(mechanism), releases, run=run))
             if training:
-                self.ledger.record(
-                    dataclasses.replace(LedgerEntry.dp_sgd(SELF, round_index, training, run=run), delta=self.budget.delta)
-                )
+                self.ledger.record(LedgerEntry.dp_sgd(SELF, round_index, training, run=run))
             if on_charge is not None:
                 on_charge()
 

@@ -321,3 +321,15 @@ def test_entries_written_without_a_delta_are_priced_at_the_smallest_delta_a_run_
     assert legacy.ledger.pricing_delta() == LEGACY_DELTA < guard.budget.delta
     assert legacy.spent(RELEASES) == pytest.approx(composed_epsilon(guard.ledger.events(0), LEGACY_DELTA))
     assert legacy.spent(RELEASES) > guard.spent(RELEASES)
+
+
+def test_a_round_is_charged_the_declared_events_even_when_the_server_computed_them_in_other_last_bits(tmp_path):
+    config = ldp_run(dp_sgd=True)
+    budget = declared_budget(config, sizes(config)[0])
+    params, own = budget.params, budget.dp_sgd
+    guard = ClientGuard(budget, tmp_path / "l.jsonl")
+    sent = {**params, "sum_noise_multiplier": params["sum_noise_multiplier"] * (1 + 1e-12)}
+    admit(guard, config, 1, params=sent, dp_sgd=dataclasses.replace(own, noise_multiplier=own.noise_multiplier * (1 + 1e-12)))
+    assert guard.ledger.events(0, RELEASES) == budget.release_events
+    assert guard.ledger.events(0, DP_SGD) == budget.training_events
+    assert guard.own_parameters() == (params, own)
