@@ -76,14 +76,6 @@ REPLACED_COUNTS = 2
 REPLACEMENT_SHIFT = 2.0
 #: The ledger's event families, as :func:`replace_one_pld` reads them.
 EVENT_NAMES = ("discrete_laplace", "gaussian", "poisson_gaussian")
-#: Per event family, the parameters its PLD depends on: +1 when a larger value costs more epsilon, -1 when it
-#: costs less (``count`` defaults to 1). Two events of one family order by these alone, which lets a client
-#: compare a server's parameters with its own calibration without an accountant run.
-COST_DIRECTION: dict[str, dict[str, int]] = {
-    "discrete_laplace": {"noise_parameter": +1, "sensitivity": +1, "count": +1},
-    "gaussian": {"noise_multiplier": -1, "count": +1},
-    "poisson_gaussian": {"sampling_rate": +1, "noise_multiplier": -1, "count": +1},
-}
 
 
 #: Coarsest value-discretisation interval used while calibrating. The PLD
@@ -148,8 +140,9 @@ class NoiseParameters:
     sum_noise_multiplier: float
 
     def __post_init__(self) -> None:
-        if min(self.tree_count_parameter, self.leaf_count_parameter, self.sum_noise_multiplier) <= 0:
-            raise ValueError(f"noise parameters must be positive, got {self}")
+        values = (self.tree_count_parameter, self.leaf_count_parameter, self.sum_noise_multiplier)
+        if not all(math.isfinite(v) and v > 0 for v in values):
+            raise ValueError(f"noise parameters must be positive and finite, got {self}")
 
     def scaled(self, factor: float) -> NoiseParameters:
         """All noise multiplied by ``factor`` (> 1 means more noise)."""

@@ -8,6 +8,7 @@ new mechanism never needs changes outside its own module.
 from __future__ import annotations
 
 import abc
+import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -125,10 +126,10 @@ class Mechanism(abc.ABC):
     What privfed checks and what it trusts: the server recomposes the events
     of a calibrated mechanism with its own accountant, charges every release
     the events it planned, and refuses a release whose events or guarantee
-    kind differ from the plan and the class. Each client, in turn, builds
-    the mechanism from the server's parameters and compares its
-    :meth:`privacy_events` with those of its own calibration, so the events
-    must follow the parameters (less noise, costlier events). Neither can
+    kind differ from the plan and the class. Each client, in turn, accepts
+    only the parameters of its own calibration, builds the mechanism from
+    them (so the constructor must refuse noise its samplers cannot draw)
+    and charges their :meth:`privacy_events`. Neither can
     see inside :meth:`release`: that the noise drawn there is the noise
     :meth:`privacy_events` declares, and that the sensitivity is what the
     events assume, is the mechanism's own promise.
@@ -136,6 +137,20 @@ class Mechanism(abc.ABC):
 
     name: ClassVar[str]
     description: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Makes every :meth:`release` and :meth:`release_with_members` a subclass defines refuse non-finite input.
+
+        The check sits here, not in each mechanism, so that a direct caller
+        of any mechanism, built-in or third-party, gets it (see
+        :func:`check_representations`).
+        """
+        super().__init_subclass__(**kwargs)
+        for name in ("release", "release_with_members"):
+            method = cls.__dict__.get(name)
+            if callable(method) and not getattr(method, "__isabstractmethod__", False):
+                setattr(cls, name, _refusing_non_finite(method))
+
     #: One of :data:`GUARANTEE_KINDS`: what every release of this mechanism carries.
     #: A mechanism that does not say is taken to guarantee nothing.
     guarantee_kind: ClassVar[str] = NO_GUARANTEE
@@ -250,20 +265,52 @@ class Mechanism(abc.ABC):
         """
 
 
-def checked_release(mechanism: Mechanism, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
-    """``mechanism.release``, refusing non-finite input and malformed output.
+def _refusing_non_finite(method: Any) -> Any:
+    """``method`` (a release), preceded by :func:`check_representations` on its ``reps``."""
+    if getattr(method, "_refuses_non_finite", False):
+        return method
 
-    Every caller in privfed releases through this, so a third-party
-    mechanism gets the same checks as a built-in one. Non-finite input is
-    refused before any mechanism sees it: a NaN survives clipping, and
-    rounding it to an integer gives -2**63, which wraps the noisy sums it
-    joins and can reveal exact counts.
+    @functools.wraps(method)
+    def release(self: Mechanism, reps: torch.Tensor, **kwargs: Any) -> Any:
+        check_representations(reps)
+        return method(self, reps, **kwargs)
+
+    release._refuses_non_finite = True  # type: ignore[attr-defined]
+    return release
+
+
+def check_representations(reps: torch.Tensor) -> None:
+    """Refuses what no release may be computed from: anything but a floating ``[n, D]`` tensor of finite values.
+
+    A NaN survives clipping, and rounding it to an integer gives -2**63,
+    which wraps the noisy sums it joins and can reveal exact counts; an
+    infinite row has no direction to average.
 
     Raises:
         ValueError: naming the problem; the client then fails its round
             instead of sending anything.
     """
-    _check_input(reps)
+    if not isinstance(reps, torch.Tensor) or reps.ndim != 2 or not reps.is_floating_point():
+        shape = tuple(reps.shape) if isinstance(reps, torch.Tensor) else type(reps).__name__
+        raise ValueError(f"representations must be a floating [n, D] tensor, got {getattr(reps, 'dtype', '')} {shape}")
+    bad = int((~torch.isfinite(reps)).any(dim=1).sum())
+    if bad:
+        raise ValueError(f"{bad} of {reps.shape[0]} representations hold NaN or Inf; nothing is released")
+
+
+def checked_release(mechanism: Mechanism, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
+    """``mechanism.release``, refusing non-finite input and malformed output.
+
+    Every caller in privfed releases through this, so a third-party
+    mechanism gets the same output checks as a built-in one. Non-finite
+    input is refused before any mechanism sees it (every mechanism's own
+    ``release`` refuses it too: :meth:`Mechanism.__init_subclass__`).
+
+    Raises:
+        ValueError: naming the problem; the client then fails its round
+            instead of sending anything.
+    """
+    check_representations(reps)
     release = mechanism.release(reps, num_centroids=num_centroids, generator=generator)
     _check_output(mechanism, reps, release)
     return release
@@ -273,20 +320,12 @@ def checked_release_with_members(
     mechanism: Mechanism, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
 ) -> tuple[Release, torch.Tensor | None]:
     """``mechanism.release_with_members`` with :func:`checked_release`'s checks (for replays that score attacks)."""
-    _check_input(reps)
+    check_representations(reps)
     release, members = mechanism.release_with_members(reps, num_centroids=num_centroids, generator=generator)
     _check_output(mechanism, reps, release)
     if members is not None and members.shape != (reps.shape[0],):
         raise ValueError(f"mechanism {mechanism.name} named members for {tuple(members.shape)} of {reps.shape[0]} rows")
     return release, members
-
-
-def _check_input(reps: torch.Tensor) -> None:
-    if reps.ndim != 2 or not reps.is_floating_point():
-        raise ValueError(f"representations must be a floating [n, D] tensor, got {reps.dtype} {tuple(reps.shape)}")
-    bad = int((~torch.isfinite(reps)).any(dim=1).sum())
-    if bad:
-        raise ValueError(f"{bad} of {reps.shape[0]} representations hold NaN or Inf; nothing is released")
 
 
 def _check_output(mechanism: Mechanism, reps: torch.Tensor, release: Release) -> None:

@@ -67,7 +67,14 @@ from mechanisms import accounting
 from mechanisms.accounting import BudgetSplit, NoiseParameters
 from mechanisms.base import DIFFERENTIAL_PRIVACY, Guarantee, Mechanism, PrivacyEvent, Release
 from mechanisms.clustering import sinkhorn_kmeans
-from mechanisms.noise import discrete_gaussian, discrete_laplace, discrete_laplace_variance, secure_source
+from mechanisms.noise import (
+    check_decay,
+    check_sigma,
+    discrete_gaussian,
+    discrete_laplace,
+    discrete_laplace_variance,
+    secure_source,
+)
 from mechanisms.registry import register_mechanism
 
 #: Default delta (per release and, for :func:`ldp_parameters`, over the run).
@@ -79,6 +86,9 @@ DEFAULT_EPSILON = 1.0
 DEFAULT_MAX_DEPTH = 10
 #: Room the server leaves above a client's size for the noise in ldp's weights, in units of the leaf-count noise scale.
 WEIGHT_NOISE_SCALES = 1000.0
+#: Widest representations a release takes: the leaf-sum noise grows with the dimension, and the mechanism checks
+#: at this width that the sampler can draw it (privfed's projection_dim is at most this too).
+MAX_DIMENSION = 2**16
 
 
 # ---------------------------------------------------------------------------
@@ -147,6 +157,26 @@ def release_epsilon(noise: NoiseParameters, *, tree_levels: int, delta: float) -
 
 # ---------------------------------------------------------------------------
 # pure building blocks
+
+
+def check_drawable(noise: NoiseParameters, grid: Grid) -> None:
+    """Refuses noise the samplers of :mod:`mechanisms.noise` cannot draw, before a release is charged.
+
+    ``grid`` is the widest grid a release may use (:data:`MAX_DIMENSION`): its
+    sensitivity scales the leaf-sum sigma.
+
+    Raises:
+        ValueError: naming the parameter and the sampler's range.
+    """
+    for name in ("tree_count_parameter", "leaf_count_parameter"):
+        try:
+            check_decay(getattr(noise, name))
+        except ValueError as err:
+            raise ValueError(f"ldp {name}: {err}") from None
+    try:
+        check_sigma(noise.sum_noise_multiplier * grid.sensitivity)
+    except ValueError as err:
+        raise ValueError(f"ldp sum_noise_multiplier {noise.sum_noise_multiplier!r}: {err}") from None
 
 
 def clip_to_radius(x: torch.Tensor, radius: float) -> torch.Tensor:
@@ -503,6 +533,7 @@ class LshCoresetMechanism(Mechanism):
                 tree_levels=self.tree_levels,
                 split=budget_split or BudgetSplit(),
             )
+        check_drawable(self.noise, self.grid(MAX_DIMENSION))
 
     def observe_global_centroids(self, centroids: torch.Tensor) -> None:
         """SimHash centre ``c`` = mean of last round's (public) global centroids."""
@@ -629,6 +660,8 @@ class LshCoresetMechanism(Mechanism):
         """
         if reps.ndim != 2:
             raise ValueError(f"reps must be [n, D], got shape {tuple(reps.shape)}")
+        if reps.shape[1] > MAX_DIMENSION:
+            raise ValueError(f"ldp releases representations of at most {MAX_DIMENSION} dimensions, got {reps.shape[1]}")
         if num_centroids < 1:
             raise ValueError(f"num_centroids must be >= 1, got {num_centroids}")
         n, dim = reps.shape

@@ -48,6 +48,44 @@ import numpy as np
 
 _INT63 = 2**63
 
+#: Discrete-Laplace decays the sampler draws: a float decay is rounded down to a multiple of ``2**-24``, which is
+#: zero below ``MIN_DECAY``, and above ``MAX_DECAY`` its numerator would not fit the sampler's 64-bit arithmetic
+#: (the noise is then almost surely zero anyway).
+MIN_DECAY, MAX_DECAY = 2.0**-24, 2.0**32
+#: Largest discrete-Gaussian sigma drawn: the samples, ``sigma`` times a few dozen at most in practice, stay far
+#: inside the 64-bit integers they are added to.
+MAX_SIGMA = 2.0**48
+
+
+def check_decay(parameter: float | Fraction) -> None:
+    """Refuses a discrete-Laplace decay :func:`discrete_laplace` cannot draw.
+
+    A Fraction is drawn as it is: it must be positive, with numerator and
+    denominator below ``2**62``.
+
+    Raises:
+        ValueError: naming the drawable range.
+    """
+    if isinstance(parameter, Fraction):
+        if 0 < parameter.numerator < 2**62 and parameter.denominator < 2**62:
+            return
+        raise ValueError(f"discrete-Laplace decay {parameter!r} cannot be drawn: it needs 0 < s/t with s, t < 2**62")
+    if not (isinstance(parameter, (int, float)) and MIN_DECAY <= parameter <= MAX_DECAY):
+        raise ValueError(
+            f"discrete-Laplace decay {parameter!r} cannot be drawn: the sampler takes decays in "
+            f"[2**-24, 2**32] ({MIN_DECAY:.3g} to {MAX_DECAY:.3g})"
+        )
+
+
+def check_sigma(sigma: float | Fraction) -> None:
+    """Refuses a discrete-Gaussian sigma :func:`discrete_gaussian` cannot draw.
+
+    Raises:
+        ValueError: naming the drawable range.
+    """
+    if not (isinstance(sigma, (int, float, Fraction)) and 0 < sigma <= MAX_SIGMA):
+        raise ValueError(f"discrete-Gaussian sigma {sigma!r} cannot be drawn: the sampler takes 0 < sigma <= 2**48")
+
 
 def secure_source() -> random.Random:
     """The default randomness: the operating system's CSPRNG."""
@@ -242,6 +280,7 @@ def discrete_laplace(
     Returns:
         ``int64`` array of ``size`` samples.
     """
+    check_decay(parameter)
     source = _resolve(source)
     decay = rational_at_most(parameter)
     return _discrete_laplace_rational(size, decay.numerator, decay.denominator, source)
@@ -256,7 +295,10 @@ def _discrete_laplace_rational(size: int, s: int, t: int, source: random.Random)
         u = uniform_below(np.full(batch, t, dtype=np.int64), source=source)
         u = u[bernoulli_exp(u, t, source=source)]  # accepts u with prob. exp(-u/t)
         v = _geometric_exp1(u.shape[0], source)
-        magnitude = (u + t * v) // s
+        if v.size and t * (int(v.max()) + 1) >= _INT63:  # int64 would wrap silently: multiply as Python ints
+            magnitude = _as_int_array((u.astype(object) + t * v.astype(object)) // s)
+        else:
+            magnitude = (u + t * v) // s
         negative = random_bits(magnitude.shape[0], source=source)
         keep = ~(negative & (magnitude == 0))  # zero must not be counted twice
         chunks.append(np.where(negative, -magnitude, magnitude)[keep])
@@ -290,6 +332,7 @@ def discrete_gaussian(
     Returns:
         ``int64`` array of ``size`` samples.
     """
+    check_sigma(sigma)
     source = _resolve(source)
     var = variance_at_least(sigma)
     p, q = var.numerator, var.denominator  # sigma^2 = p/q

@@ -153,6 +153,8 @@ class OrchestraClient(Client):
                 return replayed
             # Before anything touches the data: the round is checked and charged, or refused.
             self._admit(ins.config, config, params, dp_sgd, int(images.shape[0]), train, keys, digest)
+            # What the server sent matched the client's own calibration; the client computes with its own.
+            params, dp_sgd = self.declared.guard.own_parameters()
         labels = config.split.client_labels(self.client_id) if config.local.objective.uses_labels else None
         if config.mechanism is not None:
             mechanism = create_mechanism(config.mechanism, **params)

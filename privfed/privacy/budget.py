@@ -161,7 +161,10 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
         params = calibrated_parameters(mechanism_class, epsilon=config.epsilon, delta=delta, num_releases=releases)
     else:
         params = calibrated_parameters(mechanism_class, epsilon=config.epsilon_per_release, delta=delta, num_releases=1)
-    events = mechanism_class(**params).privacy_events()
+    try:  # the mechanism refuses noise its samplers cannot draw: better now than after a round was charged
+        events = mechanism_class(**params).privacy_events()
+    except ValueError as err:
+        raise PrivfedError(f"mechanism {config.mechanism} cannot release at this budget: {err}") from None
     if not events:
         raise PrivfedError(f"mechanism {config.mechanism} claims differential privacy but its releases report no privacy events")
     reference = config.epsilon or config.epsilon_per_release

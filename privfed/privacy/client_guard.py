@@ -7,14 +7,32 @@ A client therefore never takes the server's word for its privacy:
 
 - it computes its own calibration from the run's *declared* configuration
   (what the user declared: ``privfed train``'s options, or the run config of
-  ``flwr run``; a SuperNode may tighten it with its own cap), and refuses a
-  round whose parameters are weaker than that calibration
-  (:func:`check_release_parameters`, :func:`check_dp_sgd_settings`);
+  ``flwr run``; a SuperNode may tighten it with its own cap), refuses a
+  round whose parameters are not that calibration, and then releases and
+  trains with its own (:func:`check_release_parameters`,
+  :func:`check_dp_sgd_settings`);
 - it keeps its own ledger of every cost it pays (a
   :class:`~privfed.privacy.ledger.PrivacyLedger` with one client, in a file
   when the node has a state directory, so it survives restarts), charges a
   round *before* it computes anything, and refuses a round that would take it
   past its budget (:class:`ClientGuard`).
+
+Why only the declared parameters, not any that are no weaker: the caps are
+checked with exact PLD composition, which is proven for a sequence of
+mechanisms fixed in advance. A server free to pick noisier parameters round
+by round could choose each from what it saw before (11 releases at twice
+the noise fit where 3 declared ones do), and a PLD filter is not proven to
+hold under such choices. With every charged event the declared one, a
+client's releases are a prefix, of a length the server chooses, of the
+declared sequence, and so are its DP-SGD rounds. Still composed as if fixed
+in advance (``docs/privacy.md`` says so): the runs that share a ledger, and,
+under a node cap, the mix of release-only and training rounds.
+
+Every entry is charged at the run's delta, and no cap prices an entry at a
+larger delta than its own (:meth:`PrivacyLedger.pricing_delta`): a later
+run that allows a larger delta does not find room in an earlier run's
+entries. Entries written before they recorded a delta are taken to have
+been charged at :data:`LEGACY_DELTA`, the smallest delta a run accepts.
 
 A refused round raises :class:`RoundRefused`; Flower reports it to the server
 as a failed reply and the round goes on without this client. What stays
@@ -33,14 +51,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mechanisms import get_mechanism_class
-from mechanisms.accounting import COST_DIRECTION
-from mechanisms.base import K_ANONYMITY, Guarantee, PrivacyEvent
-from privfed.config import TrainConfig
+from mechanisms.base import Guarantee, PrivacyEvent
+from privfed.config import MIN_DELTA, TrainConfig
 from privfed.data.federated import FederatedSplit
 from privfed.errors import PrivfedError
 from privfed.privacy.budget import plan_privacy
 from privfed.privacy.dp_sgd_plan import DpSgdSettings, round_events
-from privfed.privacy.ledger import DP_SGD, RELEASES, LedgerEntry, PrivacyLedger, composed_epsilon, merge_events
+from privfed.privacy.ledger import DP_SGD, RELEASES, LedgerEntry, PrivacyLedger, composed_epsilon
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +65,12 @@ logger = logging.getLogger(__name__)
 TOLERANCE = 1e-9
 #: The ledger's one client: the node's own data.
 SELF = 0
+#: The delta an entry without one is taken to have been charged at: the smallest any run accepts.
+LEGACY_DELTA = MIN_DELTA
 
 
 class RoundRefused(PrivfedError):
-    """The client refuses a round: its parameters are weaker than the client's own calibration, or its budget is spent.
+    """The client refuses a round: its parameters are not the client's own calibration, or its budget is spent.
 
     The message names the parameter at fault. A budget refusal names only
     the budget: what the node spent, here or in other runs, and its own cap
@@ -68,6 +87,7 @@ class ClientBudget:
         params: The client's own calibration of it.
         release_events: What one release may cost at most (own calibration; empty unless DP).
         dp_sgd: The client's own DP-SGD settings (None without DP-SGD).
+        training_events: What one round of its DP-SGD costs (own settings, own size; empty without DP-SGD).
         delta: The delta every epsilon here is quoted at (None: nothing is DP).
         release_cap: Epsilon the releases may spend in total (None: not DP).
         dp_sgd_cap: Epsilon DP-SGD may spend in total, for this client's size (None: no DP-SGD).
@@ -80,6 +100,7 @@ class ClientBudget:
     params: dict[str, Any]
     release_events: tuple[PrivacyEvent, ...]
     dp_sgd: DpSgdSettings | None
+    training_events: tuple[PrivacyEvent, ...]
     delta: float | None
     release_cap: float | None
     dp_sgd_cap: float | None
@@ -115,6 +136,7 @@ def _declared_budget(declared: TrainConfig, num_samples: int, node_cap: tuple[fl
         )
     dp_sgd = None if plan.dp_sgd is None else plan.dp_sgd.settings
     dp_sgd_cap = None
+    training: tuple[PrivacyEvent, ...] = ()
     if dp_sgd is not None:
         training = round_events(
             num_samples, batch_size=declared.batch_size, epochs=declared.local_epochs,
@@ -126,6 +148,7 @@ def _declared_budget(declared: TrainConfig, num_samples: int, node_cap: tuple[fl
         params=plan.params,
         release_events=plan.per_release_events,
         dp_sgd=dp_sgd,
+        training_events=training,
         delta=plan.delta,
         release_cap=release_cap,
         dp_sgd_cap=dp_sgd_cap,
@@ -138,18 +161,20 @@ def _declared_budget(declared: TrainConfig, num_samples: int, node_cap: tuple[fl
 def check_release_parameters(
     budget: ClientBudget, mechanism: str | None, params: dict[str, Any]
 ) -> tuple[PrivacyEvent, ...]:
-    """What one release with the server's parameters costs, refusing parameters weaker than the client's own calibration.
+    """What one release costs, refusing any mechanism or parameters but the client's own calibration.
 
-    The mechanism must be the declared one, with the keys the client's own
-    calibration sets. A DP mechanism's events must be no weaker, event by
-    event, than the calibrated ones (more noise passes, less does not); a
-    k-anonymous one's ``min_k`` no smaller; anything else must be identical.
+    Noisier parameters are refused too (see the module docstring: a cap is
+    a valid filter only for the declared sequence). Numbers are compared to
+    :data:`TOLERANCE`, relative, since a server on another machine may
+    compute them in other last bits; the client releases with its own
+    parameters (:meth:`ClientGuard.own_parameters`) and is charged their events.
 
     Returns:
-        The release's privacy events (empty unless the mechanism is DP).
+        The declared release's privacy events (empty unless the mechanism is DP).
 
     Raises:
-        RoundRefused: naming what differs.
+        RoundRefused: naming what differs, or when the declared parameters do
+            not build the mechanism (e.g. noise its samplers cannot draw).
     """
     if mechanism != budget.mechanism:
         raise RoundRefused(f"the run declared mechanism {budget.mechanism}, the server asked for {mechanism}")
@@ -159,36 +184,35 @@ def check_release_parameters(
         raise RoundRefused(
             f"the server's {mechanism} parameters set {sorted(params)}, the client's own calibration {sorted(budget.params)}"
         )
-    cls = get_mechanism_class(mechanism)
-    if cls.is_differentially_private():
-        try:
-            events = cls(**params).privacy_events()
-        except (TypeError, ValueError) as err:
-            raise RoundRefused(f"the server's {mechanism} parameters do not build the mechanism: {err}") from None
-        weaker = weaker_event(merge_events(events), merge_events(budget.release_events))
-        if weaker:
-            raise RoundRefused(f"the server's {mechanism} parameters are weaker than the declared budget allows: {weaker}")
-        if "delta" in budget.params and params["delta"] != budget.params["delta"]:
-            # Not noise, but the delta the release quotes: it must be the run's.
-            raise RoundRefused(f"the server's {mechanism} delta {params['delta']!r} is not the declared {budget.params['delta']!r}")
-        return tuple(events)
-    if cls.guarantee_kind == K_ANONYMITY:
-        own, sent = int(budget.params["min_k"]), params["min_k"]
-        if not (isinstance(sent, int) and sent >= own):
-            raise RoundRefused(f"the server asked for min_k {sent!r}; the run declared at least {own}")
-        return ()
-    if params != budget.params:
-        raise RoundRefused(f"the server's {mechanism} parameters {params} differ from the declared {budget.params}")
-    return ()
+    differing = [key for key in sorted(params) if not same_value(params[key], budget.params[key])]
+    if differing:
+        key = differing[0]
+        raise RoundRefused(
+            f"the server's {mechanism} {key} {params[key]!r} is not the declared {budget.params[key]!r} "
+            "(only the declared parameters are accepted, noisier ones included)"
+        )
+    try:
+        get_mechanism_class(mechanism)(**budget.params)
+    except (TypeError, ValueError) as err:
+        raise RoundRefused(f"the declared {mechanism} parameters do not build the mechanism: {err}") from None
+    return budget.release_events
+
+
+def same_value(sent: Any, own: Any) -> bool:
+    """Whether a parameter the server sent is the client's own: finite numbers to :data:`TOLERANCE`, others equal."""
+    numbers = (int, float)
+    if isinstance(sent, numbers) and isinstance(own, numbers) and not isinstance(sent, bool) and not isinstance(own, bool):
+        return math.isfinite(sent) and math.isclose(sent, own, rel_tol=TOLERANCE, abs_tol=0.0)
+    return type(sent) is type(own) and sent == own
 
 
 def check_dp_sgd_settings(budget: ClientBudget, settings: DpSgdSettings | None) -> None:
-    """Refuses DP-SGD settings weaker than the client's own: less noise, or none at all.
+    """Refuses DP-SGD settings other than the client's own: another noise multiplier or clipping norm, or none.
 
+    A larger noise multiplier is refused too, as in :func:`check_release_parameters`.
     The batch size and the epochs, which fix the sampling rate and the step
     count, are part of the client configuration, which must equal the
-    declared one. The clipping norm is the server's choice: the noise scales
-    with it.
+    declared one.
 
     Raises:
         RoundRefused: naming what differs.
@@ -199,33 +223,12 @@ def check_dp_sgd_settings(budget: ClientBudget, settings: DpSgdSettings | None) 
         return
     if settings is None:
         raise RoundRefused("the run declared DP-SGD; the server asked for training without it")
-    if not settings.noise_multiplier >= budget.dp_sgd.noise_multiplier * (1 - TOLERANCE):
-        raise RoundRefused(
-            f"the server's DP-SGD noise multiplier {settings.noise_multiplier:.6g} is below the client's own "
-            f"calibration {budget.dp_sgd.noise_multiplier:.6g}"
-        )
-
-
-def weaker_event(sent: tuple[PrivacyEvent, ...], own: tuple[PrivacyEvent, ...]) -> str | None:
-    """Why ``sent`` costs more than ``own`` in some event, or None when it costs at most as much, event by event.
-
-    Both are merged event lists; they must have the same families in the same
-    order. A family the client does not know is refused (it cannot compare it).
-    """
-    if [e.name for e in sent] != [e.name for e in own]:
-        return f"events {[e.name for e in sent]} instead of {[e.name for e in own]}"
-    for mine, theirs in zip(own, sent):
-        directions = COST_DIRECTION.get(mine.name)
-        if directions is None or set(theirs.params) - set(directions) or set(mine.params) - set(directions):
-            return f"event {mine.name} with parameters {sorted(theirs.params)} cannot be compared"
-        count = float(theirs.params.get("count", 1.0))
-        if not (math.isfinite(count) and count.is_integer()):
-            return f"{mine.name} count {count!r} is not a whole number"
-        for key, direction in directions.items():
-            a, b = float(theirs.params.get(key, 1.0)), float(mine.params.get(key, 1.0))
-            if not math.isfinite(a) or direction * (a - b) > TOLERANCE * abs(b):
-                return f"{mine.name} {key} {a:.6g} where the client's calibration has {b:.6g}"
-    return None
+    for name in ("noise_multiplier", "max_grad_norm"):
+        sent, own = getattr(settings, name), getattr(budget.dp_sgd, name)
+        if not same_value(sent, own):
+            raise RoundRefused(
+                f"the server's DP-SGD {name.replace('_', ' ')} {sent:.6g} is not the client's own calibration {own:.6g}"
+            )
 
 
 class ClientGuard:
@@ -276,7 +279,7 @@ class ClientGuard:
         undercount).
 
         Raises:
-            RoundRefused: when the parameters are weaker than declared or the round would overrun a cap.
+            RoundRefused: when the parameters are not the declared ones or the round would overrun a cap.
         """
         releases = check_release_parameters(self.budget, mechanism, params)
         check_dp_sgd_settings(self.budget, dp_sgd)
@@ -284,9 +287,10 @@ class ClientGuard:
             raise RoundRefused(f"round {round_index} is outside the declared run's rounds 0 to {self.budget.rounds}")
         training: tuple[PrivacyEvent, ...] = ()
         if train and dp_sgd is not None:
-            training = round_events(
-                num_samples, batch_size=batch_size, epochs=epochs, noise_multiplier=dp_sgd.noise_multiplier
-            )
+            training = self.budget.training_events
+            own = self.budget.dp_sgd.noise_multiplier
+            if round_events(num_samples, batch_size=batch_size, epochs=epochs, noise_multiplier=own) != training:
+                raise RoundRefused("the round's DP-SGD steps are not the declared run's (size, batch size or epochs)")
         self._check_node_cap_covers(mechanism, train, dp_sgd)
         with self._locked():
             self.ledger = self._read()
@@ -296,12 +300,17 @@ class ClientGuard:
             if last is not None and round_index <= last:
                 raise RoundRefused(f"round {round_index} of run {run} comes after round {last} was answered")
             self._check_caps(releases, training)
+            # The ledger stamps each entry with its delta, the run's.
             if mechanism is not None:
                 self.ledger.record(LedgerEntry(SELF, round_index, mechanism, _charged(mechanism), releases, run=run))
             if training:
                 self.ledger.record(LedgerEntry.dp_sgd(SELF, round_index, training, run=run))
             if on_charge is not None:
                 on_charge()
+
+    def own_parameters(self) -> tuple[dict[str, Any], DpSgdSettings | None]:
+        """The mechanism parameters and DP-SGD settings the client computes an admitted round with: its own."""
+        return dict(self.budget.params), self.budget.dp_sgd
 
     def spent(self, part: str) -> float:
         """Epsilon the client's ledger holds for ``part`` (0 when nothing DP was charged)."""
@@ -310,7 +319,8 @@ class ClientGuard:
     def _read(self) -> PrivacyLedger:
         budget = self.budget
         return PrivacyLedger.resume(
-            self.ledger_path, mechanism=budget.mechanism, delta=budget.delta, reference_epsilon=budget.reference_epsilon
+            self.ledger_path, mechanism=budget.mechanism, delta=budget.delta, reference_epsilon=budget.reference_epsilon,
+            legacy_delta=LEGACY_DELTA,
         )
 
     @contextlib.contextmanager
@@ -347,14 +357,16 @@ class ClientGuard:
         for part, events, cap in caps:
             if not events or cap is None:
                 continue
+            delta = ledger.pricing_delta(budget.delta)
             after = composed_epsilon(
-                [*ledger.events(SELF, part), *events], budget.delta, reference_epsilon=budget.reference_epsilon
+                [*ledger.events(SELF, part), *events], delta, reference_epsilon=budget.reference_epsilon
             )
             if after > cap * (1 + TOLERANCE):
-                logger.warning("refused: %s epsilon would reach %.4f, past %.4f (delta %.2g)", part, after, cap, budget.delta)
+                logger.warning("refused: %s epsilon would reach %.4f, past %.4f (delta %.2g)", part, after, cap, delta)
                 raise RoundRefused(f"this round would take the client past its declared {part.replace('_', '-')} budget")
         if budget.node_cap is not None and (releases or training):
-            epsilon, delta = budget.node_cap
+            epsilon, node_delta = budget.node_cap
+            delta = ledger.pricing_delta(min(node_delta, budget.delta))  # the new entries are charged at the run's
             after = composed_epsilon([*ledger.events(SELF), *releases, *training], delta, reference_epsilon=epsilon)
             if after > epsilon * (1 + TOLERANCE):
                 logger.warning("refused: the node's epsilon would reach %.4f at delta %.2g, past its cap %g", after, delta, epsilon)

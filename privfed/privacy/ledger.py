@@ -10,10 +10,17 @@ epsilons); k-anonymity is reported as k and never folded into epsilon. No
 subsampling amplification is claimed for releases: a client's memory is not
 a secret Poisson sample of its data. (DP-SGD's steps are secret Poisson
 samples, and their events say so.)
+
+Every entry records the delta its run quoted it at. An epsilon is never
+computed at a delta larger than that of any entry it composes (see
+:meth:`PrivacyLedger.pricing_delta`): a later run that allows a larger
+delta would otherwise price the old entries lower and find room the first
+run never had.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -116,6 +123,8 @@ class LedgerEntry:
         events: Its privacy events (empty for non-DP releases).
         kind: ``"release"`` or ``"dp_sgd"``.
         run: The Flower run it was charged in, where a ledger spans runs (a node's own).
+        delta: The delta its run quoted epsilons at (None: none recorded; a ledger
+            stamps its own delta on an entry with events when it records it).
     """
 
     client: int
@@ -125,10 +134,13 @@ class LedgerEntry:
     events: tuple[PrivacyEvent, ...]
     kind: str = "release"
     run: int | None = None
+    delta: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("release", DP_SGD):
             raise ValueError(f"ledger entries are 'release' or 'dp_sgd', got {self.kind!r}")
+        if self.delta is not None and not (isinstance(self.delta, float) and 0 < self.delta < 1):
+            raise ValueError(f"a ledger entry's delta must be a float in (0, 1), got {self.delta!r}")
         for event in self.events:
             check_event(event)
 
@@ -150,6 +162,7 @@ class LedgerEntry:
             events=tuple(PrivacyEvent(e["name"], {k: float(v) for k, v in e["params"].items()}) for e in values["events"]),
             kind=str(values["kind"]),
             run=None if values.get("run") is None else int(values["run"]),
+            delta=None if values.get("delta") is None else float(values["delta"]),
         )
 
     def to_dict(self) -> dict:
@@ -161,6 +174,7 @@ class LedgerEntry:
             "guarantee": self.guarantee.to_dict(),
             "events": [{"name": e.name, "params": e.params} for e in self.events],
             **({} if self.run is None else {"run": self.run}),
+            **({} if self.delta is None else {"delta": self.delta}),
         }
 
 
@@ -188,15 +202,35 @@ class WorstCase:
 
 
 class PrivacyLedger:
-    """Records every client's DP costs and answers "what has the worst-off client spent?"."""
+    """Records every client's DP costs and answers "what has the worst-off client spent?".
+
+    Args:
+        mechanism: The run's release mechanism.
+        delta: The delta this ledger's run quotes epsilons at (None: nothing is DP).
+        reference_epsilon: Sets the accountant's grid.
+        path: The file every recorded entry is appended to.
+        legacy_delta: The delta assumed for an entry read back without one
+            (written before entries recorded it). None assumes ``delta``,
+            right for a run's own ledger, which only that run writes; a
+            ledger that spans runs must assume the smallest delta any run
+            could have had.
+    """
 
     def __init__(
-        self, *, mechanism: str | None, delta: float | None, reference_epsilon: float = 1.0, path: Path | None = None
+        self,
+        *,
+        mechanism: str | None,
+        delta: float | None,
+        reference_epsilon: float = 1.0,
+        path: Path | None = None,
+        legacy_delta: float | None = None,
     ) -> None:
         self.mechanism = mechanism
         self.delta = delta
         self.reference_epsilon = reference_epsilon
         self.path = path
+        self.legacy_delta = legacy_delta
+        self._entry_delta: float | None = None  # the smallest delta an entry with events was charged at
         self._events: dict[str, dict[int, list[PrivacyEvent]]] = {RELEASES: defaultdict(list), DP_SGD: defaultdict(list)}
         self._releases: Counter[int] = Counter()
         self._min_k: int | None = None
@@ -209,26 +243,50 @@ class PrivacyLedger:
 
     @classmethod
     def resume(
-        cls, path: Path | None, *, mechanism: str | None, delta: float | None, reference_epsilon: float = 1.0
+        cls,
+        path: Path | None,
+        *,
+        mechanism: str | None,
+        delta: float | None,
+        reference_epsilon: float = 1.0,
+        legacy_delta: float | None = None,
     ) -> PrivacyLedger:
         """A ledger that goes on from the entries ``path`` already holds (a fresh one when it holds none).
+
+        Entries keep the delta they were written with (``legacy_delta`` for those written without one).
 
         Raises:
             ValueError: when the file has a line that is not a ledger entry
                 (e.g. cut short by a crash): the spent budget is then unknown.
         """
-        ledger = cls(mechanism=mechanism, delta=delta, reference_epsilon=reference_epsilon)
+        ledger = cls(mechanism=mechanism, delta=delta, reference_epsilon=reference_epsilon, legacy_delta=legacy_delta)
         if path is not None and path.exists():
             for number, line in enumerate(path.read_text().splitlines(), start=1):
                 try:
-                    ledger.record(LedgerEntry.from_dict(json.loads(line)))
+                    ledger._add(LedgerEntry.from_dict(json.loads(line)))
                 except (ValueError, KeyError, TypeError) as err:
                     raise ValueError(f"{path}, line {number}, is not a ledger entry ({err}); the spent budget is unknown") from None
         ledger.path = path
         return ledger
 
     def record(self, entry: LedgerEntry) -> None:
-        """Adds a release or a DP-SGD entry (and appends it to the ledger file, on disk before it returns)."""
+        """Adds a release or a DP-SGD entry (and appends it to the ledger file, on disk before it returns).
+
+        An entry with events and no delta is recorded at the ledger's delta.
+        """
+        if entry.events and entry.delta is None:
+            if self.delta is None:
+                raise ValueError("a ledger without a delta cannot record a DP cost")
+            entry = dataclasses.replace(entry, delta=float(self.delta))
+        self._add(entry)
+        if self.path is not None:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(entry.to_dict()) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    def _add(self, entry: LedgerEntry) -> None:
+        """Counts ``entry`` in memory."""
         part = DP_SGD if entry.kind == DP_SGD else RELEASES
         if entry.run is not None:
             self._last_round[entry.run] = max(entry.round, self._last_round.get(entry.run, entry.round))
@@ -238,13 +296,24 @@ class PrivacyLedger:
                 self._min_k = entry.guarantee.k if self._min_k is None else min(self._min_k, entry.guarantee.k)
         if entry.events:
             self._events[part][entry.client].extend(entry.events)
+            charged = entry.delta if entry.delta is not None else self.legacy_delta or self.delta
+            if charged is not None and (self._entry_delta is None or charged < self._entry_delta):
+                self._entry_delta = charged
+                self._epsilon_cache.clear()
             for p in (part, COMBINED):
                 self._epsilon_cache.pop((entry.client, p), None)
-        if self.path is not None:
-            with open(self.path, "a") as fh:
-                fh.write(json.dumps(entry.to_dict()) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+
+    def pricing_delta(self, delta: float | None = None) -> float:
+        """The delta to compute epsilons at: ``delta`` (default the ledger's), or an entry's own when smaller.
+
+        An entry keeps the delta it was charged at: pricing it at a larger one
+        would let a run that allows a larger delta spend budget that the run
+        which charged it never had. A smaller delta only costs more.
+        """
+        delta = self.delta if delta is None else delta
+        if delta is None:
+            raise ValueError("this run has no differentially private part")
+        return delta if self._entry_delta is None else min(delta, self._entry_delta)
 
     @property
     def is_dp(self) -> bool:
@@ -267,12 +336,12 @@ class PrivacyLedger:
         return tuple(self._events[part].get(client, ()))
 
     def spent(self, client: int, part: str = COMBINED) -> float:
-        """Epsilon (at the ledger's delta) that ``client`` has spent so far in ``part``."""
+        """Epsilon (at :meth:`pricing_delta`) that ``client`` has spent so far in ``part``."""
         if not self.is_dp:
             raise ValueError("this run has no differentially private part")
         if (client, part) not in self._epsilon_cache:
             self._epsilon_cache[(client, part)] = composed_epsilon(
-                self.events(client, part), self.delta, reference_epsilon=self.reference_epsilon
+                self.events(client, part), self.pricing_delta(), reference_epsilon=self.reference_epsilon
             )
         return self._epsilon_cache[(client, part)]
 
@@ -297,7 +366,7 @@ class PrivacyLedger:
         return WorstCase(
             client=client,
             epsilon=combined,
-            delta=self.delta,
+            delta=self.pricing_delta(),
             releases_epsilon=0.0 if client is None else self.spent(client, RELEASES),
             dp_sgd_epsilon=0.0 if client is None else self.spent(client, DP_SGD),
             releases_worst=self.worst_case(RELEASES)[1],
@@ -315,6 +384,6 @@ class PrivacyLedger:
             merged = merge_events(events)
             histories[_key(merged)] = merged
         return max(
-            composed_epsilon([*history, *extra], self.delta, reference_epsilon=self.reference_epsilon)
+            composed_epsilon([*history, *extra], self.pricing_delta(), reference_epsilon=self.reference_epsilon)
             for history in (histories.values() or [()])
         )

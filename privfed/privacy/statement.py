@@ -52,12 +52,16 @@ Clauses = tuple[list[str], list[str]]  # (covers, not_covered)
 #: Every guarantee assumes the server follows the run's plan (docs/privacy.md, trust model).
 DEVIATING_SERVER = (
     "a server that deviates from the run's plan beyond what clients check: each client refuses a configuration other "
-    "than the declared run's, mechanism or DP-SGD parameters weaker than its own calibration, SecAgg+ encodings or "
+    "than the declared run's, mechanism or DP-SGD parameters other than its own calibration (noisier ones too), "
+    "SecAgg+ encodings or "
     "scales other than the declared ones, a round index it was charged for already in the same run (except the last one, asked again with the same "
     "instructions: it gets the stored reply again, or the same computation again when a kill cut it short before any "
     "reply), and rounds past "
     "the budget in its own ledger; but in deployment the declared run is the run config the SuperLink delivers (a "
-    "node's own privacy-epsilon caps it), a node's ledger outlives a round only in its state-dir, and the server still "
+    "node's own privacy-epsilon caps it), a node's ledger outlives a round only in its state-dir, its caps compose "
+    "the runs that share that ledger, and a node's privacy-epsilon the mix of releases and trainings the server "
+    "chooses, as if that sequence had been fixed in advance (a PLD filter is not proven for choices made in view of "
+    "earlier results), and the server still "
     "chooses the model and centroids clients compute on, which clients it samples within their budgets, and SecAgg+ "
     "neighbours (require-secagg and secagg-min-clients narrow the rest); it can get the same answer again under a new "
     "run id or a slightly changed model, or replay a round's stored reply to a smaller cohort, and two SecAgg+ sums over cohorts that differ by one client reveal that "

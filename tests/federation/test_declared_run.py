@@ -90,10 +90,12 @@ def test_the_client_sends_training_metrics_as_its_declared_run_says(plan, tmp_pa
     assert arrays == (3 if report else 2)  # under SecAgg+ the metrics are one more array of the masked sum
 
 
-def test_weakened_noise_is_refused_with_a_clear_error(plan, tmp_path):
-    params = {**plan.privacy.params, "sum_noise_multiplier": plan.privacy.params["sum_noise_multiplier"] / 100}
-    with pytest.raises(RoundRefused, match="weaker than the declared budget allows: gaussian noise_multiplier"):
+@pytest.mark.parametrize("factor", [1 / 100, 2.0])
+def test_weakened_or_noisier_noise_is_refused_with_a_clear_error(plan, tmp_path, factor):
+    params = {**plan.privacy.params, "sum_noise_multiplier": plan.privacy.params["sum_noise_multiplier"] * factor}
+    with pytest.raises(RoundRefused, match="sum_noise_multiplier .* is not the declared"):
         client(plan, tmp_path).fit(instructions(plan, params=params))
+    assert not (tmp_path / "state" / f"privfed-ledger-partition-{PARTITION}.jsonl").exists()
 
 
 def test_a_secagg_encoding_other_than_the_declared_one_is_refused(plan, tmp_path):

@@ -69,3 +69,22 @@ def test_input_must_be_a_floating_matrix():
     with pytest.raises(ValueError, match="floating"):
         checked_release(create_mechanism("kanon"), torch.ones(8, 4, dtype=torch.long), num_centroids=2,
                         generator=torch.Generator())
+
+
+@pytest.mark.parametrize("name", ["kanon", "ldp", "reps"])
+@pytest.mark.parametrize("method", ["release", "release_with_members"])
+def test_a_mechanisms_own_release_refuses_non_finite_input_without_checked_release(name, method):
+    """A direct caller of ``ldp.release`` once got sums wrapped by a NaN rounded to -2**63."""
+    memory = reps()
+    memory[7, 0] = float("nan")
+    with pytest.raises(ValueError, match="1 of 64 representations hold NaN or Inf; nothing is released"):
+        getattr(mechanism(name), method)(memory, num_centroids=4, generator=torch.Generator().manual_seed(0))
+
+
+def test_a_third_party_release_refuses_non_finite_input_too():
+    memory = reps()
+    memory[0, 0] = float("inf")
+    broken = Broken(vectors=torch.ones(2, 16), weights=torch.ones(2))
+    with pytest.raises(ValueError, match="hold NaN or Inf"):
+        broken.release(memory, num_centroids=2, generator=torch.Generator())
+    assert broken.release(reps(), num_centroids=2, generator=torch.Generator()).num_vectors == 2

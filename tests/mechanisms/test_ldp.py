@@ -220,3 +220,24 @@ def test_audit_has_power_against_a_mechanism_with_almost_no_noise():
         leaf_threshold=0.5, branch_threshold=1.5, max_depth=4,
     )
     assert _audit(weak, trials=150) > 2.0
+
+
+@pytest.mark.parametrize(
+    "key, value, named",
+    [
+        ("tree_count_parameter", 1e-9, "tree_count_parameter"),
+        ("leaf_count_parameter", 2.0**40, "leaf_count_parameter"),
+        ("sum_noise_multiplier", 1e12, "sum_noise_multiplier"),  # sigma = z * the sensitivity at 2**16 dimensions
+        ("sum_noise_multiplier", float("nan"), "positive and finite"),
+    ],
+)
+def test_noise_the_samplers_cannot_draw_is_refused_when_the_mechanism_is_built(key, value, named):
+    """Built, not released: privfed builds the mechanism (plan, client guard) before it charges a release."""
+    with pytest.raises(ValueError, match=named):
+        create_mechanism("ldp", **{**LOOSE, key: value})
+
+
+def test_a_release_wider_than_the_checked_dimension_is_refused():
+    wide = F.normalize(torch.randn(4, 2**16 + 1, generator=gen()), dim=1)
+    with pytest.raises(ValueError, match="at most 65536 dimensions"):
+        create_mechanism("ldp", **LOOSE).release(wide, num_centroids=2, generator=gen())

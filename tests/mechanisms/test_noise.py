@@ -105,3 +105,32 @@ def test_sampling_is_fast():
     discrete_laplace(10_000, parameter=0.1)
     discrete_gaussian(10_000, sigma=1000.0)
     assert time.perf_counter() - start < 0.5
+
+
+@pytest.mark.parametrize("decay", [1e-9, 2.0**-25, 0.0, -1.0, 2.0**33, float("nan"), float("inf")])
+def test_a_decay_the_laplace_sampler_cannot_draw_is_refused_by_name(decay):
+    with pytest.raises(ValueError, match="cannot be drawn"):
+        discrete_laplace(3, parameter=decay, source=random.Random(0))
+
+
+@pytest.mark.parametrize("decay", [noise.MIN_DECAY, noise.MAX_DECAY])
+def test_the_ends_of_the_laplace_samplers_range_are_drawn(decay):
+    assert discrete_laplace(50, parameter=decay, source=random.Random(0)).dtype == np.int64
+
+
+@pytest.mark.parametrize("sigma", [0.0, -2.0, 2.0**49, float("nan"), float("inf")])
+def test_a_sigma_the_gaussian_sampler_cannot_draw_is_refused_by_name(sigma):
+    with pytest.raises(ValueError, match="cannot be drawn"):
+        discrete_gaussian(3, sigma=sigma, source=random.Random(0))
+
+
+def test_the_largest_sigma_is_drawn():
+    sample = discrete_gaussian(2000, sigma=noise.MAX_SIGMA, source=random.Random(0)).astype(np.float64)
+    assert abs(sample.std() / noise.MAX_SIGMA - 1) < 0.1
+
+
+def test_laplace_candidates_past_63_bits_are_computed_exactly_not_wrapped():
+    """Decay 1 written as 2**61 / 2**61: ``u + t v`` passes 2**63 once v >= 4, which int64 would wrap."""
+    sample = noise._discrete_laplace_rational(20_000, 2**61, 2**61, random.Random(0))
+    assert (np.abs(sample) >= 5).sum() > 80  # about 190 expected; wrapped, none reached 5
+    assert abs(sample.var() / discrete_laplace_variance(1.0) - 1) < 0.1

@@ -110,3 +110,13 @@ def test_a_method_that_releases_nothing_plans_no_release_and_takes_no_release_bu
         plan_privacy(base(method=method, mechanism="ldp", epsilon=1.0), SIZES)
     with_dp_sgd = plan_privacy(base(method=method, dp_sgd=True, dp_sgd_noise_multiplier=1.0), SIZES)
     assert with_dp_sgd.dp_sgd is not None and with_dp_sgd.delta is not None and with_dp_sgd.mechanism is None
+
+
+@pytest.mark.slow  # about 40 s of CPU: the accountant's grid for epsilon 1e-6 is fine
+def test_a_run_whose_own_calibration_the_sampler_cannot_draw_is_refused_when_it_is_planned():
+    """ldp at --epsilon 1e-6 over 21 releases needs a tree-count decay of 4e-8, below the sampler's 2**-24."""
+    config = build_config(
+        dataset="shapes:200", num_clients=4, participation=0.5, rounds=20, out="unused", mechanism="ldp", epsilon=1e-6
+    )
+    with pytest.raises(PrivfedError, match="tree_count_parameter: discrete-Laplace decay .* cannot be drawn"):
+        plan_privacy(config, [50, 50, 50, 50])

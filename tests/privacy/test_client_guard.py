@@ -1,29 +1,32 @@
-"""A client computes its own calibration, refuses weaker parameters, and keeps a ledger that survives restarts.
+"""A client computes its own calibration, accepts only it, and keeps a ledger that survives restarts.
 
-Threat model: the server sends weakened privacy parameters or samples one
-client beyond its budget. The budgets below come from the declared run
-alone; the "server" is whatever dict a test passes in.
+Threat model: the server sends other privacy parameters (weaker, or noisier
+ones chosen round by round) or samples one client beyond its budget. The
+budgets below come from the declared run alone; the "server" is whatever
+dict a test passes in.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from privfed.config import build_config
 from privfed.data.federated import FederatedSplit
 from privfed.privacy.budget import plan_privacy
+from mechanisms.accounting import NoiseParameters
+from mechanisms.ldp import LshCoresetMechanism
 from privfed.privacy.client_guard import (
+    LEGACY_DELTA,
     ClientGuard,
     RoundRefused,
     check_dp_sgd_settings,
     check_release_parameters,
     declared_budget,
-    weaker_event,
 )
-from privfed.privacy.ledger import DP_SGD, RELEASES
-from mechanisms.base import PrivacyEvent
+from privfed.privacy.ledger import DP_SGD, RELEASES, composed_epsilon
 
 SMALL = dict(dataset="shapes:200", num_clients=4, participation=0.5, rounds=2, out="unused")
 
@@ -49,28 +52,56 @@ def admit(guard: ClientGuard, config, round_index: int, *, params=None, dp_sgd=N
     )
 
 
-def test_the_honest_servers_parameters_pass_and_more_noise_passes_too():
+def noisier(params: dict, factor: float = 2.0) -> dict:
+    """``params`` with every ldp noise scale multiplied by ``factor``."""
+    keys = ("tree_count_parameter", "leaf_count_parameter", "sum_noise_multiplier")
+    noise = NoiseParameters(**{k: params[k] for k in keys}).scaled(factor)
+    return {**params, **noise.to_dict()}
+
+
+def test_the_honest_servers_parameters_pass_and_noisier_ones_do_not():
+    """Noisier parameters chosen round by round would make the cap a PLD filter under adaptivity, which is unproven."""
     config = ldp_run()
     budget = declared_budget(config, sizes(config)[0])
     params = server_params(config)
-    check_release_parameters(budget, "ldp", params)
-    noisier = {**params, "sum_noise_multiplier": 2 * params["sum_noise_multiplier"], "leaf_count_parameter": params["leaf_count_parameter"] / 2}
-    check_release_parameters(budget, "ldp", noisier)
+    assert check_release_parameters(budget, "ldp", params) == budget.release_events
+    with pytest.raises(RoundRefused, match="noisier ones included"):
+        check_release_parameters(budget, "ldp", noisier(params))
+    # A server on another machine may compute the calibration in other last bits.
+    check_release_parameters(budget, "ldp", {**params, "sum_noise_multiplier": params["sum_noise_multiplier"] * (1 + 1e-12)})
+
+
+def test_eleven_releases_at_twice_the_noise_are_refused_where_three_declared_ones_fit(tmp_path):
+    """The review's sequence: the declared cap alone would admit it, the client charges none of it."""
+    config = ldp_run()
+    budget = declared_budget(config, sizes(config)[0])
+    params = noisier(server_params(config))
+    eleven = LshCoresetMechanism(**params).privacy_events() * 11
+    assert config.rounds + 1 == 3 and composed_epsilon(eleven, budget.delta) <= budget.release_cap  # fits the cap
+    path = tmp_path / "ledger.jsonl"
+    guard = ClientGuard(budget, path)
+    for run in range(11):
+        with pytest.raises(RoundRefused, match="not the declared"):
+            admit(guard, config, 0, params=params, train=False, run=run)
+    assert not path.exists() and guard.spent(RELEASES) == 0.0
+    for round_index in range(config.rounds + 1):  # the declared parameters still run
+        admit(guard, config, round_index, train=round_index > 0)
+    assert len(path.read_text().splitlines()) == config.rounds + 1
 
 
 @pytest.mark.parametrize(
-    "key, weaken, named",
+    "key, weaken",
     [
-        ("sum_noise_multiplier", lambda v: v / 2, "gaussian noise_multiplier"),
-        ("tree_count_parameter", lambda v: v * 2, "discrete_laplace noise_parameter"),  # a larger decay is less noise
-        ("max_depth", lambda v: v + 10, "discrete_laplace count"),  # more tree levels released
+        ("sum_noise_multiplier", lambda v: v / 2),
+        ("tree_count_parameter", lambda v: v * 2),  # a larger decay is less noise
+        ("max_depth", lambda v: v + 10),  # more tree levels released
     ],
 )
-def test_a_client_refuses_ldp_parameters_weaker_than_its_own_calibration(key, weaken, named):
+def test_a_client_refuses_ldp_parameters_weaker_than_its_own_calibration(key, weaken):
     config = ldp_run()
     budget = declared_budget(config, sizes(config)[0])
     params = server_params(config)
-    with pytest.raises(RoundRefused, match=named):
+    with pytest.raises(RoundRefused, match=f"ldp {key} .* is not the declared"):
         check_release_parameters(budget, "ldp", {**params, key: weaken(params[key])})
 
 
@@ -85,21 +116,23 @@ def test_a_client_refuses_another_mechanism_extra_parameters_and_a_smaller_anony
         check_release_parameters(budget, "ldp", {**server_params(config), "grid_resolution": 10.0})
     kanon = build_config(**SMALL, mechanism="kanon")
     kanon_budget = declared_budget(kanon, sizes(kanon)[0])
-    check_release_parameters(kanon_budget, "kanon", {"min_k": 8})  # larger sets are stronger
-    for weaker in (1, 4, 4.5, "5"):
+    check_release_parameters(kanon_budget, "kanon", {"min_k": 5})
+    for other in (1, 4, 4.5, "5", 8):  # larger sets too: only the declared parameters pass
         with pytest.raises(RoundRefused, match="min_k"):
-            check_release_parameters(kanon_budget, "kanon", {"min_k": weaker})
+            check_release_parameters(kanon_budget, "kanon", {"min_k": other})
 
 
-def test_a_client_refuses_weaker_dp_sgd_or_none_at_all():
+def test_a_client_refuses_dp_sgd_settings_other_than_its_own_or_none_at_all():
     config = build_config(**SMALL, mechanism="kanon", dp_sgd=True)
     budget = declared_budget(config, sizes(config)[0])
     own = plan_privacy(config, sizes(config)).dp_sgd.settings
     assert budget.dp_sgd == own
     check_dp_sgd_settings(budget, own)
-    check_dp_sgd_settings(budget, dataclasses.replace(own, noise_multiplier=2 * own.noise_multiplier))
-    with pytest.raises(RoundRefused, match="noise multiplier"):
-        check_dp_sgd_settings(budget, dataclasses.replace(own, noise_multiplier=own.noise_multiplier / 2))
+    for factor in (2.0, 0.5):  # more noise too
+        with pytest.raises(RoundRefused, match="noise multiplier"):
+            check_dp_sgd_settings(budget, dataclasses.replace(own, noise_multiplier=factor * own.noise_multiplier))
+    with pytest.raises(RoundRefused, match="max grad norm"):
+        check_dp_sgd_settings(budget, dataclasses.replace(own, max_grad_norm=2 * own.max_grad_norm))
     with pytest.raises(RoundRefused, match="without it"):
         check_dp_sgd_settings(budget, None)
 
@@ -108,18 +141,25 @@ def test_a_fractional_tree_depth_and_another_delta_are_refused():
     config = ldp_run()
     budget = declared_budget(config, sizes(config)[0])
     params = server_params(config)
-    with pytest.raises(RoundRefused, match="not a whole number"):
+    with pytest.raises(RoundRefused, match="max_depth 9.5"):
         check_release_parameters(budget, "ldp", {**params, "max_depth": params["max_depth"] - 0.5})
     with pytest.raises(RoundRefused, match="delta"):
         check_release_parameters(budget, "ldp", {**params, "delta": 0.999})
 
 
-def test_events_the_client_cannot_compare_are_refused():
-    own = (PrivacyEvent("gaussian", {"noise_multiplier": 3.0, "count": 1.0}),)
-    assert weaker_event(own, own) is None
-    assert "cannot be compared" in weaker_event((PrivacyEvent("gaussian", {"noise_multiplier": 3.0, "scale": 1.0}),), own)
-    assert "instead of" in weaker_event((PrivacyEvent("laplace", {"b": 3.0}),), own)
-    assert "noise_multiplier" in weaker_event((PrivacyEvent("gaussian", {"noise_multiplier": float("nan")}),), own)
+def test_parameters_the_sampler_cannot_draw_are_refused_before_anything_is_charged(tmp_path):
+    """Sent by the server, or (a hand-made budget) the client's own: refused, and the ledger is unchanged."""
+    config = ldp_run()
+    path = tmp_path / "ledger.jsonl"
+    budget = declared_budget(config, sizes(config)[0])
+    guard = ClientGuard(budget, path)
+    undrawable = {**server_params(config), "tree_count_parameter": 1e-9}
+    with pytest.raises(RoundRefused):
+        admit(guard, config, 0, params=undrawable, train=False)
+    own_undrawable = ClientGuard(dataclasses.replace(budget, params=undrawable), path)
+    with pytest.raises(RoundRefused, match="cannot be drawn"):
+        admit(own_undrawable, config, 0, params=undrawable, train=False)
+    assert not path.exists()
 
 
 def test_the_ledger_refuses_past_the_budget_and_survives_a_restart(tmp_path):
@@ -250,3 +290,46 @@ def test_a_cut_short_ledger_is_refused_rather_than_read_as_empty(tmp_path):
     path.write_text(path.read_text() + '{"client": 0, "rou')
     with pytest.raises(ValueError, match="line 2"):
         ClientGuard(declared_budget(config, sizes(config)[0]), path)
+
+
+def test_a_later_run_at_a_larger_delta_gets_no_room_from_an_earlier_runs_entries(tmp_path):
+    """Entries charged at delta 1e-6 stay priced at 1e-6: a run at 1e-3 may not spend what they cost less there."""
+    path = tmp_path / "ledger.jsonl"
+    first = ldp_run(delta=1e-6)
+    guard = ClientGuard(declared_budget(first, sizes(first)[0]), path)
+    for round_index in range(first.rounds + 1):
+        admit(guard, first, round_index, train=round_index > 0)
+    spent = composed_epsilon(guard.ledger.events(0), 1e-6)
+    later = ldp_run(delta=1e-3)
+    budget = declared_budget(later, sizes(later)[0])
+    assert composed_epsilon([*guard.ledger.events(0), *budget.release_events], 1e-3) <= later.epsilon  # room at 1e-3
+    reopened = ClientGuard(budget, path)
+    with pytest.raises(RoundRefused, match="past its declared releases budget"):
+        admit(reopened, later, 0, train=False, run=2)
+    assert composed_epsilon(reopened.ledger.events(0), 1e-6) == spent and reopened.spent(RELEASES) == pytest.approx(spent)
+    assert all(json.loads(line)["delta"] == 1e-6 for line in path.read_text().splitlines())
+
+
+def test_entries_written_without_a_delta_are_priced_at_the_smallest_delta_a_run_accepts(tmp_path):
+    config = ldp_run()
+    path = tmp_path / "ledger.jsonl"
+    guard = ClientGuard(declared_budget(config, sizes(config)[0]), path)
+    admit(guard, config, 0, train=False)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({k: v for k, v in line.items() if k != "delta"}) + "\n" for line in lines))
+    legacy = ClientGuard(declared_budget(config, sizes(config)[0]), path)
+    assert legacy.ledger.pricing_delta() == LEGACY_DELTA < guard.budget.delta
+    assert legacy.spent(RELEASES) == pytest.approx(composed_epsilon(guard.ledger.events(0), LEGACY_DELTA))
+    assert legacy.spent(RELEASES) > guard.spent(RELEASES)
+
+
+def test_a_round_is_charged_the_declared_events_even_when_the_server_computed_them_in_other_last_bits(tmp_path):
+    config = ldp_run(dp_sgd=True)
+    budget = declared_budget(config, sizes(config)[0])
+    params, own = budget.params, budget.dp_sgd
+    guard = ClientGuard(budget, tmp_path / "l.jsonl")
+    sent = {**params, "sum_noise_multiplier": params["sum_noise_multiplier"] * (1 + 1e-12)}
+    admit(guard, config, 1, params=sent, dp_sgd=dataclasses.replace(own, noise_multiplier=own.noise_multiplier * (1 + 1e-12)))
+    assert guard.ledger.events(0, RELEASES) == budget.release_events
+    assert guard.ledger.events(0, DP_SGD) == budget.training_events
+    assert guard.own_parameters() == (params, own)

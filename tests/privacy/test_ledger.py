@@ -1,5 +1,7 @@
 """The ledger composes releases with the PLD accountant; checked against dp_accounting directly."""
 
+import json
+
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld
 
@@ -79,3 +81,13 @@ def test_k_anonymity_is_reported_as_k_never_as_epsilon(tmp_path):
 def test_entries_refuse_events_the_accountant_would_misread(params, problem):
     with pytest.raises(ValueError, match=problem):
         LedgerEntry(0, 1, "x", Guarantee(kind="differential-privacy", statement=""), (PrivacyEvent("gaussian", params),))
+
+
+def test_an_entry_keeps_the_delta_it_was_charged_at_and_a_larger_delta_does_not_reprice_it(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    strict = PrivacyLedger(mechanism="ldp", delta=1e-6, path=path)
+    strict.record(LedgerEntry(0, 0, "ldp", DP, RELEASE))
+    assert LedgerEntry.from_dict(json.loads(path.read_text())).delta == 1e-6
+    loose = PrivacyLedger.resume(path, mechanism="ldp", delta=1e-3)
+    assert loose.pricing_delta() == 1e-6 and loose.spent(0) == pytest.approx(strict.spent(0), rel=1e-12)
+    assert PrivacyLedger.resume(path, mechanism="ldp", delta=1e-8).pricing_delta() == 1e-8  # smaller costs more

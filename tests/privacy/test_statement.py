@@ -213,3 +213,13 @@ def test_kanon_says_it_does_not_compose_across_releases_and_what_stops_differenc
 def test_only_kanon_carries_the_differencing_clause(mechanism):
     s, _ = statement_of_mode(mechanism, dp_sgd=False)
     assert not any("k-anonymity across releases" in n for n in s.not_covered)
+
+
+@EVERY_MODE
+def test_every_statement_says_clients_accept_only_their_own_calibration_and_what_the_caps_assume(mechanism, dp_sgd):
+    """The client guard refuses noisier parameters too (tests/privacy/test_client_guard.py); a cap over several runs,
+    or over a mix of releases and trainings the server picks, is PLD composition of a sequence taken as fixed."""
+    s, _ = statement_of_mode(mechanism, dp_sgd)
+    assert "parameters other than its own calibration (noisier ones too)" in s.text
+    assert "weaker than its own calibration" not in s.text
+    assert "as if that sequence had been fixed in advance" in s.text
