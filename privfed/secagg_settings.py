@@ -37,7 +37,12 @@ def indicators_are_exact(clipping_range: float, quantization_range: int) -> bool
 
 #: The settings a client encodes its update, indicators and metrics with, each sent in the fit config as
 #: ``secagg_<name>``, and the key under which Flower's client mod keeps the same value from the round's setup.
-ENCODING_IN_FLOWER_STATE = {"max_weight": "max_weight", "clipping_range": "clipping_range", "quantization_range": "target_range"}
+ENCODING_IN_FLOWER_STATE = {
+    "max_weight": "max_weight",
+    "clipping_range": "clipping_range",
+    "quantization_range": "target_range",
+    "modulus_range": "mod_range",  # a larger modulus would overflow the int64 sums
+}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""privfed's SecAgg+ mask PRG: the whole seed matters, and the masks are uniform."""
+"""privfed's SecAgg+ mask PRG: it is the PRG its protocol version names, the whole seed matters, the masks are uniform."""
 
 from __future__ import annotations
 
@@ -7,11 +7,33 @@ import os
 import numpy as np
 import pytest
 from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from scipy.stats import chisquare
 
-from privfed.secagg_masks import expand_mask
+from privfed.secagg_masks import PROTOCOL_VERSION, expand_mask
 
 SHAPES = [(1,), (64,), (3, 5)]
+
+
+def spec_mask(seed: bytes, size: int, modulus: int = 2**32) -> np.ndarray:
+    """The mask ``privfed-secagg+/2`` specifies, for a power-of-two modulus, written from the spec, not the module.
+
+    Key: HKDF-SHA256 of the whole seed (no salt, info "privfed secagg+ mask stream v2"), 32 bytes. Stream:
+    AES-256-CTR from a zero counter, read as little-endian 64-bit words; each value keeps a word's low bits.
+    """
+    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"privfed secagg+ mask stream v2").derive(seed)
+    stream = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor().update(bytes(8 * size))
+    return (np.frombuffer(stream, dtype="<u8") % np.uint64(modulus)).astype(np.int64)
+
+
+def test_the_masks_are_those_the_protocol_version_specifies():
+    """A changed PRG (key derivation, cipher, word size) must come with a new protocol version."""
+    assert PROTOCOL_VERSION == "privfed-secagg+/2"
+    seed = os.urandom(32)
+    masks = expand_mask(seed, 2**32, SHAPES)
+    assert np.array_equal(np.concatenate([m.ravel() for m in masks]), spec_mask(seed, sum(m.size for m in masks)))
 
 
 def xor_fold(seed: bytes) -> int:
@@ -64,6 +86,12 @@ def test_mask_values_are_uniform_over_the_modulus(modulus):
     # Equal-width bins over [0, modulus): exact for these moduli, which all divide into 1024 bins or fewer evenly.
     assert modulus % bins == 0
     assert chi_square_p(values // (modulus // bins), bins) > 1e-4
+
+
+def test_every_value_of_a_small_modulus_is_drawn_equally_often():
+    """Exact counts, so a value that can never be drawn (e.g. the top one) cannot hide in a bin."""
+    counts = np.bincount(expand_mask(os.urandom(32), 16, [(2**16,)])[0], minlength=16)
+    assert counts.size == 16 and chisquare(counts).pvalue > 1e-4
 
 
 def test_the_uniformity_check_sees_modulo_bias():

@@ -24,6 +24,10 @@ from privfed.secagg_masks import expand_mask
 
 logger = logging.getLogger(__name__)
 
+#: Largest modulus the int64 arithmetic here is exact for: a client adds a mask per neighbour before reducing,
+#: and the server sums one vector per client, so up to 2^31 of them stay below 2^63.
+MAX_MODULUS = 2**32
+
 
 def pairwise_seed(own_private_key: bytes, other_public_key: bytes) -> bytes:
     """The seed two clients share for their pairwise mask (ECDH of one's first key pair with the other's)."""
@@ -57,6 +61,7 @@ def mask_update(
     modulus: int,
 ) -> list[np.ndarray]:
     """``encoded`` plus the client's private mask and its pairwise masks, mod ``modulus``."""
+    _check_modulus(modulus)
     shapes = [array.shape for array in encoded]
     masked = [array.astype(np.int64) for array in encoded]
     _add(masked, expand_mask(private_seed, modulus, shapes), sign=1)
@@ -82,6 +87,7 @@ def unmask_sum(
             from its first private key's shares).
         modulus: The protocol's modulus.
     """
+    _check_modulus(modulus)
     shapes = [array.shape for array in masked_sum]
     total = [array.astype(np.int64) for array in masked_sum]
     for seed in private_seeds.values():
@@ -108,6 +114,11 @@ def decode_weighted_mean(
     scale = quantization_range / int(weight)
     mean = dequantize(values, clipping_range, quantization_range)
     return [(array - (num_summed - 1) * clipping_range) * scale for array in mean]
+
+
+def _check_modulus(modulus: int) -> None:
+    if not 2 <= modulus <= MAX_MODULUS:
+        raise ValueError(f"a SecAgg+ modulus must be in [2, 2^32] for exact int64 sums, got {modulus}")
 
 
 def _add(arrays: list[np.ndarray], masks: list[np.ndarray], *, sign: int) -> None:

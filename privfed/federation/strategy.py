@@ -37,7 +37,6 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from mechanisms.base import Release
 from privfed.federation.client_config import ClientConfig
 from privfed.secagg_masks import MASK_PRG, PROTOCOL_VERSION
 from privfed.federation.messages import arrays_to_state, state_to_arrays, tensor_to_bytes

@@ -64,8 +64,10 @@ DEVIATING_SERVER = (
     "earlier results), and the server still "
     "chooses the model and centroids clients compute on, which clients it samples within their budgets, and SecAgg+ "
     "neighbours (require-secagg and secagg-min-clients narrow the rest); it can get the same answer again under a new "
-    "run id or a slightly changed model, or replay a round's stored reply to a smaller cohort, and two SecAgg+ sums over cohorts that differ by one client reveal that "
-    "client's update (up to augmentation noise), unless DP-SGD bounds it"
+    "run id or a slightly changed model, or replay a round's stored reply to a smaller cohort; two SecAgg+ sums over cohorts that differ by one client reveal that "
+    "client's update (up to augmentation noise), and within one SecAgg+ round a server that withholds neighbours' "
+    "key shares from a client and reports their holders dropped unmasks that client's update; only DP-SGD bounds "
+    "what these reveal"
 )
 
 

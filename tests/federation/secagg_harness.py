@@ -18,8 +18,17 @@ from typing import Any, Callable
 import flwr.compat.common.recorddict_compat as compat
 import numpy as np
 from flwr.app import Context, Error, Message, RecordDict
-from flwr.common import Code, ConfigRecord, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+from flwr.common import (
+    Code,
+    ConfigRecord,
+    FitIns,
+    FitRes,
+    Status,
+    bytes_to_ndarray,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.server import LegacyContext
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
@@ -97,6 +106,8 @@ class DirectGrid:
         self.client_mods = client_mods
         self.contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(), run_config={}) for n in updates}
         self.stages: list[str] = []
+        self.reached: dict[int, list[str]] = {}  # node -> the stages it was asked for
+        self.masked: dict[int, list[np.ndarray]] = {}  # node -> the masked vector it sent
 
     def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> list[Message]:
         replies = []
@@ -104,6 +115,7 @@ class DirectGrid:
             node = message.metadata.dst_node_id
             stage = str(message.content.config_records[RECORD_KEY_CONFIGS][Key.STAGE])
             self.stages.append(stage)
+            self.reached.setdefault(node, []).append(stage)
             own = Message(  # the workflow reuses one content object for several nodes
                 RecordDict({k: ConfigRecord(dict(v)) for k, v in message.content.config_records.items()}),
                 dst_node_id=node, message_type=message.metadata.message_type, group_id=message.metadata.group_id,
@@ -115,6 +127,8 @@ class DirectGrid:
                 reply = behaviour(stage, honest) if behaviour else honest()
             except Exception as err:
                 reply = Message(Error(code=1, reason=repr(err)), reply_to=own)
+            if stage == Stage.COLLECT_MASKED_VECTORS and not reply.has_error():
+                self.masked[node] = [bytes_to_ndarray(b) for b in reply.content.config_records[RECORD_KEY_CONFIGS][Key.MASKED_PARAMETERS]]
             replies.append(reply)
         return replies
 

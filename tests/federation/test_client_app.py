@@ -134,8 +134,9 @@ def collect_message(**fit) -> Message:
     return Message(metadata=metadata, content=content)
 
 
-SET_UP = {"max_weight": 100.0, "clipping_range": 8.0, "target_range": 2**22}
-ENCODED = {"secagg_max_weight": 100.0, "secagg_clipping_range": 8.0, "secagg_quantization_range": 2**22}
+SET_UP = {"max_weight": 100.0, "clipping_range": 8.0, "target_range": 2**22, "mod_range": 2**32}
+ENCODED = {"secagg_max_weight": 100.0, "secagg_clipping_range": 8.0, "secagg_quantization_range": 2**22,
+           "secagg_modulus_range": 2**32}
 
 
 @pytest.mark.parametrize("key", sorted(ENCODED))

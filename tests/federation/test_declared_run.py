@@ -98,10 +98,13 @@ def test_weakened_or_noisier_noise_is_refused_with_a_clear_error(plan, tmp_path,
     assert not (tmp_path / "state" / f"privfed-ledger-partition-{PARTITION}.jsonl").exists()
 
 
-def test_a_secagg_encoding_other_than_the_declared_one_is_refused(plan, tmp_path):
-    doubled = dataclasses.replace(plan.secagg, max_weight=2 * plan.secagg.max_weight)
+@pytest.mark.parametrize("field", ["max_weight", "modulus_range"])
+def test_a_secagg_encoding_other_than_the_declared_one_is_refused(plan, tmp_path, field):
+    """A larger modulus would overflow the client's int64 masking after it trained and was charged."""
+    doubled = dataclasses.replace(plan.secagg, **{field: 2 * getattr(plan.secagg, field)})
     with pytest.raises(RoundRefused, match="SecAgg\\+ encoding"):
         client(plan, tmp_path).fit(instructions(plan, secagg=doubled))
+    assert not (tmp_path / "state" / f"privfed-ledger-partition-{PARTITION}.jsonl").exists()
 
 
 def test_a_training_round_without_secagg_is_refused_when_the_run_declared_it(plan, tmp_path):

@@ -13,16 +13,16 @@ import random
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.app.message_type import MessageType
-from flwr.client.mod.secure_aggregation.secaggplus_mod import secaggplus_mod
+from flwr.client.mod.secure_aggregation.secaggplus_mod import SecAggPlusState
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
+from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 from flwr.supercore.task_identity import TaskIdentity
 
-from privfed.federation.secagg_client import MaskProtocolRefused, privfed_secaggplus_mod
-from privfed.secagg_masks import PROTOCOL_KEY, PROTOCOL_VERSION
+from privfed.federation.secagg_masking import decode_weighted_mean
 from tests.federation.flower_prg import replace_flowers_prg
 from tests.federation.secagg_harness import drops_at, mean_of, run_round
+from tests.test_secagg_masks import spec_mask
 
 TOLERANCE = 1e-3  # fixed-point error of the secure sum at these sizes is about 1e-5
 
@@ -118,31 +118,26 @@ def test_an_error_raised_by_privfeds_own_server_code_is_not_taken_for_a_client_f
         run_round(updates(4), shares=4, threshold=3)
 
 
-def test_a_client_on_flowers_own_masks_is_left_out_at_setup_and_the_others_are_summed():
-    clients = updates(5)
-    outcome = run_round(clients, shares=5, threshold=3, client_mods={101: secaggplus_mod})
-    assert outcome.completed and 101 not in outcome.strategy.aggregated_from
-    assert np.abs(outcome.mean - mean_of(clients, [100, 102, 103, 104])).max() < TOLERANCE
+def test_a_masked_vector_is_the_update_under_the_specified_masks_and_neither_mask_alone_undoes_it():
+    """Masks computed here from the node's own secrets, with the protocol's PRG written from its spec."""
+    clients = updates(4)
+    outcome = run_round(clients, shares=4, threshold=3)
+    node = 101
+    state = SecAggPlusState(**outcome.grid.contexts[node].state.config_records[RECORD_KEY_STATE])
+    masked = np.concatenate([a.ravel() for a in outcome.grid.masked[node]]).astype(np.int64)
+    private = spec_mask(state.rd_seed, masked.size)
+    pairwise = sum(
+        (1 if node > other else -1) * spec_mask(
+            generate_shared_key(bytes_to_private_key(state.sk1), bytes_to_public_key(state.public_keys_dict[other][0])),
+            masked.size,
+        )
+        for other in clients if other != node
+    )
 
+    def error_after_removing(masks: np.ndarray) -> float:
+        left = np.mod(masked - masks, 2**32)
+        decoded = decode_weighted_mean([left[:1], left[1:]], num_summed=1, clipping_range=8.0, quantization_range=2**22)
+        return float(np.abs(decoded[0] - clients[node][0][0]).max())
 
-def setup_message(protocol: str | None) -> Message:
-    configs = {Key.STAGE: Stage.SETUP, Key.SAMPLE_NUMBER: 3, Key.SHARE_NUMBER: 3, Key.THRESHOLD: 2,
-               Key.CLIPPING_RANGE: 8.0, Key.TARGET_RANGE: 2**22, Key.MOD_RANGE: 2**32, Key.MAX_WEIGHT: 100.0}
-    if protocol is not None:
-        configs[PROTOCOL_KEY] = protocol
-    return Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord(configs)}), dst_node_id=7, message_type=MessageType.TRAIN)
-
-
-@pytest.mark.parametrize("protocol", [None, "privfed-secagg+/1", "flower"], ids=["unstated", "older", "unknown"])
-def test_a_node_refuses_a_server_on_another_protocol_before_it_makes_any_key(protocol):
-    context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
-    with pytest.raises(MaskProtocolRefused, match="masks only under"):
-        privfed_secaggplus_mod(setup_message(protocol), context, lambda msg, ctx: pytest.fail("trained"))
-    assert RECORD_KEY_STATE not in context.state.config_records  # no key pair was made, nothing to send
-
-
-def test_a_node_answers_privfeds_setup_with_its_keys_and_its_protocol():
-    context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
-    reply = privfed_secaggplus_mod(setup_message(PROTOCOL_VERSION), context, lambda msg, ctx: pytest.fail("trained"))
-    answered = reply.content.config_records[RECORD_KEY_CONFIGS]
-    assert answered[PROTOCOL_KEY] == PROTOCOL_VERSION and Key.PUBLIC_KEY_1 in answered
+    assert error_after_removing(private + pairwise) < TOLERANCE
+    assert error_after_removing(private) > 1 and error_after_removing(pairwise) > 1

@@ -223,3 +223,10 @@ def test_every_statement_says_clients_accept_only_their_own_calibration_and_what
     assert "parameters other than its own calibration (noisier ones too)" in s.text
     assert "weaker than its own calibration" not in s.text
     assert "as if that sequence had been fixed in advance" in s.text
+
+
+@EVERY_MODE
+def test_every_statement_says_a_deviating_server_can_unmask_a_client_within_a_secagg_round(mechanism, dp_sgd):
+    """The attack of tests/federation/test_secagg_deviating_server.py."""
+    s, _ = statement_of_mode(mechanism, dp_sgd)
+    assert "withholds neighbours' key shares from a client and reports their holders dropped unmasks" in s.text
