@@ -55,6 +55,8 @@ MIN_DECAY, MAX_DECAY = 2.0**-24, 2.0**32
 #: Largest discrete-Gaussian sigma drawn: the samples, ``sigma`` times a few dozen at most in practice, stay far
 #: inside the 64-bit integers they are added to.
 MAX_SIGMA = 2.0**48
+#: Smallest sigma drawn: below about 1e-10 the sampler's exponent overflows; at 2^-24 every draw is 0 anyway.
+MIN_SIGMA = 2.0**-24
 
 
 def check_decay(parameter: float | Fraction) -> None:
@@ -83,8 +85,8 @@ def check_sigma(sigma: float | Fraction) -> None:
     Raises:
         ValueError: naming the drawable range.
     """
-    if not (isinstance(sigma, (int, float, Fraction)) and 0 < sigma <= MAX_SIGMA):
-        raise ValueError(f"discrete-Gaussian sigma {sigma!r} cannot be drawn: the sampler takes 0 < sigma <= 2**48")
+    if not (isinstance(sigma, (int, float, Fraction)) and MIN_SIGMA <= sigma <= MAX_SIGMA):
+        raise ValueError(f"discrete-Gaussian sigma {sigma!r} cannot be drawn: the sampler takes 2**-24 <= sigma <= 2**48")
 
 
 def secure_source() -> random.Random:

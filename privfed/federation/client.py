@@ -170,7 +170,7 @@ class OrchestraClient(Client):
                 config=config.local.replace(dp_sgd=dp_sgd),
                 mechanism=mechanism,
                 num_local_centroids=config.num_local_centroids,
-                seed=client_seed(int(ins.config["seed"]), int(ins.config["round"]), self.client_id),
+                seed=client_seed(config.seed, int(ins.config["round"]), self.client_id),
                 device=resolve_device(config.device),
                 labels=labels,
             )

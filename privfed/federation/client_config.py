@@ -39,6 +39,9 @@ class ClientConfig:
         report_client_metrics: Whether the client sends its training metrics
             (``--report-client-metrics``). A declared client follows its declared
             run's value and refuses instructions that carry another.
+        seed: The run's seed. Each round's augmentations, memory and release
+            draw from it, the round and the client, so a declared client does
+            not let the server pick them.
     """
 
     split: FederatedSplit
@@ -55,6 +58,7 @@ class ClientConfig:
     device: str
     threads: int
     report_client_metrics: bool
+    seed: int
 
     @classmethod
     def of(cls, config: TrainConfig) -> ClientConfig:
@@ -73,6 +77,7 @@ class ClientConfig:
             device=config.device,
             threads=max(1, int(config.client_cpus)),
             report_client_metrics=config.report_client_metrics,
+            seed=config.seed,
         )
 
     def differences(self, other: ClientConfig) -> list[str]:

@@ -74,7 +74,7 @@ DEVIATING_SERVER = (
 #: k-anonymity holds per release only (docs/privacy.md, "k-anonymity across releases").
 KANON_DIFFERENCING = (
     "k-anonymity across releases: it does not compose, and two releases whose memories differ by one image reveal "
-    "that image; what stops this today is a server that follows the plan (each round a new model, and a memory the "
+    "that image; what stands in the way today is a server that follows the plan (each round a new model, and a memory the "
     "client recomputes from fresh augmentations); a server that deviates may craft models to set it up, and "
     "nothing in kanon or the client refuses that"
 )
@@ -176,7 +176,7 @@ def _metrics_fact(*, dp_sgd: bool, secagg: bool, releases: bool, objective: Obje
     return (
         f"with --report-client-metrics, the round's weighted means of the clients' {reported}, summed inside "
         "SecAgg+ like the update: not a DP bound, and not hidden per client either, since over rounds whose cohorts change "
-        f"the server can solve the means for each client's own values up to one common offset{plain}"
+        f"the server can estimate each client's own level (up to one offset and a trend common to all){plain}"
     )
 
 

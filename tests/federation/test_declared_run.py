@@ -73,6 +73,8 @@ def test_the_honest_servers_round_is_answered_and_charged(plan, tmp_path):
         (lambda c: dataclasses.replace(c, split=dataclasses.replace(c.split, alpha=100.0)), "split"),
         # a server that turns metrics on behind the client's back: the declared run's value holds
         (lambda c: dataclasses.replace(c, report_client_metrics=True), "report_client_metrics"),
+        # a server that picks the seed would pick a round's augmentations, memory and release draws
+        (lambda c: dataclasses.replace(c, seed=c.seed + 1), "seed"),
     ],
 )
 def test_a_client_configuration_other_than_the_declared_one_is_refused(plan, tmp_path, change, named):
@@ -147,3 +149,16 @@ def test_a_node_whose_ledger_is_unreadable_says_nothing_about_it_to_the_server(p
     with pytest.raises(NodeGuardFailed) as failure:
         client(plan, tmp_path)
     assert "state" not in str(failure.value) and "line" not in str(failure.value)
+
+
+def test_the_round_draws_from_the_declared_seed_whatever_seed_the_fit_config_names(plan, tmp_path):
+    """A deviating server that names another seed gets the same augmentations, memory and release."""
+    import numpy as np
+    from flwr.common import parameters_to_ndarrays
+
+    honest = instructions(plan)
+    renamed = instructions(plan)
+    renamed.config["seed"] = int(renamed.config["seed"]) + 12345
+    first = client(plan, tmp_path / "a").fit(honest)
+    second = client(plan, tmp_path / "b").fit(renamed)
+    assert all(np.array_equal(a, b) for a, b in zip(parameters_to_ndarrays(first.parameters), parameters_to_ndarrays(second.parameters)))

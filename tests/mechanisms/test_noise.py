@@ -118,10 +118,14 @@ def test_the_ends_of_the_laplace_samplers_range_are_drawn(decay):
     assert discrete_laplace(50, parameter=decay, source=random.Random(0)).dtype == np.int64
 
 
-@pytest.mark.parametrize("sigma", [0.0, -2.0, 2.0**49, float("nan"), float("inf")])
+@pytest.mark.parametrize("sigma", [0.0, -2.0, 1e-10, 1e-300, 2.0**49, float("nan"), float("inf")])
 def test_a_sigma_the_gaussian_sampler_cannot_draw_is_refused_by_name(sigma):
     with pytest.raises(ValueError, match="cannot be drawn"):
         discrete_gaussian(3, sigma=sigma, source=random.Random(0))
+
+
+def test_the_smallest_sigma_is_drawn():
+    assert not discrete_gaussian(100, sigma=noise.MIN_SIGMA, source=random.Random(0)).any()
 
 
 def test_the_largest_sigma_is_drawn():

@@ -80,7 +80,7 @@ def test_reported_metric_means_under_secagg_are_said_to_reveal_each_clients_own_
     backs the claim."""
     s = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4, report_metrics=True)
     (means,) = [n for n in s.not_covered if "weighted means" in n]
-    assert "over rounds whose cohorts change" in means and "each client's own values up to one common offset" in means
+    assert "over rounds whose cohorts change" in means and "estimate each client's own level" in means
     assert "no client's own values" not in s.text
 
 
