@@ -142,8 +142,10 @@ class Mechanism(abc.ABC):
         """Makes every :meth:`release` and :meth:`release_with_members` a subclass defines refuse non-finite input.
 
         The check sits here, not in each mechanism, so that a direct caller
-        of any mechanism, built-in or third-party, gets it (see
-        :func:`check_representations`).
+        of any mechanism that defines these in its class body, built-in or
+        third-party, gets it (see :func:`check_representations`). One taken
+        from a class outside :class:`Mechanism`, a classmethod, or one set
+        after the class is made escapes it; :func:`checked_release` does not.
         """
         super().__init_subclass__(**kwargs)
         for name in ("release", "release_with_members"):
