@@ -157,20 +157,8 @@ def time_expansion(prg, size: int, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, nargs="+", default=[10, 50])
-    parser.add_argument("--backbones", nargs="+", default=["resnet8", "resnet18"], help="models of tables 1 and 2")
-    parser.add_argument("--sim-backbones", nargs="*", default=["resnet8"], help="models of table 3 (none: skip it)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--samples-per-client", type=int, default=32)
-    parser.add_argument("--prgs", nargs="+", choices=PRGS, default=list(PRGS))
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each setting")
-    args = parser.parse_args()
-    logging.getLogger("flwr").setLevel(logging.WARNING)  # one INFO line per protocol stage otherwise
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the mod runs in Ray's workers
-
-    shapes = {backbone: update_shapes(backbone, args) for backbone in {*args.backbones, *args.sim_backbones}}
+def protocol_tables(args: argparse.Namespace, shapes: dict[str, list[tuple[int, ...]]]) -> None:
+    """Tables 1 and 2: one mask expansion, and one in-process SecAgg+ round, under each PRG."""
     print("1. one mask expansion, modulus 2^32 (median of 5)")
     print(f"{'backbone':>9} {'values':>11} {'privfed ms':>10} {'flower ms':>10}")
     for backbone in args.backbones:
@@ -189,6 +177,24 @@ def main() -> None:
             ours, theirs = statistics.median(times["privfed"]), statistics.median(times["flower"])
             cells = [f"{statistics.median(t):.2f} [{min(t):.2f}-{max(t):.2f}]" for t in times.values()]
             print(f"{backbone:>9} {num_clients:>7} {cells[0]:>20} {cells[1]:>20} {ours / theirs:>5.3f}x", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[10, 50])
+    parser.add_argument("--backbones", nargs="*", default=["resnet8", "resnet18"], help="models of tables 1 and 2 (none: skip them)")
+    parser.add_argument("--sim-backbones", nargs="*", default=["resnet8"], help="models of table 3 (none: skip it)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--samples-per-client", type=int, default=32)
+    parser.add_argument("--prgs", nargs="+", choices=PRGS, default=list(PRGS))
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each setting")
+    args = parser.parse_args()
+    logging.getLogger("flwr").setLevel(logging.WARNING)  # one INFO line per protocol stage otherwise
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the mod runs in Ray's workers
+
+    shapes = {backbone: update_shapes(backbone, args) for backbone in {*args.backbones, *args.sim_backbones}}
+    if args.backbones:
+        protocol_tables(args, shapes)
     if not args.sim_backbones:
         return
 
