@@ -55,7 +55,9 @@ BAD_INSTRUCTIONS: list[tuple[str, Callable[[FitIns], FitIns]]] = [
     ("mechanism_params not JSON", lambda ins: with_config(ins, mechanism_params="[")),
     ("mechanism_params unknown", lambda ins: with_config(ins, mechanism_params=json.dumps({"backdoor": 1}))),
     ("round as text", lambda ins: with_config(ins, round="first")),
-    ("seed missing", lambda ins: with_config(ins, seed=None)),
+    # The client draws from the seed in its client configuration (the declared one), not the fit config's.
+    ("client_config without its seed", lambda ins: with_config(
+        ins, client_config=json.dumps({k: v for k, v in json.loads(ins.config["client_config"]).items() if k != "seed"}))),
     ("dp_sgd garbage", lambda ins: with_config(ins, dp_sgd="{not json")),
 ]
 
