@@ -41,12 +41,15 @@ def global_centroids(
 
     Each released vector weighs as many representations as it stands for
     (a ``kanon`` centroid of 16 members weighs 16, a raw representation 1);
-    ``kmeans`` uses the weights, ``official`` only drops weight-0 padding.
-    When every release is padding (e.g. DP coresets too small to keep any
-    point), or fewer vectors than ``G`` arrive (small clients release fewer
-    centroids under ``--kanon-min-k``), last round's centroids stay; in
-    round 0 the released vectors become centroids as they are and random
-    unit vectors fill up to ``G``.
+    ``kmeans`` uses the weights, ``official`` counts each vector once. A
+    vector of weight 0 (padding, e.g. of a DP release too noisy to keep a
+    point) never counts, in either method. With fewer real vectors than
+    ``G``, only the centroids nearest to them move (:func:`move_nearest`)
+    and the rest keep last round's value; in round 0 the real vectors
+    become centroids as they are and random unit vectors fill up to ``G``.
+    Before this rule, padding counted towards ``G``: 3 real vectors among 400
+    pulled all 64 centroids onto a handful of directions
+    (``tests/orchestra/test_global_clustering.py``).
 
     Args:
         releases: This round's releases.
@@ -62,19 +65,19 @@ def global_centroids(
 
     """
     nonempty = [r for r in releases if r.num_vectors > 0]
-    total = sum(r.num_vectors for r in nonempty)
-    if total < num_centroids:
+    dim = nonempty[0].vectors.shape[1] if nonempty else releases[0].vectors.shape[1]
+    vectors = torch.cat([r.vectors.float() for r in nonempty]) if nonempty else torch.zeros(0, dim)
+    weights = (
+        torch.cat(median_capped_weights(nonempty) if median_client_cap else [r.weights.float() for r in nonempty])
+        if nonempty
+        else torch.zeros(0)
+    )
+    real = weights > 0
+    vectors, weights = F.normalize(vectors[real], dim=1), weights[real]
+    if vectors.shape[0] < num_centroids:
         if previous is not None:
-            return previous
-        dim = nonempty[0].vectors.shape[1] if nonempty else releases[0].vectors.shape[1]
-        released = [F.normalize(r.vectors.float(), dim=1) for r in nonempty]
-        return torch.cat([*released, random_centroids(num_centroids - total, dim, generator)])
-    vectors = torch.cat([r.vectors.float() for r in nonempty])
-    weights = torch.cat(median_capped_weights(nonempty) if median_client_cap else [r.weights.float() for r in nonempty])
-    if weights.sum() <= 0:
-        if previous is not None:
-            return previous
-        weights = torch.ones_like(weights)
+            return move_nearest(previous, vectors, weights)
+        return torch.cat([vectors, random_centroids(num_centroids - vectors.shape[0], dim, generator)])
     if method == KMEANS:
         return sinkhorn_kmeans(vectors, num_centroids, weights=weights, init=previous, generator=generator,
                                temperature=0.05, num_iters=30)
@@ -82,8 +85,25 @@ def global_centroids(
         if cluster_temperature is None:
             raise ValueError("the official global clustering needs the cluster loss's temperature")
         start = previous if previous is not None else random_centroids(num_centroids, vectors.shape[1], generator)
-        return fit_centroids(vectors[weights > 0], start, temperature=cluster_temperature)
+        return fit_centroids(vectors, start, temperature=cluster_temperature)
     raise ValueError(f"unknown global clustering {method!r} (choose from {KMEANS}, {OFFICIAL})")
+
+
+def move_nearest(previous: torch.Tensor, vectors: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Each previous centroid that is some vector's nearest moves to their weighted mean; the others stay.
+
+    Too few vectors to cluster cannot place ``G`` centroids, and fitting all
+    of them to a few vectors would collapse the targets every client trains
+    against onto those few directions.
+    """
+    centroids = previous.clone()
+    if vectors.shape[0] == 0:
+        return centroids
+    nearest = (vectors @ F.normalize(previous.float(), dim=1).T).argmax(dim=1)
+    for index in nearest.unique():
+        mine = nearest == index
+        centroids[index] = F.normalize((weights[mine, None] * vectors[mine]).sum(dim=0), dim=0).to(centroids.dtype)
+    return centroids
 
 
 def median_capped_weights(releases: list[Release]) -> list[torch.Tensor]:

@@ -84,3 +84,51 @@ def test_the_official_clustering_needs_the_temperature_and_unknown_names_are_ref
         global_centroids(releases(clustered()), 4, previous=None, generator=torch.Generator(), method=OFFICIAL)
     with pytest.raises(ValueError, match="unknown global clustering"):
         global_centroids(releases(clustered()), 4, previous=None, generator=torch.Generator(), method="magic")
+
+
+def distinct_directions(centroids: torch.Tensor, cosine: float = 0.999) -> int:
+    """How many centroids differ in direction (greedy: a centroid joins the first kept one it nearly equals)."""
+    kept: list[torch.Tensor] = []
+    for c in F.normalize(centroids.float(), dim=1):
+        if all(float(c @ k) < cosine for k in kept):
+            kept.append(c)
+    return len(kept)
+
+
+@pytest.mark.parametrize("method", [KMEANS, OFFICIAL])
+@pytest.mark.parametrize("real", [1, 3, 10])
+def test_a_few_real_vectors_among_padding_move_only_their_nearest_centroids(method, real):
+    """400 released vectors, all but ``real`` of them weight-0 padding, G = 64: the collapse a review found.
+
+    Before the fix, padding counted towards G and k-means pulled all 64
+    centroids onto about ``real`` directions (1, 3 or 14 distinct).
+    """
+    g = torch.Generator().manual_seed(real)
+    previous = random_centroids(64, 32, g)
+    vectors = F.normalize(torch.randn(400, 32, generator=g), dim=1)
+    weights = torch.zeros(400)
+    weights[:real] = torch.arange(1, real + 1, dtype=torch.float32)
+    centroids = global_centroids(releases(vectors, weights), 64, previous=previous, generator=g, method=method,
+                                 cluster_temperature=0.1)
+    assert distinct_directions(centroids) == 64
+    unchanged = (centroids - previous).abs().amax(dim=1) == 0
+    assert int(unchanged.sum()) >= 64 - real
+    for vector in vectors[:real]:  # each real vector now has a centroid on or near it
+        assert float((centroids @ vector).max()) > 0.5
+
+
+def test_moved_centroids_are_the_weighted_means_of_the_real_vectors_nearest_them():
+    previous = torch.eye(4)
+    vectors = F.normalize(torch.tensor([[1.0, 0.2, 0, 0], [1.0, -0.1, 0, 0], [0, 0, 1.0, 0.3], [0.5, 0.5, 0.5, 0.5]]), dim=1)
+    weights = torch.tensor([3.0, 1.0, 2.0, 0.0])  # the last is padding
+    centroids = global_centroids(releases(vectors, weights), 4, previous=previous, generator=torch.Generator())
+    assert torch.allclose(centroids[0], F.normalize(3 * vectors[0] + vectors[1], dim=0))
+    assert torch.allclose(centroids[2], vectors[2])
+    assert torch.equal(centroids[1], previous[1]) and torch.equal(centroids[3], previous[3])
+
+
+def test_round_zero_with_only_padding_starts_from_random_centroids():
+    vectors = F.normalize(torch.randn(100, 8, generator=torch.Generator().manual_seed(1)), dim=1)
+    centroids = global_centroids(releases(vectors, torch.zeros(100)), 16, previous=None,
+                                 generator=torch.Generator().manual_seed(7))
+    assert torch.equal(centroids, random_centroids(16, 8, torch.Generator().manual_seed(7)))

@@ -27,7 +27,7 @@ def test_round_zero_produces_G_unit_global_centroids():
     assert all(torch.equal(before[k], after[k]) for k in before)  # round 0 does not train
 
 
-def test_too_few_released_vectors_keep_last_rounds_centroids_or_fill_round_zero_at_random():
+def test_too_few_released_vectors_move_only_their_nearest_centroids_or_fill_round_zero_at_random():
     """Small clients release fewer centroids than L under --kanon-min-k; the round must not fail for it."""
     server = OrchestraServer(OrchestraNetwork("resnet8", 16), num_global_centroids=8, seed=0)
     few = release(4, 16, 0)
@@ -37,7 +37,7 @@ def test_too_few_released_vectors_keep_last_rounds_centroids_or_fill_round_zero_
     assert torch.allclose(server.centroids.norm(dim=1), torch.ones(8), atol=1e-5)
     first = server.centroids.clone()
     server.apply_round(None, [release(3, 16, 1)])
-    assert torch.equal(server.centroids, first)
+    assert int((server.centroids == first).all(dim=1).sum()) >= 5  # only the 3 vectors' nearest centroids move
 
 
 def test_the_mean_delta_moves_the_global_model():
