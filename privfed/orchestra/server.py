@@ -91,10 +91,14 @@ class OrchestraServer:
             method=self.global_clustering,
             cluster_temperature=self.cluster_temperature,
         )
+        released = sum(r.num_vectors for r in releases)
         stats = {
             "clients": float(len(releases)),
-            "released_vectors": float(sum(r.num_vectors for r in releases)),
+            "released_vectors": float(released),
         }
+        if released:
+            # Padding (weight 0) stands for no representation: a low fraction means the DP noise drowned the releases.
+            stats["weighted_vector_fraction"] = sum(int((r.weights > 0).sum()) for r in releases) / released
         usage = _centroid_usage(releases, self.centroids)
         if usage is not None:
             stats["centroid_usage"] = usage

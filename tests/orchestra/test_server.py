@@ -82,3 +82,11 @@ def test_rotpred_has_no_centroids_and_a_method_gets_only_the_releases_it_makes()
     orchestra = OrchestraServer(OrchestraNetwork("resnet8", 16), num_global_centroids=8, seed=0)
     with pytest.raises(ValueError, match="at least one client release"):
         orchestra.apply_round(None, [])
+
+
+def test_the_round_reports_the_fraction_of_released_vectors_that_carry_weight():
+    server = OrchestraServer(OrchestraNetwork("resnet8", 16), num_global_centroids=8, seed=0)
+    padded = release(4, 16, 2)
+    padded = Release(padded.vectors, torch.tensor([4.0, 0.0, 0.0, 0.0]), NONE)
+    stats = server.apply_round(None, [release(4, 16, 1), padded])
+    assert stats["weighted_vector_fraction"] == 5 / 8
