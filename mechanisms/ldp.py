@@ -1,8 +1,12 @@
 """Differentially private centroids from an LSH-tree coreset.
 
-The algorithm of Chang, Ghazi, Kumar and Manurangsi, "Locally Private
-k-Means in One Round" / "Practical differentially private clustering"
-(ICML 2021), run by one client on its own representations:
+Google's LSH-tree coreset clustering, a *central*-model DP algorithm
+(the "practical differentially private clustering" line of work by Chang,
+Ghazi, Kumar and Manurangsi), run once by each client on its own
+representations: the client is the curator of its own data. It is not
+Chang et al.'s one-round *local*-model algorithm ("Locally Private k-Means
+in One Round", ICML 2021), whose users each randomise a single point. The
+steps:
 
 1. clip every representation to radius ``r``;
 2. hash it with SimHash: bit ``l`` is ``sign <x - c, v_l>`` for hyperplanes
