@@ -120,3 +120,14 @@ def test_a_run_whose_own_calibration_the_sampler_cannot_draw_is_refused_when_it_
     )
     with pytest.raises(PrivfedError, match="tree_count_parameter: discrete-Laplace decay .* cannot be drawn"):
         plan_privacy(config, [50, 50, 50, 50])
+
+
+@pytest.mark.slow  # about 40 s: two calibrations over 50 releases
+@pytest.mark.parametrize(("per_release", "total"), [(0.8, 9.0), (1.0, 11.6)])
+def test_the_papers_per_release_epsilon_composes_to_what_docs_privacy_md_says(per_release, total):
+    """docs/privacy.md, "The paper's epsilon is per release": 50 releases at delta 1e-3."""
+    config = build_config(dataset="shapes:400", num_clients=10, participation=1.0, rounds=49, mechanism="ldp",
+                          epsilon_per_release=per_release, delta=1e-3, num_global_centroids=16, projection_dim=16,
+                          out="unused")
+    plan = plan_privacy(config, [40] * 10)
+    assert plan.planned_epsilon == pytest.approx(total, rel=0.02)
