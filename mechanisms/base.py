@@ -183,6 +183,14 @@ class Mechanism(abc.ABC):
         """What one release costs, for the run's ledger (empty when not differentially private)."""
         return ()
 
+    def rows_per_vector(self, *, rows: int, dim: int, num_centroids: int) -> float | None:
+        """Fewest representations a released vector must stand for to rise above the noise (None: no such floor).
+
+        privfed prints it before training (``privfed train``'s plan), next to
+        the rows clients hold: a client with fewer rows releases padding.
+        """
+        return None
+
     # The three bounds below bound one client's pull on the server: each takes ``num_reps``, the most rows the
     # caller can hand :meth:`release` (privfed: one per image in the client's memory, so the smaller of its size
     # and the memory's; its size under DP-SGD, whose Poisson memory has no cap). The server rejects a release

@@ -589,6 +589,10 @@ class LshCoresetMechanism(Mechanism):
         grid = self.grid(dim)
         return self.noise.sum_noise_multiplier * grid.sensitivity * grid.step
 
+    def rows_per_vector(self, *, rows: int, dim: int, num_centroids: int) -> float | None:
+        """``T_n``: a tree node, hence a coreset point, is kept only from this noisy count on."""
+        return self.thresholds(root_count=rows, num_centroids=num_centroids, dim=dim).keep
+
     def thresholds(self, *, root_count: float, num_centroids: int, dim: int) -> Thresholds:
         auto = default_thresholds(
             root_count=root_count,

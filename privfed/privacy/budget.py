@@ -15,6 +15,7 @@ combination will be.
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,11 @@ class PrivacyPlan:
         planned_combined_epsilon: Releases and DP-SGD composed, for the
             client size whose DP-SGD costs most, sampled in every round
             (None unless both parts are DP).
+        rows_per_vector: Fewest memory rows a released vector needs to rise
+            above the noise (:meth:`~mechanisms.base.Mechanism.rows_per_vector`;
+            None: the mechanism names none).
+        memory_rows: Rows each client's memory holds: the smaller of its size
+            and ``--memory-size`` (its size under DP-SGD).
     """
 
     mechanism: str | None
@@ -83,6 +89,8 @@ class PrivacyPlan:
     fitting_releases: int | None = None
     dp_sgd: DpSgdPlan | None = None
     planned_combined_epsilon: float | None = None
+    rows_per_vector: float | None = None
+    memory_rows: tuple[int, ...] = ()
 
     @property
     def may_stop_early(self) -> bool:
@@ -121,6 +129,17 @@ class PrivacyPlan:
                 f"privacy: releases and DP-SGD together: at most epsilon {self.planned_combined_epsilon:.3f} "
                 f"(delta {self.delta:.2g}) per example of a client"
             )
+        if self.rows_per_vector is not None and self.memory_rows:
+            below = sum(rows < self.rows_per_vector for rows in self.memory_rows)
+            lines.append(
+                f"privacy: a released {self.mechanism} vector stands for at least {self.rows_per_vector:.0f} memory rows; "
+                f"clients hold {min(self.memory_rows)} to {max(self.memory_rows)}"
+            )
+            if 2 * below > len(self.memory_rows):
+                lines.append(
+                    f"warning: {below} of {len(self.memory_rows)} clients hold fewer rows than that, so their releases "
+                    "will be mostly padding (raise the epsilon, the memory size or the data per client)"
+                )
         return lines
 
 
@@ -208,7 +227,18 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
         fitting_releases=fitting,
         dp_sgd=dp_sgd,
         planned_combined_epsilon=combined,
+        **_release_floor(mechanism_class(**params), config, client_sizes),
     )
+
+
+def _release_floor(mechanism: Mechanism, config: TrainConfig, client_sizes: list[int]) -> dict[str, Any]:
+    """What one release can carry: the mechanism's floor against the rows each client's memory holds."""
+    # Under DP-SGD the memory is a Poisson sample of the whole dataset, with no cap.
+    rows = tuple(size if config.dp_sgd else min(config.memory_size, size) for size in client_sizes)
+    floor = mechanism.rows_per_vector(
+        rows=int(statistics.median(rows)), dim=config.projection_dim, num_centroids=config.num_local_centroids
+    )
+    return {"rows_per_vector": floor, "memory_rows": rows}
 
 
 def check_dp_sgd_options(config: TrainConfig) -> None:

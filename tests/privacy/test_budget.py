@@ -131,3 +131,24 @@ def test_the_papers_per_release_epsilon_composes_to_what_docs_privacy_md_says(pe
                           out="unused")
     plan = plan_privacy(config, [40] * 10)
     assert plan.planned_epsilon == pytest.approx(total, rel=0.02)
+
+
+@pytest.mark.parametrize(("epsilon", "warned"), [(1.0, True), (100.0, False)])
+def test_the_plan_says_how_many_rows_a_dp_release_needs_and_warns_when_most_clients_hold_fewer(epsilon, warned):
+    config = build_config(dataset="shapes:2000", num_clients=10, participation=0.5, rounds=20, mechanism="ldp",
+                          epsilon=epsilon, num_global_centroids=16, projection_dim=16, out="unused")
+    plan = plan_privacy(config, [200] * 10)
+    mechanism = LshCoresetMechanism(**plan.params)
+    floor = mechanism.thresholds(root_count=128, num_centroids=config.num_local_centroids, dim=16).keep
+    assert plan.rows_per_vector == pytest.approx(floor) and plan.memory_rows == (128,) * 10
+    lines = plan.describe()
+    assert any(f"at least {floor:.0f} memory rows" in line for line in lines)
+    assert any(line.startswith("warning: 10 of 10 clients") for line in lines) == warned
+    assert (floor > 128) == warned
+
+
+def test_kanon_names_no_release_floor():
+    config = build_config(dataset="shapes:400", num_clients=10, participation=0.5, rounds=2, mechanism="kanon",
+                          num_global_centroids=16, projection_dim=16, out="unused")
+    plan = plan_privacy(config, [40] * 10)
+    assert plan.rows_per_vector is None and not any("memory rows" in line for line in plan.describe())
