@@ -116,13 +116,13 @@ def sums_noise_multiplier(epsilon: float, delta: float, *, num_releases: int) ->
 
 @lru_cache(maxsize=256)
 def release_epsilon(noise_multiplier: float, delta: float) -> float:
-    """Epsilon of one release at ``delta`` (PLD, on a grid costing at most 0.5 % of the answer)."""
-    events = [table_event(noise_multiplier)]
-    first = accounting.epsilon_of(events, delta)
-    wanted = 0.5 * accounting.calibration_discretisation(first, 1)
-    if first == 0.0 or wanted >= accounting.DEFAULT_DISCRETISATION:
-        return first
-    return accounting.epsilon_of(events, delta, discretisation=wanted)
+    """Epsilon of one release at ``delta``: the Gaussian's exact value (Balle and Wang 2018), shift twice the row bound.
+
+    The ledger's PLD of the same event rounds it up by at most its grid; a
+    PLD on a grid fine enough to state it would need terabytes for the huge
+    epsilon of a tiny multiplier, which the exact formula does not.
+    """
+    return float(gaussian_mechanism.get_epsilon_gaussian(noise_multiplier / accounting.REPLACEMENT_SHIFT, delta))
 
 
 def nearest_cells(x: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
@@ -221,7 +221,7 @@ class LdpSumsMechanism(Mechanism):
 
     @property
     def epsilon(self) -> float:
-        """Per-release epsilon at ``delta``, from the PLD accountant."""
+        """Per-release epsilon at ``delta`` (see :func:`release_epsilon`)."""
         return release_epsilon(self.noise_multiplier, self.delta)
 
     @property
@@ -249,8 +249,8 @@ class LdpSumsMechanism(Mechanism):
             delta=self.delta,
             statement=(
                 f"This release is ({eps:.3g}, {self.delta:.3g})-differentially private with respect to "
-                "replacing any one of the client's representations by another (PLD accountant; the per-cell "
-                "sums and counts accounted as one Gaussian). It covers the released vectors, weights and metrics, "
+                "replacing any one of the client's representations by another (the per-cell sums and counts "
+                "accounted as one Gaussian). It covers the released vectors, weights and metrics, "
                 "not the encoder update; repeated releases compose in the ledger."
             ),
         )
