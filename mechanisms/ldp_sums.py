@@ -261,6 +261,8 @@ class LdpSumsMechanism(Mechanism):
             return F.normalize(torch.randn(num_centroids, dim, generator=generator, dtype=torch.float64), dim=1)
         if self.centres.ndim != 2 or self.centres.shape[1] != dim or self.centres.shape[0] < 1:
             raise ValueError(f"partition centres of shape {tuple(self.centres.shape)} do not fit {dim}-dimensional rows")
+        if not bool(torch.isfinite(self.centres).all()):
+            raise ValueError("partition centres hold NaN or Inf")
         return self.centres
 
     def release(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:

@@ -181,10 +181,13 @@ def test_non_finite_input_is_refused_before_any_noise(method):
         getattr(create_mechanism("ldp-sums"), method)(memory, num_centroids=4, generator=gen())
 
 
-def test_partition_centres_of_another_width_are_refused():
+def test_partition_centres_of_another_width_or_not_finite_are_refused():
     mechanism = create_mechanism("ldp-sums")
     mechanism.observe_global_centroids(unit(4, 9, seed=0))
     with pytest.raises(ValueError, match="do not fit 8-dimensional rows"):
+        mechanism.release(unit(10, 8, seed=1), num_centroids=4, generator=gen())
+    mechanism.observe_global_centroids(torch.full((4, 8), float("nan")))
+    with pytest.raises(ValueError, match="partition centres hold NaN or Inf"):
         mechanism.release(unit(10, 8, seed=1), num_centroids=4, generator=gen())
 
 
