@@ -23,7 +23,10 @@ of per-cell sums and counts pays for everything.
    (default ``max(3 * count noise std, 1)``) is a candidate; the ``L``
    candidates with the largest noisy counts are released as their unit noisy
    sums, weighted by their noisy counts, and padded to exactly ``L`` rows of
-   weight 0 as ``ldp`` pads (:func:`mechanisms.ldp.pad_centres`).
+   weight 0 as ``ldp`` pads (:func:`mechanisms.ldp.pad_centres`). The
+   threshold only keeps cells that are not mostly count noise; unlike
+   ``ldp``'s it does not ask the sum to outweigh its noise, because the
+   server averages the same cell over many clients, where that noise shrinks.
 
 Sensitivity (replace-one, the unit of :mod:`mechanisms.accounting`). A
 rounded row ``r`` has ``||r||_2 <= s = res + sqrt(D)/2`` grid steps (rounding
@@ -43,8 +46,10 @@ measures it). In data units every sum coordinate carries noise of std
 ``z * s / res <= 1.01 z``, and so does every count. The discrete Gaussian is
 accounted as the continuous one, the approximation
 :mod:`mechanisms.accounting` states once. Which cells are released depends
-only on noisy counts; the partition centres and the table's shape are public.
-A client with zero rows runs the same code.
+only on noisy values; the partition centres and the table's shape are public.
+The bound holds for any centres, a hostile server's too: a row's cell
+depends on that row and the centres alone. A client with zero rows runs the
+same code.
 
 What the guarantee covers: the released vectors, weights and metrics (all
 functions of the noisy table), not the encoder update.
