@@ -102,10 +102,10 @@ class TrainConfig:
         "assignments at --temperature; the centroids stay near their random start).",
     )
     # release mechanism and privacy budget
-    mechanism: str = option("kanon", "Release mechanism: kanon, ldp, reps (see `privfed mechanisms`).")
+    mechanism: str = option("kanon", "Release mechanism: kanon, ldp, ldp-sums, reps (see `privfed mechanisms`).")
     epsilon: float | None = option(
         None,
-        "DP mechanisms (ldp): total epsilon ONE client may spend over the whole run (all its releases composed "
+        "DP mechanisms (ldp, ldp-sums): total epsilon ONE client may spend over the whole run (all its releases composed "
         "with the PLD accountant; every release is calibrated for the worst case of rounds+1 participations).",
     )
     delta: float | None = option(

@@ -73,11 +73,11 @@ class RunCurves:
 
 
 def run_label(config: TrainConfig) -> str:
-    """What tells runs apart in a legend: method, mechanism (with ldp's epsilon), DP-SGD, seed."""
+    """What tells runs apart in a legend: method, mechanism (with a DP mechanism's total epsilon), DP-SGD, seed."""
     parts = [config.method]
     mechanism = config.release_mechanism
-    if mechanism == "ldp" and config.epsilon is not None:
-        parts.append(f"ldp eps={config.epsilon:g}")
+    if mechanism is not None and config.epsilon is not None:
+        parts.append(f"{mechanism} eps={config.epsilon:g}")
     elif mechanism is not None:
         parts.append(mechanism)
     if config.dp_sgd:

@@ -91,3 +91,8 @@ def test_privfed_plot_overlays_two_runs(tmp_path, run_privfed):
     result = run_privfed("plot", str(runs[0].path), str(runs[1].path), "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert (drawn_pixels(out) < 0.9).any(axis=-1).mean() > 0.02
+
+
+def test_every_dp_mechanism_is_labelled_with_its_epsilon():
+    config = build_config(mechanism="ldp-sums", epsilon=10.0, seed=2, out="unused")
+    assert run_label(config) == "orchestra, ldp-sums eps=10, seed 2"

@@ -20,7 +20,7 @@ def mechanism(name: str) -> Mechanism:
     return create_mechanism(name)
 
 
-@pytest.mark.parametrize("name", ["kanon", "ldp", "reps"])
+@pytest.mark.parametrize("name", ["kanon", "ldp", "ldp-sums", "reps"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_a_non_finite_representation_stops_every_mechanism(name, bad):
     memory = reps()
@@ -29,7 +29,7 @@ def test_a_non_finite_representation_stops_every_mechanism(name, bad):
         checked_release(mechanism(name), memory, num_centroids=4, generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize("name", ["kanon", "ldp", "reps"])
+@pytest.mark.parametrize("name", ["kanon", "ldp", "ldp-sums", "reps"])
 def test_finite_representations_are_released_as_the_mechanism_says(name):
     release = checked_release(mechanism(name), reps(), num_centroids=4, generator=torch.Generator().manual_seed(0))
     assert release.num_vectors > 0 and release.vectors.shape[1] == 16
@@ -71,7 +71,7 @@ def test_input_must_be_a_floating_matrix():
                         generator=torch.Generator())
 
 
-@pytest.mark.parametrize("name", ["kanon", "ldp", "reps"])
+@pytest.mark.parametrize("name", ["kanon", "ldp", "ldp-sums", "reps"])
 @pytest.mark.parametrize("method", ["release", "release_with_members"])
 def test_a_mechanisms_own_release_refuses_non_finite_input_without_checked_release(name, method):
     """A direct caller of ``ldp.release`` once got sums wrapped by a NaN rounded to -2**63."""

@@ -24,7 +24,7 @@ def params_of(name: str, epsilon: float) -> dict:
     return {"min_k": 2} if name == "kanon" else {}
 
 
-@pytest.mark.parametrize("name", ["reps", "kanon", "ldp"])
+@pytest.mark.parametrize("name", ["reps", "kanon", "ldp", "ldp-sums"])
 @pytest.mark.parametrize("epsilon", [0.5, 10.0])
 @pytest.mark.parametrize("n", [12, 128, 400])
 def test_honest_releases_stay_within_the_bounds(name, epsilon, n):

@@ -333,3 +333,13 @@ def test_a_round_is_charged_the_declared_events_even_when_the_server_computed_th
     assert guard.ledger.events(0, RELEASES) == budget.release_events
     assert guard.ledger.events(0, DP_SGD) == budget.training_events
     assert guard.own_parameters() == (params, own)
+
+
+def test_ldp_sums_passes_the_guard_unchanged_and_a_weaker_or_noisier_multiplier_does_not():
+    config = build_config(**{**SMALL, "mechanism": "ldp-sums", "epsilon": 1.0})
+    budget = declared_budget(config, sizes(config)[0])
+    params = server_params(config)
+    assert check_release_parameters(budget, "ldp-sums", params) == budget.release_events
+    for factor in (0.5, 2.0):
+        with pytest.raises(RoundRefused, match="noise_multiplier"):
+            check_release_parameters(budget, "ldp-sums", {**params, "noise_multiplier": params["noise_multiplier"] * factor})

@@ -132,7 +132,7 @@ def test_kanon_is_stated_as_distinct_images_per_centroid_and_never_as_differenti
 
 
 EVERY_MODE = pytest.mark.parametrize(
-    "mechanism,dp_sgd", [(m, d) for m in (None, "kanon", "ldp", "reps") for d in (False, True)]
+    "mechanism,dp_sgd", [(m, d) for m in (None, "kanon", "ldp", "ldp-sums", "reps") for d in (False, True)]
 )
 
 

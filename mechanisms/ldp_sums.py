@@ -1,0 +1,316 @@
+"""Differentially private per-cell sums over a public partition: the ``ldp-sums`` mechanism.
+
+``ldp`` spends much of its budget finding clusters (a noisy SimHash tree) and
+still mixes them. Here the partition is public instead: each row goes to the
+cell of its nearest *partition centre*, and one Gaussian on the whole table
+of per-cell sums and counts pays for everything.
+
+1. Clip every representation to the unit ball and round it to an integer
+   grid of ``res = ceil(50 sqrt(D))`` steps per unit (as ``ldp``'s leaf sums).
+2. Assign it to the nearest partition centre (largest inner product): the
+   previous global centroids when the server sent them (public, see
+   :meth:`LdpSumsMechanism.observe_global_centroids`), else ``L`` random unit
+   vectors drawn from the release's ``generator`` (public and data-independent:
+   the server knows its seed). So round 0, which has no previous centroids,
+   releases noisy sums over a random partition rather than nothing: its
+   charge is planned either way, and a random partition of clustered data
+   still keeps most of a cluster in one cell.
+3. Per cell ``c``: the integer sum ``S_c`` of its rounded rows and the count
+   ``res * n_c`` (a count in the sums' units). Every entry of the table, empty
+   cells included, gets discrete Gaussian noise of one sigma, from the OS
+   CSPRNG (:mod:`mechanisms.noise`).
+4. Post-processing: a cell whose noisy count reaches the public threshold
+   (default ``max(3 * count noise std, 1)``) is a candidate; the ``L``
+   candidates with the largest noisy counts are released as their unit noisy
+   sums, weighted by their noisy counts, and padded to exactly ``L`` rows of
+   weight 0 as ``ldp`` pads (:func:`mechanisms.ldp.pad_centres`). The
+   threshold only keeps cells that are not mostly count noise; unlike
+   ``ldp``'s it does not ask the sum to outweigh its noise, because the
+   server averages the same cell over many clients, where that noise shrinks.
+
+Sensitivity (replace-one, the unit of :mod:`mechanisms.accounting`). A
+rounded row ``r`` has ``||r||_2 <= s = res + sqrt(D)/2`` grid steps (rounding
+moves each coordinate by at most half a step), and its count entry is
+``res <= s``. Replace row ``x`` (cell ``a``) by ``y`` (cell ``b``):
+
+* ``a != b``: ``S_a`` moves by ``-r_x``, ``S_b`` by ``r_y``, the two counts by
+  ``-res`` and ``+res``: the table moves by
+  ``sqrt(||r_x||^2 + ||r_y||^2 + 2 res^2) <= sqrt(4 s^2) = 2s``;
+* ``a == b``: only ``S_a`` moves, by ``r_y - r_x``: at most ``2s``.
+
+So the whole table has L2 sensitivity ``2s``: one Gaussian with noise
+multiplier ``z = sigma / s``, charged as a ``"gaussian"`` event, which
+:func:`mechanisms.accounting.replace_one_pld` accounts with replace-one's
+shift of twice the per-row bound (``tests/mechanisms/test_ldp_sums.py``
+measures it). In data units every sum coordinate carries noise of std
+``z * s / res <= 1.01 z``, and so does every count. The discrete Gaussian is
+accounted as the continuous one, the approximation
+:mod:`mechanisms.accounting` states once. Which cells are released depends
+only on noisy values; the partition centres and the table's shape are public.
+The bound holds for any centres, a hostile server's too: a row's cell
+depends on that row and the centres alone. A client with zero rows runs the
+same code.
+
+What the guarantee covers: the released vectors, weights and metrics (all
+functions of the noisy table), not the encoder update.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from dp_accounting import gaussian_mechanism
+
+from mechanisms import accounting
+from mechanisms.base import DIFFERENTIAL_PRIVACY, Guarantee, Mechanism, PrivacyEvent, Release
+from mechanisms.ldp import Grid, clip_to_radius, pad_centres
+from mechanisms.noise import check_sigma, discrete_gaussian, secure_source
+from mechanisms.registry import register_mechanism
+
+#: Default delta when the mechanism is built on its own (privfed passes the run's).
+DEFAULT_DELTA = 1e-5
+#: Default per-release epsilon when the mechanism is built without a budget.
+DEFAULT_EPSILON = 1.0
+#: Widest representations a release takes; the constructor checks the sampler can draw the noise up to here.
+MAX_DIMENSION = 2**16
+#: Room the server leaves above a client's size for the noise in the weights, in count-noise standard deviations.
+WEIGHT_NOISE_SCALES = 1000.0
+#: How many count-noise standard deviations the default threshold asks of a released cell.
+THRESHOLD_STDS = 3.0
+#: Largest ratio of the count noise's std to the noise multiplier, over all dimensions (``s / res <= 1.01``).
+COUNT_STD_PER_MULTIPLIER = 1.01
+
+
+def sums_grid(dim: int) -> Grid:
+    """The integer grid: ``ceil(50 sqrt(D))`` steps per unit, so the count entry ``res`` is at most the row bound ``s``."""
+    resolution = math.ceil(50.0 * math.sqrt(max(dim, 1)))
+    return Grid.for_dimension(dim, 1.0, resolution=resolution)
+
+
+def count_scale(grid: Grid) -> int:
+    """Grid steps per counted row: one unit of data, i.e. the grid's resolution."""
+    return round(1.0 / grid.step)
+
+
+def table_event(noise_multiplier: float, *, count: int = 1) -> PrivacyEvent:
+    """The ledger record of ``count`` releases: a Gaussian whose std is ``noise_multiplier`` per-row bounds."""
+    return PrivacyEvent("gaussian", {"noise_multiplier": float(noise_multiplier), "count": float(count)})
+
+
+def sums_noise_multiplier(epsilon: float, delta: float, *, num_releases: int) -> float:
+    """Smallest multiplier whose ``num_releases`` releases fit ``(epsilon, delta)`` on the ledger's own PLD grid.
+
+    The analytic Gaussian calibration (Balle and Wang 2018) is exact; the
+    ledger's pessimistic PLD rounds losses up by up to 1 % of ``epsilon``, so
+    the multiplier is raised by 0.1 % steps until the ledger agrees.
+    """
+    if epsilon <= 0 or not 0 < delta < 1 or num_releases < 1:
+        raise ValueError(f"need epsilon > 0, 0 < delta < 1 and num_releases >= 1, got ({epsilon}, {delta}, {num_releases})")
+    z = accounting.REPLACEMENT_SHIFT * float(gaussian_mechanism.get_sigma_gaussian(epsilon, delta)) * math.sqrt(num_releases)
+    grid = accounting.calibration_discretisation(epsilon, 1)
+    while accounting.epsilon_of([table_event(z, count=num_releases)], delta, discretisation=grid) > epsilon:
+        z *= 1.001
+    return z
+
+
+@lru_cache(maxsize=256)
+def release_epsilon(noise_multiplier: float, delta: float) -> float:
+    """Epsilon of one release at ``delta``: the Gaussian's exact value (Balle and Wang 2018), shift twice the row bound.
+
+    The ledger's PLD of the same event rounds it up by at most its grid; a
+    PLD on a grid fine enough to state it would need terabytes for the huge
+    epsilon of a tiny multiplier, which the exact formula does not.
+    """
+    return float(gaussian_mechanism.get_epsilon_gaussian(noise_multiplier / accounting.REPLACEMENT_SHIFT, delta))
+
+
+def nearest_cells(x: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
+    """Index of each row's nearest centre by inner product (unit centres: by cosine)."""
+    if x.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.long)
+    return (x @ F.normalize(centres.double(), dim=1).T).argmax(dim=1)
+
+
+def cell_table(rounded: np.ndarray, cells: np.ndarray, num_cells: int, scale: int) -> np.ndarray:
+    """``[cells, D + 1]`` integer table: each cell's rounded sum, then ``scale`` times its count."""
+    table = np.zeros((num_cells, rounded.shape[1] + 1), dtype=np.int64)
+    np.add.at(table[:, :-1], cells, rounded)
+    table[:, -1] = scale * np.bincount(cells, minlength=num_cells)
+    return table
+
+
+def noisy_cell_statistics(
+    x: torch.Tensor, cells: torch.Tensor, num_cells: int, *, noise_multiplier: float, source: random.Random
+) -> tuple[np.ndarray, torch.Tensor]:
+    """Noisy counts ``[cells]`` and sums ``[cells, D]`` in data units: one discrete Gaussian over the whole table."""
+    dim = x.shape[1]
+    grid = sums_grid(dim)
+    rounded = np.rint(x.double().cpu().numpy() / grid.step).astype(np.int64)
+    table = cell_table(rounded, cells.cpu().numpy(), num_cells, count_scale(grid))
+    sigma = noise_multiplier * grid.sensitivity
+    noisy = table + discrete_gaussian(table.size, sigma=sigma, source=source).reshape(table.shape)
+    counts = noisy[:, -1].astype(np.float64) / count_scale(grid)
+    return counts, torch.from_numpy(noisy[:, :-1].astype(np.float64) * grid.step)
+
+
+def released_cells(noisy_counts: np.ndarray, noisy_sums: torch.Tensor, *, threshold: float, limit: int) -> torch.Tensor:
+    """Cells to release (post-processing): noisy count at least ``threshold``, a nonzero sum, largest counts first, at most ``limit``."""
+    counts = torch.from_numpy(noisy_counts)
+    usable = (counts >= threshold) & (noisy_sums.norm(dim=1) > 0)
+    candidates = torch.nonzero(usable).squeeze(1)
+    order = torch.argsort(counts[candidates], descending=True, stable=True)
+    return candidates[order][:limit]
+
+
+@register_mechanism
+class LdpSumsMechanism(Mechanism):
+    """(epsilon, delta)-DP noisy sums and counts per cell of a public partition (the previous global centroids)."""
+
+    name = "ldp-sums"
+    description = (
+        "noisy per-cell sums and counts over the previous global centroids' cells (one discrete Gaussian); "
+        "(epsilon, delta) per release"
+    )
+    guarantee_kind = DIFFERENTIAL_PRIVACY
+
+    @classmethod
+    def calibrate(cls, *, epsilon: float, delta: float, num_releases: int) -> dict[str, float]:
+        """The noise multiplier whose ``num_releases`` releases compose to at most ``(epsilon, delta)``."""
+        return {"noise_multiplier": sums_noise_multiplier(epsilon, delta, num_releases=num_releases), "delta": float(delta)}
+
+    def __init__(
+        self,
+        *,
+        epsilon: float | None = None,
+        delta: float = DEFAULT_DELTA,
+        noise_multiplier: float | None = None,
+        count_threshold: float | None = None,
+        noise_source: random.Random | None = None,
+    ) -> None:
+        """Builds the mechanism from an explicit multiplier or a per-release epsilon.
+
+        Args:
+            epsilon: Per-release epsilon (default 1.0 when no multiplier is given).
+            delta: Delta of each release's epsilon.
+            noise_multiplier: Noise std over the per-row bound ``s`` (see the module docstring).
+            count_threshold: Least noisy count a released cell has; default
+                ``max(3 * count noise std, 1)``. Public: it reads no data.
+            noise_source: Randomness for the noise; leave unset (the OS CSPRNG), tests pass a seeded one.
+        """
+        if noise_multiplier is not None and epsilon is not None:
+            raise ValueError("give either epsilon or noise_multiplier, not both")
+        if noise_multiplier is None:
+            noise_multiplier = sums_noise_multiplier(DEFAULT_EPSILON if epsilon is None else epsilon, delta, num_releases=1)
+        if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+            raise ValueError(f"ldp-sums noise_multiplier must be positive and finite, got {noise_multiplier!r}")
+        for dim in (1, MAX_DIMENSION):
+            try:
+                check_sigma(noise_multiplier * sums_grid(dim).sensitivity)
+            except ValueError as err:
+                raise ValueError(f"ldp-sums noise_multiplier {noise_multiplier!r}: {err}") from None
+        self.noise_multiplier = float(noise_multiplier)
+        self.delta = delta
+        self.count_threshold = count_threshold
+        self.noise_source = noise_source
+        self.centres: torch.Tensor | None = None
+
+    def observe_global_centroids(self, centroids: torch.Tensor) -> None:
+        """The previous global centroids (public) become the partition centres."""
+        self.centres = centroids.detach().double().cpu()
+
+    @property
+    def epsilon(self) -> float:
+        """Per-release epsilon at ``delta`` (see :func:`release_epsilon`)."""
+        return release_epsilon(self.noise_multiplier, self.delta)
+
+    @property
+    def threshold(self) -> float:
+        """The public count threshold a released cell's noisy count reaches."""
+        if self.count_threshold is not None:
+            return self.count_threshold
+        return max(THRESHOLD_STDS * COUNT_STD_PER_MULTIPLIER * self.noise_multiplier, 1.0)
+
+    def privacy_events(self) -> tuple[PrivacyEvent, ...]:
+        """One Gaussian over the whole table per release."""
+        return (table_event(self.noise_multiplier),)
+
+    @classmethod
+    def max_total_weight(cls, *, num_reps: int, params: dict[str, Any]) -> float:
+        """``num_reps`` plus :data:`WEIGHT_NOISE_SCALES` count-noise stds (the released cells' true counts total at most ``num_reps``)."""
+        multiplier = cls(**params).noise_multiplier
+        return float(num_reps) + WEIGHT_NOISE_SCALES * COUNT_STD_PER_MULTIPLIER * multiplier
+
+    def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
+        eps = self.epsilon
+        return Guarantee(
+            kind=DIFFERENTIAL_PRIVACY,
+            epsilon=eps,
+            delta=self.delta,
+            statement=(
+                f"This release is ({eps:.3g}, {self.delta:.3g})-differentially private with respect to "
+                "replacing any one of the client's representations by another (the per-cell sums and counts "
+                "accounted as one Gaussian). It covers the released vectors, weights and metrics, "
+                "not the encoder update; repeated releases compose in the ledger."
+            ),
+        )
+
+    def partition_centres(self, dim: int, num_centroids: int, generator: torch.Generator) -> torch.Tensor:
+        """The previous global centroids, or (round 0) ``num_centroids`` random unit vectors from ``generator``."""
+        if self.centres is None:
+            return F.normalize(torch.randn(num_centroids, dim, generator=generator, dtype=torch.float64), dim=1)
+        if self.centres.ndim != 2 or self.centres.shape[1] != dim or self.centres.shape[0] < 1:
+            raise ValueError(f"partition centres of shape {tuple(self.centres.shape)} do not fit {dim}-dimensional rows")
+        if not bool(torch.isfinite(self.centres).all()):
+            raise ValueError("partition centres hold NaN or Inf")
+        return self.centres
+
+    def release(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
+        return self.release_with_members(reps, num_centroids=num_centroids, generator=generator)[0]
+
+    def release_with_members(
+        self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
+    ) -> tuple[Release, torch.Tensor]:
+        """The release, and each row's released vector (``-1`` when its cell was not released)."""
+        n, dim = reps.shape
+        if dim > MAX_DIMENSION:
+            raise ValueError(f"ldp-sums releases representations of at most {MAX_DIMENSION} dimensions, got {dim}")
+        if num_centroids < 1:
+            raise ValueError(f"num_centroids must be >= 1, got {num_centroids}")
+        centres = self.partition_centres(dim, num_centroids, generator)
+        x = clip_to_radius(reps.detach().double().cpu(), 1.0)
+        cells = nearest_cells(x, centres)
+        source = self.noise_source if self.noise_source is not None else secure_source()
+        counts, sums = noisy_cell_statistics(
+            x, cells, centres.shape[0], noise_multiplier=self.noise_multiplier, source=source
+        )
+        chosen = released_cells(counts, sums, threshold=self.threshold, limit=num_centroids)
+        vectors, weights = pad_centres(
+            F.normalize(sums[chosen], dim=1), torch.from_numpy(counts)[chosen], num_centroids, dim, generator=generator
+        )
+        release = Release(
+            vectors=vectors.to(reps.dtype),
+            weights=weights.float(),
+            guarantee=self.guarantee(num_reps=n, num_centroids=num_centroids),
+            events=self.privacy_events(),
+            metrics={
+                "cells": float(centres.shape[0]),
+                "noisy_num_reps": float(counts.sum()),
+                "padded_centroids": float(num_centroids - chosen.numel()),
+                "epsilon": self.epsilon,
+                "delta": self.delta,
+            },
+        )
+        return release, _released_index_of_row(cells, chosen, centres.shape[0])
+
+
+def _released_index_of_row(cells: torch.Tensor, chosen: torch.Tensor, num_cells: int) -> torch.Tensor:
+    """Row ``i``'s released vector: the position of its cell among ``chosen``, ``-1`` if not released."""
+    position = torch.full((num_cells,), -1, dtype=torch.long)
+    position[chosen] = torch.arange(chosen.numel())
+    return position[cells]

@@ -1,0 +1,244 @@
+"""``ldp-sums``: noisy per-cell sums and counts over a public partition, checked against its own accounting.
+
+The audit follows ``tests/mechanisms/test_ldp_audit.py``: worst-case canaries,
+each in its own cell, are released many times at once by the mechanism's own
+:func:`~mechanisms.ldp_sums.noisy_cell_statistics`; a threshold test fixed in
+advance gives a Clopper-Pearson lower bound on epsilon, which stays below the
+accountant's at the calibrated noise and exceeds it at half that noise.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+
+from mechanisms import accounting, available_mechanisms, create_mechanism
+from mechanisms.ldp_sums import (
+    LdpSumsMechanism,
+    cell_table,
+    count_scale,
+    nearest_cells,
+    noisy_cell_statistics,
+    sums_grid,
+)
+from privfed.config import build_config
+from privfed.privacy.budget import plan_privacy
+from tests.mechanisms.test_ldp_audit import epsilon_lower_bound
+
+#: Noise so small (std about 0.05 of one row or one count) that the tests below can read the true table through it.
+NO_NOISE = dict(noise_multiplier=0.05)
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def clustered(n: int, dim: int, centres: torch.Tensor, spread: float = 0.1, seed: int = 0) -> torch.Tensor:
+    g = gen(seed)
+    labels = torch.randint(0, centres.shape[0], (n,), generator=g)
+    return F.normalize(centres[labels] + spread * torch.randn(n, dim, generator=g), dim=1)
+
+
+def unit(rows: int, dim: int, seed: int) -> torch.Tensor:
+    return F.normalize(torch.randn(rows, dim, generator=gen(seed)), dim=1)
+
+
+def test_ldp_sums_is_registered_as_a_dp_mechanism():
+    assert "ldp-sums" in available_mechanisms()
+    mechanism = create_mechanism("ldp-sums")
+    assert isinstance(mechanism, LdpSumsMechanism) and mechanism.is_differentially_private()
+
+
+@pytest.mark.parametrize("n", [0, 1, 40, 600])
+@pytest.mark.parametrize("observed", [False, True])
+def test_a_release_has_exactly_L_unit_rows_and_padding_weighs_nothing(n, observed):
+    centres = unit(16, 32, seed=1)
+    mechanism = create_mechanism("ldp-sums", epsilon=10.0, noise_source=random.Random(n))
+    if observed:
+        mechanism.observe_global_centroids(centres)
+    release = mechanism.release(clustered(n, 32, centres[:4]), num_centroids=8, generator=gen())
+    assert release.vectors.shape == (8, 32) and release.weights.shape == (8,)
+    assert torch.allclose(release.vectors.norm(dim=1), torch.ones(8), atol=1e-5)
+    real = int((release.weights > 0).sum())
+    assert release.metrics["padded_centroids"] == 8 - real
+    assert (release.weights[real:] == 0).all() and (release.weights[:real] >= mechanism.threshold).all()
+    assert release.guarantee.kind == "differential-privacy" and release.guarantee.epsilon <= 10.0 * (1 + 1e-9)
+    assert release.events == mechanism.privacy_events()
+    if n == 600 and observed:
+        assert real == 4  # the four clusters' own cells, and no empty cell
+    if n == 0:
+        assert real == 0
+
+
+def test_round_zero_partitions_by_random_unit_vectors_drawn_from_the_generator():
+    """No previous centroids: the cells are those of L public random directions, not nothing and not one mean."""
+    dim, L = 16, 4
+    x = clustered(300, dim, unit(4, dim, seed=2))
+    first = create_mechanism("ldp-sums", **NO_NOISE, noise_source=random.Random(5))
+    round_zero = first.release(x, num_centroids=L, generator=gen(9))
+    assert first.centres is None and round_zero.metrics["cells"] == L
+    second = create_mechanism("ldp-sums", **NO_NOISE, noise_source=random.Random(5))
+    second.observe_global_centroids(F.normalize(torch.randn(L, dim, generator=gen(9), dtype=torch.float64), dim=1))
+    observed = second.release(x, num_centroids=L, generator=gen(9))
+    assert torch.equal(round_zero.weights, observed.weights)
+    real = round_zero.weights > 0
+    assert int(real.sum()) >= 2 and torch.allclose(round_zero.vectors[real], observed.vectors[real])
+
+
+def test_rows_go_to_their_nearest_centroids_cell_and_its_vector_is_their_mean_direction():
+    dim = 8
+    centres = unit(6, dim, seed=3)
+    x = clustered(200, dim, centres, spread=0.6, seed=4)
+    mechanism = create_mechanism("ldp-sums", **NO_NOISE, count_threshold=1.0, noise_source=random.Random(0))
+    mechanism.observe_global_centroids(centres)
+    release, members = mechanism.release_with_members(x, num_centroids=6, generator=gen())
+    nearest = (x @ centres.T).argmax(dim=1)
+    assert torch.equal(nearest_cells(x.double(), centres), nearest)
+    for cell in range(6):
+        rows = nearest == cell
+        if not rows.any():
+            continue
+        index = int(members[rows][0])
+        assert (members[rows] == index).all() and release.weights[index] == pytest.approx(float(rows.sum()), abs=0.3)
+        mean_direction = F.normalize(x[rows].sum(dim=0), dim=0)
+        assert float(release.vectors[index] @ mean_direction) > 0.999
+    assert int((release.weights > 0).sum()) == int(nearest.unique().numel())
+
+
+def test_only_the_L_heaviest_cells_of_more_are_released():
+    dim = 8
+    centres = unit(12, dim, seed=6)
+    x = clustered(600, dim, centres, spread=0.05, seed=7)
+    mechanism = create_mechanism("ldp-sums", **NO_NOISE, count_threshold=1.0, noise_source=random.Random(0))
+    mechanism.observe_global_centroids(centres)
+    release = mechanism.release(x, num_centroids=3, generator=gen())
+    counts = torch.bincount(nearest_cells(x.double(), centres), minlength=12).double()
+    assert torch.allclose(release.weights.double(), counts.sort(descending=True).values[:3], atol=0.3)
+
+
+@pytest.mark.parametrize("dim", [1, 2, 16, 512])
+def test_a_replaced_row_moves_the_table_by_at_most_twice_the_row_bound(dim):
+    """The sensitivity the accountant charges (replace-one shift 2s), measured on the mechanism's own table."""
+    grid = sums_grid(dim)
+    centres = unit(5, dim, seed=8).double()
+    data = unit(30, dim, seed=9).double()
+    largest = 0.0
+    for trial in range(60):
+        neighbour = data.clone()
+        neighbour[trial % 30] = -data[trial % 30] if trial % 2 else unit(1, dim, seed=100 + trial)[0].double()
+
+        def table(rows: torch.Tensor) -> np.ndarray:
+            rounded = np.rint(rows.numpy() / grid.step).astype(np.int64)
+            return cell_table(rounded, nearest_cells(rows, centres).numpy(), 5, count_scale(grid))
+
+        shift = float(np.linalg.norm(table(neighbour) - table(data)))
+        assert shift <= accounting.REPLACEMENT_SHIFT * grid.sensitivity
+        largest = max(largest, shift)
+    assert count_scale(grid) <= grid.sensitivity
+    assert largest >= 0.98 * 2 * count_scale(grid)  # the bound is reached, up to rounding: not vacuous
+
+
+@pytest.mark.parametrize("epsilon,delta,releases", [(10.0, 1e-6, 21), (1.0, 1e-3, 51), (0.1, 1e-5, 1)])
+def test_calibration_reaches_the_target_epsilon_and_not_beyond(epsilon, delta, releases):
+    params = LdpSumsMechanism.calibrate(epsilon=epsilon, delta=delta, num_releases=releases)
+    mechanism = create_mechanism("ldp-sums", **params)
+    reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4 * epsilon)
+    reference.compose(
+        dp_event.GaussianDpEvent(mechanism.noise_multiplier / accounting.REPLACEMENT_SHIFT), releases
+    )
+    assert 0.98 * epsilon <= reference.get_epsilon(delta) <= epsilon * (1 + 1e-9)
+    assert accounting.epsilon_of(mechanism.privacy_events() * releases, delta) <= epsilon * 1.005
+
+
+def test_privfeds_budget_plan_takes_ldp_sums_unchanged():
+    config = build_config(dataset="shapes:500", num_clients=3, participation=1.0, num_global_centroids=8, rounds=4,
+                          mechanism="ldp-sums", epsilon=10.0)
+    plan = plan_privacy(config, [40, 120, 250])
+    assert plan.params["noise_multiplier"] > 0 and 0.98 * 10.0 <= plan.planned_epsilon <= 10.0
+
+
+@pytest.mark.parametrize(
+    "value, named",
+    [(1e12, "cannot be drawn"), (1e-12, "cannot be drawn"), (float("nan"), "positive and finite"),
+     (0.0, "positive and finite"), (-1.0, "positive and finite")],
+)
+def test_noise_the_sampler_cannot_draw_is_refused_when_the_mechanism_is_built(value, named):
+    with pytest.raises(ValueError, match=named):
+        create_mechanism("ldp-sums", noise_multiplier=value)
+
+
+@pytest.mark.parametrize("method", ["release", "release_with_members"])
+def test_non_finite_input_is_refused_before_any_noise(method):
+    memory = unit(20, 8, seed=1)
+    memory[3, 2] = float("inf")
+    with pytest.raises(ValueError, match="1 of 20 representations hold NaN or Inf"):
+        getattr(create_mechanism("ldp-sums"), method)(memory, num_centroids=4, generator=gen())
+
+
+def test_partition_centres_of_another_width_or_not_finite_are_refused():
+    mechanism = create_mechanism("ldp-sums")
+    mechanism.observe_global_centroids(unit(4, 9, seed=0))
+    with pytest.raises(ValueError, match="do not fit 8-dimensional rows"):
+        mechanism.release(unit(10, 8, seed=1), num_centroids=4, generator=gen())
+    mechanism.observe_global_centroids(torch.full((4, 8), float("nan")))
+    with pytest.raises(ValueError, match="partition centres hold NaN or Inf"):
+        mechanism.release(unit(10, 8, seed=1), num_centroids=4, generator=gen())
+
+
+# --------------------------------------------------------------------------- audit
+
+TRIALS = 200_000
+AUDIT_DELTA = 1e-3
+
+
+def calibrated_multiplier() -> float:
+    return create_mechanism("ldp-sums", epsilon=2.0).noise_multiplier
+
+
+def claimed_epsilon() -> float:
+    return accounting.epsilon_of(create_mechanism("ldp-sums", epsilon=2.0).privacy_events(), AUDIT_DELTA)
+
+
+def canary_statistics(rows: torch.Tensor, cells: np.ndarray, num_cells: int, multiplier: float, seed: int):
+    """Each trial has its own cells, so one call of the mechanism's own function releases all of them."""
+    return noisy_cell_statistics(rows.double(), torch.from_numpy(cells), num_cells, noise_multiplier=multiplier,
+                                 source=random.Random(seed))
+
+
+@pytest.mark.parametrize("noise_scale,caught", [(1.0, False), (0.5, True)])
+def test_an_antipodal_canary_in_one_cell_catches_half_the_calibrated_noise(noise_scale, caught):
+    """Neighbours: the canary is +e1 or, replaced, -e1 in the same cell; the test: is the sum above a threshold?"""
+    z = calibrated_multiplier()
+    canary = torch.ones(TRIALS, 1)
+    cells = np.arange(TRIALS)
+    _, with_canary = canary_statistics(canary, cells, TRIALS, z * noise_scale, seed=1)
+    _, replaced = canary_statistics(-canary, cells, TRIALS, z * noise_scale, seed=2)
+    threshold = 1.5 * z  # fixed in advance, from the claimed noise
+    bound = epsilon_lower_bound(int((with_canary[:, 0] > threshold).sum()), int((replaced[:, 0] > threshold).sum()),
+                                TRIALS, AUDIT_DELTA)
+    assert (bound > claimed_epsilon()) == caught, (bound, claimed_epsilon())
+
+
+@pytest.mark.parametrize("noise_scale,caught", [(1.0, False), (0.5, True)])
+def test_a_canary_moved_between_cells_catches_half_the_calibrated_noise(noise_scale, caught):
+    """Neighbours: +e1 in cell a, or -e1 in cell b: sums and counts move together, by the full 2s.
+
+    The test reads the table along that move: ``sum_a + count_a + sum_b - count_b`` (mean 2 or -2).
+    """
+    z = calibrated_multiplier()
+    canary = torch.ones(TRIALS, 1)
+    in_a, in_b = 2 * np.arange(TRIALS), 2 * np.arange(TRIALS) + 1
+    statistics = []
+    for rows, cells, seed in ((canary, in_a, 3), (-canary, in_b, 4)):
+        counts, sums = canary_statistics(rows, cells, 2 * TRIALS, z * noise_scale, seed=seed)
+        statistics.append(sums[0::2, 0].numpy() + counts[0::2] + sums[1::2, 0].numpy() - counts[1::2])
+    threshold = 3.0 * z  # fixed in advance: 1.5 of the statistic's claimed std (about 2z), as above
+    bound = epsilon_lower_bound(int((statistics[0] > threshold).sum()), int((statistics[1] > threshold).sum()),
+                                TRIALS, AUDIT_DELTA)
+    assert (bound > claimed_epsilon()) == caught, (bound, claimed_epsilon())
