@@ -236,6 +236,10 @@ class LdpSumsMechanism(Mechanism):
             return self.count_threshold
         return max(THRESHOLD_STDS * COUNT_STD_PER_MULTIPLIER * self.noise_multiplier, 1.0)
 
+    def rows_per_vector(self, *, rows: int, dim: int, num_centroids: int) -> float | None:
+        """The count threshold: a cell is released from this many noisy rows on (its sum's noise is not asked to be smaller)."""
+        return self.threshold
+
     def privacy_events(self) -> tuple[PrivacyEvent, ...]:
         """One Gaussian over the whole table per release."""
         return (table_event(self.noise_multiplier),)

@@ -152,3 +152,13 @@ def test_kanon_names_no_release_floor():
                           num_global_centroids=16, projection_dim=16, out="unused")
     plan = plan_privacy(config, [40] * 10)
     assert plan.rows_per_vector is None and not any("memory rows" in line for line in plan.describe())
+
+
+def test_ldp_sums_names_its_count_threshold_as_its_release_floor():
+    config = build_config(dataset="shapes:400", num_clients=10, participation=0.5, rounds=5, mechanism="ldp-sums",
+                          epsilon=10.0, num_global_centroids=16, projection_dim=16, out="unused")
+    plan = plan_privacy(config, [40] * 10)
+    from mechanisms.ldp_sums import LdpSumsMechanism
+
+    assert plan.rows_per_vector == pytest.approx(LdpSumsMechanism(**plan.params).threshold)
+    assert any("ldp-sums vector stands for at least" in line for line in plan.describe())
