@@ -308,6 +308,20 @@ def check_representations(reps: torch.Tensor) -> None:
         raise ValueError(f"{bad} of {reps.shape[0]} representations hold NaN or Inf; nothing is released")
 
 
+def replace_one_dp_guarantee(epsilon: float, delta: float, *, accounting: str, covers: str) -> Guarantee:
+    """The guarantee of one replace-one DP release of a client's representations, as its statement quotes it."""
+    return Guarantee(
+        kind=DIFFERENTIAL_PRIVACY,
+        epsilon=epsilon,
+        delta=delta,
+        statement=(
+            f"This release is ({epsilon:.3g}, {delta:.3g})-differentially private with respect to replacing any "
+            f"one of the client's representations by another ({accounting}). It covers {covers}, not the encoder "
+            "update; repeated releases compose in the ledger."
+        ),
+    )
+
+
 def checked_release(mechanism: Mechanism, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
     """``mechanism.release``, refusing non-finite input and malformed output.
 

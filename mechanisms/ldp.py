@@ -69,7 +69,7 @@ import torch.nn.functional as F
 
 from mechanisms import accounting
 from mechanisms.accounting import BudgetSplit, NoiseParameters
-from mechanisms.base import DIFFERENTIAL_PRIVACY, Guarantee, Mechanism, PrivacyEvent, Release
+from mechanisms.base import DIFFERENTIAL_PRIVACY, Guarantee, Mechanism, PrivacyEvent, Release, replace_one_dp_guarantee
 from mechanisms.clustering import sinkhorn_kmeans
 from mechanisms.noise import (
     check_decay,
@@ -568,17 +568,9 @@ class LshCoresetMechanism(Mechanism):
         return accounting.release_privacy_events(self.noise, tree_levels=self.tree_levels)
 
     def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
-        eps = self.epsilon
-        return Guarantee(
-            kind=DIFFERENTIAL_PRIVACY,
-            epsilon=eps,
-            delta=self.delta,
-            statement=(
-                f"This release is ({eps:.3g}, {self.delta:.3g})-differentially private with respect to "
-                "replacing any one of the client's representations by another (PLD accountant; leaf sums "
-                "accounted as a Gaussian). It covers the released centroids, weights and metrics, not the "
-                "encoder update; repeated releases compose in the ledger."
-            ),
+        return replace_one_dp_guarantee(
+            self.epsilon, self.delta, accounting="PLD accountant; leaf sums accounted as a Gaussian",
+            covers="the released centroids, weights and metrics",
         )
 
     def grid(self, dim: int) -> Grid:

@@ -68,7 +68,7 @@ import torch.nn.functional as F
 from dp_accounting import gaussian_mechanism
 
 from mechanisms import accounting
-from mechanisms.base import DIFFERENTIAL_PRIVACY, Guarantee, Mechanism, PrivacyEvent, Release
+from mechanisms.base import DIFFERENTIAL_PRIVACY, Guarantee, Mechanism, PrivacyEvent, Release, replace_one_dp_guarantee
 from mechanisms.ldp import Grid, clip_to_radius, pad_centres
 from mechanisms.noise import check_sigma, discrete_gaussian, secure_source
 from mechanisms.registry import register_mechanism
@@ -251,17 +251,9 @@ class LdpSumsMechanism(Mechanism):
         return float(num_reps) + WEIGHT_NOISE_SCALES * COUNT_STD_PER_MULTIPLIER * multiplier
 
     def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
-        eps = self.epsilon
-        return Guarantee(
-            kind=DIFFERENTIAL_PRIVACY,
-            epsilon=eps,
-            delta=self.delta,
-            statement=(
-                f"This release is ({eps:.3g}, {self.delta:.3g})-differentially private with respect to "
-                "replacing any one of the client's representations by another (the per-cell sums and counts "
-                "accounted as one Gaussian). It covers the released vectors, weights and metrics, "
-                "not the encoder update; repeated releases compose in the ledger."
-            ),
+        return replace_one_dp_guarantee(
+            self.epsilon, self.delta, accounting="the per-cell sums and counts accounted as one Gaussian",
+            covers="the released vectors, weights and metrics",
         )
 
     def partition_centres(self, dim: int, num_centroids: int, generator: torch.Generator) -> torch.Tensor:
