@@ -242,3 +242,80 @@ def test_a_canary_moved_between_cells_catches_half_the_calibrated_noise(noise_sc
     bound = epsilon_lower_bound(int((statistics[0] > threshold).sum()), int((statistics[1] > threshold).sum()),
                                 TRIALS, AUDIT_DELTA)
     assert (bound > claimed_epsilon()) == caught, (bound, claimed_epsilon())
+
+
+def coupled_release(monkeypatch, memory: torch.Tensor, centres: torch.Tensor | None, noise_for) -> tuple:
+    """A release whose noise is ``noise_for(true_table, sigma)``: lets two memories share one noisy table."""
+    import mechanisms.ldp_sums as ldp_sums
+
+    seen = {}
+    true_table = ldp_sums.cell_table
+
+    def recording_table(*args):
+        seen["table"] = true_table(*args)
+        return seen["table"]
+
+    monkeypatch.setattr(ldp_sums, "cell_table", recording_table)
+    monkeypatch.setattr(ldp_sums, "discrete_gaussian", lambda size, *, sigma, source: noise_for(seen["table"], sigma).reshape(-1))
+    mechanism = LdpSumsMechanism(epsilon=2.0)
+    if centres is not None:
+        mechanism.observe_global_centroids(centres)
+    release = mechanism.release(memory, num_centroids=4, generator=gen(3))
+    monkeypatch.undo()
+    return release, seen["table"]
+
+
+def neighbour_pairs() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """Random and hostile neighbouring memories (one row replaced), with no, random or crafted partition centres."""
+    pairs = []
+    for case in range(24):
+        dim = [1, 2, 8, 32][case % 4]
+        g = torch.Generator().manual_seed(case)
+        memory = F.normalize(torch.randn(30, dim, generator=g), dim=1) * (1 + 3 * torch.rand(30, 1, generator=g))
+        other = memory.clone()
+        other[case % 30] = 5 * torch.randn(dim, generator=g)
+        row = slice(case % 30, case % 30 + 1)
+        crafted = torch.cat([memory[row]] * 3 + [other[row]] * 3)  # one row decides a cell
+        centres = [None, F.normalize(torch.randn(16, dim, generator=g), dim=1), crafted][case % 3]
+        pairs.append((memory, other, centres))
+    background = torch.tensor([[0.0, 1.0]]).repeat(29, 1)  # the canary alone in its cell, e1 against -e1
+    pairs.append((torch.cat([torch.tensor([[1.0, 0.0]]), background]), torch.cat([torch.tensor([[-1.0, 0.0]]), background]),
+                  torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]])))
+    return pairs
+
+
+@pytest.mark.parametrize("case", range(25))
+def test_neighbouring_memories_with_the_same_noisy_table_give_the_same_release(monkeypatch, case):
+    """Everything released is a function of the noisy table: clipping, cell choice, threshold, weights, vectors."""
+    memory, other, centres = neighbour_pairs()[case]
+    rng = np.random.default_rng(case)
+    drawn = {}
+
+    def noise(table, sigma):
+        drawn["noise"] = np.rint(rng.normal(0, sigma, size=table.shape)).astype(np.int64)
+        drawn["noise"][:, -1] += int(5 * sigma)  # counts well above the threshold, so cells are released
+        drawn["table"] = table
+        return drawn["noise"]
+
+    first, _ = coupled_release(monkeypatch, memory, centres, noise)
+    second, _ = coupled_release(monkeypatch, other, centres, lambda table, sigma: drawn["noise"] + drawn["table"] - table)
+    assert torch.equal(first.vectors, second.vectors) and torch.equal(first.weights, second.weights)
+    assert first.metrics == second.metrics and first.guarantee == second.guarantee and first.events == second.events
+
+
+def test_the_stated_epsilon_is_the_ledgers():
+    mechanism = LdpSumsMechanism(epsilon=2.0)
+    ledger = accounting.epsilon_of(mechanism.privacy_events(), mechanism.delta,
+                                   discretisation=accounting.calibration_discretisation(2.0, 1))
+    stated = mechanism.guarantee(num_reps=10, num_centroids=4).epsilon
+    assert stated == pytest.approx(ledger, rel=0.01) and stated == pytest.approx(2.0, rel=0.01)
+
+
+@pytest.mark.parametrize("case", range(25))
+def test_the_release_paths_table_moves_by_at_most_twice_the_row_bound_between_neighbours(monkeypatch, case):
+    """Through release() itself, with rows far outside the unit ball: clipping and rounding must keep the bound."""
+    memory, other, centres = neighbour_pairs()[case]
+    no_noise = lambda table, sigma: np.zeros_like(table)  # noqa: E731
+    _, first = coupled_release(monkeypatch, 100 * memory, centres, no_noise)
+    _, second = coupled_release(monkeypatch, 100 * other, centres, no_noise)
+    assert np.linalg.norm((first - second).astype(np.float64)) <= 2 * sums_grid(memory.shape[1]).sensitivity
