@@ -11,7 +11,6 @@ neighbours' vectors. Every mask comes from :func:`~privfed.secagg_masks.expand_m
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 import numpy as np
@@ -20,9 +19,8 @@ from flwr.common.secure_aggregation.ndarrays_arithmetic import factor_combine, f
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
+from privfed.federation.update_encoding import secagg_weight_ratio
 from privfed.secagg_masks import expand_mask
-
-logger = logging.getLogger(__name__)
 
 #: Largest modulus the int64 arithmetic here is exact for: a client adds a mask per neighbour before reducing,
 #: and the server sums one vector per client, so up to 2^31 of them stay below 2^63.
@@ -39,17 +37,14 @@ def encode_update(
 ) -> list[np.ndarray]:
     """The update as SecAgg+ sums it: weighted by ``num_examples / max_weight`` on Flower's fixed-point grid.
 
-    The weight is rounded to ``1 / quantization_range`` first and travels in
-    front as an integer, so the server can divide the sum by the total
-    weight. Flower's clients round the same way, which
-    :mod:`privfed.federation.update_encoding` relies on.
+    The weight is :func:`~privfed.federation.update_encoding.secagg_weight_ratio`
+    (rounded to ``1 / quantization_range``, as Flower's clients round it) and
+    travels in front as an integer, so the server can divide the sum by the
+    total weight; the overflow indicators are divided by the same ratio.
     """
-    ratio = num_examples / max_weight
-    if ratio > 1:
-        logger.warning("a SecAgg+ weight of %s exceeds max_weight %s: the sum may overflow", num_examples, max_weight)
-    weight = round(ratio * quantization_range)
-    scaled = [array * (weight / quantization_range) for array in arrays]
-    return factor_combine(weight, quantize(scaled, clipping_range, quantization_range))
+    ratio = secagg_weight_ratio(num_examples, max_weight=max_weight, quantization_range=quantization_range)
+    scaled = [array * ratio for array in arrays]
+    return factor_combine(round(ratio * quantization_range), quantize(scaled, clipping_range, quantization_range))
 
 
 def mask_update(

@@ -181,7 +181,8 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
     else:
         params = calibrated_parameters(mechanism_class, epsilon=config.epsilon_per_release, delta=delta, num_releases=1)
     try:  # the mechanism refuses noise its samplers cannot draw: better now than after a round was charged
-        events = mechanism_class(**params).privacy_events()
+        mechanism = mechanism_class(**params)
+        events = mechanism.privacy_events()
     except ValueError as err:
         raise PrivfedError(f"mechanism {config.mechanism} cannot release at this budget: {err}") from None
     if not events:
@@ -227,7 +228,7 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
         fitting_releases=fitting,
         dp_sgd=dp_sgd,
         planned_combined_epsilon=combined,
-        **_release_floor(mechanism_class(**params), config, client_sizes),
+        **_release_floor(mechanism, config, client_sizes),
     )
 
 

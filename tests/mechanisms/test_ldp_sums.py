@@ -91,12 +91,18 @@ def test_round_zero_partitions_by_random_unit_vectors_drawn_from_the_generator()
     assert int(real.sum()) >= 2 and torch.allclose(round_zero.vectors[real], observed.vectors[real])
 
 
+def nearly_noiseless(centres: torch.Tensor):
+    """ldp-sums at almost no noise, a threshold of one row, partitioned by ``centres``."""
+    mechanism = create_mechanism("ldp-sums", **NO_NOISE, count_threshold=1.0, noise_source=random.Random(0))
+    mechanism.observe_global_centroids(centres)
+    return mechanism
+
+
 def test_rows_go_to_their_nearest_centroids_cell_and_its_vector_is_their_mean_direction():
     dim = 8
     centres = unit(6, dim, seed=3)
     x = clustered(200, dim, centres, spread=0.6, seed=4)
-    mechanism = create_mechanism("ldp-sums", **NO_NOISE, count_threshold=1.0, noise_source=random.Random(0))
-    mechanism.observe_global_centroids(centres)
+    mechanism = nearly_noiseless(centres)
     release, members = mechanism.release_with_members(x, num_centroids=6, generator=gen())
     nearest = (x @ centres.T).argmax(dim=1)
     assert torch.equal(nearest_cells(x.double(), centres), nearest)
@@ -115,8 +121,7 @@ def test_only_the_L_heaviest_cells_of_more_are_released():
     dim = 8
     centres = unit(12, dim, seed=6)
     x = clustered(600, dim, centres, spread=0.05, seed=7)
-    mechanism = create_mechanism("ldp-sums", **NO_NOISE, count_threshold=1.0, noise_source=random.Random(0))
-    mechanism.observe_global_centroids(centres)
+    mechanism = nearly_noiseless(centres)
     release = mechanism.release(x, num_centroids=3, generator=gen())
     counts = torch.bincount(nearest_cells(x.double(), centres), minlength=12).double()
     assert torch.allclose(release.weights.double(), counts.sort(descending=True).values[:3], atol=0.3)
