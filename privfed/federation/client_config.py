@@ -40,8 +40,9 @@ class ClientConfig:
             (``--report-client-metrics``). A declared client follows its declared
             run's value and refuses instructions that carry another.
         seed: The run's seed. Each round's augmentations, memory and release
-            draw from it, the round and the client, so a declared client does
-            not let the server pick them.
+            draw from it, the round and the client, so within a declared run
+            the server cannot pick them (in deployment the declared run, seed
+            included, is the run config the server's operator submits).
     """
 
     split: FederatedSplit

@@ -75,7 +75,7 @@ class PrivacyPlan:
             above the noise (:meth:`~mechanisms.base.Mechanism.rows_per_vector`;
             None: the mechanism names none).
         memory_rows: Rows each client's memory holds: the smaller of its size
-            and ``--memory-size`` (its size under DP-SGD).
+            and ``--memory-size`` (expected, under DP-SGD's Poisson memory).
     """
 
     mechanism: str | None
@@ -234,8 +234,8 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
 
 def _release_floor(mechanism: Mechanism, config: TrainConfig, client_sizes: list[int]) -> dict[str, Any]:
     """What one release can carry: the mechanism's floor against the rows each client's memory holds."""
-    # Under DP-SGD the memory is a Poisson sample of the whole dataset, with no cap.
-    rows = tuple(size if config.dp_sgd else min(config.memory_size, size) for size in client_sizes)
+    # Under DP-SGD too: the Poisson memory's expected size is min(size, memory_size).
+    rows = tuple(min(config.memory_size, size) for size in client_sizes)
     floor = mechanism.rows_per_vector(
         rows=int(statistics.median(rows)), dim=config.projection_dim, num_centroids=config.num_local_centroids
     )

@@ -66,7 +66,7 @@ DEVIATING_SERVER = (
     "neighbours (require-secagg and secagg-min-clients narrow the rest); it can get the same answer again under a new "
     "run id or a slightly changed model, or replay a round's stored reply to a smaller cohort; two SecAgg+ sums over cohorts that differ by one client reveal that "
     "client's update (up to augmentation noise), and within one SecAgg+ round a server that withholds neighbours' "
-    "key shares from a client and reports their holders dropped unmasks that client's update; only DP-SGD bounds "
+    "key shares from a client and reports their holders dropped unmasks that client's update (several clients in one round); only DP-SGD bounds "
     "what these reveal"
 )
 
