@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from privfed.config import build_config
+from privfed.evaluation.run_evaluation import evaluate_run
 from privfed.federation.simulation import simulate
 from privfed.methods import NO_CENTROIDS, get_method
 from privfed.run_plan import plan_run
@@ -92,6 +93,7 @@ def row_of(run_dir: Path, seed: int) -> dict[str, Any]:
     trained = [m for m in metrics if m.get("target_entropy") is not None] if clusters else []
     last = trained[-1] if trained else {}
     evaluations = [m["knn_accuracy"] for m in metrics if m.get("knn_accuracy") is not None]
+    weighted = [m["weighted_vector_fraction"] for m in metrics if m.get("weighted_vector_fraction") is not None]
     return {
         "seed": seed,
         "knn": summary["knn_accuracy"],
@@ -99,8 +101,32 @@ def row_of(run_dir: Path, seed: int) -> dict[str, Any]:
         "knn_init": summary["knn_accuracy_init"],
         "target_entropy": last.get("target_entropy"),
         "centroid_cosine": last.get("centroid_cosine"),
+        "cosine_last5": _tail_mean([m["centroid_cosine"] for m in trained if m.get("centroid_cosine") is not None]),
+        "weighted_last5": _tail_mean(weighted),
+        "linear": _linear_probe(run_dir),
         "wall_s": summary["wall_seconds"],
     }
+
+
+def _tail_mean(values: list[float], rounds: int = 5) -> float | None:
+    """Mean of the last ``rounds`` values (None when there are none)."""
+    return statistics.fmean(values[-rounds:]) if values else None
+
+
+def _linear_probe(run_dir: Path) -> float | None:
+    """The final checkpoint's linear-probe accuracy, if ``--linear`` (or ``privfed evaluate``) recorded it."""
+    records = RunDirectory(run_dir).evaluations()
+    found = [r["accuracy"] for r in records if r.get("protocol") == "linear" and Path(r["checkpoint"]).stem == "final"]
+    return found[-1] if found else None
+
+
+def add_linear_probe(run_dir: Path) -> None:
+    """Trains the linear probe on the run's own data and test split (``privfed evaluate --protocol linear``)."""
+    if _linear_probe(run_dir) is not None:
+        return
+    config = json.loads((run_dir / "config.json").read_text())
+    evaluate_run(run_dir, train_data=config["dataset"], test_data=config.get("test_dataset") or config["dataset"],
+                 protocol="linear", device="cpu")
 
 
 def finished_runs(root: Path) -> dict[str, list[dict[str, Any]]]:
@@ -152,6 +178,17 @@ def print_table(results: dict[str, list[dict[str, Any]]], baseline: str | None) 
             base = results[baseline]
             line += f"  {paired_difference(rows, base)}, {paired_difference(rows, base, 'knn_last3')}"
         print(line)
+    print(f"\n{'setting':<20} {'centroid cosine, last 5 rounds':<32} {'weighted vectors, last 5':<26} {'linear probe':<20}")
+    for name, rows in results.items():
+        print(f"{name:<20} {_spread(rows, 'cosine_last5'):<32} {_spread(rows, 'weighted_last5'):<26} {_spread(rows, 'linear'):<20}")
+
+
+def _spread(rows: list[dict[str, Any]], key: str) -> str:
+    """``mean ± sample std`` over the seeds that have ``key``."""
+    values = [r[key] for r in rows if r.get(key) is not None]
+    if not values:
+        return "-"
+    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:.3f}"
 
 
 def main() -> None:
@@ -163,6 +200,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write every run's row as JSON")
     parser.add_argument("--baseline", default=None, help="setting NAME to report paired differences against")
     parser.add_argument("--tabulate", action="store_true", help="only print the table of the finished runs in --out")
+    parser.add_argument("--linear", action="store_true", help="also train a linear probe on each final encoder")
     args = parser.parse_args()
     if args.tabulate:
         if args.out is None:
@@ -178,7 +216,10 @@ def main() -> None:
     results = {}
     for name, overrides in map(parse_setting, args.setting):
         for seed in args.seeds:
-            row = run_one(args.config, overrides, seed, root / f"{name}-seed{seed}")
+            ensure_run(args.config, overrides, seed, root / f"{name}-seed{seed}")
+            if args.linear:
+                add_linear_probe(root / f"{name}-seed{seed}")
+            row = row_of(root / f"{name}-seed{seed}", seed)
             results.setdefault(name, []).append(row)
             print(f"  {name} seed {seed}: kNN {row['knn']:.4f} ({row['wall_s']:.0f}s)", flush=True)
     print_table(results, args.baseline)

@@ -188,6 +188,29 @@ def poisson_gaussian_privacy_event(sampling_rate: float, noise_multiplier: float
     )
 
 
+def smallest_fitting_multiplier(
+    fits: Callable[[float], bool], guess: float, *, floor: float = 0.0, tolerance: float = 1e-3
+) -> float:
+    """Smallest noise multiplier, to a relative ``tolerance``, for which ``fits`` holds (at least ``floor``).
+
+    ``fits`` must be monotone: more noise never spends more. Bisection in log
+    space from ``guess``; the bracket is widened until it holds the answer,
+    and its upper end, which always fits, is returned.
+    """
+    high = max(floor, guess)
+    while not fits(high):
+        high *= 2
+    low = high / 2
+    while fits(low):
+        if low <= floor:
+            return low
+        low, high = low / 2, low
+    while high / low > 1 + tolerance:
+        mid = math.sqrt(low * high)
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high
+
+
 def _repeat(event: dp_event.DpEvent, count: int) -> dp_event.DpEvent:
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")

@@ -119,7 +119,8 @@ class Mechanism(abc.ABC):
     :mod:`mechanisms.accounting` composes its events): that is the unit
     privfed's ledger composes and its privacy statement quotes. privfed
     hands a mechanism at most one row per image of the client (the latest
-    view). A k-anonymous mechanism takes a keyword-only ``min_k``, the run's
+    view of the images in its memory; of every image when the mechanism
+    samples its input, :attr:`secret_sampling`). A k-anonymous mechanism takes a keyword-only ``min_k``, the run's
     smallest anonymity set, and never releases a vector that averages fewer
     rows.
 
@@ -158,6 +159,14 @@ class Mechanism(abc.ABC):
     guarantee_kind: ClassVar[str] = NO_GUARANTEE
     #: True when the release contains client representations themselves (no protection at all).
     releases_raw_data: ClassVar[bool] = False
+    #: True when :meth:`calibrate` takes ``sampling_rate`` and a mechanism built with it below 1 releases from a
+    #: secret Poisson sample of its input, drawn in :meth:`release` (see :attr:`input_sampling_rate`).
+    secret_sampling: ClassVar[bool] = False
+
+    @property
+    def input_sampling_rate(self) -> float:
+        """Chance that a row handed to :meth:`release` enters it; below 1, privfed hands it one row per image of the client."""
+        return 1.0
 
     @classmethod
     def is_differentially_private(cls) -> bool:

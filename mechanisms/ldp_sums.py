@@ -42,7 +42,21 @@ So the whole table has L2 sensitivity ``2s``: one Gaussian with noise
 multiplier ``z = sigma / s``, charged as a ``"gaussian"`` event, which
 :func:`mechanisms.accounting.replace_one_pld` accounts with replace-one's
 shift of twice the per-row bound (``tests/mechanisms/test_ldp_sums.py``
-measures it). In data units every sum coordinate carries noise of std
+measures it).
+
+Secret sample (``sampling_rate`` q < 1). The release then uses a Poisson
+sample of its input rows, each kept with probability q by coins from the
+noise source (the OS CSPRNG), never from the round's ``generator``. A kept
+row adds ``r`` to its cell's sum and ``res`` to its count: a vector of norm
+at most ``Delta = sqrt(s^2 + res^2) <= sqrt(2) s`` away from the table
+without it. That is the per-record bound of ``dp_accounting``'s
+Poisson-subsampled Gaussian under replace-one (rows of norm at most
+``Delta``, each kept with probability q), so ``sigma = z * Delta`` and the
+release is charged as a ``"poisson_gaussian"`` event of rate q and
+multiplier z. The noise falls to 0.35-0.7 times the unsampled release's at
+the same epsilon for q of 0.25-0.5 (``benchmarks/dp_release_quality.py``).
+Nothing reveals how many rows were kept: the sample's size is not
+released, and the table holds only noisy values. In data units every sum coordinate carries noise of std
 ``z * s / res <= 1.01 z``, and so does every count. The discrete Gaussian is
 accounted as the continuous one, the approximation
 :mod:`mechanisms.accounting` states once. Which cells are released depends
@@ -70,7 +84,7 @@ from dp_accounting import gaussian_mechanism
 from mechanisms import accounting
 from mechanisms.base import DIFFERENTIAL_PRIVACY, Guarantee, Mechanism, PrivacyEvent, Release, replace_one_dp_guarantee
 from mechanisms.ldp import Grid, clip_to_radius, pad_centres
-from mechanisms.noise import check_sigma, discrete_gaussian, secure_source
+from mechanisms.noise import check_sigma, discrete_gaussian, poisson_sample_mask, secure_source
 from mechanisms.registry import register_mechanism
 
 #: Default delta when the mechanism is built on its own (privfed passes the run's).
@@ -98,25 +112,49 @@ def count_scale(grid: Grid) -> int:
     return round(1.0 / grid.step)
 
 
-def table_event(noise_multiplier: float, *, count: int = 1) -> PrivacyEvent:
-    """The ledger record of ``count`` releases: a Gaussian whose std is ``noise_multiplier`` per-row bounds."""
+def row_bound(grid: Grid, *, sampled: bool) -> float:
+    """The noise's unit, in grid steps: ``s`` against a replaced row; ``sqrt(s^2 + res^2)`` against a sampled row's absence."""
+    return math.hypot(grid.sensitivity, count_scale(grid)) if sampled else grid.sensitivity
+
+
+def table_event(noise_multiplier: float, *, count: int = 1, sampling_rate: float = 1.0) -> PrivacyEvent:
+    """The ledger record of ``count`` releases: a Gaussian of ``noise_multiplier`` row bounds, on a Poisson sample if q < 1."""
+    if sampling_rate < 1:
+        return accounting.poisson_gaussian_privacy_event(sampling_rate, noise_multiplier, count=count)
     return PrivacyEvent("gaussian", {"noise_multiplier": float(noise_multiplier), "count": float(count)})
 
 
-def sums_noise_multiplier(epsilon: float, delta: float, *, num_releases: int) -> float:
+@lru_cache(maxsize=64)
+def sums_noise_multiplier(epsilon: float, delta: float, *, num_releases: int, sampling_rate: float = 1.0) -> float:
     """Smallest multiplier whose ``num_releases`` releases fit ``(epsilon, delta)`` on the ledger's own PLD grid.
 
-    The analytic Gaussian calibration (Balle and Wang 2018) is exact; the
-    ledger's pessimistic PLD rounds losses up by up to 1 % of ``epsilon``, so
-    the multiplier is raised by 0.1 % steps until the ledger agrees.
+    Unsampled, the analytic Gaussian calibration (Balle and Wang 2018) is
+    exact; the ledger's pessimistic PLD rounds losses up by up to 1 % of
+    ``epsilon``, so the multiplier is raised by 0.1 % steps until the ledger
+    agrees. Sampled, a bisection on the ledger's PLD of the subsampled events.
     """
     if epsilon <= 0 or not 0 < delta < 1 or num_releases < 1:
         raise ValueError(f"need epsilon > 0, 0 < delta < 1 and num_releases >= 1, got ({epsilon}, {delta}, {num_releases})")
+    check_sampling_rate(sampling_rate)
     z = accounting.REPLACEMENT_SHIFT * float(gaussian_mechanism.get_sigma_gaussian(epsilon, delta)) * math.sqrt(num_releases)
-    grid = accounting.calibration_discretisation(epsilon, 1)
-    while accounting.epsilon_of([table_event(z, count=num_releases)], delta, discretisation=grid) > epsilon:
+    events = [table_event(z, count=num_releases, sampling_rate=sampling_rate)]
+    grid = accounting.calibration_discretisation(epsilon, accounting.rounding_compositions(events))
+
+    def fits(multiplier: float) -> bool:
+        event = table_event(multiplier, count=num_releases, sampling_rate=sampling_rate)
+        return accounting.epsilon_of([event], delta, discretisation=grid) <= epsilon
+
+    if sampling_rate < 1:  # the guess: the unsampled noise, per sqrt(2) row bounds, scaled by the rate
+        return accounting.smallest_fitting_multiplier(fits, sampling_rate * z / math.sqrt(2))
+    while not fits(z):
         z *= 1.001
     return z
+
+
+def check_sampling_rate(rate: float) -> None:
+    """Refuses a secret sample's rate outside ``(0, 1]`` (1: no sample)."""
+    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and 0 < rate <= 1):
+        raise ValueError(f"ldp-sums sampling_rate must be in (0, 1], got {rate!r}")
 
 
 @lru_cache(maxsize=256)
@@ -128,6 +166,12 @@ def release_epsilon(noise_multiplier: float, delta: float) -> float:
     epsilon of a tiny multiplier, which the exact formula does not.
     """
     return float(gaussian_mechanism.get_epsilon_gaussian(noise_multiplier / accounting.REPLACEMENT_SHIFT, delta))
+
+
+@lru_cache(maxsize=256)
+def sampled_release_epsilon(noise_multiplier: float, delta: float, sampling_rate: float) -> float:
+    """Epsilon of one sampled release at ``delta``, on the ledger's PLD (grid 1e-4: at most that much high)."""
+    return accounting.epsilon_of([table_event(noise_multiplier, sampling_rate=sampling_rate)], delta)
 
 
 def nearest_cells(x: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
@@ -146,14 +190,23 @@ def cell_table(rounded: np.ndarray, cells: np.ndarray, num_cells: int, scale: in
 
 
 def noisy_cell_statistics(
-    x: torch.Tensor, cells: torch.Tensor, num_cells: int, *, noise_multiplier: float, source: random.Random
+    x: torch.Tensor,
+    cells: torch.Tensor,
+    num_cells: int,
+    *,
+    noise_multiplier: float,
+    source: random.Random,
+    sampled: bool = False,
 ) -> tuple[np.ndarray, torch.Tensor]:
-    """Noisy counts ``[cells]`` and sums ``[cells, D]`` in data units: one discrete Gaussian over the whole table."""
+    """Noisy counts ``[cells]`` and sums ``[cells, D]`` in data units: one discrete Gaussian over the whole table.
+
+    ``sampled``: the rows are a secret Poisson sample, so the noise is scaled to :func:`row_bound`'s sampled unit.
+    """
     dim = x.shape[1]
     grid = sums_grid(dim)
     rounded = np.rint(x.double().cpu().numpy() / grid.step).astype(np.int64)
     table = cell_table(rounded, cells.cpu().numpy(), num_cells, count_scale(grid))
-    sigma = noise_multiplier * grid.sensitivity
+    sigma = noise_multiplier * row_bound(grid, sampled=sampled)
     noisy = table + discrete_gaussian(table.size, sigma=sigma, source=source).reshape(table.shape)
     counts = noisy[:, -1].astype(np.float64) / count_scale(grid)
     return counts, torch.from_numpy(noisy[:, :-1].astype(np.float64) * grid.step)
@@ -179,10 +232,15 @@ class LdpSumsMechanism(Mechanism):
     )
     guarantee_kind = DIFFERENTIAL_PRIVACY
 
+    secret_sampling = True
+
     @classmethod
-    def calibrate(cls, *, epsilon: float, delta: float, num_releases: int) -> dict[str, float]:
-        """The noise multiplier whose ``num_releases`` releases compose to at most ``(epsilon, delta)``."""
-        return {"noise_multiplier": sums_noise_multiplier(epsilon, delta, num_releases=num_releases), "delta": float(delta)}
+    def calibrate(
+        cls, *, epsilon: float, delta: float, num_releases: int, sampling_rate: float = 1.0
+    ) -> dict[str, float]:
+        """The noise multiplier whose ``num_releases`` releases, each on a sample of rate ``sampling_rate``, fit ``(epsilon, delta)``."""
+        multiplier = sums_noise_multiplier(epsilon, delta, num_releases=num_releases, sampling_rate=sampling_rate)
+        return {"noise_multiplier": multiplier, "delta": float(delta), "sampling_rate": float(sampling_rate)}
 
     def __init__(
         self,
@@ -191,6 +249,7 @@ class LdpSumsMechanism(Mechanism):
         delta: float = DEFAULT_DELTA,
         noise_multiplier: float | None = None,
         count_threshold: float | None = None,
+        sampling_rate: float = 1.0,
         noise_source: random.Random | None = None,
     ) -> None:
         """Builds the mechanism from an explicit multiplier or a per-release epsilon.
@@ -201,22 +260,28 @@ class LdpSumsMechanism(Mechanism):
             noise_multiplier: Noise std over the per-row bound ``s`` (see the module docstring).
             count_threshold: Least noisy count a released cell has; default
                 ``max(3 * count noise std, 1)``. Public: it reads no data.
+            sampling_rate: Each input row joins the release's secret Poisson
+                sample with this probability (1: every row, no sample).
             noise_source: Randomness for the noise; leave unset (the OS CSPRNG), tests pass a seeded one.
         """
         if noise_multiplier is not None and epsilon is not None:
             raise ValueError("give either epsilon or noise_multiplier, not both")
+        check_sampling_rate(sampling_rate)
         if noise_multiplier is None:
-            noise_multiplier = sums_noise_multiplier(DEFAULT_EPSILON if epsilon is None else epsilon, delta, num_releases=1)
+            noise_multiplier = sums_noise_multiplier(
+                DEFAULT_EPSILON if epsilon is None else epsilon, delta, num_releases=1, sampling_rate=sampling_rate
+            )
         if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
             raise ValueError(f"ldp-sums noise_multiplier must be positive and finite, got {noise_multiplier!r}")
         for dim in (1, MAX_DIMENSION):
             try:
-                check_sigma(noise_multiplier * sums_grid(dim).sensitivity)
+                check_sigma(noise_multiplier * row_bound(sums_grid(dim), sampled=sampling_rate < 1))
             except ValueError as err:
                 raise ValueError(f"ldp-sums noise_multiplier {noise_multiplier!r}: {err}") from None
         self.noise_multiplier = float(noise_multiplier)
         self.delta = delta
         self.count_threshold = count_threshold
+        self.sampling_rate = float(sampling_rate)
         self.noise_source = noise_source
         self.centres: torch.Tensor | None = None
 
@@ -225,8 +290,14 @@ class LdpSumsMechanism(Mechanism):
         self.centres = centroids.detach().double().cpu()
 
     @property
+    def input_sampling_rate(self) -> float:
+        return self.sampling_rate
+
+    @property
     def epsilon(self) -> float:
-        """Per-release epsilon at ``delta`` (see :func:`release_epsilon`)."""
+        """Per-release epsilon at ``delta`` (see :func:`release_epsilon`; sampled, the ledger's PLD)."""
+        if self.sampling_rate < 1:
+            return sampled_release_epsilon(self.noise_multiplier, self.delta, self.sampling_rate)
         return release_epsilon(self.noise_multiplier, self.delta)
 
     @property
@@ -241,8 +312,8 @@ class LdpSumsMechanism(Mechanism):
         return self.threshold
 
     def privacy_events(self) -> tuple[PrivacyEvent, ...]:
-        """One Gaussian over the whole table per release."""
-        return (table_event(self.noise_multiplier),)
+        """One Gaussian over the whole table per release (Poisson-subsampled when ``sampling_rate`` < 1)."""
+        return (table_event(self.noise_multiplier, sampling_rate=self.sampling_rate),)
 
     @classmethod
     def max_total_weight(cls, *, num_reps: int, params: dict[str, Any]) -> float:
@@ -251,8 +322,9 @@ class LdpSumsMechanism(Mechanism):
         return float(num_reps) + WEIGHT_NOISE_SCALES * COUNT_STD_PER_MULTIPLIER * multiplier
 
     def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
+        sample = "" if self.sampling_rate == 1 else f", on a secret Poisson sample of rate {self.sampling_rate:.3g}"
         return replace_one_dp_guarantee(
-            self.epsilon, self.delta, accounting="the per-cell sums and counts accounted as one Gaussian",
+            self.epsilon, self.delta, accounting=f"the per-cell sums and counts accounted as one Gaussian{sample}",
             covers="the released vectors, weights and metrics",
         )
 
@@ -279,11 +351,13 @@ class LdpSumsMechanism(Mechanism):
         if num_centroids < 1:
             raise ValueError(f"num_centroids must be >= 1, got {num_centroids}")
         centres = self.partition_centres(dim, num_centroids, generator)
-        x = clip_to_radius(reps.detach().double().cpu(), 1.0)
-        cells = nearest_cells(x, centres)
         source = self.noise_source if self.noise_source is not None else secure_source()
+        sampled = self.sampling_rate < 1
+        kept = torch.from_numpy(poisson_sample_mask(n, self.sampling_rate, source=source)) if sampled else torch.ones(n, dtype=torch.bool)
+        x = clip_to_radius(reps.detach().double().cpu()[kept], 1.0)
+        cells = nearest_cells(x, centres)
         counts, sums = noisy_cell_statistics(
-            x, cells, centres.shape[0], noise_multiplier=self.noise_multiplier, source=source
+            x, cells, centres.shape[0], noise_multiplier=self.noise_multiplier, source=source, sampled=sampled
         )
         chosen = released_cells(counts, sums, threshold=self.threshold, limit=num_centroids)
         vectors, weights = pad_centres(
@@ -302,7 +376,9 @@ class LdpSumsMechanism(Mechanism):
                 "delta": self.delta,
             },
         )
-        return release, _released_index_of_row(cells, chosen, centres.shape[0])
+        members = torch.full((n,), -1, dtype=torch.long)
+        members[kept] = _released_index_of_row(cells, chosen, centres.shape[0])
+        return release, members
 
 
 def _released_index_of_row(cells: torch.Tensor, chosen: torch.Tensor, num_cells: int) -> torch.Tensor:

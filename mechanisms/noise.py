@@ -110,6 +110,26 @@ def random_bits(count: int, *, source: random.Random | None = None) -> np.ndarra
     return np.unpackbits(raw)[:count].astype(bool)
 
 
+#: Resolution of :func:`poisson_sample_mask`'s coins: rates are rounded down to a multiple of ``2**-53``.
+_RATE_BITS = 53
+
+
+def poisson_sample_mask(count: int, rate: float, *, source: random.Random | None = None) -> np.ndarray:
+    """``count`` independent coins of probability at most ``rate``: a Poisson sample's membership.
+
+    Each coin compares 53 random bits with ``rate`` rounded down to a
+    multiple of ``2**-53``, so no coin is likelier than ``rate`` (an
+    accountant that assumes ``rate`` overcharges, never undercharges).
+    """
+    if not 0 < rate <= 1:
+        raise ValueError(f"a sampling rate must be in (0, 1], got {rate!r}")
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    source = _resolve(source)
+    cut = np.uint64(math.floor(rate * 2**_RATE_BITS))
+    return (_random_words(source, count) >> np.uint64(64 - _RATE_BITS)) < cut
+
+
 def uniform_below(bounds: np.ndarray, *, source: random.Random | None = None) -> np.ndarray:
     """Uniform integers ``0 <= u < bound`` for each entry of ``bounds``, exactly.
 

@@ -118,6 +118,12 @@ class TrainConfig:
         "DP mechanisms: fix the epsilon of each single release instead; with --epsilon too, a run whose releases "
         "would exceed it is refused.",
     )
+    secret_sample: bool = option(
+        True,
+        "DP mechanisms that support it (ldp-sums): each release uses a secret Poisson sample of the client's images, "
+        "drawn from the OS CSPRNG at rate memory_size / (median client size), and the ledger counts the amplification. "
+        "Off: the release uses the memory, with no amplification.",
+    )
     kanon_min_k: int = option(
         5,
         "k-anonymous mechanisms (kanon): fewest distinct images a released centroid may average. A client with "

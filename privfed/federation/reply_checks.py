@@ -76,6 +76,7 @@ class ReplyRules:
         memory_size: How many representations a client's memory holds (None: no cap but the client's size).
         client_metrics: Whether clients send training metrics (``--report-client-metrics``); without it a reply
             that carries one departs from the plan.
+        samples_every_image: The mechanism draws its own secret sample from one representation per image.
     """
 
     client_sizes: tuple[int, ...]
@@ -88,6 +89,7 @@ class ReplyRules:
     dp_sgd: DpSgdPlan | None = None
     memory_size: int | None = None
     client_metrics: bool = False
+    samples_every_image: bool = False
 
     def most_reps(self, size: int) -> int:
         """The most representations a client of ``size`` examples hands its mechanism.
@@ -96,12 +98,13 @@ class ReplyRules:
         ``memory_size`` (:mod:`privfed.orchestra.memory`, and round 0's
         sample); under DP-SGD the memory is a Poisson sample with no cap
         (:func:`privfed.orchestra.memory_sampling.poisson_memory`), so up to
-        ``size``. Every bound on a release (vectors, total weight, credited
+        ``size``; a mechanism that draws its own secret sample is handed one
+        representation per image, so ``size`` again. Every bound on a release (vectors, total weight, credited
         k) is the mechanism's bound for this many, not for the client's size:
         a client with 2,000 images would otherwise weigh 2,000 in the global
         clustering where an honest ``kanon`` release weighs at most 128.
         """
-        if self.dp_sgd is not None or self.memory_size is None:
+        if self.dp_sgd is not None or self.memory_size is None or self.samples_every_image:
             return size
         return min(size, self.memory_size)
 
@@ -120,6 +123,7 @@ class ReplyRules:
             dp_sgd=plan.privacy.dp_sgd,
             memory_size=config.memory_size,
             client_metrics=config.report_client_metrics,
+            samples_every_image=mechanism is not None and mechanism(**plan.privacy.params).input_sampling_rate < 1,
         )
 
 

@@ -27,7 +27,7 @@ from privfed.methods import ORCHESTRA_LOSS
 from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.baseline_training import train_baseline_locally
 from privfed.orchestra.local_training import LocalTrainingConfig, LocalTrainingResult, train_locally
-from privfed.orchestra.memory_sampling import initial_representations, poisson_memory
+from privfed.orchestra.memory_sampling import every_representation, initial_representations, poisson_memory
 from privfed.orchestra.model_state import StateDict, load_shared_state, shared_state, state_delta
 
 #: Metrics a DP-SGD client may send: counts fixed by its (public) size, and timings.
@@ -136,9 +136,10 @@ def run_client_round(
     generator = torch.Generator().manual_seed(seed)
     load_shared_state(network, global_state)
     events: tuple[PrivacyEvent, ...] = ()
+    samples_every_image = mechanism is not None and mechanism.input_sampling_rate < 1
     if not train:
         memory = examples = None
-        if mechanism is not None:
+        if mechanism is not None and not samples_every_image:
             # Under DP-SGD the memory is a Poisson sample from the start, as after training.
             initial_memory = poisson_memory if config.dp_sgd is not None else initial_representations
             memory, examples = initial_memory(network, images, config, generator=generator, device=device)
@@ -155,6 +156,9 @@ def run_client_round(
             "train_seconds": result.seconds,
             "steps": float(result.num_steps),
         }
+    if samples_every_image:
+        # The mechanism draws its secret sample from every image (after the delta: BatchNorm statistics move here).
+        memory, examples = every_representation(network, images, config, generator=generator, device=device)
     release = release_state = None
     if mechanism is not None:
         start = time.perf_counter()

@@ -7,7 +7,10 @@ are built here, from target representations of freshly augmented images:
 - round 0, before any training: up to ``memory_size`` random images
   (:func:`initial_representations`);
 - under DP-SGD, before and after training: a Poisson sample of the client's
-  examples, at most one representation each (:func:`poisson_memory`).
+  examples, at most one representation each (:func:`poisson_memory`);
+- for a mechanism that draws its own secret sample
+  (:attr:`mechanisms.base.Mechanism.secret_sampling`): one representation of
+  every example (:func:`every_representation`).
 """
 
 from __future__ import annotations
@@ -60,6 +63,33 @@ def _target_representations(
     if not reps:
         return torch.zeros(0, network.projection_dim), torch.zeros(0, dtype=torch.long)
     return torch.cat(reps).cpu(), torch.cat(batches).cpu()
+
+
+@torch.no_grad()
+def every_representation(
+    network: OrchestraNetwork,
+    images: torch.Tensor,
+    config: LocalTrainingConfig,
+    *,
+    generator: torch.Generator,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One target representation of every image, for a mechanism that samples its input in secret.
+
+    The sample must not come from ``generator`` (the server knows its seed),
+    so the whole client goes to the mechanism, which draws it. Under DP-SGD
+    the network must use GroupNorm, so each row depends on its own image only.
+    """
+    if config.dp_sgd is not None and network.norm != "group":
+        raise ValueError("under DP-SGD a release's rows need a GroupNorm network: BatchNorm mixes examples")
+    network.to(device).train()
+    aug_generator = augmentation_generator(generator, device)
+    n = images.shape[0]
+    order = torch.randperm(n, generator=generator)
+    # Batches of batch_size to twice that, none of one image (BatchNorm needs two): a lone image of a
+    # BatchNorm network is left out, which only makes its sample smaller.
+    batches = [index for index in order.tensor_split(max(1, n // max(config.batch_size, 2))) if len(index) >= 2 or network.norm == "group"]
+    return _target_representations(network, images, batches, config, aug_generator=aug_generator, device=device)
 
 
 def poisson_sample(num_samples: int, rate: float, generator: torch.Generator) -> torch.Tensor:

@@ -74,8 +74,9 @@ class PrivacyPlan:
         rows_per_vector: Fewest memory rows a released vector needs to rise
             above the noise (:meth:`~mechanisms.base.Mechanism.rows_per_vector`;
             None: the mechanism names none).
-        memory_rows: Rows each client's memory holds: the smaller of its size
-            and ``--memory-size`` (expected, under DP-SGD's Poisson memory).
+        memory_rows: Rows each client's release uses: the smaller of its size
+            and ``--memory-size`` (expected, under DP-SGD's Poisson memory), or
+            the expected size of its secret sample.
     """
 
     mechanism: str | None
@@ -176,10 +177,15 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
         )
     if config.epsilon is None and config.epsilon_per_release is None:
         raise PrivfedError(f"mechanism {config.mechanism} needs --epsilon (total budget per client) or --epsilon-per-release")
+    sample = {"sampling_rate": rate} if (rate := secret_sample_rate(config, client_sizes)) < 1 else {}
     if config.epsilon_per_release is None:
-        params = calibrated_parameters(mechanism_class, epsilon=config.epsilon, delta=delta, num_releases=releases)
+        params = calibrated_parameters(
+            mechanism_class, epsilon=config.epsilon, delta=delta, num_releases=releases, **sample
+        )
     else:
-        params = calibrated_parameters(mechanism_class, epsilon=config.epsilon_per_release, delta=delta, num_releases=1)
+        params = calibrated_parameters(
+            mechanism_class, epsilon=config.epsilon_per_release, delta=delta, num_releases=1, **sample
+        )
     try:  # the mechanism refuses noise its samplers cannot draw: better now than after a round was charged
         mechanism = mechanism_class(**params)
         events = mechanism.privacy_events()
@@ -232,10 +238,24 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
     )
 
 
+def secret_sample_rate(config: TrainConfig, client_sizes: list[int]) -> float:
+    """Rate of the releases' secret Poisson sample: ``memory_size`` rows expected of the median client (1: none).
+
+    One rate for the run, so every client's release costs the same events and
+    each client can check it against its own calibration.
+    """
+    if not config.secret_sample or not get_mechanism_class(config.mechanism).secret_sampling:
+        return 1.0
+    return min(1.0, config.memory_size / max(statistics.median(client_sizes or [0]), 1))
+
+
 def _release_floor(mechanism: Mechanism, config: TrainConfig, client_sizes: list[int]) -> dict[str, Any]:
     """What one release can carry: the mechanism's floor against the rows each client's memory holds."""
     # Under DP-SGD too: the Poisson memory's expected size is min(size, memory_size).
-    rows = tuple(min(config.memory_size, size) for size in client_sizes)
+    rate = mechanism.input_sampling_rate
+    rows = tuple(
+        round(rate * size) if rate < 1 else min(config.memory_size, size) for size in client_sizes
+    )
     floor = mechanism.rows_per_vector(
         rows=int(statistics.median(rows)), dim=config.projection_dim, num_centroids=config.num_local_centroids
     )
@@ -283,14 +303,16 @@ def _plan_dp_sgd(config: TrainConfig, client_sizes: list[int], delta: float) -> 
 
 
 def calibrated_parameters(
-    mechanism_class: type[Mechanism], *, epsilon: float, delta: float, num_releases: int
+    mechanism_class: type[Mechanism], *, epsilon: float, delta: float, num_releases: int, **sample: float
 ) -> dict[str, Any]:
     """The mechanism's own calibration, checked to be something the server can send to clients.
+
+    ``sample`` holds ``sampling_rate`` for a mechanism that draws a secret sample (:attr:`Mechanism.secret_sampling`).
 
     Raises:
         PrivfedError: when the parameters are not JSON-able.
     """
-    params = mechanism_class.calibrate(epsilon=epsilon, delta=delta, num_releases=num_releases)
+    params = mechanism_class.calibrate(epsilon=epsilon, delta=delta, num_releases=num_releases, **sample)
     try:
         return json.loads(json.dumps(params))
     except (TypeError, ValueError) as err:

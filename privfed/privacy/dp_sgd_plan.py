@@ -28,7 +28,12 @@ from functools import lru_cache
 
 from dp_accounting import gaussian_mechanism
 
-from mechanisms.accounting import MAX_CALIBRATION_DISCRETISATION, epsilon_of, poisson_gaussian_privacy_event
+from mechanisms.accounting import (
+    MAX_CALIBRATION_DISCRETISATION,
+    epsilon_of,
+    poisson_gaussian_privacy_event,
+    smallest_fitting_multiplier,
+)
 from mechanisms.base import PrivacyEvent
 
 #: ``--dp-sgd-epsilon`` when neither it nor ``--dp-sgd-noise-multiplier`` is given.
@@ -115,11 +120,8 @@ def run_epsilon(
 def _calibrate_one(epsilon: float, delta: float, num_samples: int, batch_size: int, epochs: int, rounds: int) -> float:
     """Smallest noise multiplier (to a relative 1e-3) keeping one client size within ``epsilon``.
 
-    Bisection in log space on the PLD epsilon, which falls as the noise
-    grows. The start is the noise all steps would need without subsampling,
-    scaled by the sampling rate (a rough guess; the bracket is then widened
-    until it holds the answer). The upper end always meets the target, and
-    is what is returned.
+    The search starts at the noise all steps would need without subsampling,
+    scaled by the sampling rate (a rough guess).
     """
 
     def fits(sigma: float) -> bool:
@@ -128,18 +130,9 @@ def _calibrate_one(epsilon: float, delta: float, num_samples: int, batch_size: i
     q = sampling_rate(num_samples, batch_size)
     total_steps = steps_per_round(num_samples, batch_size=batch_size, epochs=epochs) * rounds
     unamplified = float(gaussian_mechanism.get_sigma_gaussian(epsilon, delta)) * math.sqrt(total_steps)
-    high = max(MIN_NOISE_MULTIPLIER, q * unamplified)
-    while not fits(high):
-        high *= 2
-    low = high / 2
-    while fits(low):
-        if low <= MIN_NOISE_MULTIPLIER:
-            return low
-        low, high = low / 2, low
-    while high / low > 1 + CALIBRATION_TOLERANCE:
-        mid = math.sqrt(low * high)
-        low, high = (low, mid) if fits(mid) else (mid, high)
-    return high
+    return smallest_fitting_multiplier(
+        fits, q * unamplified, floor=MIN_NOISE_MULTIPLIER, tolerance=CALIBRATION_TOLERANCE
+    )
 
 
 @lru_cache(maxsize=64)

@@ -101,8 +101,15 @@ def _encoder_update_clauses(*, dp_sgd: bool, worst: WorstCase | None, secagg: bo
     ]
 
 
+def _sample_clause(rate: float) -> str:
+    """How the release's epsilon counts the secret sample (``rate`` 1: there is none)."""
+    if rate < 1:
+        return f"amplified by a secret Poisson sample of each client's images at rate {rate:.3g} (client-side OS CSPRNG)"
+    return "no subsampling amplification"
+
+
 def _release_clauses(
-    mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCase | None, k: int | None
+    mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCase | None, k: int | None, sampling_rate: float
 ) -> Clauses:
     """What protects the released vectors, by the kind of guarantee the mechanism gives."""
     if mechanism is None:  # nothing released: nothing to protect or to disclaim here
@@ -110,16 +117,17 @@ def _release_clauses(
     name = mechanism.name
     if mechanism.is_differentially_private():
         releases = f"released centroids ({name}): epsilon {_eps(worst.releases_worst)} at delta {worst.delta:.2g} alone"
-        amplification = "subsampling amplification for releases: none is claimed (the memory is not a secret Poisson sample)"
+        if sampling_rate < 1:
+            rows, sample, amplification = "every image", f"; {_sample_clause(sampling_rate)}", []
+        else:
+            rows, sample = "the memory", ""
+            amplification = ["subsampling amplification for releases: none is claimed (the memory is not a secret Poisson sample)"]
         if dp_sgd:
-            return [f"{releases}, per {EXAMPLE_UNIT}: each example gives at most one representation to the memory"], [
-                amplification
-            ]
-        return [f"{releases}, per representation in a client's memory, replaced by another"], [
-            "examples, as opposed to representations: the memory keeps one representation per image, but "
-            "BatchNorm mixes every batch, so one example also moves the representations of others; the release "
-            "guarantee is not a per-example one",
-            amplification,
+            return [f"{releases}, per {EXAMPLE_UNIT}: each example gives at most one representation to {rows}{sample}"], amplification
+        return [f"{releases}, per representation (one per image of {rows}), replaced by another{sample}"], [
+            "examples, as opposed to representations: BatchNorm mixes every batch, so one example also moves the "
+            "representations of others; the release guarantee is not a per-example one",
+            *amplification,
         ]
     if mechanism.guarantee_kind == K_ANONYMITY:
         return [], [
@@ -187,7 +195,9 @@ def _data_metrics(objective: Objective) -> str:
     return "losses, target entropy, centroid cosine" if objective.cluster_loss else "losses"
 
 
-def _headline(mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCase | None, k: int | None) -> str:
+def _headline(
+    mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCase | None, k: int | None, sampling_rate: float
+) -> str:
     """The statement's first sentences: the strongest claim the run supports."""
     if mechanism is None:
         if dp_sgd:
@@ -230,7 +240,7 @@ def _headline(mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCa
         return (
             f"Every client's released centroids over the whole run are ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
             "differentially private with respect to replacing one of its representations by another (PLD "
-            "accountant, no subsampling amplification). Encoder updates are not covered."
+            f"accountant, {_sample_clause(sampling_rate)}). Encoder updates are not covered."
         )
     if mechanism.guarantee_kind == K_ANONYMITY:
         return (
@@ -252,6 +262,7 @@ def privacy_statement(
     secagg: bool = True,
     objective: Objective = Objective(),
     report_metrics: bool = False,
+    release_sampling_rate: float = 1.0,
 ) -> PrivacyStatement:
     """Builds the statement for one run.
 
@@ -267,6 +278,7 @@ def privacy_statement(
         objective: The run's method's objective: which metrics its clients
             compute, and whether they train on their labels.
         report_metrics: Whether clients send those metrics (``--report-client-metrics``).
+        release_sampling_rate: Rate of the releases' secret Poisson sample (1: none).
     """
     if (dp_sgd or (mechanism is not None and mechanism.is_differentially_private())) and worst is None:
         raise ValueError("a run with a DP part needs the ledger's worst case")
@@ -274,7 +286,7 @@ def privacy_statement(
     not_covered: list[str] = []
     for part_covers, part_not_covered in (
         _encoder_update_clauses(dp_sgd=dp_sgd, worst=worst, secagg=secagg),
-        _release_clauses(mechanism, dp_sgd=dp_sgd, worst=worst, k=k),
+        _release_clauses(mechanism, dp_sgd=dp_sgd, worst=worst, k=k, sampling_rate=release_sampling_rate),
     ):
         covers += part_covers
         not_covered += part_not_covered
@@ -287,5 +299,5 @@ def privacy_statement(
         dp_sgd=dp_sgd, secagg=secagg, releases=mechanism is not None, objective=objective, report_metrics=report_metrics
     )
     not_covered.append(DEVIATING_SERVER)
-    text = _headline(mechanism, dp_sgd=dp_sgd, worst=worst, k=k) + " Not covered: " + "; ".join(not_covered) + "."
+    text = _headline(mechanism, dp_sgd=dp_sgd, worst=worst, k=k, sampling_rate=release_sampling_rate) + " Not covered: " + "; ".join(not_covered) + "."
     return PrivacyStatement(text=text, covers=tuple(covers), not_covered=tuple(not_covered))

@@ -123,3 +123,23 @@ def test_k_counts_images_not_the_views_a_long_run_leaves_in_the_memory(tiny_conf
     assert update.release.weights.sum() == (4 if released else 0)
     if released:
         assert update.release.guarantee.k == 2 and update.release.weights.tolist() == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_a_mechanism_that_samples_in_secret_is_handed_one_row_per_image_and_keeps_about_its_rate(tiny_config, train):
+    """The client hands every image's representation over; the mechanism, not the round's seed, picks the sample."""
+    from privfed.orchestra.client_update import run_client_round
+
+    images = FederatedSplit.of(tiny_config).client_images(0)
+    network = OrchestraNetwork(tiny_config.backbone, tiny_config.projection_dim)
+    centroids = torch.nn.functional.normalize(torch.randn(8, tiny_config.projection_dim), dim=1) if train else None
+    mechanism = create_mechanism("ldp-sums", noise_multiplier=0.05, count_threshold=-1e9, sampling_rate=0.5)
+    update, private = run_client_round(
+        network, shared_state(network), centroids, images, train=train, config=LocalTrainingConfig.from_run(tiny_config),
+        mechanism=mechanism, num_local_centroids=tiny_config.num_local_centroids, seed=0, device=torch.device("cpu"),
+    )
+    n = images.shape[0]
+    assert private.memory.shape[0] == n > tiny_config.memory_size
+    assert sorted(private.memory_examples.tolist()) == list(range(n))
+    assert update.release.events[0].name == "poisson_gaussian"
+    assert abs(update.release.metrics["noisy_num_reps"] - n / 2) < 4 * (n * 0.25) ** 0.5 + 1

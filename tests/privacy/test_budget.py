@@ -162,3 +162,29 @@ def test_ldp_sums_names_its_count_threshold_as_its_release_floor():
 
     assert plan.rows_per_vector == pytest.approx(LdpSumsMechanism(**plan.params).threshold)
     assert any("ldp-sums vector stands for at least" in line for line in plan.describe())
+
+
+@pytest.mark.parametrize("secret_sample", [True, False])
+def test_ldp_sums_samples_memory_size_rows_of_the_median_client_in_secret(secret_sample):
+    config = build_config(dataset="shapes:400", num_clients=3, participation=1.0, rounds=5, mechanism="ldp-sums",
+                          epsilon=10.0, memory_size=32, num_global_centroids=16, projection_dim=16,
+                          secret_sample=secret_sample, out="unused")
+    plan = plan_privacy(config, [40, 128, 400])
+    rate = plan.params["sampling_rate"]
+    assert rate == (0.25 if secret_sample else 1.0)
+    assert plan.per_release_events[0].name == ("poisson_gaussian" if secret_sample else "gaussian")
+    assert plan.memory_rows == ((10, 32, 100) if secret_sample else (32, 32, 32))
+    assert 0.98 * 10.0 <= plan.planned_epsilon <= 10.0
+
+
+def test_the_secret_sample_lets_the_same_budget_buy_less_noise_per_row():
+    common = dict(dataset="shapes:400", num_clients=3, participation=1.0, rounds=5, mechanism="ldp-sums",
+                  epsilon=10.0, memory_size=32, num_global_centroids=16, projection_dim=16, out="unused")
+    from mechanisms.ldp_sums import row_bound, sums_grid
+
+    grid = sums_grid(16)
+    std = {}
+    for secret in (True, False):
+        params = plan_privacy(build_config(**common, secret_sample=secret), [40, 128, 400]).params
+        std[secret] = params["noise_multiplier"] * row_bound(grid, sampled=params["sampling_rate"] < 1)
+    assert std[True] < 0.5 * std[False]

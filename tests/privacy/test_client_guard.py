@@ -343,3 +343,13 @@ def test_ldp_sums_passes_the_guard_unchanged_and_a_weaker_or_noisier_multiplier_
     for factor in (0.5, 2.0):
         with pytest.raises(RoundRefused, match="noise_multiplier"):
             check_release_parameters(budget, "ldp-sums", {**params, "noise_multiplier": params["noise_multiplier"] * factor})
+
+
+def test_the_secret_samples_rate_is_checked_like_every_other_cost_parameter():
+    config = build_config(**{**SMALL, "mechanism": "ldp-sums", "epsilon": 1.0, "memory_size": 16})
+    budget = declared_budget(config, sizes(config)[0])
+    params = server_params(config)
+    assert 0 < params["sampling_rate"] < 1 and budget.release_events[0].name == "poisson_gaussian"
+    for rate in (1.0, params["sampling_rate"] * 2, params["sampling_rate"] / 2):
+        with pytest.raises(RoundRefused, match="sampling_rate"):
+            check_release_parameters(budget, "ldp-sums", {**params, "sampling_rate": rate})
