@@ -18,12 +18,13 @@ Rows of each table (columns, one per mechanism):
   true means each turned to cosine 0.9 with the truth plus 8 random unit
   vectors (optimistic: it assumes earlier rounds already found the clusters);
 * ``sums-cold``: ``ldp-sums`` with no centres (round 0: L random centres);
-* ``sums-q0.25``: ``ldp-sums`` warm with ``sampling_rate=0.25``: the client
-  holds ``n / 0.25`` rows and the mechanism draws its own secret Poisson
-  sample (about ``n`` rows) at the same per-release epsilon. Skipped, with a
-  printed line, while ``ldp-sums`` does not take ``sampling_rate``;
-* ``ideal``: ``ldp-sums`` whose partition is the 8 true means (it knows the
-  clusters), same epsilon: the most a noisy per-cell sum can give;
+* ``warm-q0.25`` and ``cold-q0.25``: the same two with ``sampling_rate=0.25``:
+  the client holds ``n / 0.25`` rows and the mechanism draws its own secret
+  Poisson sample (about ``n`` rows), calibrated to the same per-release
+  epsilon with the amplification counted;
+* ``ideal`` and ``ideal-q0.25``: ``ldp-sums`` whose partition is the 8 true
+  means (it knows the clusters), same epsilon, without and with the sample:
+  the most a noisy per-cell sum of those rows can give;
 * ``kanon``: k-anonymous centroids (not DP), a reference;
 * ``null``: L random unit vectors.
 
@@ -70,7 +71,7 @@ DIMS = (32, 512)
 SIZES = (128, 512, 2048)
 EPSILONS = (0.8, 1.0, 10.0)
 DELTAS = (1e-3, 1e-6)
-DP_COLUMNS = ("ldp", "sums-warm", "sums-cold", "sums-q0.25", "ideal")
+DP_COLUMNS = ("ldp", "sums-warm", "warm-q0.25", "sums-cold", "cold-q0.25", "ideal", "ideal-q0.25")
 COLUMNS = (*DP_COLUMNS, "kanon", "null")
 
 
@@ -190,8 +191,8 @@ def dp_release(
     return released(mechanism, rows, generator("release", *key))
 
 
-def dp_scores(client: Client, eps: float, delta: float, *, sampling: bool) -> dict[str, Score]:
-    """The DP columns for one client at one (epsilon, delta); the secret-sample column only when ``sampling``."""
+def dp_scores(client: Client, eps: float, delta: float) -> dict[str, Score]:
+    """The DP columns for one client at one (epsilon, delta)."""
     dim, n = client.means.shape[1], client.rows.shape[0]
     # column -> (mechanism, rows, partition centres, extra constructor arguments)
     settings: dict[str, tuple[str, torch.Tensor, torch.Tensor | None, dict[str, float]]] = {
@@ -200,8 +201,10 @@ def dp_scores(client: Client, eps: float, delta: float, *, sampling: bool) -> di
         "sums-cold": ("ldp-sums", client.rows, None, {}),
         "ideal": ("ldp-sums", client.rows, client.means, {}),
     }
-    if sampling:
-        settings["sums-q0.25"] = ("ldp-sums", client.large_rows, client.warm, {"sampling_rate": SAMPLING_RATE})
+    sample = {"sampling_rate": SAMPLING_RATE}
+    settings[f"warm-q{SAMPLING_RATE:g}"] = ("ldp-sums", client.large_rows, client.warm, sample)
+    settings[f"cold-q{SAMPLING_RATE:g}"] = ("ldp-sums", client.large_rows, None, sample)
+    settings[f"ideal-q{SAMPLING_RATE:g}"] = ("ldp-sums", client.large_rows, client.means, sample)
     scores = {}
     for column, (name, rows, centres, extra) in settings.items():
         release = dp_release(
@@ -209,15 +212,6 @@ def dp_scores(client: Client, eps: float, delta: float, *, sampling: bool) -> di
         )
         scores[column] = score(release, client.means, client.null)
     return scores
-
-
-def sampling_supported() -> bool:
-    """Whether ``ldp-sums`` takes ``sampling_rate`` yet (a TypeError from its constructor says not)."""
-    try:
-        create_mechanism("ldp-sums", epsilon=1.0, delta=1e-3, sampling_rate=SAMPLING_RATE)
-    except TypeError:
-        return False
-    return True
 
 
 def fixed_scores(client: Client) -> dict[str, Score]:
@@ -255,7 +249,6 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="D 32 and 512, n 512, eps 1 and 10, delta 1e-3")
     args = parser.parse_args()
     sizes, epsilons, deltas = ((512,), (1.0, 10.0), (1e-3,)) if args.quick else (SIZES, EPSILONS, DELTAS)
-    sampling = sampling_supported()
     start = time.perf_counter()
     print(
         f"coverage = mean over {NUM_CLUSTERS} true cluster means of the best cosine to a non-padding released vector; "
@@ -266,8 +259,6 @@ def main() -> None:
         f"sums-warm: G = {NUM_CLUSTERS + WARM_EXTRA} centres = the true means at cosine {WARM_COSINE} "
         f"+ {WARM_EXTRA} random (optimistic); ideal: partition = the true means"
     )
-    if not sampling:
-        print(f"sums-q{SAMPLING_RATE:g}: skipped, ldp-sums does not take sampling_rate yet (TypeError)")
     print()
     for dim in DIMS:
         clients = {n: [make_client(dim, n, seed) for seed in range(args.seeds)] for n in sizes}
@@ -278,7 +269,7 @@ def main() -> None:
             results: dict[tuple[int, float], dict[str, list[Score]]] = {}
             for n in sizes:
                 for eps in epsilons:
-                    per_seed = [dp_scores(c, eps, delta, sampling=sampling) for c in clients[n]]
+                    per_seed = [dp_scores(c, eps, delta) for c in clients[n]]
                     row = {col: [s[col] for s in per_seed if col in s] for col in DP_COLUMNS}
                     row.update({col: [s[col] for s in fixed[n]] for col in ("kanon", "null")})
                     results[(n, eps)] = row
