@@ -97,7 +97,7 @@ MAX_DIMENSION = 2**16
 WEIGHT_NOISE_SCALES = 1000.0
 #: How many count-noise standard deviations the default threshold asks of a released cell.
 THRESHOLD_STDS = 3.0
-#: Largest ratio of the count noise's std to the noise multiplier, over all dimensions (``s / res <= 1.01``).
+#: Largest ratio of the count noise's std to the noise multiplier, over all dimensions (``s / res <= 1.01``), unsampled.
 COUNT_STD_PER_MULTIPLIER = 1.01
 
 
@@ -305,7 +305,13 @@ class LdpSumsMechanism(Mechanism):
         """The public count threshold a released cell's noisy count reaches."""
         if self.count_threshold is not None:
             return self.count_threshold
-        return max(THRESHOLD_STDS * COUNT_STD_PER_MULTIPLIER * self.noise_multiplier, 1.0)
+        return max(THRESHOLD_STDS * self.count_noise_std, 1.0)
+
+    @property
+    def count_noise_std(self) -> float:
+        """An upper bound on a noisy count's std, in rows, over every dimension (the sampled unit is up to sqrt 2 larger)."""
+        per_multiplier = math.hypot(COUNT_STD_PER_MULTIPLIER, 1.0) if self.sampling_rate < 1 else COUNT_STD_PER_MULTIPLIER
+        return per_multiplier * self.noise_multiplier
 
     def rows_per_vector(self, *, rows: int, dim: int, num_centroids: int) -> float | None:
         """The count threshold: a cell is released from this many noisy rows on (its sum's noise is not asked to be smaller)."""
@@ -318,8 +324,7 @@ class LdpSumsMechanism(Mechanism):
     @classmethod
     def max_total_weight(cls, *, num_reps: int, params: dict[str, Any]) -> float:
         """``num_reps`` plus :data:`WEIGHT_NOISE_SCALES` count-noise stds (the released cells' true counts total at most ``num_reps``)."""
-        multiplier = cls(**params).noise_multiplier
-        return float(num_reps) + WEIGHT_NOISE_SCALES * COUNT_STD_PER_MULTIPLIER * multiplier
+        return float(num_reps) + WEIGHT_NOISE_SCALES * cls(**params).count_noise_std
 
     def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
         sample = "" if self.sampling_rate == 1 else f", on a secret Poisson sample of rate {self.sampling_rate:.3g}"

@@ -168,3 +168,16 @@ def test_release_draws_its_coins_before_the_noise_from_one_source():
     _, members = mechanism.release_with_members(rows, num_centroids=1, generator=gen(5))
     coins = poisson_sample_mask(64, 0.5, source=random.Random(9))
     assert torch.equal(members >= 0, torch.from_numpy(coins))
+
+
+@pytest.mark.parametrize("rate", [1.0, 0.5])
+def test_the_default_threshold_is_three_stds_of_the_count_noise_actually_drawn(rate):
+    """A sampled release scales its noise to the larger sampled unit; the threshold must follow it."""
+    mechanism = create_mechanism("ldp-sums", noise_multiplier=2.0, sampling_rate=rate)
+    counts, _ = noisy_cell_statistics(
+        torch.zeros(0, 16, dtype=torch.float64), torch.zeros(0, dtype=torch.long), 40_000, noise_multiplier=2.0,
+        source=random.Random(3), sampled=rate < 1,
+    )
+    measured = float(np.std(counts))
+    assert 0.97 * mechanism.count_noise_std <= measured <= 1.02 * mechanism.count_noise_std
+    assert mechanism.threshold == pytest.approx(3 * mechanism.count_noise_std)
