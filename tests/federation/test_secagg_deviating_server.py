@@ -96,34 +96,55 @@ def test_a_node_does_not_mask_with_fewer_neighbours_than_the_threshold_needs():
         collect(nodes, 100, sent[100][: default_threshold(5) - 2])
 
 
-@pytest.mark.parametrize("count", [5, 7])
-def test_a_server_that_withholds_shares_and_calls_the_holders_dropped_recovers_one_update(count):
+def withhold_and_unmask(count: int, targets: list[int], holders: list[int]) -> dict[int, np.ndarray]:
+    """The attack: each target gets only the holders' shares, the holders are then called dropped; returns each target's update as the server rebuilds it."""
     nodes, updates, public, sent = keyed(count)
-    target, everyone, threshold = 100, sorted(updates), default_threshold(count)
-    holders = [n for n in everyone if n != target][: threshold - 1]  # S: the only neighbours X will mask with
-    forwarded = {n: [(s, c) for s, c in sent[n] if n != target or s in holders] for n in everyone}
+    everyone = sorted(updates)
+    forwarded = {n: [(s, c) for s, c in sent[n] if n not in targets or s in holders] for n in everyone}
     masked = {n: collect(nodes, n, forwarded[n]) for n in everyone}
 
-    seed_shares, key_shares = [], {s: [] for s in holders}
+    seed_shares = {t: [] for t in targets}
+    key_shares = {s: [] for s in holders}
     for n in everyone:
-        if n == target:
-            continue  # X is not asked
+        if n in targets:
+            continue  # a target is not asked
         dead = [s for s in holders if s != n]
         alive = [m for m in everyone if m not in dead]
         answer = nodes.ask(n, {Key.STAGE: Stage.UNMASK, Key.ACTIVE_NODE_ID_LIST: alive, Key.DEAD_NODE_ID_LIST: dead})
         for owner, share in zip(answer[Key.NODE_ID_LIST], answer[Key.SHARE_LIST]):
-            if owner == target:
-                seed_shares.append(share)
+            if owner in seed_shares:
+                seed_shares[owner].append(share)
             elif owner in dead:  # a holder answers for itself as alive: that share is of its seed
                 key_shares[owner].append(share)
-    assert len(seed_shares) >= threshold and all(len(v) >= threshold for v in key_shares.values())
+    threshold = default_threshold(count)
+    assert all(len(v) >= threshold for v in [*seed_shares.values(), *key_shares.values()])
+    recovered = {}
+    for target in targets:
+        alone = unmask_sum(
+            masked[target],
+            private_seeds={target: combine_shares(seed_shares[target])},
+            # The target added or took off each pairwise mask; unmask_sum undoes a dropped node's masks in its survivors.
+            dropped_pairwise_seeds={
+                s: {target: pairwise_seed(combine_shares(key_shares[s]), public[target][0])} for s in holders
+            },
+            modulus=MODULUS,
+        )
+        recovered[target] = decode_weighted_mean(alone, num_summed=1, clipping_range=CLIPPING, quantization_range=LEVELS)[0]
+    return {t: np.abs(recovered[t] - updates[t]).max() for t in targets}
 
-    alone = unmask_sum(
-        masked[target],
-        private_seeds={target: combine_shares(seed_shares)},
-        # X added or took off each pairwise mask; unmask_sum undoes a dropped node's masks in its survivors.
-        dropped_pairwise_seeds={s: {target: pairwise_seed(combine_shares(key_shares[s]), public[target][0])} for s in holders},
-        modulus=MODULUS,
-    )
-    recovered = decode_weighted_mean(alone, num_summed=1, clipping_range=CLIPPING, quantization_range=LEVELS)[0]
-    assert np.abs(recovered - updates[target]).max() < 1e-4
+
+@pytest.mark.parametrize("count", [5, 7])
+def test_a_server_that_withholds_shares_and_calls_the_holders_dropped_recovers_one_update(count):
+    everyone = [100 + i for i in range(count)]
+    holders = everyone[1 : default_threshold(count)]  # S: the only neighbours the target will mask with
+    errors = withhold_and_unmask(count, [everyone[0]], holders)
+    assert max(errors.values()) < 1e-4
+
+
+def test_the_same_holders_unmask_several_clients_in_one_round():
+    """docs/privacy.md: one withholding round can expose every client outside the holders and the threshold's helpers."""
+    everyone = [100 + i for i in range(7)]
+    threshold = default_threshold(7)
+    holders, targets = everyone[: threshold - 1], everyone[threshold + 1 :]
+    errors = withhold_and_unmask(7, targets, holders)
+    assert len(errors) == 2 and max(errors.values()) < 1e-4
