@@ -188,3 +188,12 @@ def test_the_secret_sample_lets_the_same_budget_buy_less_noise_per_row():
         params = plan_privacy(build_config(**common, secret_sample=secret), [40, 128, 400]).params
         std[secret] = params["noise_multiplier"] * row_bound(grid, sampled=params["sampling_rate"] < 1)
     assert std[True] < 0.5 * std[False]
+
+
+def test_under_dp_sgd_the_plans_memory_rows_are_the_poisson_memorys_expected_size():
+    """Under DP-SGD the memory is a Poisson sample of min(1, memory_size / n): min(n, memory_size) rows expected."""
+    config = build_config(dataset="shapes:2000", num_clients=4, participation=0.5, rounds=3, mechanism="ldp",
+                          epsilon=10.0, dp_sgd=True, num_global_centroids=16, projection_dim=16,
+                          out="unused")
+    plan = plan_privacy(config, [60, 128, 300, 900])
+    assert plan.dp_sgd is not None and plan.memory_rows == (60, 128, 128, 128)
