@@ -53,11 +53,14 @@ without it. That is the per-record bound of ``dp_accounting``'s
 Poisson-subsampled Gaussian under replace-one (rows of norm at most
 ``Delta``, each kept with probability q), so ``sigma = z * Delta`` and the
 release is charged as a ``"poisson_gaussian"`` event of rate q and
-multiplier z. The noise falls to 0.35-0.7 times the unsampled release's at
-the same epsilon for q of 0.25-0.5 (``benchmarks/dp_release_quality.py``).
-Nothing reveals how many rows were kept: the sample's size is not
-released, and the table holds only noisy values. In data units every sum coordinate carries noise of std
-``z * s / res <= 1.01 z``, and so does every count. The discrete Gaussian is
+multiplier z. At the same epsilon the noise falls to 0.35-0.7 times the
+unsampled release's for q of 0.25-0.5
+(``tests/mechanisms/test_ldp_sums_sampling.py``). The sample's size is not
+released; the table holds only noisy values.
+
+In data units every sum coordinate and every count carries noise of std
+``z * s / res <= 1.01 z`` (sampled: ``z * Delta / res <= 1.43 z``, which
+the default threshold follows). The discrete Gaussian is
 accounted as the continuous one, the approximation
 :mod:`mechanisms.accounting` states once. Which cells are released depends
 only on noisy values; the partition centres and the table's shape are public.
