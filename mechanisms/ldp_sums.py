@@ -56,7 +56,10 @@ release is charged as a ``"poisson_gaussian"`` event of rate q and
 multiplier z. At the same epsilon the noise falls to 0.35-0.7 times the
 unsampled release's for q of 0.25-0.5
 (``tests/mechanisms/test_ldp_sums_sampling.py``). The sample's size is not
-released; the table holds only noisy values.
+released, the table holds only noisy values, and every row is added to
+it (a dropped one as zeros), so the release takes as long whatever the
+sample's size. (The amplification needs that size hidden: known exactly,
+it would turn the pair into add/remove at distance sqrt(2) Delta.)
 
 In data units every sum coordinate and every count carries noise of std
 ``z * s / res <= 1.01 z`` (sampled: ``z * Delta / res <= 1.43 z``, which
@@ -184,11 +187,17 @@ def nearest_cells(x: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
     return (x @ F.normalize(centres.double(), dim=1).T).argmax(dim=1)
 
 
-def cell_table(rounded: np.ndarray, cells: np.ndarray, num_cells: int, scale: int) -> np.ndarray:
-    """``[cells, D + 1]`` integer table: each cell's rounded sum, then ``scale`` times its count."""
+def cell_table(
+    rounded: np.ndarray, cells: np.ndarray, num_cells: int, scale: int, *, kept: np.ndarray | None = None
+) -> np.ndarray:
+    """``[cells, D + 1]`` integer table: each cell's rounded sum, then ``scale`` times its count, of the ``kept`` rows (default all).
+
+    Every row is added, a dropped one as zeros, so the time taken does not tell how many were kept.
+    """
+    weight = np.ones(len(cells), dtype=np.int64) if kept is None else kept.astype(np.int64)
     table = np.zeros((num_cells, rounded.shape[1] + 1), dtype=np.int64)
-    np.add.at(table[:, :-1], cells, rounded)
-    table[:, -1] = scale * np.bincount(cells, minlength=num_cells)
+    np.add.at(table[:, :-1], cells, rounded * weight[:, None])
+    table[:, -1] = scale * np.bincount(cells, weights=weight, minlength=num_cells).astype(np.int64)
     return table
 
 
@@ -199,17 +208,18 @@ def noisy_cell_statistics(
     *,
     noise_multiplier: float,
     source: random.Random,
-    sampled: bool = False,
+    kept: np.ndarray | None = None,
 ) -> tuple[np.ndarray, torch.Tensor]:
     """Noisy counts ``[cells]`` and sums ``[cells, D]`` in data units: one discrete Gaussian over the whole table.
 
-    ``sampled``: the rows are a secret Poisson sample, so the noise is scaled to :func:`row_bound`'s sampled unit.
+    ``kept``: the rows' secret Poisson sample (None: every row, unsampled); the
+    noise is then scaled to :func:`row_bound`'s sampled unit.
     """
     dim = x.shape[1]
     grid = sums_grid(dim)
     rounded = np.rint(x.double().cpu().numpy() / grid.step).astype(np.int64)
-    table = cell_table(rounded, cells.cpu().numpy(), num_cells, count_scale(grid))
-    sigma = noise_multiplier * row_bound(grid, sampled=sampled)
+    table = cell_table(rounded, cells.cpu().numpy(), num_cells, count_scale(grid), kept=kept)
+    sigma = noise_multiplier * row_bound(grid, sampled=kept is not None)
     noisy = table + discrete_gaussian(table.size, sigma=sigma, source=source).reshape(table.shape)
     counts = noisy[:, -1].astype(np.float64) / count_scale(grid)
     return counts, torch.from_numpy(noisy[:, :-1].astype(np.float64) * grid.step)
@@ -361,11 +371,11 @@ class LdpSumsMechanism(Mechanism):
         centres = self.partition_centres(dim, num_centroids, generator)
         source = self.noise_source if self.noise_source is not None else secure_source()
         sampled = self.sampling_rate < 1
-        kept = torch.from_numpy(poisson_sample_mask(n, self.sampling_rate, source=source)) if sampled else torch.ones(n, dtype=torch.bool)
-        x = clip_to_radius(reps.detach().double().cpu()[kept], 1.0)
+        kept = poisson_sample_mask(n, self.sampling_rate, source=source) if sampled else None
+        x = clip_to_radius(reps.detach().double().cpu(), 1.0)
         cells = nearest_cells(x, centres)
         counts, sums = noisy_cell_statistics(
-            x, cells, centres.shape[0], noise_multiplier=self.noise_multiplier, source=source, sampled=sampled
+            x, cells, centres.shape[0], noise_multiplier=self.noise_multiplier, source=source, kept=kept
         )
         chosen = released_cells(counts, sums, threshold=self.threshold, limit=num_centroids)
         vectors, weights = pad_centres(
@@ -384,8 +394,9 @@ class LdpSumsMechanism(Mechanism):
                 "delta": self.delta,
             },
         )
-        members = torch.full((n,), -1, dtype=torch.long)
-        members[kept] = _released_index_of_row(cells, chosen, centres.shape[0])
+        members = _released_index_of_row(cells, chosen, centres.shape[0])
+        if kept is not None:
+            members[~torch.from_numpy(kept)] = -1
         return release, members
 
 

@@ -104,7 +104,10 @@ def _encoder_update_clauses(*, dp_sgd: bool, worst: WorstCase | None, secagg: bo
 def _sample_clause(rate: float) -> str:
     """How the release's epsilon counts the secret sample (``rate`` 1: there is none)."""
     if rate < 1:
-        return f"amplified by a secret Poisson sample of each client's images at rate {rate:.3g} (client-side OS CSPRNG)"
+        return (
+            f"amplified by a secret Poisson sample, at rate {rate:.3g}, of the representations of each client's images "
+            "(client-side OS CSPRNG)"
+        )
     return "no subsampling amplification"
 
 
@@ -118,13 +121,14 @@ def _release_clauses(
     if mechanism.is_differentially_private():
         releases = f"released centroids ({name}): epsilon {_eps(worst.releases_worst)} at delta {worst.delta:.2g} alone"
         if sampling_rate < 1:
-            rows, sample, amplification = "every image", f"; {_sample_clause(sampling_rate)}", []
+            rows = "one representation per image, of which a secret sample is released from"
+            sample, amplification = f"; {_sample_clause(sampling_rate)}", []
         else:
-            rows, sample = "the memory", ""
+            rows, sample = "at most one representation per image in the memory", ""
             amplification = ["subsampling amplification for releases: none is claimed (the memory is not a secret Poisson sample)"]
         if dp_sgd:
-            return [f"{releases}, per {EXAMPLE_UNIT}: each example gives at most one representation to {rows}{sample}"], amplification
-        return [f"{releases}, per representation (one per image of {rows}), replaced by another{sample}"], [
+            return [f"{releases}, per {EXAMPLE_UNIT}: {rows}{sample}"], amplification
+        return [f"{releases}, per representation replaced by another ({rows}){sample}"], [
             "examples, as opposed to representations: BatchNorm mixes every batch, so one example also moves the "
             "representations of others; the release guarantee is not a per-example one",
             *amplification,

@@ -27,6 +27,6 @@ def test_a_two_round_ldp_sums_run_spends_its_whole_budget_and_states_it(tmp_path
     assert {e["events"][0]["name"] for e in releases} == {"poisson_gaussian"}
     rates = {e["events"][0]["params"]["sampling_rate"] for e in releases}
     assert len(rates) == 1 and 0 < rates.pop() < 1
-    assert "secret Poisson sample of each client's images at rate" in privacy["statement"]
+    assert "secret Poisson sample, at rate" in privacy["statement"]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["clients_completed"] for m in metrics] == [4, 4, 4]

@@ -256,8 +256,8 @@ def coupled_release(monkeypatch, memory: torch.Tensor, centres: torch.Tensor | N
     seen = {}
     true_table = ldp_sums.cell_table
 
-    def recording_table(*args):
-        seen["table"] = true_table(*args)
+    def recording_table(*args, **kwargs):
+        seen["table"] = true_table(*args, **kwargs)
         return seen["table"]
 
     monkeypatch.setattr(ldp_sums, "cell_table", recording_table)

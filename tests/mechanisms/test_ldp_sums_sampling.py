@@ -146,10 +146,9 @@ def test_an_antipodal_canary_kept_by_the_mechanisms_coin_catches_half_the_calibr
     for sign, seed in ((1.0, 1), (-1.0, 2)):
         source = random.Random(seed)
         kept = poisson_sample_mask(TRIALS, rate, source=source)
-        rows = torch.full((int(kept.sum()), 1), sign, dtype=torch.float64)
+        rows = torch.full((TRIALS, 1), sign, dtype=torch.float64)
         _, sums = noisy_cell_statistics(
-            rows, torch.from_numpy(np.nonzero(kept)[0]), TRIALS, noise_multiplier=z * noise_scale, source=source,
-            sampled=True,
+            rows, torch.arange(TRIALS), TRIALS, noise_multiplier=z * noise_scale, source=source, kept=kept
         )
         statistics.append(sums[:, 0].numpy())
     threshold = 1.5 * math.sqrt(2) * z  # fixed in advance: 1.5 claimed stds of a sum entry (about sqrt(2) z)
@@ -176,8 +175,19 @@ def test_the_default_threshold_is_three_stds_of_the_count_noise_actually_drawn(r
     mechanism = create_mechanism("ldp-sums", noise_multiplier=2.0, sampling_rate=rate)
     counts, _ = noisy_cell_statistics(
         torch.zeros(0, 16, dtype=torch.float64), torch.zeros(0, dtype=torch.long), 40_000, noise_multiplier=2.0,
-        source=random.Random(3), sampled=rate < 1,
+        source=random.Random(3), kept=np.zeros(0, dtype=bool) if rate < 1 else None,
     )
     measured = float(np.std(counts))
     assert 0.97 * mechanism.count_noise_std <= measured <= 1.02 * mechanism.count_noise_std
     assert mechanism.threshold == pytest.approx(3 * mechanism.count_noise_std)
+
+
+def test_a_dropped_row_is_added_as_zeros_so_the_table_is_the_kept_rows_alone():
+    """The release adds every row (timing does not tell the sample's size); dropped ones must add nothing."""
+    grid = sums_grid(4)
+    rows = clip_to_radius(unit(50, 4, seed=6).double(), 1.0)
+    rounded = np.rint(rows.numpy() / grid.step).astype(np.int64)
+    cells = nearest_cells(rows, unit(3, 4, seed=7).double()).numpy()
+    kept = poisson_sample_mask(50, 0.5, source=random.Random(1))
+    masked = cell_table(rounded, cells, 3, count_scale(grid), kept=kept)
+    assert np.array_equal(masked, cell_table(rounded[kept], cells[kept], 3, count_scale(grid)))

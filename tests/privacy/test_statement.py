@@ -230,3 +230,16 @@ def test_every_statement_says_a_deviating_server_can_unmask_a_client_within_a_se
     """The attack of tests/federation/test_secagg_deviating_server.py."""
     s, _ = statement_of_mode(mechanism, dp_sgd)
     assert "withholds neighbours' key shares from a client and reports their holders dropped unmasks" in s.text
+
+
+@pytest.mark.parametrize("dp_sgd", [False, True])
+def test_a_secret_sample_is_claimed_with_its_rate_and_no_amplification_disclaimer_remains(dp_sgd):
+    s = privacy_statement(mechanism=get_mechanism_class("ldp-sums"), dp_sgd=dp_sgd, worst=worst(2.0, 8.0, 8.9),
+                          k=None, release_sampling_rate=0.25)
+    release = next(c for c in s.covers if "ldp-sums" in c)
+    assert "secret Poisson sample, at rate 0.25, of the representations" in release
+    assert "one representation per image, of which a secret sample is released from" in release
+    assert not any("amplification" in n for n in s.not_covered)
+    assert any("not a per-example one" in n for n in s.not_covered) != dp_sgd
+    unsampled = privacy_statement(mechanism=get_mechanism_class("ldp-sums"), dp_sgd=dp_sgd, worst=worst(2.0, 8.0, 8.9), k=None)
+    assert any("amplification" in n for n in unsampled.not_covered)
