@@ -1,0 +1,166 @@
+"""Distributed DP per-cell sums: each client's noisy *share* of the ``ldp-sums`` table, for a secure sum.
+
+``ldp-sums`` has every client add the whole noise to its own table. Here a
+client adds only a share, and the server sees the tables only through their
+sum under SecAgg+ (Kairouz, Liu and Steinke, ICML 2021: the distributed
+discrete Gaussian). With at least ``K_min`` shares in the sum, its noise is
+what one ``ldp-sums`` release carries, so each client pays the same privacy
+for noise ``sqrt(K)`` times smaller per client in the sum.
+
+One client, one round (the server's previous global centroids are the cells):
+
+1. Clip each row to the unit ball and round it to ``ldp-sums``'s integer grid
+   (:func:`mechanisms.ldp_sums.sums_grid`), rows of a secret Poisson sample
+   only when ``sampling_rate`` < 1 (coins from the OS CSPRNG). Rounding is per
+   row and deterministic, so a replaced row moves the integer table by at most
+   the row bound of :mod:`mechanisms.ldp_sums` (``2 s``; a sampled row's
+   presence by ``Delta = sqrt(s^2 + res^2)``), exactly as there. No random
+   rotation or randomised rounding is needed: every entry is an integer bounded
+   by the rows' count, so the sum fits the modulus (:func:`check_fits_modulus`).
+2. Add discrete Gaussian noise of scale ``sigma_share = z * unit / sqrt(K_min)``
+   (grid units) to every entry, ``z`` the release's noise multiplier, and
+   reduce mod ``m``: :func:`table_share`.
+3. The server decodes the modular sum (:func:`decode_table`): the summed table
+   plus the sum of the shares.
+
+Privacy against a server that sees only the sum. Replacing one row of one
+client moves the summed table by what it moves that client's table; the sum
+of ``K >= K_min`` independent discrete Gaussians of scale ``sigma_share`` is
+close to one of variance ``K sigma_share^2 >= (z * unit)^2``: Kairouz et al.
+(Prop. 14) bound its Renyi divergence by the Gaussian's plus ``tau * d``
+terms, ``tau = 10 sum_{k=1}^{K-1} exp(-2 pi^2 sigma_share^2 k / (k + 1))``.
+:data:`MIN_SHARE_SIGMA` keeps ``tau * d`` far below double precision, so the
+release is accounted as ``ldp-sums``'s (``"gaussian"``, or
+``"poisson_gaussian"`` with the sample): the continuous-Gaussian approximation
+:mod:`mechanisms.accounting` states once. The charge assumes at least
+``K_min`` honest clients' shares in every sum; fewer, or a server that also
+sees some shares (colluding clients), leaves less noise than accounted.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mechanisms.distributed_noise import centred_residue, check_modulus
+from mechanisms.ldp import clip_to_radius
+from mechanisms.ldp_sums import cell_table, count_scale, nearest_cells, row_bound, sums_grid
+from mechanisms.noise import discrete_gaussian, poisson_sample_mask, secure_source
+
+#: Smallest per-client noise scale, in grid units: ``tau * d`` of Kairouz et al. is then below ``1e-30``.
+MIN_SHARE_SIGMA = 3.0
+#: How many standard deviations of the summed noise the modulus leaves room for (:func:`check_fits_modulus`).
+NOISE_TAIL_STDS = 20.0
+
+
+def share_sigma(noise_multiplier: float, *, min_shares: int, dim: int, sampled: bool) -> float:
+    """One client's noise scale, in grid units: ``K_min`` shares make the release's ``z * unit``.
+
+    Raises:
+        ValueError: the share falls below :data:`MIN_SHARE_SIGMA` (the sum of
+            shares would stray from a discrete Gaussian), or ``min_shares < 1``.
+    """
+    if min_shares < 1:
+        raise ValueError(f"min_shares must be at least 1, got {min_shares}")
+    sigma = noise_multiplier * row_bound(sums_grid(dim), sampled=sampled) / math.sqrt(min_shares)
+    if not sigma >= MIN_SHARE_SIGMA:
+        raise ValueError(
+            f"a noise share of {sigma:.3g} grid units is below {MIN_SHARE_SIGMA}: the sum of {min_shares} shares "
+            "would not be close to a discrete Gaussian (raise the noise or lower min_shares)"
+        )
+    return sigma
+
+
+def check_fits_modulus(
+    *, modulus: int, num_cells: int, dim: int, max_clients: int, max_rows: int, noise_multiplier: float, sampled: bool
+) -> None:
+    """Refuses a modulus the sum of ``max_clients`` tables of ``max_rows`` rows each, plus noise, could wrap.
+
+    An entry of one table is at most ``max_rows * res`` in magnitude (a count)
+    or ``max_rows * (res + 1/2)`` (a sum coordinate of unit rows); the summed
+    noise is given :data:`NOISE_TAIL_STDS` of its largest std (every client's
+    share, ``max_clients`` of them).
+    """
+    check_modulus(modulus)
+    grid = sums_grid(dim)
+    signal = max_clients * max_rows * (count_scale(grid) + 0.5)
+    share = noise_multiplier * row_bound(grid, sampled=sampled)  # K_min = 1: the largest share
+    noise = NOISE_TAIL_STDS * share * math.sqrt(max_clients)
+    if signal + noise >= modulus // 2:
+        raise ValueError(
+            f"the sum of {max_clients} tables of {num_cells} x {dim + 1} entries ({max_rows} rows each) can reach "
+            f"{signal + noise:.3g}, beyond the modulus's half {modulus // 2}"
+        )
+
+
+def table_share(
+    reps: torch.Tensor,
+    centres: torch.Tensor,
+    *,
+    noise_multiplier: float,
+    min_shares: int,
+    modulus: int,
+    sampling_rate: float = 1.0,
+    source: random.Random | None = None,
+) -> np.ndarray:
+    """One client's share: its integer table (rows to their nearest centre's cell) plus noise, flattened, mod ``m``.
+
+    Args:
+        reps: ``[n, D]`` the client's representations (every image's, when sampled).
+        centres: ``[G, D]`` the public partition (the previous global centroids).
+        noise_multiplier: ``z``: the summed noise's std over the row bound.
+        min_shares: ``K_min``: the fewest shares every sum holds.
+        modulus: ``m``, SecAgg+'s.
+        sampling_rate: The secret Poisson sample's rate (1: every row).
+        source: Randomness for the coins and the noise; the OS CSPRNG if omitted.
+
+    Returns:
+        ``int64`` ``[G * (D + 1)]`` in ``[0, m)``: the cells' sums, each followed by its count.
+    """
+    check_modulus(modulus)
+    n, dim = reps.shape
+    source = secure_source() if source is None else source
+    sampled = sampling_rate < 1
+    sigma = share_sigma(noise_multiplier, min_shares=min_shares, dim=dim, sampled=sampled)
+    kept = poisson_sample_mask(n, sampling_rate, source=source) if sampled else None
+    x = clip_to_radius(reps.detach().double().cpu(), 1.0)
+    cells = nearest_cells(x, centres.detach().double().cpu())
+    grid = sums_grid(dim)
+    rounded = np.rint(x.numpy() / grid.step).astype(np.int64)
+    table = cell_table(rounded, cells.numpy(), centres.shape[0], count_scale(grid), kept=kept).ravel()
+    return noisy_share(table, sigma=sigma, modulus=modulus, source=source)
+
+
+def noisy_share(table: np.ndarray, *, sigma: float, modulus: int, source: random.Random) -> np.ndarray:
+    """``table`` plus discrete Gaussian noise of scale ``sigma`` per entry, mod ``m``: what enters the secure sum."""
+    return np.mod(table + discrete_gaussian(table.size, sigma=sigma, source=source), modulus)
+
+
+def decode_table(total: np.ndarray, *, num_cells: int, dim: int, modulus: int) -> tuple[np.ndarray, torch.Tensor]:
+    """Noisy summed counts ``[G]`` and sums ``[G, D]``, in data units, from the modular sum of the shares.
+
+    Correct when every entry of the true sum (tables and noise) lies in
+    ``[-m/2, m/2)``, which :func:`check_fits_modulus` sizes for.
+    """
+    total = np.asarray(total)
+    if total.shape != (num_cells * (dim + 1),) or not np.issubdtype(total.dtype, np.integer):
+        raise ValueError(f"expected {num_cells * (dim + 1)} integers, got {total.dtype} {total.shape}")
+    grid = sums_grid(dim)
+    table = centred_residue(total, modulus).reshape(num_cells, dim + 1)
+    counts = table[:, -1].astype(np.float64) / count_scale(grid)
+    return counts, torch.from_numpy(table[:, :-1].astype(np.float64) * grid.step)
+
+
+def lloyd_step(previous: torch.Tensor, counts: np.ndarray, sums: torch.Tensor, *, threshold: float) -> torch.Tensor:
+    """New global centroids: each cell whose noisy count reaches ``threshold`` moves to its normalised noisy sum.
+
+    The others keep their previous value (post-processing: only public and noisy values are read).
+    """
+    moved = torch.from_numpy(counts >= threshold) & (sums.norm(dim=1) > 0)
+    updated = previous.detach().double().clone()
+    updated[moved] = F.normalize(sums[moved], dim=1)
+    return updated.to(previous.dtype)
