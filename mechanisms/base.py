@@ -120,9 +120,9 @@ class Mechanism(abc.ABC):
     privfed's ledger composes and its privacy statement quotes. privfed
     hands a mechanism at most one row per image of the client (the latest
     view of the images in its memory; of every image when the mechanism
-    samples its input, :attr:`secret_sampling`). A k-anonymous mechanism takes a keyword-only ``min_k``, the run's
-    smallest anonymity set, and never releases a vector that averages fewer
-    rows.
+    samples its input, :attr:`secret_sampling`). A k-anonymous mechanism
+    takes a keyword-only ``min_k``, the run's smallest anonymity set, and
+    never releases a vector that averages fewer rows.
 
     What privfed checks and what it trusts: the server recomposes the events
     of a calibrated mechanism with its own accountant, charges every release

@@ -99,8 +99,9 @@ class ReplyRules:
         sample); under DP-SGD the memory is a Poisson sample with no cap
         (:func:`privfed.orchestra.memory_sampling.poisson_memory`), so up to
         ``size``; a mechanism that draws its own secret sample is handed one
-        representation per image, so ``size`` again. Every bound on a release (vectors, total weight, credited
-        k) is the mechanism's bound for this many, not for the client's size:
+        representation per image, so ``size`` again. Every bound on a release
+        (vectors, total weight, credited k) is the mechanism's bound for this
+        many, not for the client's size:
         a client with 2,000 images would otherwise weigh 2,000 in the global
         clustering where an honest ``kanon`` release weighs at most 128.
         """

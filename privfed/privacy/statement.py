@@ -121,14 +121,14 @@ def _release_clauses(
     if mechanism.is_differentially_private():
         releases = f"released centroids ({name}): epsilon {_eps(worst.releases_worst)} at delta {worst.delta:.2g} alone"
         if sampling_rate < 1:
-            rows = "one representation per image, of which a secret sample is released from"
+            rows = "released from a secret sample of one representation per image"
             sample, amplification = f"; {_sample_clause(sampling_rate)}", []
         else:
-            rows, sample = "at most one representation per image in the memory", ""
+            rows, sample = "released from at most one representation per image in the memory", ""
             amplification = ["subsampling amplification for releases: none is claimed (the memory is not a secret Poisson sample)"]
         if dp_sgd:
-            return [f"{releases}, per {EXAMPLE_UNIT}: {rows}{sample}"], amplification
-        return [f"{releases}, per representation replaced by another ({rows}){sample}"], [
+            return [f"{releases}, per {EXAMPLE_UNIT}, {rows}{sample}"], amplification
+        return [f"{releases}, per representation replaced by another, {rows}{sample}"], [
             "examples, as opposed to representations: BatchNorm mixes every batch, so one example also moves the "
             "representations of others; the release guarantee is not a per-example one",
             *amplification,
