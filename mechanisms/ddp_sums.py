@@ -48,7 +48,13 @@ import torch.nn.functional as F
 
 from mechanisms.distributed_noise import centred_residue, check_modulus
 from mechanisms.ldp import clip_to_radius
-from mechanisms.ldp_sums import cell_table, count_scale, nearest_cells, row_bound, sums_grid
+from mechanisms.ldp_sums import (
+    cell_table,
+    count_scale,
+    nearest_cells,
+    row_bound,
+    sums_grid,
+)
 from mechanisms.noise import discrete_gaussian, poisson_sample_mask, secure_source
 
 #: Smallest per-client noise scale, in grid units: ``tau * d`` of Kairouz et al. is then below ``1e-30``.

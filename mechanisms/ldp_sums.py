@@ -88,9 +88,21 @@ import torch.nn.functional as F
 from dp_accounting import gaussian_mechanism
 
 from mechanisms import accounting
-from mechanisms.base import DIFFERENTIAL_PRIVACY, Guarantee, Mechanism, PrivacyEvent, Release, replace_one_dp_guarantee
+from mechanisms.base import (
+    DIFFERENTIAL_PRIVACY,
+    Guarantee,
+    Mechanism,
+    PrivacyEvent,
+    Release,
+    replace_one_dp_guarantee,
+)
 from mechanisms.ldp import Grid, clip_to_radius, pad_centres
-from mechanisms.noise import check_sigma, discrete_gaussian, poisson_sample_mask, secure_source
+from mechanisms.noise import (
+    check_sigma,
+    discrete_gaussian,
+    poisson_sample_mask,
+    secure_source,
+)
 from mechanisms.registry import register_mechanism
 
 #: Default delta when the mechanism is built on its own (privfed passes the run's).
