@@ -77,6 +77,7 @@ class PrivacyPlan:
         memory_rows: Rows each client's release uses: the smaller of its size
             and ``--memory-size`` (expected, under DP-SGD's Poisson memory), or
             the expected size of its secret sample.
+        rows_sampled: The releases use a secret sample (``memory_rows`` are then expected sizes).
     """
 
     mechanism: str | None
@@ -92,6 +93,7 @@ class PrivacyPlan:
     planned_combined_epsilon: float | None = None
     rows_per_vector: float | None = None
     memory_rows: tuple[int, ...] = ()
+    rows_sampled: bool = False
 
     @property
     def may_stop_early(self) -> bool:
@@ -132,9 +134,11 @@ class PrivacyPlan:
             )
         if self.rows_per_vector is not None and self.memory_rows:
             below = sum(rows < self.rows_per_vector for rows in self.memory_rows)
+            held = "clients' secret samples hold" if self.rows_sampled else "clients hold"
             lines.append(
-                f"privacy: a released {self.mechanism} vector stands for at least {self.rows_per_vector:.0f} memory rows; "
-                f"clients hold {min(self.memory_rows)} to {max(self.memory_rows)}"
+                f"privacy: a released {self.mechanism} vector stands for at least {self.rows_per_vector:.0f} "
+                f"{'sampled' if self.rows_sampled else 'memory'} rows; {held} {min(self.memory_rows)} to "
+                f"{max(self.memory_rows)}{' (expected)' if self.rows_sampled else ''}"
             )
             if 2 * below > len(self.memory_rows):
                 lines.append(
@@ -259,7 +263,7 @@ def _release_floor(mechanism: Mechanism, config: TrainConfig, client_sizes: list
     floor = mechanism.rows_per_vector(
         rows=int(statistics.median(rows)), dim=config.projection_dim, num_centroids=config.num_local_centroids
     )
-    return {"rows_per_vector": floor, "memory_rows": rows}
+    return {"rows_per_vector": floor, "memory_rows": rows, "rows_sampled": rate < 1}
 
 
 def check_dp_sgd_options(config: TrainConfig) -> None:

@@ -174,6 +174,8 @@ def test_ldp_sums_samples_memory_size_rows_of_the_median_client_in_secret(secret
     assert rate == (0.25 if secret_sample else 1.0)
     assert plan.per_release_events[0].name == ("poisson_gaussian" if secret_sample else "gaussian")
     assert plan.memory_rows == ((10, 32, 100) if secret_sample else (32, 32, 32))
+    expected = "sampled rows; clients' secret samples hold 10 to 100 (expected)" if secret_sample else "memory rows; clients hold 32 to 32"
+    assert any(expected in line for line in plan.describe())
     assert 0.98 * 10.0 <= plan.planned_epsilon <= 10.0
 
 
