@@ -33,7 +33,13 @@ def pairwise_seed(own_private_key: bytes, other_public_key: bytes) -> bytes:
 
 
 def encode_update(
-    arrays: list[np.ndarray], num_examples: int, *, max_weight: float, clipping_range: float, quantization_range: int
+    arrays: list[np.ndarray],
+    num_examples: int,
+    *,
+    max_weight: float,
+    clipping_range: float,
+    quantization_range: int,
+    share: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """The update as SecAgg+ sums it: weighted by ``num_examples / max_weight`` on Flower's fixed-point grid.
 
@@ -41,10 +47,28 @@ def encode_update(
     (rounded to ``1 / quantization_range``, as Flower's clients round it) and
     travels in front as an integer, so the server can divide the sum by the
     total weight; the overflow indicators are divided by the same ratio.
+    An aggregated mechanism's ``share`` (integers already reduced mod the
+    protocol's modulus) rides at the end as it is: unweighted, unquantised,
+    masked like the rest (:func:`split_share` takes it off the sum).
     """
     ratio = secagg_weight_ratio(num_examples, max_weight=max_weight, quantization_range=quantization_range)
     scaled = [array * ratio for array in arrays]
-    return factor_combine(round(ratio * quantization_range), quantize(scaled, clipping_range, quantization_range))
+    encoded = factor_combine(round(ratio * quantization_range), quantize(scaled, clipping_range, quantization_range))
+    if share is None:
+        return encoded
+    share = np.asarray(share)
+    if share.ndim != 1 or not np.issubdtype(share.dtype, np.integer) or (share.size and share.min() < 0):
+        raise ValueError(f"a share is a vector of non-negative integers, got {share.dtype} {share.shape}")
+    return [*encoded, share.astype(np.int64)]
+
+
+def split_share(total: list[np.ndarray], *, has_share: bool) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """The unmasked sum's update part, and the summed shares (mod the modulus) when the round carried them."""
+    if not has_share:
+        return total, None
+    if len(total) < 2:
+        raise ValueError("a sum that carries shares has the update's arrays and the shares' vector")
+    return total[:-1], total[-1]
 
 
 def mask_update(
