@@ -12,6 +12,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 
@@ -162,6 +163,9 @@ class Mechanism(abc.ABC):
     #: True when :meth:`calibrate` takes ``sampling_rate`` and a mechanism built with it below 1 releases from a
     #: secret Poisson sample of its input, drawn in :meth:`release` (see :attr:`input_sampling_rate`).
     secret_sampling: ClassVar[bool] = False
+    #: True when clients send a :meth:`share` inside the secure sum instead of a :meth:`release`, and the
+    #: server reads only the sum, through :meth:`combine` (distributed DP).
+    aggregated: ClassVar[bool] = False
 
     @property
     def input_sampling_rate(self) -> float:
@@ -275,6 +279,14 @@ class Mechanism(abc.ABC):
             when the mechanism cannot say (the default).
         """
         return self.release(reps, num_centroids=num_centroids, generator=generator), None
+
+    def share(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> np.ndarray:
+        """An aggregated mechanism's contribution to the secure sum: integers mod the protocol's modulus."""
+        raise NotImplementedError(f"mechanism {self.name!r} releases per client; it has no share for a secure sum")
+
+    def combine(self, total: np.ndarray, *, centroids: torch.Tensor, num_summed: int) -> torch.Tensor:
+        """An aggregated mechanism's server side: the new global centroids from the sum of ``num_summed`` shares."""
+        raise NotImplementedError(f"mechanism {self.name!r} releases per client; it combines no secure sum")
 
     def observe_global_centroids(self, centroids: torch.Tensor) -> None:
         """Sees the public global centroids before a release (no-op by default).

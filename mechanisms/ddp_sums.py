@@ -46,9 +46,21 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mechanisms.base import (
+    DIFFERENTIAL_PRIVACY,
+    Guarantee,
+    Mechanism,
+    PrivacyEvent,
+    Release,
+    check_representations,
+    replace_one_dp_guarantee,
+)
 from mechanisms.distributed_noise import centred_residue, check_modulus
 from mechanisms.ldp import clip_to_radius
 from mechanisms.ldp_sums import (
+    MAX_DIMENSION,
+    THRESHOLD_STDS,
+    LdpSumsMechanism,
     cell_table,
     count_scale,
     nearest_cells,
@@ -170,3 +182,104 @@ def lloyd_step(previous: torch.Tensor, counts: np.ndarray, sums: torch.Tensor, *
     updated = previous.detach().double().clone()
     updated[moved] = F.normalize(sums[moved], dim=1)
     return updated.to(previous.dtype)
+
+
+#: The protocol's modulus the shares are reduced by (SecAgg+'s largest).
+DEFAULT_MODULUS = 2**32
+
+
+class DdpSumsMechanism(Mechanism):
+    """``ldp-sums``'s table with the noise split over the clients of a secure sum (not registered until wired).
+
+    Each client's :meth:`share` is its table plus ``1/sqrt(K_min)`` of the
+    noise; :meth:`combine` decodes the sum and takes one Lloyd step. A client
+    is charged exactly ``ldp-sums``'s event at the same multiplier, so the
+    calibration is ``ldp-sums``'s.
+    """
+
+    name = "ddp-sums"
+    description = "per-cell sums and counts summed under SecAgg+, each client adding a discrete Gaussian share"
+    guarantee_kind = DIFFERENTIAL_PRIVACY
+    secret_sampling = True
+    aggregated = True
+
+    @classmethod
+    def calibrate(
+        cls, *, epsilon: float, delta: float, num_releases: int, sampling_rate: float = 1.0
+    ) -> dict[str, float]:
+        """``ldp-sums``'s multiplier: the summed noise of ``K_min`` shares is one ``ldp-sums`` release's."""
+        return LdpSumsMechanism.calibrate(
+            epsilon=epsilon, delta=delta, num_releases=num_releases, sampling_rate=sampling_rate
+        )
+
+    def __init__(
+        self,
+        *,
+        noise_multiplier: float,
+        delta: float,
+        sampling_rate: float = 1.0,
+        min_shares: int = 1,
+        modulus: int = DEFAULT_MODULUS,
+        noise_source: random.Random | None = None,
+    ) -> None:
+        """Builds one client's (or the server's) view of a calibrated run.
+
+        Args:
+            noise_multiplier: ``z``, the summed noise's std over the row bound.
+            delta: Delta of each release's epsilon.
+            sampling_rate: The secret sample's rate (1: every row).
+            min_shares: ``K_min``: the fewest shares in any sum (SecAgg+'s threshold or more).
+            modulus: SecAgg+'s modulus.
+            noise_source: Randomness for coins and noise; leave unset (the OS CSPRNG).
+        """
+        check_modulus(modulus)
+        self.local = LdpSumsMechanism(noise_multiplier=noise_multiplier, delta=delta, sampling_rate=sampling_rate)
+        self.min_shares = int(min_shares)
+        self.modulus = int(modulus)
+        self.noise_source = noise_source
+        self.centres: torch.Tensor | None = None
+        for dim in (1, MAX_DIMENSION):  # refuse a share the sum of shares could not stand for, before any round
+            share_sigma(noise_multiplier, min_shares=self.min_shares, dim=dim, sampled=sampling_rate < 1)
+
+    def observe_global_centroids(self, centroids: torch.Tensor) -> None:
+        """The previous global centroids: every client's cells (the sum needs the same partition everywhere)."""
+        self.centres = centroids.detach().double().cpu()
+
+    @property
+    def input_sampling_rate(self) -> float:
+        return self.local.sampling_rate
+
+    def privacy_events(self) -> tuple[PrivacyEvent, ...]:
+        """What ``ldp-sums`` charges at the same multiplier and rate."""
+        return self.local.privacy_events()
+
+    def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
+        return replace_one_dp_guarantee(
+            self.local.epsilon, self.local.delta,
+            accounting=f"ldp-sums's Gaussian, for the noise of at least {self.min_shares} shares in each secure sum",
+            covers="what the server learns from the secure sum",
+        )
+
+    def release(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
+        raise NotImplementedError("ddp-sums sends a share inside the secure sum, not a release")
+
+    def share(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> np.ndarray:
+        """This client's table plus its noise share, flattened, mod ``m``; the cells are the observed centroids."""
+        check_representations(reps)
+        if self.centres is None:
+            raise ValueError("ddp-sums needs the global centroids every client partitions by (round 0 included)")
+        return table_share(
+            reps, self.centres, noise_multiplier=self.local.noise_multiplier, min_shares=self.min_shares,
+            modulus=self.modulus, sampling_rate=self.local.sampling_rate, source=self.noise_source,
+        )
+
+    def combine(self, total: np.ndarray, *, centroids: torch.Tensor, num_summed: int) -> torch.Tensor:
+        """One Lloyd step from the summed tables: a cell moves when its noisy count passes 3 stds of the summed noise."""
+        if num_summed < self.min_shares:
+            raise ValueError(f"a sum of {num_summed} shares holds less noise than the {self.min_shares} accounted")
+        dim = centroids.shape[1]
+        counts, sums = decode_table(total, num_cells=centroids.shape[0], dim=dim, modulus=self.modulus)
+        sampled = self.local.sampling_rate < 1
+        sigma = share_sigma(self.local.noise_multiplier, min_shares=self.min_shares, dim=dim, sampled=sampled)
+        count_std = sigma * math.sqrt(num_summed) / count_scale(sums_grid(dim))
+        return lloyd_step(centroids, counts, sums, threshold=max(THRESHOLD_STDS * count_std, 1.0))

@@ -148,3 +148,55 @@ def test_a_canary_among_k_min_clients_catches_half_the_calibrated_noise(noise_sc
     bound = epsilon_lower_bound(int((statistics[0] > threshold).sum()), int((statistics[1] > threshold).sum()),
                                 TRIALS, AUDIT_DELTA)
     assert (bound > claimed) == caught, (bound, claimed)
+
+
+# --------------------------------------------------------------------------- the mechanism
+
+
+def test_the_mechanism_charges_ldp_sums_event_and_is_not_offered_until_wired():
+    from mechanisms import available_mechanisms
+    from mechanisms.ddp_sums import DdpSumsMechanism
+
+    params = DdpSumsMechanism.calibrate(epsilon=10.0, delta=1e-6, num_releases=21, sampling_rate=0.5)
+    mechanism = DdpSumsMechanism(**params, min_shares=4)
+    assert mechanism.aggregated and mechanism.privacy_events() == create_mechanism("ldp-sums", **params).privacy_events()
+    assert "ddp-sums" not in available_mechanisms()
+    with pytest.raises(NotImplementedError, match="secure sum"):
+        mechanism.release(unit(5, 4, seed=1), num_centroids=2, generator=torch.Generator())
+
+
+def test_shares_of_k_clients_combine_into_the_exact_lloyd_step_at_little_noise():
+    from mechanisms.ddp_sums import DdpSumsMechanism
+
+    centres = unit(4, 8, seed=6)
+    data = [F.normalize(centres[k % 4] + 0.1 * unit(40, 8, seed=30 + k), dim=1) for k in range(5)]
+    mechanism = DdpSumsMechanism(noise_multiplier=0.2, delta=1e-6, min_shares=5, noise_source=random.Random(2))
+    mechanism.observe_global_centroids(centres)
+    total = summed([mechanism.share(x, num_centroids=4, generator=torch.Generator()) for x in data])
+    combined = mechanism.combine(total, centroids=centres, num_summed=5)
+    exact_counts, exact_sums = decode_table(
+        np.mod(sum(exact_table(x, centres) for x in data), MODULUS), num_cells=4, dim=8, modulus=MODULUS
+    )
+    exact = lloyd_step(centres, exact_counts, exact_sums, threshold=0.5)
+    assert float(F.cosine_similarity(combined, exact, dim=1).min()) > 0.999
+    with pytest.raises(ValueError, match="less noise"):
+        mechanism.combine(total, centroids=centres, num_summed=4)
+
+
+def test_a_share_needs_the_centroids_every_client_partitions_by():
+    from mechanisms.ddp_sums import DdpSumsMechanism
+
+    with pytest.raises(ValueError, match="global centroids"):
+        DdpSumsMechanism(noise_multiplier=1.0, delta=1e-6).share(unit(5, 4, seed=1), num_centroids=2,
+                                                                  generator=torch.Generator())
+
+
+def test_a_share_of_non_finite_representations_is_refused_before_any_noise():
+    from mechanisms.ddp_sums import DdpSumsMechanism
+
+    mechanism = DdpSumsMechanism(noise_multiplier=1.0, delta=1e-6)
+    mechanism.observe_global_centroids(unit(2, 4, seed=1))
+    reps = unit(5, 4, seed=2)
+    reps[1, 0] = float("nan")
+    with pytest.raises(ValueError):
+        mechanism.share(reps, num_centroids=2, generator=torch.Generator())
