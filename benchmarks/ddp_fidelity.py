@@ -38,7 +38,13 @@ import torch.nn.functional as F
 
 from mechanisms.ddp_sums import decode_table, lloyd_step, share_sigma, table_share
 from mechanisms.ldp import clip_to_radius
-from mechanisms.ldp_sums import cell_table, count_scale, nearest_cells, sums_grid, sums_noise_multiplier
+from mechanisms.ldp_sums import (
+    count_scale,
+    integer_table,
+    nearest_cells,
+    sums_grid,
+    sums_noise_multiplier,
+)
 from mechanisms.noise import discrete_gaussian, poisson_sample_mask
 
 MODULUS = 2**32
@@ -76,10 +82,9 @@ def warm(means: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 
 def exact_table(rows: torch.Tensor, centres: torch.Tensor, kept: np.ndarray | None) -> np.ndarray:
-    grid = sums_grid(rows.shape[1])
+    """The client's noiseless table, flattened as its share is."""
     x = clip_to_radius(rows, 1.0)
-    rounded = np.rint(x.numpy() / grid.step).astype(np.int64)
-    return cell_table(rounded, nearest_cells(x, centres).numpy(), centres.shape[0], count_scale(grid), kept=kept).ravel()
+    return integer_table(x, nearest_cells(x, centres), centres.shape[0], kept=kept).ravel()
 
 
 def fidelity(previous: torch.Tensor, noisy: torch.Tensor, exact: torch.Tensor, mass: np.ndarray) -> float:

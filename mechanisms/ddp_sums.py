@@ -55,24 +55,39 @@ from mechanisms.base import (
     check_representations,
     replace_one_dp_guarantee,
 )
-from mechanisms.distributed_noise import centred_residue, check_modulus
 from mechanisms.ldp import clip_to_radius
 from mechanisms.ldp_sums import (
     MAX_DIMENSION,
     THRESHOLD_STDS,
     LdpSumsMechanism,
-    cell_table,
     count_scale,
+    integer_table,
     nearest_cells,
     row_bound,
     sums_grid,
+    table_in_data_units,
 )
 from mechanisms.noise import discrete_gaussian, poisson_sample_mask, secure_source
 
+#: Largest modulus: SecAgg+'s (``privfed.federation.secagg_masking.MAX_MODULUS``; ``mechanisms`` never imports privfed).
+MAX_MODULUS = 2**32
 #: Smallest per-client noise scale, in grid units: ``tau * d`` of Kairouz et al. is then below ``1e-30``.
 MIN_SHARE_SIGMA = 3.0
 #: How many standard deviations of the summed noise the modulus leaves room for (:func:`check_fits_modulus`).
 NOISE_TAIL_STDS = 20.0
+
+
+def check_modulus(modulus: int) -> None:
+    """Refuses a modulus SecAgg+'s int64 sums cannot take."""
+    if not (isinstance(modulus, (int, np.integer)) and 2 <= modulus <= MAX_MODULUS):
+        raise ValueError(f"the modulus must be an integer in [2, 2**32], got {modulus!r}")
+
+
+def centred_residue(values: np.ndarray, modulus: int) -> np.ndarray:
+    """Each value's residue mod ``m`` in ``[-floor(m/2), m - 1 - floor(m/2)]``: the true sum when it lies there."""
+    check_modulus(modulus)
+    half = modulus // 2
+    return np.mod(np.mod(np.asarray(values, dtype=np.int64), modulus) + half, modulus) - half
 
 
 def share_sigma(noise_multiplier: float, *, min_shares: int, dim: int, sampled: bool) -> float:
@@ -146,11 +161,8 @@ def table_share(
     sigma = share_sigma(noise_multiplier, min_shares=min_shares, dim=dim, sampled=sampled)
     kept = poisson_sample_mask(n, sampling_rate, source=source) if sampled else None
     x = clip_to_radius(reps.detach().double().cpu(), 1.0)
-    cells = nearest_cells(x, centres.detach().double().cpu())
-    grid = sums_grid(dim)
-    rounded = np.rint(x.numpy() / grid.step).astype(np.int64)
-    table = cell_table(rounded, cells.numpy(), centres.shape[0], count_scale(grid), kept=kept).ravel()
-    return noisy_share(table, sigma=sigma, modulus=modulus, source=source)
+    table = integer_table(x, nearest_cells(x, centres.detach().double().cpu()), centres.shape[0], kept=kept)
+    return noisy_share(table.ravel(), sigma=sigma, modulus=modulus, source=source)
 
 
 def noisy_share(table: np.ndarray, *, sigma: float, modulus: int, source: random.Random) -> np.ndarray:
@@ -167,10 +179,7 @@ def decode_table(total: np.ndarray, *, num_cells: int, dim: int, modulus: int) -
     total = np.asarray(total)
     if total.shape != (num_cells * (dim + 1),) or not np.issubdtype(total.dtype, np.integer):
         raise ValueError(f"expected {num_cells * (dim + 1)} integers, got {total.dtype} {total.shape}")
-    grid = sums_grid(dim)
-    table = centred_residue(total, modulus).reshape(num_cells, dim + 1)
-    counts = table[:, -1].astype(np.float64) / count_scale(grid)
-    return counts, torch.from_numpy(table[:, :-1].astype(np.float64) * grid.step)
+    return table_in_data_units(centred_residue(total, modulus).reshape(num_cells, dim + 1))
 
 
 def lloyd_step(previous: torch.Tensor, counts: np.ndarray, sums: torch.Tensor, *, threshold: float) -> torch.Tensor:
@@ -185,7 +194,7 @@ def lloyd_step(previous: torch.Tensor, counts: np.ndarray, sums: torch.Tensor, *
 
 
 #: The protocol's modulus the shares are reduced by (SecAgg+'s largest).
-DEFAULT_MODULUS = 2**32
+DEFAULT_MODULUS = MAX_MODULUS
 
 
 class DdpSumsMechanism(Mechanism):

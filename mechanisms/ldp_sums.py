@@ -227,14 +227,23 @@ def noisy_cell_statistics(
     ``kept``: the rows' secret Poisson sample (None: every row, unsampled); the
     noise is then scaled to :func:`row_bound`'s sampled unit.
     """
-    dim = x.shape[1]
-    grid = sums_grid(dim)
+    table = integer_table(x, cells, num_cells, kept=kept)
+    sigma = noise_multiplier * row_bound(sums_grid(x.shape[1]), sampled=kept is not None)
+    return table_in_data_units(table + discrete_gaussian(table.size, sigma=sigma, source=source).reshape(table.shape))
+
+
+def integer_table(x: torch.Tensor, cells: torch.Tensor, num_cells: int, *, kept: np.ndarray | None = None) -> np.ndarray:
+    """``[cells, D + 1]``: the clipped rows ``x`` rounded to :func:`sums_grid`, summed per cell with their counts (the noise's input)."""
+    grid = sums_grid(x.shape[1])
     rounded = np.rint(x.double().cpu().numpy() / grid.step).astype(np.int64)
-    table = cell_table(rounded, cells.cpu().numpy(), num_cells, count_scale(grid), kept=kept)
-    sigma = noise_multiplier * row_bound(grid, sampled=kept is not None)
-    noisy = table + discrete_gaussian(table.size, sigma=sigma, source=source).reshape(table.shape)
-    counts = noisy[:, -1].astype(np.float64) / count_scale(grid)
-    return counts, torch.from_numpy(noisy[:, :-1].astype(np.float64) * grid.step)
+    return cell_table(rounded, cells.cpu().numpy(), num_cells, count_scale(grid), kept=kept)
+
+
+def table_in_data_units(table: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
+    """Counts ``[cells]`` and sums ``[cells, D]`` in data units from a ``[cells, D + 1]`` table in grid units."""
+    grid = sums_grid(table.shape[1] - 1)
+    counts = table[:, -1].astype(np.float64) / count_scale(grid)
+    return counts, torch.from_numpy(table[:, :-1].astype(np.float64) * grid.step)
 
 
 def released_cells(noisy_counts: np.ndarray, noisy_sums: torch.Tensor, *, threshold: float, limit: int) -> torch.Tensor:

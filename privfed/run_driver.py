@@ -420,7 +420,7 @@ class RunDriver:
             secagg=self.plan.secagg is not None,
             objective=self.method.objective,
             report_metrics=self.config.report_client_metrics,
-            release_sampling_rate=float(plan.params.get("sampling_rate", 1.0)),
+            release_sampling_rate=plan.sampling_rate,
         )
         dp_sgd = None
         if plan.dp_sgd is not None and worst is not None:

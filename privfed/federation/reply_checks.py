@@ -124,7 +124,7 @@ class ReplyRules:
             dp_sgd=plan.privacy.dp_sgd,
             memory_size=config.memory_size,
             client_metrics=config.report_client_metrics,
-            samples_every_image=mechanism is not None and mechanism(**plan.privacy.params).input_sampling_rate < 1,
+            samples_every_image=plan.privacy.rows_sampled,
         )
 
 

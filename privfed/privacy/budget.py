@@ -77,7 +77,7 @@ class PrivacyPlan:
         memory_rows: Rows each client's release uses: the smaller of its size
             and ``--memory-size`` (expected, under DP-SGD's Poisson memory), or
             the expected size of its secret sample.
-        rows_sampled: The releases use a secret sample (``memory_rows`` are then expected sizes).
+        sampling_rate: Rate of the releases' secret Poisson sample (1: none; ``memory_rows`` are then expected sizes).
     """
 
     mechanism: str | None
@@ -93,7 +93,12 @@ class PrivacyPlan:
     planned_combined_epsilon: float | None = None
     rows_per_vector: float | None = None
     memory_rows: tuple[int, ...] = ()
-    rows_sampled: bool = False
+    sampling_rate: float = 1.0
+
+    @property
+    def rows_sampled(self) -> bool:
+        """True when the releases use a secret sample of every image's representation."""
+        return self.sampling_rate < 1
 
     @property
     def may_stop_early(self) -> bool:
@@ -263,7 +268,7 @@ def _release_floor(mechanism: Mechanism, config: TrainConfig, client_sizes: list
     floor = mechanism.rows_per_vector(
         rows=int(statistics.median(rows)), dim=config.projection_dim, num_centroids=config.num_local_centroids
     )
-    return {"rows_per_vector": floor, "memory_rows": rows, "rows_sampled": rate < 1}
+    return {"rows_per_vector": floor, "memory_rows": rows, "sampling_rate": rate}
 
 
 def check_dp_sgd_options(config: TrainConfig) -> None:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from mechanisms import accounting, create_mechanism
 from mechanisms.ddp_sums import (
     MIN_SHARE_SIGMA,
+    centred_residue,
     check_fits_modulus,
     decode_table,
     lloyd_step,
@@ -200,3 +201,12 @@ def test_a_share_of_non_finite_representations_is_refused_before_any_noise():
     reps[1, 0] = float("nan")
     with pytest.raises(ValueError):
         mechanism.share(reps, num_centroids=2, generator=torch.Generator())
+
+
+def test_centred_residues_cover_minus_half_to_half():
+    m = 10
+    values = np.arange(-25, 25)
+    centred = centred_residue(values, m)
+    assert centred.min() == -5 and centred.max() == 4
+    assert np.array_equal(np.mod(centred, m), np.mod(values, m))
+    assert set(centred_residue(np.arange(7), 7)) == {-3, -2, -1, 0, 1, 2, 3}

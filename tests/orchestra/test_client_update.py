@@ -1,3 +1,5 @@
+import random
+
 import pytest
 import torch
 
@@ -133,7 +135,9 @@ def test_a_mechanism_that_samples_in_secret_is_handed_one_row_per_image_and_keep
     images = FederatedSplit.of(tiny_config).client_images(0)
     network = OrchestraNetwork(tiny_config.backbone, tiny_config.projection_dim)
     centroids = torch.nn.functional.normalize(torch.randn(8, tiny_config.projection_dim), dim=1) if train else None
-    mechanism = create_mechanism("ldp-sums", noise_multiplier=0.05, count_threshold=-1e9, sampling_rate=0.5)
+    mechanism = create_mechanism(
+        "ldp-sums", noise_multiplier=0.05, count_threshold=-1e9, sampling_rate=0.5, noise_source=random.Random(7)
+    )
     update, private = run_client_round(
         network, shared_state(network), centroids, images, train=train, config=LocalTrainingConfig.from_run(tiny_config),
         mechanism=mechanism, num_local_centroids=tiny_config.num_local_centroids, seed=0, device=torch.device("cpu"),
