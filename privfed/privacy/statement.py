@@ -106,7 +106,7 @@ def _sample_clause(rate: float) -> str:
     if rate < 1:
         return (
             f"amplified by a secret Poisson sample, at rate {rate:.3g}, of the representations of each client's images "
-            "(client-side OS CSPRNG)"
+            "(client-side OS CSPRNG), which relies on the sample and its size staying secret"
         )
     return "no subsampling amplification"
 

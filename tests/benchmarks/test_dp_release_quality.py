@@ -36,6 +36,10 @@ def test_warm_ldp_sums_carries_what_ldp_loses_at_epsilon_1(quality):
     assert warm >= 0.75 and warm > mean_coverage(quality, "ldp", dim=32, n=512, eps=1.0) + 0.2
 
 
+def test_at_the_null_a_secret_quarter_of_four_times_the_rows_lifts_coverage_to_about_a_quarter(quality):
+    assert mean_coverage(quality, "warm-q0.25", dim=512, n=128, eps=1.0) == pytest.approx(0.26, abs=0.03)
+
+
 def test_the_secret_sample_of_a_quarter_lifts_coverage_at_the_same_epsilon(quality):
     assert mean_coverage(quality, "warm-q0.25", dim=512, n=512, eps=1.0) > (
         mean_coverage(quality, "sums-warm", dim=512, n=512, eps=1.0) + 0.2

@@ -8,15 +8,18 @@ from mechanisms.ldp import LshCoresetMechanism
 from mechanisms.ldp_sums import LdpSumsMechanism
 
 
-def t_n(delta: float, releases: int) -> float:
-    """ldp's threshold at a total epsilon of 1 over ``releases`` releases, D 512, 128 rows."""
-    mechanism = LshCoresetMechanism(**LshCoresetMechanism.calibrate(epsilon=1.0, delta=delta, num_releases=releases))
+def t_n(delta: float, releases: int, *, epsilon: float = 1.0) -> float:
+    """ldp's threshold at a total ``epsilon`` over ``releases`` releases, D 512, 128 rows."""
+    mechanism = LshCoresetMechanism(**LshCoresetMechanism.calibrate(epsilon=epsilon, delta=delta, num_releases=releases))
     return mechanism.rows_per_vector(rows=128, dim=512, num_centroids=8)
 
 
-@pytest.mark.parametrize("delta,per_release_one,over_21", [(1e-3, 142, 629), (1e-6, 243, 1042)])
-def test_ldps_threshold_t_n_is_what_the_docs_say(delta, per_release_one, over_21):
+@pytest.mark.parametrize(
+    "delta,per_release_one,per_release_half,over_21", [(1e-3, 142, 250, 629), (1e-6, 243, 461, 1042)]
+)
+def test_ldps_threshold_t_n_is_what_the_docs_say(delta, per_release_one, per_release_half, over_21):
     assert t_n(delta, 1) == pytest.approx(per_release_one, rel=0.01)
+    assert t_n(delta, 1, epsilon=0.5) == pytest.approx(per_release_half, rel=0.01)
     assert t_n(delta, 21) == pytest.approx(over_21, rel=0.01)
 
 

@@ -238,6 +238,7 @@ def test_a_secret_sample_is_claimed_with_its_rate_and_no_amplification_disclaime
                           k=None, release_sampling_rate=0.25)
     release = next(c for c in s.covers if "ldp-sums" in c)
     assert "secret Poisson sample, at rate 0.25, of the representations" in release
+    assert "relies on the sample and its size staying secret" in release
     assert "released from a secret sample of one representation per image" in release
     assert not any("amplification" in n for n in s.not_covered)
     assert any("not a per-example one" in n for n in s.not_covered) != dp_sgd
