@@ -4,7 +4,8 @@ A mechanism turns a client's representations into what leaves the client.
 Depends only on torch, numpy and scipy, never on :mod:`privfed`.
 """
 
-from mechanisms import kanon as _kanon  # noqa: F401  (registers the built-ins)
+from mechanisms import ddp_sums as _ddp_sums  # noqa: F401  (registers the built-ins)
+from mechanisms import kanon as _kanon  # noqa: F401
 from mechanisms import ldp as _ldp  # noqa: F401
 from mechanisms import ldp_sums as _ldp_sums  # noqa: F401
 from mechanisms import reps as _reps  # noqa: F401

@@ -280,9 +280,32 @@ class Mechanism(abc.ABC):
         """
         return self.release(reps, num_centroids=num_centroids, generator=generator), None
 
+    # An aggregated mechanism (:attr:`aggregated`) takes keyword-only ``min_shares`` (the fewest shares every
+    # secure sum holds: the run's SecAgg+ reconstruction threshold) and ``modulus`` (SecAgg+'s), which privfed adds
+    # to its calibration, as it adds ``min_k`` for a k-anonymous one. Its clients release nothing in round 0,
+    # which has no secure sum; the server starts from random centroids instead.
+
     def share(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> np.ndarray:
         """An aggregated mechanism's contribution to the secure sum: integers mod the protocol's modulus."""
         raise NotImplementedError(f"mechanism {self.name!r} releases per client; it has no share for a secure sum")
+
+    def share_length(self, *, num_cells: int, dim: int) -> int:
+        """How many integers :meth:`share` returns with ``num_cells`` global centroids of dimension ``dim``."""
+        raise NotImplementedError(f"mechanism {self.name!r} releases per client; it has no share for a secure sum")
+
+    def check_secure_sum(self, *, threshold: int, modulus: int) -> None:
+        """Refuses (ValueError) a secure sum whose reconstruction threshold or modulus would not hold this share's noise.
+
+        A client calls it with the SecAgg+ settings the round was set up with,
+        before it computes anything.
+        """
+        raise NotImplementedError(f"mechanism {self.name!r} releases per client; it joins no secure sum")
+
+    def check_sum_capacity(self, *, max_summed: int, max_rows: int, num_cells: int, dim: int) -> None:
+        """Refuses (ValueError) a run whose secure sum of ``max_summed`` shares could wrap the modulus (no-op by default).
+
+        ``max_rows`` is the most representations one client holds.
+        """
 
     def combine(self, total: np.ndarray, *, centroids: torch.Tensor, num_summed: int) -> torch.Tensor:
         """An aggregated mechanism's server side: the new global centroids from the sum of ``num_summed`` shares."""

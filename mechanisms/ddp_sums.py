@@ -68,6 +68,7 @@ from mechanisms.ldp_sums import (
     table_in_data_units,
 )
 from mechanisms.noise import discrete_gaussian, poisson_sample_mask, secure_source
+from mechanisms.registry import register_mechanism
 
 #: Largest modulus: SecAgg+'s (``privfed.federation.secagg_masking.MAX_MODULUS``; ``mechanisms`` never imports privfed).
 MAX_MODULUS = 2**32
@@ -182,23 +183,34 @@ def decode_table(total: np.ndarray, *, num_cells: int, dim: int, modulus: int) -
     return table_in_data_units(centred_residue(total, modulus).reshape(num_cells, dim + 1))
 
 
-def lloyd_step(previous: torch.Tensor, counts: np.ndarray, sums: torch.Tensor, *, threshold: float) -> torch.Tensor:
-    """New global centroids: each cell whose noisy count reaches ``threshold`` moves to its normalised noisy sum.
+def lloyd_step(
+    previous: torch.Tensor, counts: np.ndarray, sums: torch.Tensor, *, threshold: float, momentum: float = 0.0
+) -> torch.Tensor:
+    """New global centroids: each cell whose noisy count reaches ``threshold`` moves towards its normalised noisy sum.
 
-    The others keep their previous value (post-processing: only public and noisy values are read).
+    A moved cell becomes ``normalise(momentum * previous + (1 - momentum) * step)``:
+    a server EMA that averages the noise of successive rounds. The others keep
+    their previous value (post-processing: only public and noisy values are read).
     """
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+    before = previous.detach().double()
     moved = torch.from_numpy(counts >= threshold) & (sums.norm(dim=1) > 0)
-    updated = previous.detach().double().clone()
-    updated[moved] = F.normalize(sums[moved], dim=1)
+    updated = before.clone()
+    step = F.normalize(sums[moved], dim=1)
+    updated[moved] = F.normalize(momentum * before[moved] + (1.0 - momentum) * step, dim=1)
     return updated.to(previous.dtype)
 
 
 #: The protocol's modulus the shares are reduced by (SecAgg+'s largest).
 DEFAULT_MODULUS = MAX_MODULUS
+#: The server's EMA over rounds of each moved centroid (:func:`lloyd_step`).
+DEFAULT_MOMENTUM = 0.5
 
 
+@register_mechanism
 class DdpSumsMechanism(Mechanism):
-    """``ldp-sums``'s table with the noise split over the clients of a secure sum (not registered until wired).
+    """``ldp-sums``'s table with the noise split over the clients of a secure sum.
 
     Each client's :meth:`share` is its table plus ``1/sqrt(K_min)`` of the
     noise; :meth:`combine` decodes the sum and takes one Lloyd step. A client
@@ -229,6 +241,7 @@ class DdpSumsMechanism(Mechanism):
         sampling_rate: float = 1.0,
         min_shares: int = 1,
         modulus: int = DEFAULT_MODULUS,
+        momentum: float = DEFAULT_MOMENTUM,
         noise_source: random.Random | None = None,
     ) -> None:
         """Builds one client's (or the server's) view of a calibrated run.
@@ -239,12 +252,16 @@ class DdpSumsMechanism(Mechanism):
             sampling_rate: The secret sample's rate (1: every row).
             min_shares: ``K_min``: the fewest shares in any sum (SecAgg+'s threshold or more).
             modulus: SecAgg+'s modulus.
+            momentum: The server's EMA of moved centroids (post-processing; :func:`lloyd_step`).
             noise_source: Randomness for coins and noise; leave unset (the OS CSPRNG).
         """
         check_modulus(modulus)
         self.local = LdpSumsMechanism(noise_multiplier=noise_multiplier, delta=delta, sampling_rate=sampling_rate)
         self.min_shares = int(min_shares)
         self.modulus = int(modulus)
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        self.momentum = float(momentum)
         self.noise_source = noise_source
         self.centres: torch.Tensor | None = None
         for dim in (1, MAX_DIMENSION):  # refuse a share the sum of shares could not stand for, before any round
@@ -282,6 +299,26 @@ class DdpSumsMechanism(Mechanism):
             modulus=self.modulus, sampling_rate=self.local.sampling_rate, source=self.noise_source,
         )
 
+    def share_length(self, *, num_cells: int, dim: int) -> int:
+        """A sum and a count per cell."""
+        return num_cells * (dim + 1)
+
+    def check_secure_sum(self, *, threshold: int, modulus: int) -> None:
+        """Refuses a sum that may hold fewer than ``K_min`` shares, or reduces by another modulus than the shares'."""
+        if threshold < self.min_shares:
+            raise ValueError(
+                f"SecAgg+'s threshold {threshold} lets a sum hold fewer than the {self.min_shares} shares its noise needs"
+            )
+        if modulus != self.modulus:
+            raise ValueError(f"SecAgg+ sums mod {modulus}, the shares are reduced mod {self.modulus}")
+
+    def check_sum_capacity(self, *, max_summed: int, max_rows: int, num_cells: int, dim: int) -> None:
+        """:func:`check_fits_modulus` for this run's shares."""
+        check_fits_modulus(
+            modulus=self.modulus, num_cells=num_cells, dim=dim, max_clients=max_summed, max_rows=max_rows,
+            noise_multiplier=self.local.noise_multiplier, sampled=self.local.sampling_rate < 1,
+        )
+
     def combine(self, total: np.ndarray, *, centroids: torch.Tensor, num_summed: int) -> torch.Tensor:
         """One Lloyd step from the summed tables: a cell moves when its noisy count passes 3 stds of the summed noise."""
         if num_summed < self.min_shares:
@@ -291,4 +328,5 @@ class DdpSumsMechanism(Mechanism):
         sampled = self.local.sampling_rate < 1
         sigma = share_sigma(self.local.noise_multiplier, min_shares=self.min_shares, dim=dim, sampled=sampled)
         count_std = sigma * math.sqrt(num_summed) / count_scale(sums_grid(dim))
-        return lloyd_step(centroids, counts, sums, threshold=max(THRESHOLD_STDS * count_std, 1.0))
+        threshold = max(THRESHOLD_STDS * count_std, 1.0)
+        return lloyd_step(centroids, counts, sums, threshold=threshold, momentum=self.momentum)

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from mechanisms import get_mechanism_class
-from mechanisms.base import DIFFERENTIAL_PRIVACY, K_ANONYMITY, NO_GUARANTEE, Guarantee
+from mechanisms.base import DIFFERENTIAL_PRIVACY, K_ANONYMITY, NO_GUARANTEE, Guarantee, Mechanism
 from privfed.data import cached_dataset, heterogeneity_stats
 from privfed.device import resolve_device
 from privfed.evaluation.monitor import KnnMonitor
@@ -166,6 +166,7 @@ class RunDriver:
             method=self.method,
             global_clustering=config.global_clustering,
             cluster_temperature=config.temperature,
+            aggregator=self._aggregator(),
         )
         if self.resume is None:
             self.knn_init = self.monitor(network.online.backbone)
@@ -297,6 +298,12 @@ class RunDriver:
             write_round(self.run_dir.releases, recorded)
         self._sent_state = self.server.global_state(), self.server.centroids
 
+    def _aggregator(self) -> Mechanism | None:
+        """The server's side of an aggregated mechanism, from the plan's parameters (None for any other)."""
+        if self.mechanism_class is None or not self.mechanism_class.aggregated:
+            return None
+        return self.mechanism_class(**self.plan.privacy.params)
+
     def _charge_releases(self, report: RoundReport) -> list[int]:
         """Charges every release that reached the server: the events the server planned, never the client's copy.
 
@@ -317,6 +324,12 @@ class RunDriver:
         charged_ks: list[int] = []
         if mechanism is None:  # nothing released (the server refuses releases for such a method)
             return charged_ks
+        if mechanism.aggregated:
+            if report.round == 0:
+                return charged_ks  # no secure sum, so no share
+            # Each accepted reply's masked vector carries its share, whether or not the sum completed.
+            for client, _ in report.training_events:
+                self.ledger.record(LedgerEntry(client, report.round, mechanism.name, self._charged_guarantee(None), expected))
         for client, release in report.releases:
             k = release.guarantee.k if mechanism.guarantee_kind == K_ANONYMITY else None  # no k for other kinds
             if k is not None:
@@ -421,6 +434,7 @@ class RunDriver:
             objective=self.method.objective,
             report_metrics=self.config.report_client_metrics,
             release_sampling_rate=plan.sampling_rate,
+            min_shares=plan.params.get("min_shares"),  # set for an aggregated mechanism only
         )
         dp_sgd = None
         if plan.dp_sgd is not None and worst is not None:

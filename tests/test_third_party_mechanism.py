@@ -150,3 +150,35 @@ def test_run_certain_to_exceed_the_plugins_budget_is_refused(plugin_env, tmp_pat
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "--rounds 0" in lines[0], result.stderr
     assert not out.exists()  # refused before anything started
+
+
+AGGREGATED = "cellmean"
+
+
+@pytest.fixture(scope="module")
+def aggregated_plugin_env(tmp_path_factory) -> dict[str, str]:
+    """An environment in which the aggregated ``cellmean`` is installed, as far as ``importlib.metadata`` can tell."""
+    site = tmp_path_factory.mktemp("site-aggregated")
+    dist_info = site / "fake_privfed_aggregated_plugin-0.1.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-privfed-aggregated-plugin\nVersion: 0.1\n")
+    (dist_info / "entry_points.txt").write_text(f"[privfed.mechanisms]\n{AGGREGATED} = cell_mean_mechanism:CellMeanMechanism\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLUGINS), str(site), os.environ.get("PYTHONPATH")) if p)
+    return env
+
+
+def test_a_third_party_aggregated_mechanism_runs_inside_secagg_like_a_built_in_one(aggregated_plugin_env, tmp_path):
+    out = tmp_path / "run"
+    args = [a for a in TRAIN_ARGS if a != "--no-secagg"]
+    args[args.index(NAME)] = AGGREGATED
+    result = _privfed(aggregated_plugin_env, *args, "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["secure_aggregation"]["enabled"] and summary["secure_aggregation"]["halted_rounds"] == 0
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # Round 0 has no secure sum; every later round's sum moves centroids, and holds every client's share.
+    assert "moved_centroid_fraction" not in metrics[0]
+    assert all(m["moved_centroid_fraction"] > 0 and m["clients"] == NUM_CLIENTS for m in metrics[1:])
+    config = json.loads((out / "config.json").read_text())
+    assert config["mechanism"] == AGGREGATED

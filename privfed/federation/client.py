@@ -31,11 +31,12 @@ from flwr.common import (
     GetPropertiesRes,
     Status,
     bytes_to_ndarray,
+    ndarray_to_bytes,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
 
-from mechanisms import create_mechanism
+from mechanisms import create_mechanism, get_mechanism_class
 from privfed.device import resolve_device
 from privfed.federation.client_config import ClientConfig
 from privfed.federation.messages import (
@@ -46,6 +47,7 @@ from privfed.federation.messages import (
 )
 from privfed.federation.partitions import PARTITION_KEY
 from privfed.federation.reply_store import ReplyStore, instructions_digest
+from privfed.federation.secagg_masking import SHARE_KEY
 from privfed.federation.update_encoding import (
     SECURE_METRIC_SCALES,
     encode_metrics,
@@ -76,6 +78,14 @@ class ClientRoundFailed(RuntimeError):
 def client_seed(run_seed: int, round_index: int, client_id: int) -> int:
     """Independent, reproducible seed per (run, round, client)."""
     return int(np.random.SeedSequence([run_seed, round_index, client_id]).generate_state(1)[0])
+
+
+@dataclass(frozen=True)
+class SecureSumSetup:
+    """What this node's SecAgg+ round was set up with (Flower's mod keeps it in the node's state)."""
+
+    threshold: int
+    modulus: int
 
 
 @dataclass
@@ -109,10 +119,18 @@ class OrchestraClient(Client):
             trusts the server, for library use without a declaration).
     """
 
-    def __init__(self, client_id: int, num_partitions: int | None = None, *, declared: DeclaredRun | None = None) -> None:
+    def __init__(
+        self,
+        client_id: int,
+        num_partitions: int | None = None,
+        *,
+        declared: DeclaredRun | None = None,
+        secure_sum: SecureSumSetup | None = None,
+    ) -> None:
         self.client_id = client_id
         self.num_partitions = num_partitions
         self.declared = declared
+        self.secure_sum = secure_sum
 
     def get_properties(self, ins: GetPropertiesIns) -> GetPropertiesRes:
         """Which partition this node holds: the server samples partitions, not node IDs."""
@@ -147,6 +165,10 @@ class OrchestraClient(Client):
         if config.dp_sgd and dp_sgd is None:
             raise ValueError("the run trains with DP-SGD but the server sent no DP-SGD settings")
         images = config.split.client_images(self.client_id)
+        if train and config.mechanism is not None and get_mechanism_class(config.mechanism).aggregated:
+            # Before anything is charged or computed: the sum must hold the noise the share leaves out.
+            own = params if self.declared is None else self.declared.guard.own_parameters()[0]
+            self._check_secure_sum(config.mechanism, own)
         if self.declared is not None and digest is not None:
             replayed = self._replayed(int(ins.config["round"]), digest)
             if replayed is not None:
@@ -182,6 +204,11 @@ class OrchestraClient(Client):
             logger.error("client %d, round %s: update failed: %s", self.client_id, ins.config["round"], err)
             raise ClientRoundFailed(ROUND_FAILED) from None
         arrays = [] if update.delta is None else state_to_arrays(update.delta, keys)
+        share: dict[str, bytes] = {}
+        if update.share is not None:
+            if "secagg_scales" not in ins.config:
+                raise RoundRefused("a share of the secure sum leaves this node only inside SecAgg+")
+            share = {SHARE_KEY: ndarray_to_bytes(update.share)}  # the SecAgg+ mod masks it and takes it out
         report = (config if self.declared is None else self.declared.client_config).report_client_metrics
         metrics = reported_metrics(update.metrics, report=report)
         if arrays and "secagg_scales" in ins.config:
@@ -200,12 +227,24 @@ class OrchestraClient(Client):
                 "round": int(ins.config["round"]),  # the server refuses a reply for another round
                 **({} if update.release is None else encode_release(update.release)),
                 "dp_sgd_events": events_to_json(update.privacy_events),
+                **share,
             },
         )
         if self.declared is not None and digest is not None:
             # Kept before it leaves: a reply that reached anyone can always be sent again instead of a new one.
             self.declared.replies.answer(self.declared.run, int(ins.config["round"]), digest, res)
         return res
+
+    def _check_secure_sum(self, mechanism: str, params: dict) -> None:
+        """Refuses a round whose SecAgg+ setup (threshold, modulus) would not hold the aggregated mechanism's noise."""
+        if self.secure_sum is None:
+            raise RoundRefused(f"{mechanism} trains only in SecAgg+ rounds, and this round set none up")
+        try:
+            create_mechanism(mechanism, **params).check_secure_sum(
+                threshold=self.secure_sum.threshold, modulus=self.secure_sum.modulus
+            )
+        except ValueError as err:
+            raise RoundRefused(f"this round's secure sum: {err}") from None
 
     def _replayed(self, round_index: int, digest: str) -> FitRes | None:
         """The reply this client already sent for this round of this run, when the server asks for it again.

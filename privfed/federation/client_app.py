@@ -19,7 +19,8 @@ from flwr.client import Client, ClientApp
 from flwr.common import Context
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 
-from privfed.federation.secagg_client import privfed_secaggplus_mod
+from privfed.federation.secagg_client import FITRES_METRICS, privfed_secaggplus_mod
+from privfed.federation.secagg_masking import SHARE_KEY
 from privfed.secagg_settings import ENCODING_IN_FLOWER_STATE
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def make_client_fn(
 
     def client_fn(context: Context) -> Client:
         """Builds the client for this node's partition (``partition-id`` in the node config)."""
-        from privfed.federation.client import DeclaredRun, OrchestraClient
+        from privfed.federation.client import DeclaredRun, OrchestraClient, SecureSumSetup
         from privfed.federation.client_config import ClientConfig
         from privfed.federation.reply_store import ReplyStore, reply_file
         from privfed.errors import PrivfedError
@@ -79,7 +80,9 @@ def make_client_fn(
             raise NodeGuardFailed("this node cannot check its privacy budget; the reason is in its log") from None
         key = int(context.run_id) if run_key is None else run_key
         declared_run = DeclaredRun(client_config, secagg_settings(run, sizes), guard, key, ReplyStore(replies))
-        return OrchestraClient(partition, int(node["num-partitions"]), declared=declared_run)
+        setup = context.state.config_records.get(RECORD_KEY_STATE)  # this round's SecAgg+ setup, if it has one
+        secure_sum = None if setup is None else SecureSumSetup(int(setup["threshold"]), int(setup["mod_range"]))
+        return OrchestraClient(partition, int(node["num-partitions"]), declared=declared_run, secure_sum=secure_sum)
 
     def _declared_by_run_config(context: Context) -> TrainConfig:
         from privfed.config import config_from_run_config
@@ -139,7 +142,10 @@ def secaggplus_when_requested(msg: Message, context: Context, call_next: Callabl
     trains = fit.get("task") == "train"
     if trains and ("secagg_scales" in fit or _node_requires_secagg(context)):
         raise UnmaskedRoundRefused("this node sends training updates only through SecAgg+, and the round has none")
-    return call_next(msg, context)
+    reply = call_next(msg, context)
+    if not reply.has_error() and SHARE_KEY in reply.content.config_records.get(FITRES_METRICS, {}):
+        raise UnmaskedRoundRefused("a share of the secure sum leaves this node only inside SecAgg+")
+    return reply
 
 
 def check_secagg_round(configs, context: Context) -> None:

@@ -299,9 +299,10 @@ def _array(metrics: dict[str, Any], key: str) -> np.ndarray:
 
 def _release(metrics: dict[str, Any], *, rules: ReplyRules, size: int) -> Release | None:
     mechanism = rules.mechanism
-    if mechanism is None:
+    if mechanism is None or mechanism.aggregated:
         if has_release(metrics):
-            raise RejectedReply("it holds a release, but the run's method releases nothing")
+            why = "the run's method releases nothing" if mechanism is None else f"{mechanism.name} shares into the secure sum"
+            raise RejectedReply(f"it holds a release, but {why}")
         return None
     vectors, weights = _array(metrics, "release_vectors"), _array(metrics, "release_weights")
     if vectors.dtype != np.float32 or weights.dtype != np.float32:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 import flwr.compat.common.recorddict_compat as compat
+import numpy as np
 from flwr.app import ConfigRecord, Context, Message
 from flwr.client.mod.secure_aggregation.secaggplus_mod import (
     SecAggPlusState,
@@ -21,15 +22,18 @@ from flwr.client.mod.secure_aggregation.secaggplus_mod import (
     check_stage,
     secaggplus_mod,
 )
-from flwr.common import ndarray_to_bytes, parameters_to_ndarrays
+from flwr.common import bytes_to_ndarray, ndarray_to_bytes, parameters_to_ndarrays
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_separate
 
-from privfed.federation.secagg_masking import encode_update, mask_update, pairwise_seed
+from privfed.federation.secagg_masking import SHARE_KEY, encode_update, mask_update, pairwise_seed
 from privfed.secagg_masks import PROTOCOL_KEY, PROTOCOL_VERSION
 
 CallNext = Callable[[Message, Context], Message]
+
+#: Where Flower's legacy compat layer keeps a fit reply's metrics.
+FITRES_METRICS = "fitres.metrics"
 
 
 class MaskProtocolRefused(RuntimeError):
@@ -63,7 +67,7 @@ def check_protocol(configs: ConfigRecord) -> None:
 
 
 def _masked_vectors_stage(msg: Message, context: Context, call_next: CallNext) -> Message:
-    """Stores the neighbours' shares, trains, and replies with the masked update alone."""
+    """Stores the neighbours' shares, trains, and replies with the masked update (and share) alone."""
     if RECORD_KEY_STATE not in context.state.config_records:
         raise MaskProtocolRefused("a masked-vector request before this node set SecAgg+ up")
     state = SecAggPlusState(**context.state.config_records[RECORD_KEY_STATE])
@@ -77,12 +81,14 @@ def _masked_vectors_stage(msg: Message, context: Context, call_next: CallNext) -
     if reply.has_error():
         return reply
     fitres = compat.recorddict_to_fitres(reply.content, keep_input=True)
+    share = take_share(reply)
     encoded = encode_update(
         parameters_to_ndarrays(fitres.parameters),
         fitres.num_examples,
         max_weight=state.max_weight,
         clipping_range=state.clipping_range,
         quantization_range=state.target_range,
+        share=share,
     )
     masked = mask_update(
         encoded,
@@ -98,6 +104,16 @@ def _masked_vectors_stage(msg: Message, context: Context, call_next: CallNext) -
         {Key.MASKED_PARAMETERS: [ndarray_to_bytes(array) for array in masked]}, False
     )
     return Message(reply.content, reply_to=msg)
+
+
+def take_share(reply: Message) -> np.ndarray | None:
+    """Removes an aggregated mechanism's share from the reply's plaintext metrics and returns it (None: none)."""
+    share = reply.content.config_records[FITRES_METRICS].pop(SHARE_KEY, None)
+    if share is None:
+        return None
+    if not isinstance(share, bytes):
+        raise ValueError(f"the client's share is {type(share).__name__}, not bytes")
+    return bytes_to_ndarray(share)
 
 
 def _store_neighbour_shares(state: SecAggPlusState, configs: ConfigRecord) -> list[int]:

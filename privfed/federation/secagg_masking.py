@@ -22,6 +22,10 @@ from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_
 from privfed.federation.update_encoding import secagg_weight_ratio
 from privfed.secagg_masks import expand_mask
 
+#: The fit reply's metrics key under which an aggregated mechanism's share goes from the client to its SecAgg+ mod,
+#: which moves it into the masked vector (:func:`encode_update`); it is never sent in plaintext.
+SHARE_KEY = "secure_sum_share"
+
 #: Largest modulus the int64 arithmetic here is exact for: a client adds a mask per neighbour before reducing,
 #: and the server sums one vector per client, so up to 2^31 of them stay below 2^63.
 MAX_MODULUS = 2**32

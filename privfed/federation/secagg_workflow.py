@@ -35,7 +35,7 @@ from flwr.server.workflow.default_workflows import default_fit_workflow
 
 from privfed import secagg_masks
 from privfed.federation import secagg_masking
-from privfed.federation.secagg_masking import decode_weighted_mean, pairwise_seed, unmask_sum
+from privfed.federation.secagg_masking import decode_weighted_mean, pairwise_seed, split_share, unmask_sum
 from privfed.secagg_masks import PROTOCOL_KEY, PROTOCOL_VERSION
 from privfed.secagg_settings import SecAggPlusSettings
 
@@ -62,6 +62,11 @@ class RoundCloser(Protocol):
     def check_masked_reply(self, node_id: int, res: FitRes | None, masked: list[np.ndarray] | None) -> str | None: ...
 
     def close_round_without_aggregate(self, server_round: int) -> None: ...
+
+    @property
+    def carries_share(self) -> bool: ...
+
+    def note_secure_sum(self, total: np.ndarray, *, num_summed: int) -> None: ...
 
 
 class _ScreeningGrid:
@@ -241,6 +246,9 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
             modulus=state.mod_range,
         )
         del state.aggregate_ndarrays
+        total, shares = split_share(total, has_share=self.strategy.carries_share)
+        if shares is not None:
+            self.strategy.note_secure_sum(shares, num_summed=len(survivors))
         mean = decode_weighted_mean(
             total, num_summed=len(survivors), clipping_range=state.clipping_range,
             quantization_range=state.quantization_range,

@@ -10,7 +10,9 @@ only release centroids); Flower round ``r`` is Orchestra round ``r - 1``.
 
 Under secure aggregation every reply's parameters are the same securely
 aggregated mean (Flower's SecAgg+ overwrites them), and the strategy reads
-only that one; without it the strategy forms FedAvg itself.
+only that one; without it the strategy forms FedAvg itself. An aggregated
+mechanism's shares ride in the same masked vectors, after the update; the
+workflow hands their sum over separately (:meth:`OrchestraStrategy.note_secure_sum`).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ from privfed.federation.update_encoding import (
 )
 from privfed.orchestra.model_state import StateDict, shared_keys, weighted_mean
 from privfed.orchestra.round_report import Rejection, RoundReport
-from privfed.orchestra.server import OrchestraServer
+from privfed.orchestra.server import OrchestraServer, SecureSum
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
 from privfed.secagg_settings import SecAggPlusSettings
 
@@ -120,6 +122,7 @@ class OrchestraStrategy(Strategy):
         self.halted_rounds = 0
         self.overflow_rounds = 0
         self.rejected_tensor_updates = 0
+        self._secure_sum: SecureSum | None = None
 
     def __repr__(self) -> str:
         return f"OrchestraStrategy(mechanism={self.client_config.mechanism!r})"
@@ -158,6 +161,7 @@ class OrchestraStrategy(Strategy):
     ) -> list[tuple[ClientProxy, FitIns]]:
         self._pending = []
         self._rejected = []
+        self._secure_sum = None
         if self.stop_reason is not None:
             return []  # DefaultWorkflow skips the remaining rounds
         self._round_started = time.perf_counter()
@@ -256,8 +260,23 @@ class OrchestraStrategy(Strategy):
         return reason
 
     def masked_vector_shapes(self) -> list[tuple[int, ...]]:
-        """A SecAgg+ masked vector's arrays: Flower's weight factor, then the encoded update's (and metrics')."""
-        return [(1,), *secure_sum_shapes(self._shapes, metrics=self.client_config.report_client_metrics)]
+        """A SecAgg+ masked vector's arrays: Flower's weight factor, the encoded update's (and metrics'), the share."""
+        shapes = [(1,), *secure_sum_shapes(self._shapes, metrics=self.client_config.report_client_metrics)]
+        aggregator = self.server.aggregator
+        if aggregator is not None:
+            assert self.server.centroids is not None  # drawn in round 0
+            cells, dim = self.server.centroids.shape
+            shapes.append((aggregator.share_length(num_cells=cells, dim=dim),))
+        return shapes
+
+    @property
+    def carries_share(self) -> bool:
+        """Whether each masked vector ends with an aggregated mechanism's share."""
+        return self.server.aggregator is not None
+
+    def note_secure_sum(self, total: np.ndarray, *, num_summed: int) -> None:
+        """The unmasked sum of the round's shares (the workflow splits it off the update's sum)."""
+        self._secure_sum = SecureSum(total, num_summed)
 
     def note_replies(self, results: list[tuple[ClientProxy, FitRes]]) -> None:
         """Replies that reached the server during secure aggregation (their releases are disclosed)."""
@@ -383,7 +402,9 @@ class OrchestraStrategy(Strategy):
         checked = [c for _, _, c in results]
         releases = [(c.client, c.release) for c in checked if c.release is not None]
         # With no usable reply the global state stays as it was; the round is still logged and charged.
-        stats = self.server.apply_round(mean_delta, [release for _, release in releases]) if checked else {}
+        stats = (
+            self.server.apply_round(mean_delta, [release for _, release in releases], self._secure_sum) if checked else {}
+        )
         rejected, self._rejected = self._rejected, []
         stop_reason = self.on_round_end(
             RoundReport(

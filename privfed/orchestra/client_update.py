@@ -2,7 +2,8 @@
 
 Given the global state, it trains (or, in round 0, only computes
 representations), asks the mechanism what may leave the client, and returns
-exactly what may be sent: a model delta, the mechanism's release, metrics
+exactly what may be sent: a model delta, the mechanism's release (or, for an
+aggregated mechanism, its share of the secure sum, from round 1 on), metrics
 (which the client sends only in a run with ``--report-client-metrics``).
 The memory of representations is dropped here and never returned. A method
 that does not cluster (:mod:`privfed.methods`) has no mechanism:
@@ -20,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 from mechanisms.base import Mechanism, PrivacyEvent, Release, checked_release
@@ -40,7 +42,10 @@ class ClientUpdate:
 
     Attributes:
         delta: Model update (None in round 0).
-        release: What the mechanism made of the memory (None: the method releases nothing).
+        release: What the mechanism made of the memory (None: the method releases nothing, or the
+            mechanism is aggregated).
+        share: An aggregated mechanism's share of the secure sum (None otherwise, and in round 0): it may
+            leave the client only inside SecAgg+'s masked vector.
         num_samples: The client's dataset size (public: the FedAvg weight).
         metrics: Diagnostics; under DP-SGD only :data:`DP_SGD_METRICS`. Sent only in a run that
             reports them (:func:`privfed.federation.client.reported_metrics`).
@@ -53,6 +58,7 @@ class ClientUpdate:
     num_samples: int
     metrics: dict[str, float] = field(default_factory=dict)
     privacy_events: tuple[PrivacyEvent, ...] = ()
+    share: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -136,10 +142,12 @@ def run_client_round(
     generator = torch.Generator().manual_seed(seed)
     load_shared_state(network, global_state)
     events: tuple[PrivacyEvent, ...] = ()
-    samples_every_image = mechanism is not None and mechanism.input_sampling_rate < 1
+    # An aggregated mechanism's round 0 has no secure sum to share into, so it needs no memory then.
+    releases = mechanism is not None and (train or not mechanism.aggregated)
+    samples_every_image = releases and mechanism.input_sampling_rate < 1
     if not train:
         memory = examples = None
-        if mechanism is not None and not samples_every_image:
+        if releases and not samples_every_image:
             # Under DP-SGD the memory is a Poisson sample from the start, as after training.
             initial_memory = poisson_memory if config.dp_sgd is not None else initial_representations
             memory, examples = initial_memory(network, images, config, generator=generator, device=device)
@@ -159,16 +167,20 @@ def run_client_round(
     if samples_every_image:
         # The mechanism draws its secret sample from every image (after the delta: BatchNorm statistics move here).
         memory, examples = every_representation(network, images, config, generator=generator, device=device)
-    release = release_state = None
-    if mechanism is not None:
+    release = release_state = share = None
+    if releases:
         start = time.perf_counter()
         release_state = generator.get_state()
-        release = checked_release(mechanism, memory, num_centroids=num_local_centroids, generator=generator)
+        if mechanism.aggregated:
+            share = mechanism.share(memory, num_centroids=num_local_centroids, generator=generator)
+        else:
+            release = checked_release(mechanism, memory, num_centroids=num_local_centroids, generator=generator)
         metrics["release_seconds"] = time.perf_counter() - start
     if config.dp_sgd is not None:
         metrics = {k: v for k, v in metrics.items() if k in DP_SGD_METRICS}
     update = ClientUpdate(
-        delta=delta, release=release, num_samples=int(images.shape[0]), metrics=metrics, privacy_events=events
+        delta=delta, release=release, num_samples=int(images.shape[0]), metrics=metrics, privacy_events=events,
+        share=share,
     )
     private = PrivateRoundState(
         memory=None if release is None else memory,

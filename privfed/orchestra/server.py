@@ -6,14 +6,19 @@ clients released is clustered. Where the centroids come from is the run's
 method's choice (:mod:`privfed.methods`): clustered releases,
 random centroids drawn once, or none. How the mean delta was formed (plain FedAvg or
 secure aggregation) is the runtime's business: the server never needs one
-client's delta.
+client's delta. An aggregated mechanism (``Mechanism.aggregated``) replaces
+the releases by one secure sum of the clients' shares, which the mechanism
+itself turns into the next centroids; its run starts from random centroids.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
-from mechanisms.base import Release
+from mechanisms.base import Mechanism, Release
 from privfed.methods import CLUSTERED, FIXED_RANDOM, ORCHESTRA, Method
 from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.global_clustering import KMEANS, global_centroids, random_centroids
@@ -23,6 +28,14 @@ from privfed.orchestra.model_state import (
     load_shared_state,
     shared_state,
 )
+
+
+@dataclass(frozen=True)
+class SecureSum:
+    """The unmasked sum of an aggregated mechanism's shares, and how many clients' shares it holds."""
+
+    total: np.ndarray
+    num_summed: int
 
 
 class OrchestraServer:
@@ -37,7 +50,11 @@ class OrchestraServer:
         method: Method = ORCHESTRA,
         global_clustering: str = KMEANS,
         cluster_temperature: float | None = None,
+        aggregator: Mechanism | None = None,
     ) -> None:
+        if aggregator is not None and not aggregator.aggregated:
+            raise ValueError(f"mechanism {aggregator.name!r} releases per client; it aggregates no secure sum")
+        self.aggregator = aggregator
         self.network = network
         self.method = method
         self.num_global_centroids = num_global_centroids
@@ -62,16 +79,24 @@ class OrchestraServer:
         self.initialised = initialised
         self._generator.set_state(generator)
 
-    def apply_round(self, mean_delta: StateDict | None, releases: list[Release]) -> dict[str, float]:
+    def apply_round(
+        self, mean_delta: StateDict | None, releases: list[Release], secure_sum: SecureSum | None = None
+    ) -> dict[str, float]:
         """Applies the round's mean delta (None: the model stays) and updates the centroids.
 
-        Orchestra re-clusters the releases; the fixed-centroid control draws
+        Orchestra re-clusters the releases, or, with an aggregated mechanism,
+        has it combine the secure sum of its shares (None: the sum halted,
+        and the centroids stay); the fixed-centroid control draws
         its random centroids once, in round 0; a method without centroids
         has none.
 
         Returns:
             Round statistics that are safe to log.
         """
+        if self.aggregator is not None:
+            return self._apply_secure_sum(mean_delta, releases, secure_sum)
+        if secure_sum is not None:
+            raise ValueError("a secure sum of shares arrived, but the run's mechanism releases per client")
         if self.method.releases and not releases:
             raise ValueError("a round needs at least one client release")
         if releases and not self.method.releases:
@@ -103,6 +128,25 @@ class OrchestraServer:
         if usage is not None:
             stats["centroid_usage"] = usage
         return stats
+
+
+    def _apply_secure_sum(
+        self, mean_delta: StateDict | None, releases: list[Release], secure_sum: SecureSum | None
+    ) -> dict[str, float]:
+        assert self.aggregator is not None
+        if releases:
+            raise ValueError(f"mechanism {self.aggregator.name} shares into the secure sum, yet the round holds releases")
+        if mean_delta is not None:
+            load_shared_state(self.network, apply_delta(self.global_state(), mean_delta))
+        self.initialised = True
+        if self.centroids is None:  # round 0 has no secure sum: every client's cells must be the same public ones
+            self.centroids = random_centroids(self.num_global_centroids, self.network.projection_dim, self._generator)
+        if secure_sum is None:
+            return {}
+        previous = self.centroids
+        self.centroids = self.aggregator.combine(secure_sum.total, centroids=previous, num_summed=secure_sum.num_summed)
+        moved = (self.centroids - previous).norm(dim=1) > 0
+        return {"clients": float(secure_sum.num_summed), "moved_centroid_fraction": float(moved.float().mean())}
 
 
 def _centroid_usage(releases: list[Release], centroids: torch.Tensor) -> float | None:

@@ -2,8 +2,9 @@
 
 ``--epsilon`` is the total (epsilon, delta) one client's releases may spend
 over the whole run. A client can be sampled in every round, so the plan
-assumes the worst case of ``rounds + 1`` releases (round 0 included) and
-calibrates each release so that their composition stays within the budget.
+assumes the worst case of ``rounds + 1`` releases (round 0 included; ``rounds``
+for an aggregated mechanism, whose round 0 releases nothing) and calibrates
+each release so that their composition stays within the budget.
 
 ``--dp-sgd`` adds a second, separately calibrated part: the encoder updates'
 DP-SGD noise (see :mod:`privfed.privacy.dp_sgd_plan`), for the worst case of
@@ -25,6 +26,7 @@ from privfed.config import DEFAULTS, TrainConfig
 from privfed.errors import PrivfedError
 from privfed.privacy.dp_sgd_plan import DpSgdPlan, plan_dp_sgd
 from privfed.privacy.ledger import composed_epsilon
+from privfed.secagg_settings import secagg_settings
 
 
 def dp_mechanisms() -> list[str]:
@@ -161,7 +163,7 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
             epsilon would exceed the total budget (the message says what fits).
     """
     check_dp_sgd_options(config)
-    releases = config.rounds + 1  # worst case: sampled in every round, round 0 included
+    releases = max_releases(config)
     delta = config.delta if config.delta is not None else default_delta(client_sizes)
     dp_sgd = _plan_dp_sgd(config, client_sizes, delta)
     if config.release_mechanism is None:
@@ -181,6 +183,7 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
             )
         # A k-anonymous mechanism takes the run's smallest anonymity set as its min_k.
         params = {"min_k": config.kanon_min_k} if mechanism_class.guarantee_kind == K_ANONYMITY else {}
+        params.update(secure_sum_parameters(config, client_sizes))
         return PrivacyPlan(
             mechanism=config.mechanism, params=params, max_releases=releases, delta=delta if dp_sgd else None, dp_sgd=dp_sgd
         )
@@ -195,9 +198,15 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
         params = calibrated_parameters(
             mechanism_class, epsilon=config.epsilon_per_release, delta=delta, num_releases=1, **sample
         )
+    params.update(secure_sum_parameters(config, client_sizes))
     try:  # the mechanism refuses noise its samplers cannot draw: better now than after a round was charged
         mechanism = mechanism_class(**params)
         events = mechanism.privacy_events()
+        if mechanism_class.aggregated:
+            mechanism.check_sum_capacity(
+                max_summed=config.clients_per_round, max_rows=max(client_sizes, default=0),
+                num_cells=config.num_global_centroids, dim=config.projection_dim,
+            )
     except ValueError as err:
         raise PrivfedError(f"mechanism {config.mechanism} cannot release at this budget: {err}") from None
     if not events:
@@ -245,6 +254,27 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
         planned_combined_epsilon=combined,
         **_release_floor(mechanism, config, client_sizes),
     )
+
+
+def max_releases(config: TrainConfig) -> int:
+    """Releases one client makes when sampled in every round: round 0 too, unless the mechanism is aggregated."""
+    mechanism = config.release_mechanism
+    aggregated = mechanism is not None and get_mechanism_class(mechanism).aggregated
+    return config.rounds + (0 if aggregated else 1)
+
+
+def secure_sum_parameters(config: TrainConfig, client_sizes: list[int]) -> dict[str, int]:
+    """An aggregated mechanism's ``min_shares`` and ``modulus``: the run's SecAgg+ threshold and modulus ({} otherwise).
+
+    Raises:
+        PrivfedError: for an aggregated mechanism in a run without SecAgg+.
+    """
+    if not get_mechanism_class(config.mechanism).aggregated:
+        return {}
+    settings = secagg_settings(config, client_sizes)
+    if settings is None:
+        raise PrivfedError(f"mechanism {config.mechanism} sends its shares inside SecAgg+'s sum: drop --no-secagg")
+    return {"min_shares": settings.reconstruction_threshold, "modulus": settings.modulus_range}
 
 
 def secret_sample_rate(config: TrainConfig, client_sizes: list[int]) -> float:

@@ -282,6 +282,10 @@ class ClientGuard:
             RoundRefused: when the parameters are not the declared ones or the round would overrun a cap.
         """
         releases = check_release_parameters(self.budget, mechanism, params)
+        # An aggregated mechanism's round 0 has no secure sum, so nothing is released and nothing charged.
+        releasing = mechanism is not None and (train or not get_mechanism_class(mechanism).aggregated)
+        if not releasing:
+            releases = ()
         check_dp_sgd_settings(self.budget, dp_sgd)
         if not 0 <= round_index <= self.budget.rounds:
             raise RoundRefused(f"round {round_index} is outside the declared run's rounds 0 to {self.budget.rounds}")
@@ -301,7 +305,7 @@ class ClientGuard:
                 raise RoundRefused(f"round {round_index} of run {run} comes after round {last} was answered")
             self._check_caps(releases, training)
             # The ledger stamps each entry with its delta, the run's.
-            if mechanism is not None:
+            if releasing:
                 self.ledger.record(LedgerEntry(SELF, round_index, mechanism, _charged(mechanism), releases, run=run))
             if training:
                 self.ledger.record(LedgerEntry.dp_sgd(SELF, round_index, training, run=run))

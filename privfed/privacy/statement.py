@@ -111,6 +111,22 @@ def _sample_clause(rate: float) -> str:
     return "no subsampling amplification"
 
 
+def _secure_sum_clause(min_shares: int) -> str:
+    """The trust an aggregated mechanism's epsilon rests on (its noise is split over the clients of a secure sum)."""
+    return (
+        f"It holds against a server that follows SecAgg+ and sees only the secure sum of the clients' noisy shares, "
+        f"if each sum holds the shares of at least {min_shares} clients (the SecAgg+ threshold) that do not collude "
+        "with the server; each share alone carries only part of the noise"
+    )
+
+
+#: What an aggregated mechanism's epsilon does not cover.
+SECURE_SUM_TRUST = (
+    "a server that colludes with clients, sees their shares, or deviates from SecAgg+ (e.g. replays a round with "
+    "another cohort and differences the sums): the noise of a secure sum is accounted only for the sum as a whole"
+)
+
+
 def _release_clauses(
     mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCase | None, k: int | None, sampling_rate: float
 ) -> Clauses:
@@ -200,7 +216,13 @@ def _data_metrics(objective: Objective) -> str:
 
 
 def _headline(
-    mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCase | None, k: int | None, sampling_rate: float
+    mechanism: type[Mechanism] | None,
+    *,
+    dp_sgd: bool,
+    worst: WorstCase | None,
+    k: int | None,
+    sampling_rate: float,
+    min_shares: int | None = None,
 ) -> str:
     """The statement's first sentences: the strongest claim the run supports."""
     if mechanism is None:
@@ -217,11 +239,13 @@ def _headline(
         )
     name = mechanism.name
     is_dp = mechanism.is_differentially_private()
+    trust = f" {_secure_sum_clause(min_shares)}." if is_dp and mechanism.aggregated and min_shares else ""
     if dp_sgd and is_dp:
         return (
             f"Encoder updates and released centroids together are ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
             f"differentially private with respect to {EXAMPLE_UNIT}, for the "
             f"worst-off client (client {worst.client}): DP-SGD and the releases composed with the PLD accountant."
+            f"{trust}"
         )
     if dp_sgd:
         if mechanism.guarantee_kind == K_ANONYMITY:
@@ -244,7 +268,7 @@ def _headline(
         return (
             f"Every client's released centroids over the whole run are ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
             "differentially private with respect to replacing one of its representations by another (PLD "
-            f"accountant, {_sample_clause(sampling_rate)}). Encoder updates are not covered."
+            f"accountant, {_sample_clause(sampling_rate)}).{trust} Encoder updates are not covered."
         )
     if mechanism.guarantee_kind == K_ANONYMITY:
         return (
@@ -267,6 +291,7 @@ def privacy_statement(
     objective: Objective = Objective(),
     report_metrics: bool = False,
     release_sampling_rate: float = 1.0,
+    min_shares: int | None = None,
 ) -> PrivacyStatement:
     """Builds the statement for one run.
 
@@ -283,6 +308,7 @@ def privacy_statement(
             compute, and whether they train on their labels.
         report_metrics: Whether clients send those metrics (``--report-client-metrics``).
         release_sampling_rate: Rate of the releases' secret Poisson sample (1: none).
+        min_shares: An aggregated mechanism's ``K_min``: the fewest clients' shares in each secure sum.
     """
     if (dp_sgd or (mechanism is not None and mechanism.is_differentially_private())) and worst is None:
         raise ValueError("a run with a DP part needs the ledger's worst case")
@@ -302,6 +328,11 @@ def privacy_statement(
     not_covered += _public_facts(
         dp_sgd=dp_sgd, secagg=secagg, releases=mechanism is not None, objective=objective, report_metrics=report_metrics
     )
+    if mechanism is not None and mechanism.aggregated:
+        not_covered.append(SECURE_SUM_TRUST)
     not_covered.append(DEVIATING_SERVER)
-    text = _headline(mechanism, dp_sgd=dp_sgd, worst=worst, k=k, sampling_rate=release_sampling_rate) + " Not covered: " + "; ".join(not_covered) + "."
+    headline = _headline(
+        mechanism, dp_sgd=dp_sgd, worst=worst, k=k, sampling_rate=release_sampling_rate, min_shares=min_shares
+    )
+    text = headline + " Not covered: " + "; ".join(not_covered) + "."
     return PrivacyStatement(text=text, covers=tuple(covers), not_covered=tuple(not_covered))

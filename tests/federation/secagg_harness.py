@@ -25,6 +25,7 @@ from flwr.common import (
     FitRes,
     Status,
     bytes_to_ndarray,
+    ndarray_to_bytes,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
@@ -34,6 +35,7 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.constant import Key as WorkflowKey
 
 from privfed.federation.secagg_client import privfed_secaggplus_mod
+from privfed.federation.secagg_masking import SHARE_KEY
 from privfed.federation.secagg_workflow import _CapturingSecAggPlusWorkflow
 
 #: ``behaviour(stage, honest_reply) -> reply``: raise to drop out, or return a (tampered) reply.
@@ -73,12 +75,16 @@ class StandInStrategy:
     aggregated_from: list[int] = field(default_factory=list)
     rejected: list[int] = field(default_factory=list)
     next_round_trains: bool = True
+    carries_share: bool = False
+    secure_sum: tuple[np.ndarray, int] | None = None
+    results: list = field(default_factory=list)
 
     def configure_fit(self, server_round: int, parameters: Any, client_manager: Any) -> list[tuple[_Proxy, FitIns]]:
         return [(_Proxy(n), FitIns(parameters, {})) for n in self.node_ids]
 
     def aggregate_fit(self, server_round: int, results: list, failures: list) -> tuple[None, dict]:
         self.aggregate = parameters_to_ndarrays(results[0][1].parameters)
+        self.results = list(results)
         self.aggregated_from = sorted(proxy.node_id for proxy, _ in results)
         return None, {}
 
@@ -91,6 +97,9 @@ class StandInStrategy:
     def note_replies(self, results: list) -> None:
         pass
 
+    def note_secure_sum(self, total: np.ndarray, *, num_summed: int) -> None:
+        self.secure_sum = (total, num_summed)
+
     def close_round_without_aggregate(self, server_round: int) -> None:
         pass  # called by OrchestraFitWorkflow, which the harness does not run
 
@@ -99,9 +108,14 @@ class DirectGrid:
     """Delivers each message to the node's client stack and records which stages each node reached."""
 
     def __init__(
-        self, updates: dict[int, tuple[list[np.ndarray], int]], behaviours: dict[int, Behaviour], client_mods: dict[int, Any]
+        self,
+        updates: dict[int, tuple[list[np.ndarray], int]],
+        behaviours: dict[int, Behaviour],
+        client_mods: dict[int, Any],
+        shares: dict[int, np.ndarray] | None = None,
     ) -> None:
         self.updates = updates
+        self.shares = shares or {}
         self.behaviours = behaviours
         self.client_mods = client_mods
         self.contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(), run_config={}) for n in updates}
@@ -135,7 +149,11 @@ class DirectGrid:
     def _fit(self, node: int) -> Callable[[Message, Context], Message]:
         def fit(message: Message, context: Context) -> Message:
             arrays, num_examples = self.updates[node]
-            res = FitRes(status=Status(Code.OK, "ok"), parameters=ndarrays_to_parameters(arrays), num_examples=num_examples, metrics={})
+            metrics = {SHARE_KEY: ndarray_to_bytes(self.shares[node])} if node in self.shares else {}
+            res = FitRes(
+                status=Status(Code.OK, "ok"), parameters=ndarrays_to_parameters(arrays), num_examples=num_examples,
+                metrics=metrics,
+            )
             return Message(compat.fitres_to_recorddict(res, keep_input=True), reply_to=message)
 
         return fit
@@ -166,13 +184,15 @@ def run_round(
     reject: Callable[[int], str | None] = lambda node_id: None,
     seed: int = 0,
     client_mods: dict[int, Any] | None = None,
+    client_shares: dict[int, np.ndarray] | None = None,
 ) -> RoundOutcome:
     """One SecAgg+ round over ``updates`` (node id -> (arrays, num_examples)), every node sampled.
 
     ``client_mods`` replaces privfed's SecAgg+ client mod at some nodes (e.g. with Flower's own).
+    ``client_shares`` gives nodes an aggregated mechanism's share (integers mod 2^32) to send in their masked vector.
     """
     random.seed(seed)  # Flower shuffles the nodes into its neighbour ring with the global generator
-    strategy = StandInStrategy(list(updates), reject=reject)
+    strategy = StandInStrategy(list(updates), reject=reject, carries_share=client_shares is not None)
     workflow = _CapturingSecAggPlusWorkflow(
         strategy, num_shares=shares / len(updates), reconstruction_threshold=threshold / shares,
         clipping_range=8.0, quantization_range=2**22, modulus_range=2**32, max_weight=1000.0,
@@ -182,7 +202,7 @@ def run_round(
     context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
         ndarrays_to_parameters([np.zeros(3)]), True
     )
-    grid = DirectGrid(updates, behaviours or {}, client_mods or {})
+    grid = DirectGrid(updates, behaviours or {}, client_mods or {}, client_shares)
     workflow(grid, LegacyContext(context, strategy=strategy, client_manager=_ClientManager(len(updates))))  # type: ignore[arg-type]
     return RoundOutcome(strategy, grid)
 

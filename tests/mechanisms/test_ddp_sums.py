@@ -154,14 +154,15 @@ def test_a_canary_among_k_min_clients_catches_half_the_calibrated_noise(noise_sc
 # --------------------------------------------------------------------------- the mechanism
 
 
-def test_the_mechanism_charges_ldp_sums_event_and_is_not_offered_until_wired():
+def test_the_mechanism_charges_ldp_sums_event_and_shares_instead_of_releasing():
     from mechanisms import available_mechanisms
     from mechanisms.ddp_sums import DdpSumsMechanism
 
     params = DdpSumsMechanism.calibrate(epsilon=10.0, delta=1e-6, num_releases=21, sampling_rate=0.5)
     mechanism = DdpSumsMechanism(**params, min_shares=4)
     assert mechanism.aggregated and mechanism.privacy_events() == create_mechanism("ldp-sums", **params).privacy_events()
-    assert "ddp-sums" not in available_mechanisms()
+    assert "ddp-sums" in available_mechanisms()
+    assert mechanism.share_length(num_cells=16, dim=32) == 16 * 33
     with pytest.raises(NotImplementedError, match="secure sum"):
         mechanism.release(unit(5, 4, seed=1), num_centroids=2, generator=torch.Generator())
 
@@ -171,7 +172,9 @@ def test_shares_of_k_clients_combine_into_the_exact_lloyd_step_at_little_noise()
 
     centres = unit(4, 8, seed=6)
     data = [F.normalize(centres[k % 4] + 0.1 * unit(40, 8, seed=30 + k), dim=1) for k in range(5)]
-    mechanism = DdpSumsMechanism(noise_multiplier=0.2, delta=1e-6, min_shares=5, noise_source=random.Random(2))
+    mechanism = DdpSumsMechanism(
+        noise_multiplier=0.2, delta=1e-6, min_shares=5, momentum=0.0, noise_source=random.Random(2)
+    )
     mechanism.observe_global_centroids(centres)
     total = summed([mechanism.share(x, num_centroids=4, generator=torch.Generator()) for x in data])
     combined = mechanism.combine(total, centroids=centres, num_summed=5)
@@ -210,3 +213,36 @@ def test_centred_residues_cover_minus_half_to_half():
     assert centred.min() == -5 and centred.max() == 4
     assert np.array_equal(np.mod(centred, m), np.mod(values, m))
     assert set(centred_residue(np.arange(7), 7)) == {-3, -2, -1, 0, 1, 2, 3}
+
+
+def test_the_server_ema_moves_a_cell_part_of_the_way_and_leaves_quiet_cells_alone():
+    previous = unit(3, 4, seed=11)
+    sums = unit(3, 4, seed=12) * 50
+    counts = np.array([50.0, 50.0, 0.0])
+    half = lloyd_step(previous, counts, sums, threshold=10.0, momentum=0.5)
+    expected = F.normalize(0.5 * previous[:2] + 0.5 * F.normalize(sums[:2], dim=1), dim=1)
+    assert torch.allclose(half[:2], expected) and torch.equal(half[2], previous[2])
+    with pytest.raises(ValueError, match="momentum"):
+        lloyd_step(previous, counts, sums, threshold=10.0, momentum=1.0)
+
+
+@pytest.mark.parametrize("threshold,modulus,refused", [(4, MODULUS, False), (6, MODULUS, False), (3, MODULUS, True),
+                                                       (4, 2**31, True)])
+def test_a_secure_sum_below_k_min_or_under_another_modulus_is_refused(threshold, modulus, refused):
+    from mechanisms.ddp_sums import DdpSumsMechanism
+
+    mechanism = DdpSumsMechanism(noise_multiplier=1.0, delta=1e-6, min_shares=4, modulus=MODULUS)
+    if refused:
+        with pytest.raises(ValueError):
+            mechanism.check_secure_sum(threshold=threshold, modulus=modulus)
+    else:
+        mechanism.check_secure_sum(threshold=threshold, modulus=modulus)
+
+
+def test_the_plan_refuses_a_sum_that_could_wrap_the_modulus():
+    from mechanisms.ddp_sums import DdpSumsMechanism
+
+    mechanism = DdpSumsMechanism(noise_multiplier=1.0, delta=1e-6, min_shares=4, modulus=2**20)
+    mechanism.check_sum_capacity(max_summed=2, max_rows=2, num_cells=4, dim=4)
+    with pytest.raises(ValueError, match="modulus"):
+        mechanism.check_sum_capacity(max_summed=100, max_rows=5000, num_cells=4, dim=4)
