@@ -10,7 +10,11 @@ message flow, same seeds, same data. Three tables:
 2. The protocol alone: one SecAgg+ round in this process (the test
    harness's direct grid, no Ray), every client sending a fixed update of
    the model's size. This is where the PRG's share of the time is largest.
-3. Whole Orchestra rounds in Flower's simulation (``--sim-backbones``):
+3. An aggregated mechanism's table in the sum (``--share-tables``): the
+   protocol round of table 2 under privfed's PRG with every client's masked
+   vector also carrying a ``ddp-sums`` share of G x (D + 1) integers, against
+   the same round without it.
+4. Whole Orchestra rounds in Flower's simulation (``--sim-backbones``):
    every client sampled, one local epoch on a little data; a round is timed
    from client sampling to the aggregate being applied, the median over
    the training rounds (round 0, never secure, left out). ``none`` is the
@@ -127,8 +131,8 @@ def update_shapes(backbone: str, args: argparse.Namespace) -> list[tuple[int, ..
     return [tuple(t.shape) for t in shared_state(network).values() if torch.is_floating_point(t)]
 
 
-def time_protocol_round(shapes: list[tuple[int, ...]], num_clients: int, prg: str) -> float:
-    """Seconds for one in-process SecAgg+ round of ``num_clients`` clients, all sending the same update."""
+def time_protocol_round(shapes: list[tuple[int, ...]], num_clients: int, prg: str, share_length: int = 0) -> float:
+    """Seconds for one in-process SecAgg+ round of ``num_clients`` clients, all sending the same update (and share)."""
     from flwr.supercore.task_identity import TaskIdentity
 
     for name, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
@@ -136,10 +140,12 @@ def time_protocol_round(shapes: list[tuple[int, ...]], num_clients: int, prg: st
     rng = np.random.default_rng(0)
     update = [rng.uniform(-0.1, 0.1, shape).astype(np.float32) for shape in shapes]
     updates = {100 + i: (update, 100) for i in range(num_clients)}  # one array set shared by all: memory
+    table = rng.integers(0, 2**32, share_length, dtype=np.int64)
+    tables = {node: table for node in updates} if share_length else None
     shares = default_num_shares(num_clients)
     start = time.perf_counter()
     with flowers_prg_here() if prg == "flower" else nullcontext():
-        outcome = run_round(updates, shares=shares, threshold=default_threshold(shares))
+        outcome = run_round(updates, shares=shares, threshold=default_threshold(shares), client_shares=tables)
     seconds = time.perf_counter() - start
     if not outcome.completed:
         raise RuntimeError(f"the in-process round with {num_clients} clients and PRG {prg} did not complete")
@@ -179,6 +185,31 @@ def protocol_tables(args: argparse.Namespace, shapes: dict[str, list[tuple[int, 
             print(f"{backbone:>9} {num_clients:>7} {cells[0]:>20} {cells[1]:>20} {ours / theirs:>5.3f}x", flush=True)
 
 
+def share_table(args: argparse.Namespace, shapes: dict[str, list[tuple[int, ...]]]) -> None:
+    """Table 3: the protocol round with each client's ``ddp-sums`` table in its masked vector, against without."""
+    print(f"\n3. a ddp-sums table in the sum: one in-process SecAgg+ round (privfed PRG), seconds "
+          f"(median [min-max] of {args.repeats})")
+    print(f"{'backbone':>9} {'clients':>7} {'table':>12} {'without s':>20} {'with s':>20} {'ratio':>6}")
+    for backbone in args.backbones:
+        for num_clients in args.clients:
+            for cells, dim in args.share_tables:
+                length = cells * (dim + 1)
+                times: dict[int, list[float]] = {0: [], length: []}
+                for repeat in range(args.repeats):
+                    for size in (0, length) if repeat % 2 == 0 else (length, 0):
+                        times[size].append(time_protocol_round(shapes[backbone], num_clients, "privfed", size))
+                plain, carried = statistics.median(times[0]), statistics.median(times[length])
+                spans = [f"{statistics.median(t):.2f} [{min(t):.2f}-{max(t):.2f}]" for t in times.values()]
+                print(f"{backbone:>9} {num_clients:>7} {f'{cells}x{dim + 1}':>12} {spans[0]:>20} {spans[1]:>20} "
+                      f"{carried / plain:>5.3f}x", flush=True)
+
+
+def share_size(text: str) -> tuple[int, int]:
+    """``G,D`` -> (G, D)."""
+    cells, dim = (int(v) for v in text.split(","))
+    return cells, dim
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[10, 50])
@@ -188,6 +219,8 @@ def main() -> None:
     parser.add_argument("--samples-per-client", type=int, default=32)
     parser.add_argument("--prgs", nargs="+", choices=PRGS, default=list(PRGS))
     parser.add_argument("--repeats", type=int, default=3, help="runs of each setting")
+    parser.add_argument("--share-tables", type=share_size, nargs="*", default=[(16, 32), (128, 512)],
+                        help="G,D of the ddp-sums tables of table 3 (none: skip it)")
     args = parser.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)  # one INFO line per protocol stage otherwise
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the mod runs in Ray's workers
@@ -195,6 +228,8 @@ def main() -> None:
     shapes = {backbone: update_shapes(backbone, args) for backbone in {*args.backbones, *args.sim_backbones}}
     if args.backbones:
         protocol_tables(args, shapes)
+    if args.backbones and args.share_tables:
+        share_table(args, shapes)
     if not args.sim_backbones:
         return
 
@@ -209,7 +244,7 @@ def main() -> None:
                         rows.append(run_one(num_clients, backbone, prg, args, out))
                         print(f"  done: {backbone} {num_clients} clients, PRG {prg}, repeat {repeat}: "
                               f"{rows[-1]['round_s']:.2f} s/round", flush=True)
-    print(f"\n3. whole Orchestra rounds in simulation: {args.samples_per_client} samples per client, 1 local epoch, "
+    print(f"\n4. whole Orchestra rounds in simulation: {args.samples_per_client} samples per client, 1 local epoch, "
           f"all clients sampled; per run the median "
           f"of {args.rounds - 1} training rounds, then the median over {args.repeats} runs (min-max in brackets)")
     print(f"{'backbone':>9} {'clients':>7} {'PRG':>8} {'shares':>6} {'round s':>22} {'train s':>8} {'vs flower':>9}")

@@ -341,9 +341,9 @@ def deployment(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Deplo
     yield Deployment(tmp_path, processes)
 
 
-def _run_config(out: Path) -> str:
+def _run_config(out: Path, **mechanism: Any) -> str:
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    values = {**REQUIRED_OVERRIDES, **SHRINKING_OVERRIDES, "out": str(out)}
+    values = {**REQUIRED_OVERRIDES, **SHRINKING_OVERRIDES, **mechanism, "out": str(out)}
     missing = [key for key in values if key not in declared]
     assert not missing, f"[tool.flwr.app.config] in pyproject.toml must declare {missing} (flwr run refuses undeclared keys)"
     return " ".join(f"{key}={_toml_value(value)}" for key, value in values.items())
@@ -362,11 +362,18 @@ def _tls_checks(deployment: Deployment) -> None:
             stranger.wrap_socket(raw, server_hostname="localhost")
 
 
-@pytest.mark.slow  # a SuperLink and two SuperNodes over TLS: about 100 s
-def test_superlink_and_two_supernodes_train_with_tls_node_auth_and_secagg(deployment: Deployment, tmp_path: Path):
+#: The default mechanism, and ddp-sums, whose shares travel inside SecAgg+'s masked vectors.
+MECHANISMS = [{}, {"mechanism": "ddp-sums", "epsilon": 10.0}]
+
+
+@pytest.mark.slow  # a SuperLink and two SuperNodes over TLS: about 100 s each
+@pytest.mark.parametrize("mechanism", MECHANISMS, ids=["kanon", "ddp-sums"])
+def test_superlink_and_two_supernodes_train_with_tls_node_auth_and_secagg(
+    deployment: Deployment, tmp_path: Path, mechanism: dict[str, Any]
+):
     started = time.monotonic()
     out = tmp_path / "run"
-    run_config = _run_config(out)
+    run_config = _run_config(out, **mechanism)
 
     deployment.start_superlink()
     _tls_checks(deployment)
@@ -443,8 +450,12 @@ def test_superlink_and_two_supernodes_train_with_tls_node_auth_and_secagg(deploy
         log = deployment.processes.logs[f"supernode-{i}"].read_text()
         assert log.count("Start `flwr-clientapp` process") >= ROUNDS + 1, log[-3000:]
     ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
+    shares = mechanism.get("mechanism") == "ddp-sums"  # round 0 has no secure sum, so no share and no charge
     for round_index in range(ROUNDS + 1):
         clients = sorted(e["client"] for e in ledger if e.get("round") == round_index and "client" in e)
-        assert clients == list(range(NUM_NODES)), (round_index, clients)
+        assert clients == ([] if shares and round_index == 0 else list(range(NUM_NODES))), (round_index, clients)
+    if shares:
+        assert all(r["clients"] == NUM_NODES and r["moved_centroid_fraction"] > 0 for r in records[1:]), records
+        assert "sees only the secure sum" in summary["privacy"]["statement"]
 
     print(f"deployment test: {time.monotonic() - started:.0f}s in total", file=sys.stderr)
