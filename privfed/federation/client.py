@@ -165,12 +165,13 @@ class OrchestraClient(Client):
         if config.dp_sgd and dp_sgd is None:
             raise ValueError("the run trains with DP-SGD but the server sent no DP-SGD settings")
         images = config.split.client_images(self.client_id)
-        if train and config.mechanism is not None and get_mechanism_class(config.mechanism).aggregated:
+        shares = train and config.mechanism is not None and get_mechanism_class(config.mechanism).aggregated
+        if shares:
             # Before anything is charged or computed: the sum must hold the noise the share leaves out.
             own = params if self.declared is None else self.declared.guard.own_parameters()[0]
             self._check_secure_sum(config.mechanism, own)
         if self.declared is not None and digest is not None:
-            replayed = self._replayed(int(ins.config["round"]), digest)
+            replayed = self._replayed(int(ins.config["round"]), digest, shares=shares)
             if replayed is not None:
                 return replayed
             # Before anything touches the data: the round is checked and charged, or refused.
@@ -232,7 +233,9 @@ class OrchestraClient(Client):
         )
         if self.declared is not None and digest is not None:
             # Kept before it leaves: a reply that reached anyone can always be sent again instead of a new one.
-            self.declared.replies.answer(self.declared.run, int(ins.config["round"]), digest, res)
+            # A share is not kept: it is never sent again (see _replayed), so it need not lie on disk.
+            kept = FitRes(res.status, res.parameters, res.num_examples, {k: v for k, v in res.metrics.items() if k != SHARE_KEY})
+            self.declared.replies.answer(self.declared.run, int(ins.config["round"]), digest, kept)
         return res
 
     def _check_secure_sum(self, mechanism: str, params: dict) -> None:
@@ -246,13 +249,16 @@ class OrchestraClient(Client):
         except ValueError as err:
             raise RoundRefused(f"this round's secure sum: {err}") from None
 
-    def _replayed(self, round_index: int, digest: str) -> FitRes | None:
+    def _replayed(self, round_index: int, digest: str, *, shares: bool = False) -> FitRes | None:
         """The reply this client already sent for this round of this run, when the server asks for it again.
 
         A resumed run replays the round a kill interrupted; the same
         instructions get the same message, so nothing new is released and
         nothing is charged twice. Other instructions for an answered round are
-        refused.
+        refused, and so is any replay of a round that ``shares`` into a secure
+        sum: the same share in a second sum over other survivors (one dropout
+        is enough) would let the server difference the two sums and read this
+        client's share, which holds only part of the noise.
         """
         declared = self.declared
         assert declared is not None
@@ -263,6 +269,8 @@ class OrchestraClient(Client):
             raise RoundRefused(f"round {round_index} of run {declared.run} was answered already, for other instructions")
         if stored.failed:
             raise ClientRoundFailed(ROUND_FAILED)
+        if shares:
+            raise RoundRefused(f"round {round_index}'s share went into one secure sum already; it is never sent again")
         logger.info("client %d, round %d: sending the reply it sent before again", self.client_id, round_index)
         return stored.reply
 

@@ -247,12 +247,12 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         )
         del state.aggregate_ndarrays
         total, shares = split_share(total, has_share=self.strategy.carries_share)
-        if shares is not None:
-            self.strategy.note_secure_sum(shares, num_summed=len(survivors))
         mean = decode_weighted_mean(
             total, num_summed=len(survivors), clipping_range=state.clipping_range,
             quantization_range=state.quantization_range,
         )
+        if shares is not None:  # only once the update's sum decoded: a halted round moves no centroid either
+            self.strategy.note_secure_sum(shares, num_summed=len(survivors))
         _hand_to_strategy(mean, server_round, context, state)
         return True
 

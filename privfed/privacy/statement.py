@@ -122,8 +122,8 @@ def _secure_sum_clause(min_shares: int) -> str:
 
 #: What an aggregated mechanism's epsilon does not cover.
 SECURE_SUM_TRUST = (
-    "a server that colludes with clients, sees their shares, or deviates from SecAgg+ (e.g. replays a round with "
-    "another cohort and differences the sums): the noise of a secure sum is accounted only for the sum as a whole"
+    "a server that colludes with clients, sees their shares, or deviates from SecAgg+ (e.g. tells clients "
+    "different dropouts): the noise of a secure sum is accounted only for the sum as a whole"
 )
 
 
@@ -135,12 +135,13 @@ def _release_clauses(
         return [], []
     name = mechanism.name
     if mechanism.is_differentially_private():
-        releases = f"released centroids ({name}): epsilon {_eps(worst.releases_worst)} at delta {worst.delta:.2g} alone"
+        what = "shares of the secure sums" if mechanism.aggregated else "released centroids"
+        releases = f"{what} ({name}): epsilon {_eps(worst.releases_worst)} at delta {worst.delta:.2g} alone"
         if sampling_rate < 1:
-            rows = "released from a secret sample of one representation per image"
+            rows = f"{'computed' if mechanism.aggregated else 'released'} from a secret sample of one representation per image"
             sample, amplification = f"; {_sample_clause(sampling_rate)}", []
         else:
-            rows, sample = "released from at most one representation per image in the memory", ""
+            rows, sample = f"{'computed' if mechanism.aggregated else 'released'} from at most one representation per image in the memory", ""
             amplification = ["subsampling amplification for releases: none is claimed (the memory is not a secret Poisson sample)"]
         if dp_sgd:
             return [f"{releases}, per {EXAMPLE_UNIT}, {rows}{sample}"], amplification
@@ -265,8 +266,12 @@ def _headline(
             f"{EXAMPLE_UNIT} (DP-SGD, PLD accountant, worst-off client). {release_note}"
         )
     if is_dp:
+        what = (
+            "shares of the secure sums (hence the summed tables and the global centroids)"
+            if mechanism.aggregated else "released centroids"
+        )
         return (
-            f"Every client's released centroids over the whole run are ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
+            f"Every client's {what} over the whole run are ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
             "differentially private with respect to replacing one of its representations by another (PLD "
             f"accountant, {_sample_clause(sampling_rate)}).{trust} Encoder updates are not covered."
         )

@@ -70,3 +70,15 @@ def test_a_share_is_never_put_in_a_reply_without_secagg(tmp_path, instructions):
     plain = FitIns(instructions.parameters, {k: v for k, v in instructions.config.items() if not k.startswith("secagg_")})
     with pytest.raises(RoundRefused):
         client(tmp_path, {"threshold": 3, "mod_range": 2**32}).fit(plain)
+
+
+def test_a_share_is_never_sent_twice_nor_kept_on_disk(tmp_path, instructions):
+    setup = {"threshold": 3, "mod_range": 2**32}
+    first = client(tmp_path, setup).fit(instructions)
+    assert SHARE_KEY in first.metrics
+    stored = b"".join(f.read_bytes() for f in tmp_path.glob("privfed-reply-*") if f.suffix != ".lock")
+    assert stored and first.metrics[SHARE_KEY] not in stored and SHARE_KEY.encode() not in stored
+    # A resumed run asks for the round again: one dropout in that second sum would isolate this share.
+    with pytest.raises(RoundRefused, match="never sent again"):
+        client(tmp_path, setup).fit(instructions)
+    assert ledger_lines(tmp_path) == 1

@@ -55,6 +55,7 @@ def test_the_statement_names_epsilon_and_the_trust_it_rests_on(run):
     privacy = json.loads((run / "summary.json").read_text())["privacy"]
     assert privacy["mechanism"] == "ddp-sums" and 9.9 <= privacy["epsilon"] <= 10.0 * (1 + 1e-9)
     statement = privacy["statement"]
+    assert statement.startswith("Every client's shares of the secure sums")
     assert "sees only the secure sum" in statement and "at least 3 clients" in statement
     assert "colludes with clients" in statement
 
