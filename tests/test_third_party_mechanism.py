@@ -44,19 +44,22 @@ def _load_plugin():
     return module
 
 
-@pytest.fixture(scope="module")
-def plugin_env(tmp_path_factory) -> dict[str, str]:
-    """An environment in which ``fakegauss`` is installed, as far as ``importlib.metadata`` can tell."""
-    site = tmp_path_factory.mktemp("site")
-    dist_info = site / "fake_privfed_plugin-0.1.dist-info"
+def installed_env(site: Path, distribution: str, entry_point: str) -> dict[str, str]:
+    """An environment in which ``entry_point`` is a ``privfed.mechanisms`` entry point of an installed distribution."""
+    dist_info = site / f"{distribution.replace('-', '_')}-0.1.dist-info"
     dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-privfed-plugin\nVersion: 0.1\n")
-    (dist_info / "entry_points.txt").write_text(
-        f"[privfed.mechanisms]\n{NAME} = fake_gaussian_mechanism:FakeGaussianMechanism\n"
-    )
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.1\n")
+    (dist_info / "entry_points.txt").write_text(f"[privfed.mechanisms]\n{entry_point}\n")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLUGINS), str(site), os.environ.get("PYTHONPATH")) if p)
     return env
+
+
+@pytest.fixture(scope="module")
+def plugin_env(tmp_path_factory) -> dict[str, str]:
+    """An environment in which ``fakegauss`` is installed, as far as ``importlib.metadata`` can tell."""
+    entry = f"{NAME} = fake_gaussian_mechanism:FakeGaussianMechanism"
+    return installed_env(tmp_path_factory.mktemp("site"), "fake-privfed-plugin", entry)
 
 
 def _privfed(env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -158,14 +161,8 @@ AGGREGATED = "cellmean"
 @pytest.fixture(scope="module")
 def aggregated_plugin_env(tmp_path_factory) -> dict[str, str]:
     """An environment in which the aggregated ``cellmean`` is installed, as far as ``importlib.metadata`` can tell."""
-    site = tmp_path_factory.mktemp("site-aggregated")
-    dist_info = site / "fake_privfed_aggregated_plugin-0.1.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-privfed-aggregated-plugin\nVersion: 0.1\n")
-    (dist_info / "entry_points.txt").write_text(f"[privfed.mechanisms]\n{AGGREGATED} = cell_mean_mechanism:CellMeanMechanism\n")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLUGINS), str(site), os.environ.get("PYTHONPATH")) if p)
-    return env
+    entry = f"{AGGREGATED} = cell_mean_mechanism:CellMeanMechanism"
+    return installed_env(tmp_path_factory.mktemp("site-aggregated"), "fake-privfed-aggregated-plugin", entry)
 
 
 def test_a_third_party_aggregated_mechanism_runs_inside_secagg_like_a_built_in_one(aggregated_plugin_env, tmp_path):

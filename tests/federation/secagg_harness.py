@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import flwr.compat.common.recorddict_compat as compat
 import numpy as np
+import pytest
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common import (
     Code,
@@ -34,9 +35,20 @@ from flwr.server import LegacyContext
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
 
+from flwr.supercore.task_identity import TaskIdentity
+
 from privfed.federation.secagg_client import privfed_secaggplus_mod
 from privfed.federation.secagg_masking import SHARE_KEY
 from privfed.federation.secagg_workflow import _CapturingSecAggPlusWorkflow
+from tests.federation.flower_prg import replace_flowers_prg
+
+@pytest.fixture
+def in_process_secagg(monkeypatch):
+    """Lets the harness build Flower messages outside a Flower task, and makes any call of Flower's own mask PRG fail."""
+    for name, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
+        monkeypatch.setattr(TaskIdentity, name, value, raising=False)
+    replace_flowers_prg(monkeypatch)
+
 
 #: ``behaviour(stage, honest_reply) -> reply``: raise to drop out, or return a (tampered) reply.
 Behaviour = Callable[[str, Callable[[], Message]], Message]

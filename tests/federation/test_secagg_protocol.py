@@ -17,26 +17,15 @@ from flwr.client.mod.secure_aggregation.secaggplus_mod import SecAggPlusState
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
-from flwr.supercore.task_identity import TaskIdentity
 
 from privfed.federation.secagg_masking import decode_weighted_mean
-from tests.federation.flower_prg import replace_flowers_prg
-from tests.federation.secagg_harness import drops_at, mean_of, run_round
+from tests.federation.secagg_harness import drops_at, mean_of, run_round, in_process_secagg  # noqa: F401 (fixture)
 from tests.test_secagg_masks import spec_mask
 
 TOLERANCE = 1e-3  # fixed-point error of the secure sum at these sizes is about 1e-5
 
 
-@pytest.fixture(autouse=True)
-def task_identity(monkeypatch):
-    """Flower builds messages only inside a task; the harness runs server and clients in this process."""
-    for name, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
-        monkeypatch.setattr(TaskIdentity, name, value, raising=False)
-
-
-@pytest.fixture(autouse=True)
-def no_flower_prg(monkeypatch):
-    replace_flowers_prg(monkeypatch)
+pytestmark = pytest.mark.usefixtures("in_process_secagg")
 
 
 def updates(count: int, seed: int = 0) -> dict[int, tuple[list[np.ndarray], int]]:

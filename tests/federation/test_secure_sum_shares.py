@@ -10,25 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.common.secure_aggregation.secaggplus_constants import Stage
-from flwr.supercore.task_identity import TaskIdentity
 
 from privfed.federation.secagg_masking import SHARE_KEY
-from tests.federation.flower_prg import replace_flowers_prg
-from tests.federation.secagg_harness import drops_at, run_round
+from tests.federation.secagg_harness import drops_at, run_round, in_process_secagg  # noqa: F401 (fixture)
 
 MODULUS = 2**32
 LENGTH = 33
 
 
-@pytest.fixture(autouse=True)
-def task_identity(monkeypatch):
-    for name, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
-        monkeypatch.setattr(TaskIdentity, name, value, raising=False)
-
-
-@pytest.fixture(autouse=True)
-def no_flower_prg(monkeypatch):
-    replace_flowers_prg(monkeypatch)
+pytestmark = pytest.mark.usefixtures("in_process_secagg")
 
 
 def shares_for(nodes: list[int], seed: int = 0) -> dict[int, np.ndarray]:
