@@ -20,6 +20,7 @@ import secrets
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,18 +38,19 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from privfed.federation.client_app import Mod, make_client_app
+from privfed.federation.reply_store import forget_replies
 from privfed.federation.server_app import make_server_app
-from privfed.federation.simulation import (
-    SIMULATED_RUN_KEY,
-    forgetting_replies,
-    summary_of,
-)
 from privfed.interruption import stop_on_signals
 from privfed.resume import ResumePoint
 from privfed.run_driver import ProgressCallback
 from privfed.run_plan import RunPlan
 
 logger = logging.getLogger(__name__)
+
+#: The run key of every simulated client's guard, on either runtime. Each simulated run keeps its clients' ledgers in its own
+#: directory, so to them the run, resumed or not, is one run: a round answered before a kill is not answered
+#: again after a resume. (Flower draws a new run id for every process, which made a resume a new run.)
+SIMULATED_RUN_KEY = 0
 
 
 def run_locally(
@@ -159,6 +161,36 @@ def node_ids(count: int) -> list[int]:
         if drawn != SUPERLINK_NODE_ID and drawn not in ids:
             ids.append(drawn)
     return ids
+
+
+def summary_of(outcome: dict[str, Any]) -> dict[str, Any]:
+    """The summary a ServerApp left in ``outcome``; its error, re-raised here, if it failed."""
+    if "error" in outcome:
+        raise outcome["error"]
+    if "summary" not in outcome:
+        raise RuntimeError("the simulation ended without a result (see the log above)")
+    return outcome["summary"]
+
+
+def forgetting_replies(progress: ProgressCallback | None, folder: Path) -> ProgressCallback:
+    """``progress``, after removing the clients' stored replies no resume can replay any more.
+
+    A resume replays only the round right after its resume point, and is
+    refused once a later round has been logged (:mod:`privfed.resume`); so
+    when round r is logged the replies for rounds before r are useless, and
+    once the run has its summary every one is
+    (:func:`privfed.federation.reply_store.forget_replies`).
+    """
+
+    def hook(event: dict[str, Any]) -> None:
+        if event["event"] == "round":
+            forget_replies(folder, before=int(event["round"]))
+        elif event["event"] == "finish":
+            forget_replies(folder)
+        if progress is not None:
+            progress(event)
+
+    return hook
 
 
 @contextmanager

@@ -1,8 +1,9 @@
 """``privfed train``'s runtimes: :func:`simulate` picks one; Flower's Ray simulation engine is here.
 
 The ``local`` runtime (:mod:`privfed.federation.local_runtime`) runs the
-same apps in this process; ``ray`` runs each client in a Ray worker, in
-parallel. Ray is an optional extra (``pip install 'privfed[ray]'``), so it
+same apps in this process, and holds what both runtimes share (the clients'
+run key, the summary's hand-over); ``ray`` runs each client in a Ray
+worker, in parallel. Ray is an optional extra (``pip install 'privfed[ray]'``), so it
 and ``flwr.simulation`` are imported only when a run asks for Ray.
 """
 
@@ -22,7 +23,12 @@ from typing import Any
 
 from privfed.errors import PrivfedError
 from privfed.federation.client_app import Mod, make_client_app
-from privfed.federation.reply_store import forget_replies
+from privfed.federation.local_runtime import (
+    SIMULATED_RUN_KEY,
+    forgetting_replies,
+    run_locally,
+    summary_of,
+)
 from privfed.federation.server_app import make_server_app
 from privfed.interruption import stop_on_signals
 from privfed.resume import ResumePoint
@@ -31,11 +37,6 @@ from privfed.run_plan import RunPlan
 
 #: How the temporary folder Ray runs in for one simulation is named (in the system's temporary directory).
 RAY_FOLDER_PREFIX = "privfed-ray-"
-
-#: The run key of every simulated client's guard. Each simulated run keeps its clients' ledgers in its own
-#: directory, so to them the run, resumed or not, is one run: a round answered before a kill is not answered
-#: again after a resume. (Flower draws a new run id for every process, which made a resume a new run.)
-SIMULATED_RUN_KEY = 0
 
 
 def simulate(
@@ -56,8 +57,6 @@ def simulate(
         return simulate_on_ray(
             plan, progress, verbose=verbose, outer_mods=outer_mods, inner_mods=inner_mods, resume=resume
         )
-    from privfed.federation.local_runtime import run_locally
-
     return run_locally(plan, progress, verbose=verbose, outer_mods=outer_mods, inner_mods=inner_mods, resume=resume)
 
 
@@ -70,15 +69,6 @@ def require_ray() -> None:
         raise PrivfedError(
             f"--runtime ray needs Ray ({err}): pip install 'privfed[ray]', or use --runtime local"
         ) from None
-
-
-def summary_of(outcome: dict[str, Any]) -> dict[str, Any]:
-    """The summary a ServerApp left in ``outcome``; its error, re-raised here, if it failed."""
-    if "error" in outcome:
-        raise outcome["error"]
-    if "summary" not in outcome:
-        raise RuntimeError("the simulation ended without a result (see the log above)")
-    return outcome["summary"]
 
 
 def simulate_on_ray(
@@ -138,27 +128,6 @@ def simulate_on_ray(
             verbose_logging=verbose,
         )
     return summary_of(outcome)
-
-
-def forgetting_replies(progress: ProgressCallback | None, folder: Path) -> ProgressCallback:
-    """``progress``, after removing the clients' stored replies no resume can replay any more.
-
-    A resume replays only the round right after its resume point, and is
-    refused once a later round has been logged (:mod:`privfed.resume`); so
-    when round r is logged the replies for rounds before r are useless, and
-    once the run has its summary every one is
-    (:func:`privfed.federation.reply_store.forget_replies`).
-    """
-
-    def hook(event: dict[str, Any]) -> None:
-        if event["event"] == "round":
-            forget_replies(folder, before=int(event["round"]))
-        elif event["event"] == "finish":
-            forget_replies(folder)
-        if progress is not None:
-            progress(event)
-
-    return hook
 
 
 @contextmanager

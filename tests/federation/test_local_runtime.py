@@ -9,7 +9,11 @@ import pytest
 from flwr.app import Context, Message, RecordDict
 from flwr.client import ClientApp
 from flwr.common import ConfigRecord
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from flwr.common.secure_aggregation.secaggplus_constants import (
+    RECORD_KEY_CONFIGS,
+    Key,
+    Stage,
+)
 from flwr.supercore.task_identity import TaskIdentity
 
 from privfed.config import build_config
@@ -29,7 +33,8 @@ WITHOUT_RAY = "import sys, runpy; sys.modules['ray'] = None; runpy.run_module('p
 
 
 def privfed_without_ray(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", WITHOUT_RAY, *args], capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-c", WITHOUT_RAY, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
 
 
 def without_timings(path) -> list[dict]:
@@ -66,9 +71,9 @@ def fail_at_masking(partition: int, flower_round: int):
     def mod(msg, context, call_next):
         configs = msg.content.config_records.get(RECORD_KEY_CONFIGS)
         stage = None if configs is None else configs.get(Key.STAGE)
-        if stage == Stage.COLLECT_MASKED_VECTORS and int(msg.metadata.group_id) == flower_round:
-            if int(context.node_config["partition-id"]) == partition:
-                raise InjectedDropout("dropped before masking")
+        this_round = stage == Stage.COLLECT_MASKED_VECTORS and int(msg.metadata.group_id) == flower_round
+        if this_round and int(context.node_config["partition-id"]) == partition:
+            raise InjectedDropout("dropped before masking")
         return call_next(msg, context)
 
     return mod
