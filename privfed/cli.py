@@ -130,7 +130,7 @@ def train(
     config: Optional[Path] = typer.Option(None, "--config", help="TOML preset (see configs/); flags override it."),
     verbose: bool = typer.Option(False, "--verbose", help="Show Flower's and Ray's own logs."),
     resume: Optional[Path] = typer.Option(
-        None, "--resume", help="Continue this stopped run from its last resume point (only --rounds may change)."
+        None, "--resume", help="Continue this stopped run from its last resume point (only --rounds and --runtime may change)."
     ),
     **options: Any,
 ) -> None:
@@ -191,6 +191,10 @@ def _check_machine(config: TrainConfig) -> None:
     from privfed.device import resolve_device
 
     resolve_device(config.device)
+    if config.runtime == "ray":
+        from privfed.federation.simulation import require_ray
+
+        require_ray()
     cores = os.cpu_count() or 1
     if config.client_cpus > cores:
         raise PrivfedError(f"--client-cpus {config.client_cpus:g} is more than this machine's {cores} CPU cores")

@@ -23,6 +23,8 @@ from privfed.errors import PrivfedError
 from privfed.methods import ORCHESTRA_LOSS, available_methods, get_method
 
 DEVICES = ("auto", "cpu", "cuda")
+#: How ``privfed train`` carries Flower's messages (:func:`privfed.federation.simulation.simulate`).
+RUNTIMES = ("local", "ray")
 GLOBAL_CLUSTERINGS = ("kmeans", "official")
 
 #: Key of an option's :class:`OptionHelp` in a field's metadata.
@@ -200,8 +202,15 @@ class TrainConfig:
     eval_every: int = option(1, "Run the kNN monitor every N rounds (and after the last).")
     knn_k: int = option(200, "Neighbours of the kNN monitor.")
     knn_temperature: float = option(0.1, "Vote temperature of the kNN monitor.")
-    client_cpus: float = option(1.0, "CPU cores reserved per simulated client (sets how many run in parallel).")
-    client_gpus: float = option(0.0, "GPU fraction reserved per simulated client.")
+    runtime: str = option(
+        "local",
+        "local: every client in this process, one after another (no Ray); ray: clients in parallel Ray workers "
+        "(pip install 'privfed[ray]'). Same seed, same run on either (docs/flower.md says which is faster when).",
+    )
+    client_cpus: float = option(
+        1.0, "CPU threads of each simulated client; on Ray, the cores each reserves (sets how many run in parallel)."
+    )
+    client_gpus: float = option(0.0, "Ray: GPU fraction reserved per simulated client.")
 
     @property
     def release_mechanism(self) -> str | None:
@@ -443,6 +452,8 @@ def validate(config: TrainConfig) -> None:
         raise PrivfedError(
             f"unknown global clustering {config.global_clustering!r} (choose from {', '.join(GLOBAL_CLUSTERINGS)})"
         )
+    if config.runtime not in RUNTIMES:
+        raise PrivfedError(f"unknown runtime {config.runtime!r} (choose from {', '.join(RUNTIMES)})")
     if config.device not in DEVICES:
         raise PrivfedError(f"unknown device {config.device!r} (choose from {', '.join(DEVICES)})")
     if config.num_local_centroids > config.memory_size:

@@ -31,8 +31,9 @@ from privfed.privacy.ledger import LedgerEntry
 from privfed.runs import RunDirectory
 
 RESUME_FILE = "resume.pt"
-#: Options a resumed run may change: more rounds (when the privacy calibration does not depend on them).
-CHANGEABLE_ON_RESUME = ("rounds",)
+#: Options a resumed run may change: more rounds (when the privacy calibration does not depend on them), and the
+#: runtime that carries it (both give the same run).
+CHANGEABLE_ON_RESUME = ("rounds", "runtime")
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def test_the_first_ctrl_c_stops_after_the_current_round_with_a_summary_and_a_che
 def test_sigterm_under_ray_stops_after_the_round_with_a_summary_and_the_run_resumes(tmp_path):
     """SIGTERM is what a scheduler or `docker stop` sends: it must not lose the run, nor leave Ray's files behind."""
     out = tmp_path / "run"
-    short = list(TRAIN)
+    short = [*TRAIN, "--runtime", "ray"]
     short[short.index("--rounds") + 1] = "4"
     process, stderr = stopped_after_round_1(out, signal.SIGTERM, short)
     assert process.returncode == 130, stderr[-2000:]
@@ -107,7 +107,7 @@ def test_the_second_ctrl_c_under_ray_leaves_no_ray_process_or_folder():
     temp = Path(tempfile.mkdtemp(prefix="t", dir="/tmp"))  # short: Ray's sockets go below it
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "privfed.cli", "train", *TRAIN, "--out", str(temp / "run")],
+            [sys.executable, "-m", "privfed.cli", "train", *TRAIN, "--runtime", "ray", "--out", str(temp / "run")],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(temp)},
         )
         try:

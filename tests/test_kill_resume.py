@@ -30,7 +30,7 @@ CLIENTS_PER_ROUND = 3
 TRAIN = [
     "--dataset", "shapes:300", "--num-clients", "4", "--participation", "0.75", "--rounds", str(ROUNDS),
     "--local-epochs", "1", "--memory-size", "32", "--num-local-centroids", "4", "--num-global-centroids", "8",
-    "--projection-dim", "16", "--device", "cpu", "--seed", "5",
+    "--projection-dim", "16", "--device", "cpu", "--seed", "5", "--runtime", "ray",
 ]
 
 

@@ -1,4 +1,11 @@
-"""``privfed train``'s runtime: Flower's simulation engine on this machine."""
+"""``privfed train``'s runtimes: :func:`simulate` picks one; Flower's Ray simulation engine is here.
+
+The ``local`` runtime (:mod:`privfed.federation.local_runtime`) runs the
+same apps in this process, and holds what both runtimes share (the clients'
+run key, the summary's hand-over); ``ray`` runs each client in a Ray
+worker, in parallel. Ray is an optional extra (``pip install 'privfed[ray]'``), so it
+and ``flwr.simulation`` are imported only when a run asks for Ray.
+"""
 
 from __future__ import annotations
 
@@ -9,32 +16,62 @@ import signal
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
-import ray
-from flwr.simulation import run_simulation
-
+from privfed.errors import PrivfedError
 from privfed.federation.client_app import Mod, make_client_app
-from privfed.federation.reply_store import forget_replies
+from privfed.federation.local_runtime import (
+    SIMULATED_RUN_KEY,
+    forgetting_replies,
+    run_locally,
+    summary_of,
+)
 from privfed.federation.server_app import make_server_app
 from privfed.interruption import stop_on_signals
 from privfed.resume import ResumePoint
 from privfed.run_driver import ProgressCallback
 from privfed.run_plan import RunPlan
 
-
 #: How the temporary folder Ray runs in for one simulation is named (in the system's temporary directory).
 RAY_FOLDER_PREFIX = "privfed-ray-"
 
-#: The run key of every simulated client's guard. Each simulated run keeps its clients' ledgers in its own
-#: directory, so to them the run, resumed or not, is one run: a round answered before a kill is not answered
-#: again after a resume. (Flower draws a new run id for every process, which made a resume a new run.)
-SIMULATED_RUN_KEY = 0
-
 
 def simulate(
+    plan: RunPlan,
+    progress: ProgressCallback | None = None,
+    *,
+    verbose: bool = False,
+    outer_mods: Sequence[Mod] = (),
+    inner_mods: Sequence[Mod] = (),
+    resume: ResumePoint | None = None,
+) -> dict[str, Any]:
+    """Runs a planned training on the runtime its configuration names (``runtime``); returns the summary.
+
+    Both runtimes run the same ServerApp and ClientApp with the same
+    arguments; see :func:`simulate_on_ray` for what they share.
+    """
+    if plan.config.runtime == "ray":
+        return simulate_on_ray(
+            plan, progress, verbose=verbose, outer_mods=outer_mods, inner_mods=inner_mods, resume=resume
+        )
+    return run_locally(plan, progress, verbose=verbose, outer_mods=outer_mods, inner_mods=inner_mods, resume=resume)
+
+
+def require_ray() -> None:
+    """Refuses the Ray runtime, with the command that installs it, where Ray or Flower's simulation is missing."""
+    try:
+        import flwr.simulation  # noqa: F401
+        import ray  # noqa: F401
+    except ImportError as err:
+        raise PrivfedError(
+            f"--runtime ray needs Ray ({err}): pip install 'privfed[ray]', or use --runtime local"
+        ) from None
+
+
+def simulate_on_ray(
     plan: RunPlan,
     progress: ProgressCallback | None = None,
     *,
@@ -59,8 +96,12 @@ def simulate(
     (:func:`privfed.federation.client_app.make_client_app`).
 
     Raises:
+        PrivfedError: where Ray is not installed (:func:`require_ray`).
         Whatever the ServerApp raised, re-raised in this process.
     """
+    require_ray()
+    from flwr.simulation import run_simulation
+
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     if not verbose:
@@ -86,32 +127,7 @@ def simulate(
             backend_config={"client_resources": resources, "init_args": init_args},
             verbose_logging=verbose,
         )
-    if "error" in outcome:
-        raise outcome["error"]
-    if "summary" not in outcome:
-        raise RuntimeError("the simulation ended without a result (see the log above)")
-    return outcome["summary"]
-
-
-def forgetting_replies(progress: ProgressCallback | None, folder: Path) -> ProgressCallback:
-    """``progress``, after removing the clients' stored replies no resume can replay any more.
-
-    A resume replays only the round right after its resume point, and is
-    refused once a later round has been logged (:mod:`privfed.resume`); so
-    when round r is logged the replies for rounds before r are useless, and
-    once the run has its summary every one is
-    (:func:`privfed.federation.reply_store.forget_replies`).
-    """
-
-    def hook(event: dict[str, Any]) -> None:
-        if event["event"] == "round":
-            forget_replies(folder, before=int(event["round"]))
-        elif event["event"] == "finish":
-            forget_replies(folder)
-        if progress is not None:
-            progress(event)
-
-    return hook
+    return summary_of(outcome)
 
 
 @contextmanager
@@ -126,6 +142,8 @@ def ray_session(init_args: dict[str, Any]) -> Iterator[str]:
     a run killed with ``kill -9`` left behind are removed first
     (:func:`remove_abandoned_ray_folders`).
     """
+    import ray
+
     remove_abandoned_ray_folders(Path(tempfile.gettempdir()))
     temp_dir = tempfile.mkdtemp(prefix=RAY_FOLDER_PREFIX)
     # Ray's workers import the ClientApp's modules from this process's import path.

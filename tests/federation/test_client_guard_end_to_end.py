@@ -9,10 +9,8 @@ the server's ledger.
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
-import ray.cloudpickle
 from flwr.app.message_type import MessageType
 
 from privfed.config import build_config
@@ -45,7 +43,6 @@ def run(tmp_path_factory):
         mechanism="ldp", epsilon=2.0, out=str(folder / "run"),
     )
     plan = plan_run(config)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import this module
     summary = simulate(plan, outer_mods=[halve_the_noise_for_one_node])
     metrics = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
     return plan, summary, metrics

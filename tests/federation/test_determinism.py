@@ -1,4 +1,6 @@
-"""Same seed, same run: sampled clients and every metric, under Flower's simulation with SecAgg+.
+"""Same seed, same run: sampled clients and every metric, with SecAgg+, on the local runtime.
+
+(``test_local_runtime.py`` checks that Ray's runtime gives the same run.)
 
 Flower draws node IDs at random, and SecAgg+ rounds updates stochastically;
 neither may change what a seeded run computes. (DP noise is the one thing
@@ -8,12 +10,10 @@ that must not repeat: these runs use kanon.)
 from __future__ import annotations
 
 import hashlib
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import ray.cloudpickle
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 
 from privfed.config import build_config
@@ -48,7 +48,6 @@ def run(tmp_path, name: str, seed: int, rounds: int = 3) -> list[dict]:
     )
     masked = tmp_path / f"{name}-masked"
     masked.mkdir()
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import this module
     simulate(plan_run(config), outer_mods=[record_masked_vectors(str(masked))])
     metrics = jsonl(tmp_path / name / "metrics.jsonl")
     return [{k: v for k, v in record.items() if k not in TIMINGS} for record in metrics]

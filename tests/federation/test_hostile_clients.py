@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
 import numpy as np
 import pytest
-import ray.cloudpickle
 from flwr.common import bytes_to_ndarray, ndarray_to_bytes
 
 from privfed.config import build_config
@@ -57,7 +55,6 @@ def run(tmp_path_factory):
         mechanism="ldp", epsilon=4.0, out=str(folder / "run"),
     )
     plan = plan_run(config)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import this module
     summary = simulate(plan, outer_mods=[spoil_one_reply_per_round])
     metrics = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
     ledger = [LedgerEntry.from_dict(json.loads(line)) for line in (folder / "run" / "ledger.jsonl").read_text().splitlines()]

@@ -1,25 +1,23 @@
-"""SecAgg+ in a real Flower simulation: what the strategy receives and what the model becomes.
+"""SecAgg+ in a real Flower run (the local runtime): what the strategy receives and what the model becomes.
 
 Three clients, all sampled, four training rounds. A mod inside SecAgg+'s
 masking records each client's plaintext update (what never leaves the node);
 a spy on the strategy records what the server-side code receives. From round
 2 on, one client per round drops out, each at a different stage of the
 protocol (see DROPOUTS). Flower's own mask expansion is replaced by one
-that raises, in the server and in every client process
-(tests/federation/flower_prg.py), so the run also shows that no code path
-calls it.
+that raises (tests/federation/flower_prg.py), in this process, where the
+local runtime runs the server and every client, so the run also shows that
+no code path calls it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import ray.cloudpickle
 from flwr.app.message_type import MessageType
 from flwr.common import parameters_to_ndarrays
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
@@ -58,13 +56,10 @@ def record_plaintext(folder: str):
     return mod
 
 
-def without_flowers_prg(folder: str):
-    """Outer mod: replaces Flower's mask expansion in this client process, and notes the process."""
+def noting_the_process(folder: str):
+    """Outer mod: notes the process the client runs in (where Flower's mask expansion must be replaced)."""
 
     def mod(msg, context, call_next):
-        import os
-
-        flower_prg.replace_flowers_prg(pytest.MonkeyPatch())  # for the rest of this worker's life
         (Path(folder) / f"client-process-{os.getpid()}").touch()
         return call_next(msg, context)
 
@@ -112,14 +107,11 @@ def secagg_run(tmp_path_factory):
         seen[self.orchestra_round(server_round)] = record
         return out
 
-    # The mods are defined in this test module, which Ray's workers cannot import.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.cloudpickle.register_pickle_by_value(flower_prg)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(OrchestraStrategy, "aggregate_fit", spy)
-        flower_prg.replace_flowers_prg(patch)  # the server side runs in this process
+        flower_prg.replace_flowers_prg(patch)  # the server and, on the local runtime, every client run here
         summary = simulate(
-            plan_run(config), outer_mods=[without_flowers_prg(str(processes)), drop_out],
+            plan_run(config), outer_mods=[noting_the_process(str(processes)), drop_out],
             inner_mods=[record_plaintext(str(plaintext))],
         )
     metrics = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -209,8 +201,7 @@ def test_a_client_dropping_out_at_any_stage_leaves_the_others_aggregated(secagg_
 
 def test_flowers_mask_expansion_was_replaced_in_every_client_process(secagg_run):
     """The other tests here pass with it raising: neither end of privfed's SecAgg+ calls it."""
-    assert secagg_run["client_processes"]
-    assert f"client-process-{os.getpid()}" not in secagg_run["client_processes"]  # clients ran in Ray's workers
+    assert secagg_run["client_processes"] == {f"client-process-{os.getpid()}"}  # the local runtime: this process
     assert secagg_run["summary"]["secure_aggregation"]["mask_prg"] == MASK_PRG
 
 

@@ -1,0 +1,215 @@
+"""``privfed train --runtime local``: Flower's ServerApp and ClientApp in one process, without Ray.
+
+The run uses the same apps as the Ray path (:mod:`privfed.federation.simulation`);
+only the transport differs. :class:`LocalGrid` implements Flower's public
+``Grid`` interface and hands each message straight to the ClientApp, one
+client after another, so Flower's own workflows (SecAgg+ included) run
+unchanged. Each simulated node keeps its own ``Context`` (node id,
+``partition-id`` and ``num-partitions`` as Flower's simulation sets them,
+its state across messages), and a client's exception becomes an error
+reply, as a crashed node's would. Ray's start-up, workers and shutdown cost
+more than a small run's rounds (docs/flower.md measures both runtimes).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import random
+import secrets
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.client import ClientApp
+from flwr.common.constant import (
+    NUM_PARTITIONS_KEY,
+    PARTITION_ID_KEY,
+    SUPERLINK_NODE_ID,
+    ErrorCode,
+)
+from flwr.serverapp.grid import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+from privfed.federation.client_app import Mod, make_client_app
+from privfed.federation.reply_store import forget_replies
+from privfed.federation.server_app import make_server_app
+from privfed.interruption import stop_on_signals
+from privfed.resume import ResumePoint
+from privfed.run_driver import ProgressCallback
+from privfed.run_plan import RunPlan
+
+logger = logging.getLogger(__name__)
+
+#: The run key of every simulated client's guard, on either runtime. Each simulated run keeps its clients' ledgers in its own
+#: directory, so to them the run, resumed or not, is one run: a round answered before a kill is not answered
+#: again after a resume. (Flower draws a new run id for every process, which made a resume a new run.)
+SIMULATED_RUN_KEY = 0
+
+
+def run_locally(
+    plan: RunPlan,
+    progress: ProgressCallback | None = None,
+    *,
+    verbose: bool = False,
+    outer_mods: Sequence[Mod] = (),
+    inner_mods: Sequence[Mod] = (),
+    resume: ResumePoint | None = None,
+) -> dict[str, Any]:
+    """Runs a planned training with ``num_clients`` in-process nodes; returns the summary.
+
+    Arguments as :func:`privfed.federation.simulation.simulate`: the first
+    Ctrl-C stops after the current round, a second at once; the clients'
+    guards keep their ledgers in the run directory under the same run key
+    as on Ray, so a run may be resumed on either runtime.
+
+    Raises:
+        Whatever the ServerApp raised.
+    """
+    if not verbose:
+        logging.getLogger("flwr").setLevel(logging.ERROR)
+    config = plan.config
+    outcome: dict[str, Any] = {}
+    ledgers = plan.run_dir.client_ledgers
+    client_app = make_client_app(
+        declared=config, state_dir=ledgers, run_key=SIMULATED_RUN_KEY, outer_mods=outer_mods, inner_mods=inner_mods
+    )
+    grid = LocalGrid(client_app, config.num_clients)
+    # Flower stamps every message the ServerApp creates with this process's task identity, as the SuperLink's.
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, grid.run.run_id, SUPERLINK_NODE_ID
+    with stop_on_signals() as stop:
+        server_app = make_server_app(plan, forgetting_replies(progress, ledgers), outcome, stop=stop, resume=resume)
+        server_app(grid, Context(grid.run.run_id, 0, {}, RecordDict(), {}))
+    return summary_of(outcome)
+
+
+class LocalGrid(Grid):
+    """A Flower ``Grid`` whose nodes live in this process: ``pull_messages`` runs each pending message's ClientApp."""
+
+    def __init__(self, client_app: ClientApp, num_nodes: int, run_id: int | None = None) -> None:
+        self._app = client_app
+        self._run = Run.create_empty(run_id if run_id is not None else secrets.randbits(63))
+        nodes = node_ids(num_nodes)
+        self._contexts = {node: self._node_context(node, partition, num_nodes) for partition, node in enumerate(nodes)}
+        self._pending: dict[str, Message] = {}
+
+    def _node_context(self, node_id: int, partition: int, num_nodes: int) -> Context:
+        """A node's own context, kept across its messages, as Flower's simulation registers it."""
+        node_config = {PARTITION_ID_KEY: partition, NUM_PARTITIONS_KEY: num_nodes}
+        return Context(self._run.run_id, node_id, node_config, RecordDict(), {})
+
+    def set_run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        return self._run
+
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self._contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Queues each message under a new id; a message to an unknown node is dropped, as the SuperLink drops it."""
+        ids = []
+        for message in messages:
+            if message.metadata.dst_node_id not in self._contexts:
+                logger.error("no node %s in this run: message dropped", message.metadata.dst_node_id)
+                continue
+            message.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # Flower's Metadata has no setter
+            self._pending[message.metadata.message_id] = message
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """The replies to the pending messages among ``message_ids``, each computed now by its node."""
+        return [self._deliver(self._pending.pop(i)) for i in list(message_ids) if i in self._pending]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """Every reply: nodes answer in turn, so no reply is ever late and ``timeout`` never cuts one off."""
+        return self.pull_messages(self.push_messages(messages))
+
+    def _deliver(self, message: Message) -> Message:
+        """The node's reply to its own copy of ``message`` (the server may send one content object to many nodes)."""
+        context = self._contexts[message.metadata.dst_node_id]
+        received = copy.deepcopy(message)
+        try:
+            with own_process_state():
+                reply = self._app(received, context)
+        except Exception as err:  # noqa: BLE001 (a failing client is a dropped node, not a failed run)
+            logger.warning("node %s (partition %s) failed: %r", context.node_id, context.node_config[PARTITION_ID_KEY], err)
+            reply = Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(err).__name__}: {err}"), reply_to=received)
+        reply.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+        return reply
+
+
+def node_ids(count: int) -> list[int]:
+    """``count`` distinct random node ids, never the SuperLink's: as in Flower, an id says nothing of its partition."""
+    ids: list[int] = []
+    while len(ids) < count:
+        drawn = secrets.randbits(63)
+        if drawn != SUPERLINK_NODE_ID and drawn not in ids:
+            ids.append(drawn)
+    return ids
+
+
+def summary_of(outcome: dict[str, Any]) -> dict[str, Any]:
+    """The summary a ServerApp left in ``outcome``; its error, re-raised here, if it failed."""
+    if "error" in outcome:
+        raise outcome["error"]
+    if "summary" not in outcome:
+        raise RuntimeError("the simulation ended without a result (see the log above)")
+    return outcome["summary"]
+
+
+def forgetting_replies(progress: ProgressCallback | None, folder: Path) -> ProgressCallback:
+    """``progress``, after removing the clients' stored replies no resume can replay any more.
+
+    A resume replays only the round right after its resume point, and is
+    refused once a later round has been logged (:mod:`privfed.resume`); so
+    when round r is logged the replies for rounds before r are useless, and
+    once the run has its summary every one is
+    (:func:`privfed.federation.reply_store.forget_replies`).
+    """
+
+    def hook(event: dict[str, Any]) -> None:
+        if event["event"] == "round":
+            forget_replies(folder, before=int(event["round"]))
+        elif event["event"] == "finish":
+            forget_replies(folder)
+        if progress is not None:
+            progress(event)
+
+    return hook
+
+
+@contextmanager
+def own_process_state() -> Iterator[None]:
+    """Runs a client as if in a process of its own: the server's random generators and thread count come back after.
+
+    On Ray each client runs in a worker process, so its seeding (NumPy's
+    global generator for SecAgg+'s rounding, ``torch.set_num_threads``)
+    never reaches the server. Here it would, and the server's draws and
+    float reductions would differ from a Ray run of the same seed.
+    """
+    saved = random.getstate(), np.random.get_state(), torch.get_rng_state(), torch.get_num_threads()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+        torch.set_rng_state(saved[2])
+        torch.set_num_threads(saved[3])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)

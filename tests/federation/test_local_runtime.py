@@ -1,0 +1,116 @@
+"""The local runtime: Flower's apps in one process, the same run as on Ray, and no Ray needed for it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from flwr.app import Context, Message, RecordDict
+from flwr.client import ClientApp
+from flwr.common import ConfigRecord
+from flwr.common.secure_aggregation.secaggplus_constants import (
+    RECORD_KEY_CONFIGS,
+    Key,
+    Stage,
+)
+from flwr.supercore.task_identity import TaskIdentity
+
+from privfed.config import build_config
+from privfed.errors import PrivfedError
+from privfed.federation.dropout_injection import InjectedDropout
+from privfed.federation.local_runtime import LocalGrid
+from privfed.federation.simulation import simulate
+from privfed.run_plan import plan_run
+from tests.run_records import jsonl, same
+
+TINY = [
+    "--dataset", "shapes:240", "-K", "3", "-R", "1.0", "--projection-dim", "16", "-E", "1", "--batch-size", "16",
+    "--memory-size", "32", "-L", "4", "-G", "8", "-C", "2", "--seed", "5", "--device", "cpu",
+]  # fmt: skip
+#: Runs privfed's CLI in a Python where ``import ray`` fails, as on a machine without the extra.
+WITHOUT_RAY = "import sys, runpy; sys.modules['ray'] = None; runpy.run_module('privfed.cli', run_name='__main__')"
+
+
+def privfed_without_ray(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-c", WITHOUT_RAY, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+
+
+def without_timings(path) -> list[dict]:
+    return [{k: v for k, v in record.items() if not k.endswith("seconds")} for record in jsonl(path)]
+
+
+def test_the_same_seed_gives_the_same_metrics_on_both_runtimes(tmp_path, run_privfed):
+    local = privfed_without_ray("train", *TINY, "--runtime", "local", "--out", str(tmp_path / "local"))
+    assert local.returncode == 0, local.stderr
+    assert "round   2  clients 3/3" in local.stdout  # the CLI's per-round line
+    ray = run_privfed("train", *TINY, "--runtime", "ray", "--out", str(tmp_path / "ray"))
+    assert ray.returncode == 0, ray.stderr
+    a, b = without_timings(tmp_path / "local" / "metrics.jsonl"), without_timings(tmp_path / "ray" / "metrics.jsonl")
+    assert [r["round"] for r in a] == [0, 1, 2] and a[-1]["clients_completed"] == 3
+    for x, y in zip(a, b, strict=True):
+        assert same(x, y, rel=1e-6, abs=1e-9), (x, y)
+
+
+def test_asking_for_ray_without_it_names_the_extra(tmp_path):
+    done = privfed_without_ray("train", *TINY, "--runtime", "ray", "--out", str(tmp_path / "run"))
+    assert done.returncode == 2
+    assert "pip install 'privfed[ray]'" in done.stderr and "--runtime local" in done.stderr
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_an_unknown_runtime_is_refused():
+    with pytest.raises(PrivfedError, match="unknown runtime 'threads'"):
+        build_config(runtime="threads")
+
+
+def fail_at_masking(partition: int, flower_round: int):
+    """Outer mod: ``partition`` drops out after the key exchange of ``flower_round``, before it trains."""
+
+    def mod(msg, context, call_next):
+        configs = msg.content.config_records.get(RECORD_KEY_CONFIGS)
+        stage = None if configs is None else configs.get(Key.STAGE)
+        this_round = stage == Stage.COLLECT_MASKED_VECTORS and int(msg.metadata.group_id) == flower_round
+        if this_round and int(context.node_config["partition-id"]) == partition:
+            raise InjectedDropout("dropped before masking")
+        return call_next(msg, context)
+
+    return mod
+
+
+def test_secagg_survives_a_dropout_on_the_local_runtime(tmp_path):
+    config = build_config(
+        dataset="shapes:300", num_clients=4, participation=1.0, projection_dim=16, local_epochs=1, batch_size=16,
+        memory_size=32, num_local_centroids=4, num_global_centroids=8, rounds=2, device="cpu", out=str(tmp_path / "run"),
+    )  # fmt: skip
+    summary = simulate(plan_run(config), outer_mods=[fail_at_masking(partition=1, flower_round=2)])
+    rounds = {r["round"]: r for r in jsonl(tmp_path / "run" / "metrics.jsonl")}
+    assert rounds[1]["clients_completed"] == 3 and rounds[1]["client_failures"] == 1  # Flower round 2 is round 1
+    assert rounds[1]["knn_accuracy"] is not None and rounds[2]["clients_completed"] == 4
+    assert summary["secure_aggregation"]["halted_rounds"] == 0 and summary["stopped_early"] is None
+
+
+def echo_node(message: Message, context: Context) -> Message:
+    """A ClientApp's whole work: count this node's messages in its state, and say who it is."""
+    seen = int(context.state.config_records.get("seen", ConfigRecord({"n": 0}))["n"]) + 1
+    context.state.config_records["seen"] = ConfigRecord({"n": seen})
+    message.content.config_records["shared"]["touched"] = True  # must not reach the other nodes' copies
+    node = context.node_config
+    reply = ConfigRecord({"partition": node["partition-id"], "of": node["num-partitions"], "seen": seen})
+    return Message(RecordDict({"reply": reply}), reply_to=message)
+
+
+def test_each_node_keeps_its_own_context_and_gets_its_own_copy():
+    app = ClientApp()
+    app.query()(echo_node)
+    grid = LocalGrid(app, num_nodes=3, run_id=7)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 7, 1
+    nodes = list(grid.get_node_ids())
+    shared = RecordDict({"shared": ConfigRecord({"touched": False})})
+    for _ in range(2):
+        replies = list(grid.send_and_receive([Message(shared, node, "query") for node in nodes]))
+    assert shared.config_records["shared"]["touched"] is False
+    answers = {r.metadata.src_node_id: dict(r.content.config_records["reply"]) for r in replies}
+    assert answers == {node: {"partition": i, "of": 3, "seen": 2} for i, node in enumerate(nodes)}
+    assert len(set(nodes)) == 3 and 1 not in nodes  # distinct, never the SuperLink's id
