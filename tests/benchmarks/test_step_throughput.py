@@ -55,3 +55,9 @@ def test_bf16_is_measured_only_on_cuda(step_throughput):
     cases = step_throughput.build_cases([16, 64], bf16=False)
     assert {c.dtype for c in cases} == {"fp32"}
     assert len(step_throughput.build_cases([16, 64], bf16=True)) == 2 * (4 + 2)
+
+
+def test_privfed_s_step_runs_under_bf16_autocast_in_channels_last(step_throughput):
+    case = step_throughput.Case("privfed", 4, "bf16", True)  # the GPU's case, under the CPU's autocast
+    row = step_throughput.measure_case(case, backbone="resnet8", device=torch.device("cpu"), steps=1, warmup=0)
+    assert row["dtype"] == "bf16" and row["channels_last"] and row["samples_per_s"] > 0
