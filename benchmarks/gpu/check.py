@@ -123,10 +123,11 @@ class GpuSampler:
         self.path, self.process = path, None
         command = ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits",
                    f"--loop-ms={every_ms}"]
-        try:
-            self.process = subprocess.Popen(command, stdout=open(path, "w"), stderr=subprocess.DEVNULL)
-        except OSError:
-            self.process = None
+        with open(path, "w") as out:  # the child keeps its own copy of the descriptor
+            try:
+                self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL)
+            except OSError:
+                self.process = None
 
     def stop(self) -> dict[str, Any] | None:
         if self.process is None:
@@ -339,7 +340,7 @@ class Check:
 
 def _nvidia_smi() -> str | None:
     try:
-        return subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout
+        return subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
 

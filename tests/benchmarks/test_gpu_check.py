@@ -55,7 +55,7 @@ def test_the_paper_projection_scales_steps_and_evaluations_and_keeps_the_rest_of
 def tiny_arrays(path: Path) -> Path:
     """96 training and 32 test images (random, 10 classes): the attack's auxiliary set is the test split."""
     rng = np.random.default_rng(0)
-    images = lambda n: rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)  # noqa: E731
+    images = lambda n: rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
     np.savez(path, x=images(96), y=rng.integers(0, 10, 96), x_test=images(32), y_test=rng.integers(0, 10, 32))
     return path
 
@@ -78,3 +78,22 @@ def test_the_whole_check_runs_at_a_toy_size_on_the_cpu(tmp_path):
     assert 0 <= parts["evaluate"]["result"]["accuracy"] <= 1
     assert result["answers"]["projected_paper_run_hours"] == parts["train"]["projected"]["run_hours"]
     assert len(list((tmp_path / "out").iterdir())) <= 8  # what the device tool brings back
+
+
+def test_the_gpu_sampler_summarises_what_nvidia_smi_printed(check, tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "nvidia-smi"  # prints like --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nwhile true; do echo "40, 1000"; echo "60, 3000"; echo "[N/A], 5"; sleep 0.05; done\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    sampler = check.GpuSampler(tmp_path / "gpu.csv")
+    while (tmp_path / "gpu.csv").stat().st_size < 30:
+        pass
+    summary = sampler.stop()
+    assert summary["util_mean_pct"] == pytest.approx(50, abs=10) and summary["util_max_pct"] == 60
+    assert summary["memory_used_max_mib"] == 3000
+
+
+def test_without_nvidia_smi_the_sampler_has_no_figures(check, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert check.GpuSampler(tmp_path / "gpu.csv").stop() is None
