@@ -71,7 +71,7 @@ def settings(env: dict[str, str] | os._Environ[str] = os.environ) -> Settings:
         warmup=1 if toy else 5,
         backbone="resnet8" if toy else "resnet18",
         attack_args="--steps 5 --max-vectors 4" if toy else "",
-        budgets={"env": 20, "step": 90, "train": 180, "attack": 75, "evaluate": 40},
+        budgets={"env": 20, "step": 85, "train": 200, "attack": 65, "evaluate": 35},
     )
     values = asdict(base)
     for name, value in values.items():
