@@ -11,6 +11,7 @@ aggregated. The strategy is a small stand-in with the workflow's interface
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -117,7 +118,14 @@ class StandInStrategy:
 
 
 class DirectGrid:
-    """Delivers each message to the node's client stack and records which stages each node reached."""
+    """Delivers each message to the node's client stack and records which stages each node reached.
+
+    ``send_and_receive`` answers every message at once, like a grid's;
+    ``pull_messages`` delivers one pushed message per call, so replies
+    arrive one by one as from a real link, and each is built only when the
+    server asks for the next. ``record_masked`` keeps every masked vector
+    sent (for tests that read them; off where memory is measured).
+    """
 
     def __init__(
         self,
@@ -125,38 +133,60 @@ class DirectGrid:
         behaviours: dict[int, Behaviour],
         client_mods: dict[int, Any],
         shares: dict[int, np.ndarray] | None = None,
+        record_masked: bool = True,
     ) -> None:
         self.updates = updates
         self.shares = shares or {}
         self.behaviours = behaviours
         self.client_mods = client_mods
+        self.record_masked = record_masked
         self.contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(), run_config={}) for n in updates}
         self.stages: list[str] = []
         self.reached: dict[int, list[str]] = {}  # node -> the stages it was asked for
         self.masked: dict[int, list[np.ndarray]] = {}  # node -> the masked vector it sent
+        self.pulls = 0  # calls of pull_messages
+        self._pushed: dict[str, Message] = {}  # message id -> a pushed message not yet answered
+        self._ids = itertools.count(1)
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.updates)
+
+    def push_messages(self, messages: Any) -> list[str]:
+        ids = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = str(next(self._ids))  # as Flower's grids do on push
+            self._pushed[message.metadata.message_id] = message
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Any) -> list[Message]:
+        self.pulls += 1
+        waiting = [i for i in message_ids if i in self._pushed]
+        return [self._deliver(self._pushed.pop(waiting[0]))] if waiting else []
 
     def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> list[Message]:
-        replies = []
-        for message in messages:
-            node = message.metadata.dst_node_id
-            stage = str(message.content.config_records[RECORD_KEY_CONFIGS][Key.STAGE])
-            self.stages.append(stage)
-            self.reached.setdefault(node, []).append(stage)
-            own = Message(  # the workflow reuses one content object for several nodes
-                RecordDict({k: ConfigRecord(dict(v)) for k, v in message.content.config_records.items()}),
-                dst_node_id=node, message_type=message.metadata.message_type, group_id=message.metadata.group_id,
-            )
-            mod = self.client_mods.get(node, privfed_secaggplus_mod)
-            honest = lambda own=own, node=node, mod=mod: mod(own, self.contexts[node], self._fit(node))
-            behaviour = self.behaviours.get(node)
-            try:
-                reply = behaviour(stage, honest) if behaviour else honest()
-            except Exception as err:
-                reply = Message(Error(code=1, reason=repr(err)), reply_to=own)
-            if stage == Stage.COLLECT_MASKED_VECTORS and not reply.has_error():
-                self.masked[node] = [bytes_to_ndarray(b) for b in reply.content.config_records[RECORD_KEY_CONFIGS][Key.MASKED_PARAMETERS]]
-            replies.append(reply)
-        return replies
+        return [self._deliver(self._pushed.pop(i)) for i in self.push_messages(messages)]
+
+    def _deliver(self, message: Message) -> Message:
+        node = message.metadata.dst_node_id
+        stage = str(message.content.config_records[RECORD_KEY_CONFIGS][Key.STAGE])
+        self.stages.append(stage)
+        self.reached.setdefault(node, []).append(stage)
+        own = Message(  # the workflow reuses one content object for several nodes
+            RecordDict({k: ConfigRecord(dict(v)) for k, v in message.content.config_records.items()}),
+            dst_node_id=node, message_type=message.metadata.message_type, group_id=message.metadata.group_id,
+        )
+        own.metadata.__dict__["_message_id"] = message.metadata.message_id
+        mod = self.client_mods.get(node, privfed_secaggplus_mod)
+        honest = lambda: mod(own, self.contexts[node], self._fit(node))
+        behaviour = self.behaviours.get(node)
+        try:
+            reply = behaviour(stage, honest) if behaviour else honest()
+        except Exception as err:
+            reply = Message(Error(code=1, reason=repr(err)), reply_to=own)
+        if self.record_masked and stage == Stage.COLLECT_MASKED_VECTORS and not reply.has_error():
+            self.masked[node] = [bytes_to_ndarray(b) for b in reply.content.config_records[RECORD_KEY_CONFIGS][Key.MASKED_PARAMETERS]]
+        return reply
 
     def _fit(self, node: int) -> Callable[[Message, Context], Message]:
         def fit(message: Message, context: Context) -> Message:
@@ -197,6 +227,7 @@ def run_round(
     seed: int = 0,
     client_mods: dict[int, Any] | None = None,
     client_shares: dict[int, np.ndarray] | None = None,
+    record_masked: bool = True,
 ) -> RoundOutcome:
     """One SecAgg+ round over ``updates`` (node id -> (arrays, num_examples)), every node sampled.
 
@@ -214,7 +245,7 @@ def run_round(
     context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
         ndarrays_to_parameters([np.zeros(3)]), True
     )
-    grid = DirectGrid(updates, behaviours or {}, client_mods or {}, client_shares)
+    grid = DirectGrid(updates, behaviours or {}, client_mods or {}, client_shares, record_masked)
     workflow(grid, LegacyContext(context, strategy=strategy, client_manager=_ClientManager(len(updates))))  # type: ignore[arg-type]
     return RoundOutcome(strategy, grid)
 
