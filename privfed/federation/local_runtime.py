@@ -132,12 +132,24 @@ class LocalGrid(Grid):
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        """The replies to the pending messages among ``message_ids``, each computed now by its node."""
-        return [self._deliver(self._pending.pop(i)) for i in list(message_ids) if i in self._pending]
+        """The reply to the first pending message among ``message_ids``, computed now by its node.
+
+        One per pull: privfed's SecAgg+ stage adds each masked vector to its
+        sum before the next one exists, so the server never holds a round's
+        vectors at once (:mod:`privfed.federation.secagg_workflow`).
+        """
+        for message_id in message_ids:
+            if message_id in self._pending:
+                return [self._deliver(self._pending.pop(message_id))]
+        return []
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Every reply: nodes answer in turn, so no reply is ever late and ``timeout`` never cuts one off."""
-        return self.pull_messages(self.push_messages(messages))
+        ids = list(self.push_messages(messages))
+        replies: list[Message] = []
+        while pulled := list(self.pull_messages(ids)):
+            replies.extend(pulled)
+        return replies
 
     def _deliver(self, message: Message) -> Message:
         """The node's reply to its own copy of ``message`` (the server may send one content object to many nodes)."""
