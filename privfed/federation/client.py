@@ -82,10 +82,15 @@ def client_seed(run_seed: int, round_index: int, client_id: int) -> int:
 
 @dataclass(frozen=True)
 class SecureSumSetup:
-    """What this node's SecAgg+ round was set up with (Flower's mod keeps it in the node's state)."""
+    """What this node's SecAgg+ round was set up with (Flower's mod keeps it in the node's state).
+
+    ``node_min_shares`` is the node's own floor on the shares in a sum
+    (``secure-sum-min-shares``): in deployment the run config sets K_min.
+    """
 
     threshold: int
     modulus: int
+    node_min_shares: int = 0
 
 
 @dataclass
@@ -242,6 +247,11 @@ class OrchestraClient(Client):
         """Refuses a round whose SecAgg+ setup (threshold, modulus) would not hold the aggregated mechanism's noise."""
         if self.secure_sum is None:
             raise RoundRefused(f"{mechanism} trains only in SecAgg+ rounds, and this round set none up")
+        if self.secure_sum.threshold < self.secure_sum.node_min_shares:
+            raise RoundRefused(
+                f"this round's SecAgg+ threshold {self.secure_sum.threshold} is below this node's "
+                f"secure-sum-min-shares {self.secure_sum.node_min_shares}"
+            )
         try:
             create_mechanism(mechanism, **params).check_secure_sum(
                 threshold=self.secure_sum.threshold, modulus=self.secure_sum.modulus

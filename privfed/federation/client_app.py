@@ -81,7 +81,9 @@ def make_client_fn(
         key = int(context.run_id) if run_key is None else run_key
         declared_run = DeclaredRun(client_config, secagg_settings(run, sizes), guard, key, ReplyStore(replies))
         setup = context.state.config_records.get(RECORD_KEY_STATE)  # this round's SecAgg+ setup, if it has one
-        secure_sum = None if setup is None else SecureSumSetup(int(setup["threshold"]), int(setup["mod_range"]))
+        secure_sum = None if setup is None else SecureSumSetup(
+            int(setup["threshold"]), int(setup["mod_range"]), node_min_shares=int(node.get(SECURE_SUM_MIN_SHARES, 0))
+        )
         return OrchestraClient(partition, int(node["num-partitions"]), declared=declared_run, secure_sum=secure_sum)
 
     def _declared_by_run_config(context: Context) -> TrainConfig:
@@ -101,6 +103,9 @@ Mod = Callable[[Message, Context, Callable[[Message, Context], Message]], Messag
 REQUIRE_SECAGG = "require-secagg"
 #: Node config key (``--node-config "secagg-min-clients=5"``): the smallest SecAgg+ round this node joins.
 SECAGG_MIN_CLIENTS = "secagg-min-clients"
+#: Node config key (``--node-config "secure-sum-min-shares=20"``): the fewest shares an aggregated mechanism's
+#: secure sum must hold for this node to share into it, whatever K_min the run declares.
+SECURE_SUM_MIN_SHARES = "secure-sum-min-shares"
 
 
 class NodeGuardFailed(RuntimeError):

@@ -29,9 +29,10 @@ def instructions(tmp_path_factory) -> FitIns:
     return round_.strategy.fit_instructions(round_.server_round, state)
 
 
-def client(tmp_path, setup: dict | None):
+def client(tmp_path, setup: dict | None, **node_config):
     context = Context(
-        run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 4}, state=RecordDict(), run_config={}
+        run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 4, **node_config}, state=RecordDict(),
+        run_config={},
     )
     if setup is not None:
         context.state.config_records[RECORD_KEY_STATE] = ConfigRecord(SecAggPlusState(**setup).to_dict())
@@ -82,3 +83,11 @@ def test_a_share_is_never_sent_twice_nor_kept_on_disk(tmp_path, instructions):
     with pytest.raises(RoundRefused, match="never sent again"):
         client(tmp_path, setup).fit(instructions)
     assert ledger_lines(tmp_path) == 1
+
+
+def test_a_node_can_ask_for_more_shares_than_the_run_declares(tmp_path, instructions):
+    setup = {"threshold": 3, "mod_range": 2**32}
+    with pytest.raises(RoundRefused, match="secure-sum-min-shares"):
+        client(tmp_path, setup, **{"secure-sum-min-shares": 4}).fit(instructions)
+    assert ledger_lines(tmp_path) == 0
+    assert SHARE_KEY in client(tmp_path, setup, **{"secure-sum-min-shares": 3}).fit(instructions).metrics
