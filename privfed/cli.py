@@ -33,6 +33,23 @@ app = typer.Typer(
     rich_markup_mode=None,  # plain help: rich's option tables cut long option names at 80 columns
 )
 
+def _print_version(value: bool) -> None:
+    if value:
+        from privfed import __version__
+
+        typer.echo(f"privfed {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print privfed's version and exit."
+    ),
+) -> None:
+    """Privacy-focused federated learning with Orchestra."""
+
+
 class Protocol(str, Enum):
     knn = "knn"
     linear = "linear"

@@ -104,6 +104,13 @@ def test_train_help_documents_every_option(run_privfed):
         assert "--" + field.name.replace("_", "-") in result.stdout, field.name
 
 
+def test_version_prints_the_packages_version(run_privfed):
+    from importlib.metadata import version
+
+    result = run_privfed("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"privfed {version('privfed')}"
+
+
 def test_mechanisms_lists_kanon(run_privfed):
     result = run_privfed("mechanisms")
     assert result.returncode == 0
