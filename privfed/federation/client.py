@@ -36,7 +36,7 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 
-from mechanisms import create_mechanism, get_mechanism_class
+from mechanisms import Mechanism, create_mechanism, get_mechanism_class
 from privfed.device import resolve_device
 from privfed.federation.client_config import ClientConfig
 from privfed.federation.messages import (
@@ -162,7 +162,7 @@ class OrchestraClient(Client):
         global_state = arrays_to_state(parameters_to_ndarrays(ins.parameters), keys)
         train = str(ins.config["task"]) == "train"
         centroids = bytes_to_tensor(ins.config["centroids"]) if "centroids" in ins.config else None
-        mechanism = None
+        mechanism: Mechanism | None = None
         if get_method(config.method).releases != (config.mechanism is not None):
             raise ValueError(f"method {config.method} and mechanism {config.mechanism} do not go together")
         params = json.loads(str(ins.config.get("mechanism_params", "{}")))
@@ -174,7 +174,7 @@ class OrchestraClient(Client):
         if shares:
             # Before anything is charged or computed: the sum must hold the noise the share leaves out.
             own = params if self.declared is None else self.declared.guard.own_parameters()[0]
-            self._check_secure_sum(config.mechanism, own)
+            mechanism = self._secure_sum_mechanism(config.mechanism, own)
         if self.declared is not None and digest is not None:
             replayed = self._replayed(int(ins.config["round"]), digest, shares=shares)
             if replayed is not None:
@@ -184,7 +184,7 @@ class OrchestraClient(Client):
             # What the server sent matched the client's own calibration; the client computes with its own.
             params, dp_sgd = self.declared.guard.own_parameters()
         labels = config.split.client_labels(self.client_id) if config.local.objective.uses_labels else None
-        if config.mechanism is not None:
+        if config.mechanism is not None and mechanism is None:
             mechanism = create_mechanism(config.mechanism, **params)
         if centroids is not None and mechanism is not None:
             mechanism.observe_global_centroids(centroids)
@@ -243,8 +243,12 @@ class OrchestraClient(Client):
             self.declared.replies.answer(self.declared.run, int(ins.config["round"]), digest, kept)
         return res
 
-    def _check_secure_sum(self, mechanism: str, params: dict) -> None:
-        """Refuses a round whose SecAgg+ setup (threshold, modulus) would not hold the aggregated mechanism's noise."""
+    def _secure_sum_mechanism(self, mechanism: str, params: dict) -> Mechanism:
+        """The aggregated mechanism, built from ``params``; refuses a round whose SecAgg+ setup would not hold its noise.
+
+        ``params`` are the ones the client computes with (its own calibration
+        in a declared run), so the same instance serves the round.
+        """
         if self.secure_sum is None:
             raise RoundRefused(f"{mechanism} trains only in SecAgg+ rounds, and this round set none up")
         if self.secure_sum.threshold < self.secure_sum.node_min_shares:
@@ -253,11 +257,11 @@ class OrchestraClient(Client):
                 f"secure-sum-min-shares {self.secure_sum.node_min_shares}"
             )
         try:
-            create_mechanism(mechanism, **params).check_secure_sum(
-                threshold=self.secure_sum.threshold, modulus=self.secure_sum.modulus
-            )
+            built = create_mechanism(mechanism, **params)
+            built.check_secure_sum(threshold=self.secure_sum.threshold, modulus=self.secure_sum.modulus)
         except ValueError as err:
             raise RoundRefused(f"this round's secure sum: {err}") from None
+        return built
 
     def _replayed(self, round_index: int, digest: str, *, shares: bool = False) -> FitRes | None:
         """The reply this client already sent for this round of this run, when the server asks for it again.
