@@ -42,7 +42,7 @@ def make_client_fn(
     ledger (:mod:`privfed.privacy.client_guard`). The ledger lives in the
     node's ``state-dir`` (or ``state_dir``): a file per partition, so it
     survives restarts, and a node's later runs spend from the same budget.
-    Without one, it lives in the client process only. The guard answers
+    Without one, it lasts one message (each message builds the client anew). The guard answers
     each round of a run once; ``run_key`` names the run (default: Flower's
     run id, new for every ``flwr run``), so a resumed run must pass the key
     of the run it continues. Next to the ledger the client keeps its last
@@ -81,8 +81,11 @@ def make_client_fn(
         key = int(context.run_id) if run_key is None else run_key
         declared_run = DeclaredRun(client_config, secagg_settings(run, sizes), guard, key, ReplyStore(replies))
         setup = context.state.config_records.get(RECORD_KEY_STATE)  # this round's SecAgg+ setup, if it has one
+        floor = int(node.get(SECURE_SUM_MIN_SHARES, 2))
+        if floor < 2:
+            raise NodeGuardFailed(f"{SECURE_SUM_MIN_SHARES} must be at least 2, got {floor}")
         secure_sum = None if setup is None else SecureSumSetup(
-            int(setup["threshold"]), int(setup["mod_range"]), node_min_shares=int(node.get(SECURE_SUM_MIN_SHARES, 0))
+            int(setup["threshold"]), int(setup["mod_range"]), node_min_shares=floor
         )
         return OrchestraClient(partition, int(node["num-partitions"]), declared=declared_run, secure_sum=secure_sum)
 

@@ -114,7 +114,7 @@ def _sample_clause(rate: float) -> str:
 def _secure_sum_clause(min_shares: int) -> str:
     """The trust an aggregated mechanism's epsilon rests on (its noise is split over the clients of a secure sum)."""
     return (
-        f"It holds against a server that follows SecAgg+ and sees only the secure sum of the clients' noisy shares, "
+        f"The guarantee for the secure sums holds against a server that follows SecAgg+ and sees only the secure sums, "
         f"if each sum holds the shares of at least {min_shares} clients (the SecAgg+ threshold) that do not collude "
         "with the server; each share alone carries only part of the noise"
     )
@@ -135,7 +135,7 @@ def _release_clauses(
         return [], []
     name = mechanism.name
     if mechanism.is_differentially_private():
-        what = "shares of the secure sums" if mechanism.aggregated else "released centroids"
+        what = "secure sums of shares" if mechanism.aggregated else "released centroids"
         releases = f"{what} ({name}): epsilon {_eps(worst.releases_worst)} at delta {worst.delta:.2g} alone"
         if sampling_rate < 1:
             rows = f"{'computed' if mechanism.aggregated else 'released'} from a secret sample of one representation per image"
@@ -241,9 +241,12 @@ def _headline(
     name = mechanism.name
     is_dp = mechanism.is_differentially_private()
     trust = f" {_secure_sum_clause(min_shares)}." if is_dp and mechanism.aggregated and min_shares else ""
+    # A share alone holds only part of the noise: what is private is the secure sum the server sees.
+    summed = "the secure sums of the clients' shares (hence the summed tables and the global centroids)"
     if dp_sgd and is_dp:
+        released = summed if mechanism.aggregated else "released centroids"
         return (
-            f"Encoder updates and released centroids together are ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
+            f"Encoder updates and {released} together are ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
             f"differentially private with respect to {EXAMPLE_UNIT}, for the "
             f"worst-off client (client {worst.client}): DP-SGD and the releases composed with the PLD accountant."
             f"{trust}"
@@ -266,12 +269,11 @@ def _headline(
             f"{EXAMPLE_UNIT} (DP-SGD, PLD accountant, worst-off client). {release_note}"
         )
     if is_dp:
-        what = (
-            "shares of the secure sums (hence the summed tables and the global centroids)"
-            if mechanism.aggregated else "released centroids"
+        what = f"Over the whole run, {summed} are, for every client," if mechanism.aggregated else (
+            "Every client's released centroids over the whole run are"
         )
         return (
-            f"Every client's {what} over the whole run are ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
+            f"{what} ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
             "differentially private with respect to replacing one of its representations by another (PLD "
             f"accountant, {_sample_clause(sampling_rate)}).{trust} Encoder updates are not covered."
         )

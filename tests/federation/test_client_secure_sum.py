@@ -91,3 +91,11 @@ def test_a_node_can_ask_for_more_shares_than_the_run_declares(tmp_path, instruct
         client(tmp_path, setup, **{"secure-sum-min-shares": 4}).fit(instructions)
     assert ledger_lines(tmp_path) == 0
     assert SHARE_KEY in client(tmp_path, setup, **{"secure-sum-min-shares": 3}).fit(instructions).metrics
+
+
+@pytest.mark.parametrize("floor", [0, -5])
+def test_a_node_floor_below_two_is_refused_not_read_as_no_floor(tmp_path, instructions, floor):
+    from privfed.federation.client_app import NodeGuardFailed
+
+    with pytest.raises(NodeGuardFailed, match="secure-sum-min-shares"):
+        client(tmp_path, {"threshold": 3, "mod_range": 2**32}, **{"secure-sum-min-shares": floor})

@@ -55,7 +55,8 @@ def test_the_statement_names_epsilon_and_the_trust_it_rests_on(run):
     privacy = json.loads((run / "summary.json").read_text())["privacy"]
     assert privacy["mechanism"] == "ddp-sums" and 9.9 <= privacy["epsilon"] <= 10.0 * (1 + 1e-9)
     statement = privacy["statement"]
-    assert statement.startswith("Every client's shares of the secure sums")
+    # A share alone holds only part of the noise: the claim is for the sums the server sees.
+    assert statement.startswith("Over the whole run, the secure sums of the clients' shares")
     assert "sees only the secure sum" in statement and "at least 3 clients" in statement
     assert "colludes with clients" in statement
 
