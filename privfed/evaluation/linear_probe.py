@@ -35,6 +35,9 @@ def linear_probe_predictions(
     from sklearn.linear_model import LogisticRegression
     from threadpoolctl import threadpool_limits
 
+    classes = train_labels.unique()
+    if len(classes) == 1:  # scikit-learn refuses one class; the only sensible classifier predicts it
+        return classes.cpu().expand(test_features.shape[0]).clone()
     x_train = train_features.double().cpu().numpy()
     mean, std = x_train.mean(0), x_train.std(0)
     std[std < 1e-6] = 1.0  # a constant feature stays constant (zero) instead of blowing up

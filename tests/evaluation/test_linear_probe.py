@@ -41,3 +41,10 @@ def test_labels_missing_from_training_are_never_predicted_and_score_as_wrong():
     assert set(predicted.tolist()) <= {0, 1, 2}
     accuracy = linear_probe_accuracy(x_train[kept], y_train[kept], x_test, y_test)
     assert accuracy <= 1 - float((y_test == 3).double().mean()) + 1e-9
+
+
+def test_a_single_training_class_is_predicted_everywhere():
+    (x_train, _), (x_test, y_test) = separable(50, 0), separable(40, 1)
+    predicted = linear_probe_predictions(x_train, torch.full((50,), 2), x_test)
+    assert predicted.tolist() == [2] * 40
+    assert linear_probe_accuracy(x_train, torch.full((50,), 2), x_test, y_test) == float((y_test == 2).double().mean())
