@@ -1,10 +1,53 @@
-"""Linear probe: a softmax classifier on frozen, precomputed features."""
+"""Linear probe: multinomial logistic regression on frozen, precomputed features.
+
+scikit-learn's L-BFGS fit replaced a hand-written SGD loop (issue 33): it is as
+accurate on the dev images, faster, and has no seed, so one input gives one
+answer (benchmarks/linear_probe_comparison.py, docs/performance.md).
+"""
 
 from __future__ import annotations
 
+import warnings
+
+import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
+
+#: Inverse L2 strength on the summed loss (scikit-learn's ``C``) after standardising.
+DEFAULT_C = 1.0
+#: L-BFGS iterations; resnet features converge in well under this.
+DEFAULT_MAX_ITER = 1000
+
+
+def linear_probe_predictions(
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    test_features: torch.Tensor,
+    *,
+    c: float = DEFAULT_C,
+    max_iter: int = DEFAULT_MAX_ITER,
+) -> torch.Tensor:
+    """Fits the probe on the training features; the predicted class of each test feature.
+
+    Features are standardised with the training statistics first, so one
+    ``c`` suits every backbone width and L-BFGS is well conditioned.
+    """
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+    from threadpoolctl import threadpool_limits
+
+    classes = train_labels.unique()
+    if len(classes) == 1:  # scikit-learn refuses one class; the only sensible classifier predicts it
+        return classes.cpu().expand(test_features.shape[0]).clone()
+    x_train = train_features.double().cpu().numpy()
+    mean, std = x_train.mean(0), x_train.std(0)
+    std[std < 1e-6] = 1.0  # a constant feature stays constant (zero) instead of blowing up
+    classifier = LogisticRegression(C=c, max_iter=max_iter)
+    # BLAS keeps to torch's thread count: its own default (every core) was 30x slower on a busy 2-core machine.
+    with warnings.catch_warnings(), threadpool_limits(torch.get_num_threads()):
+        warnings.simplefilter("ignore", ConvergenceWarning)  # an unconverged fit is still a fit; accuracy says how good
+        classifier.fit((x_train - mean) / std, train_labels.cpu().numpy())
+    x_test = (test_features.double().cpu().numpy() - mean) / std
+    return torch.from_numpy(np.asarray(classifier.predict(x_test), dtype=np.int64))
 
 
 def linear_probe_accuracy(
@@ -13,35 +56,9 @@ def linear_probe_accuracy(
     test_features: torch.Tensor,
     test_labels: torch.Tensor,
     *,
-    epochs: int = 100,
-    lr: float = 0.1,
-    weight_decay: float = 1e-5,
-    batch_size: int = 256,
-    seed: int = 0,
+    c: float = DEFAULT_C,
+    max_iter: int = DEFAULT_MAX_ITER,
 ) -> float:
-    """Trains a linear classifier on the training features; test accuracy.
-
-    Features are standardised with the training statistics first so one
-    learning rate suits every backbone width.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    mean, std = train_features.mean(0), train_features.std(0).clamp_min(1e-6)
-    x_train = (train_features - mean) / std
-    x_test = (test_features - mean) / std
-    num_classes = int(max(train_labels.max(), test_labels.max())) + 1
-    classifier = nn.Linear(x_train.shape[1], num_classes)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        classifier.reset_parameters()
-    optimizer = torch.optim.SGD(classifier.parameters(), lr=lr, momentum=0.9, weight_decay=weight_decay)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs)
-    for _ in range(epochs):
-        for index in torch.randperm(x_train.shape[0], generator=generator).split(batch_size):
-            loss = F.cross_entropy(classifier(x_train[index]), train_labels[index])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-        scheduler.step()
-    with torch.no_grad():
-        predicted = classifier(x_test).argmax(dim=1)
-    return float((predicted == test_labels).float().mean())
+    """Trains a linear classifier on the training features; its test accuracy (deterministic: no seed)."""
+    predicted = linear_probe_predictions(train_features, train_labels, test_features, c=c, max_iter=max_iter)
+    return float((predicted == test_labels.cpu()).double().mean())
