@@ -17,10 +17,10 @@ from privfed.data.arrays import size_mismatch
 from privfed.data.federated import FederatedSplit, cached_dataset
 from privfed.errors import PrivfedError
 from privfed.models.resnet import BACKBONES
-from privfed.secagg_settings import SecAggPlusSettings, secagg_settings
 from privfed.privacy.budget import PrivacyPlan, plan_privacy
 from privfed.resume import ResumePoint, check_resumable, read_resume_point, resumed_config
 from privfed.runs import RunDirectory, default_run_dir
+from privfed.secagg_settings import SecAggPlusSettings, secagg_settings
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ the two agree on :data:`PROTOCOL_VERSION` before any key is made.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes

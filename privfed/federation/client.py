@@ -63,7 +63,6 @@ from privfed.privacy.dp_sgd_plan import DpSgdSettings
 from privfed.privacy.ledger import events_to_json
 from privfed.secagg_settings import SecAggPlusSettings
 
-
 logger = logging.getLogger(__name__)
 
 

@@ -9,8 +9,9 @@ a client is actually built (:mod:`privfed.federation.client`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import Message
@@ -52,10 +53,10 @@ def make_client_fn(
 
     def client_fn(context: Context) -> Client:
         """Builds the client for this node's partition (``partition-id`` in the node config)."""
+        from privfed.errors import PrivfedError
         from privfed.federation.client import DeclaredRun, OrchestraClient, SecureSumSetup
         from privfed.federation.client_config import ClientConfig
         from privfed.federation.reply_store import ReplyStore, reply_file
-        from privfed.errors import PrivfedError
         from privfed.privacy.client_guard import ClientGuard, declared_budget, node_cap_from
         from privfed.secagg_settings import secagg_settings
 

@@ -158,7 +158,7 @@ class LocalGrid(Grid):
         try:
             with own_process_state():
                 reply = self._app(received, context)
-        except Exception as err:  # noqa: BLE001 (a failing client is a dropped node, not a failed run)
+        except Exception as err:  # a failing client is a dropped node, not a failed run
             logger.warning("node %s (partition %s) failed: %r", context.node_id, context.node_config[PARTITION_ID_KEY], err)
             reply = Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(err).__name__}: {err}"), reply_to=received)
         reply.metadata.__dict__["_message_id"] = uuid.uuid4().hex

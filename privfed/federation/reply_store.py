@@ -31,9 +31,10 @@ import hashlib
 import io
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 from flwr.common import Code, FitIns, FitRes, Parameters, Status

@@ -11,7 +11,7 @@ before it makes any key, and answers with the version it runs.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import flwr.compat.common.recorddict_compat as compat
 import numpy as np

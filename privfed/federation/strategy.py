@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,7 +41,6 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from privfed.federation.client_config import ClientConfig
-from privfed.secagg_masks import MASK_PRG, PROTOCOL_VERSION
 from privfed.federation.messages import arrays_to_state, state_to_arrays, tensor_to_bytes
 from privfed.federation.reply_checks import (
     CheckedReply,
@@ -63,6 +63,7 @@ from privfed.orchestra.model_state import StateDict, shared_keys, weighted_mean
 from privfed.orchestra.round_report import Rejection, RoundReport
 from privfed.orchestra.server import OrchestraServer, SecureSum
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
+from privfed.secagg_masks import MASK_PRG, PROTOCOL_VERSION
 from privfed.secagg_settings import SecAggPlusSettings
 
 logger = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ from __future__ import annotations
 import secrets
 import time
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.nn as nn

@@ -45,10 +45,11 @@ import contextlib
 import fcntl
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mechanisms import get_mechanism_class
 from mechanisms.base import Guarantee, PrivacyEvent

@@ -25,10 +25,10 @@ import json
 import math
 import os
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
 
 from mechanisms.accounting import calibration_discretisation, epsilon_of, rounding_compositions
 from mechanisms.base import Guarantee, PrivacyEvent

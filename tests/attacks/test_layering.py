@@ -26,7 +26,7 @@ MODULE_HANDLES = ("sys", "importlib", "builtins")
 
 
 def attacker_files() -> list[Path]:
-    return sorted((REPO / "attacks" / "attackers").rglob("*.py")) + [REPO / "attacks" / "base.py", REPO / "attacks" / "registry.py"]
+    return [*sorted((REPO / "attacks" / "attackers").rglob("*.py")), REPO / "attacks" / "base.py", REPO / "attacks" / "registry.py"]
 
 
 def imported_modules(path: Path) -> set[str]:
