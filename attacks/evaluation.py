@@ -85,6 +85,7 @@ def attack_target(
     network = build_network(config)
     load_shared_state(network, recorded.model_state)
     encoder = network.target if get_method(config.method).objective.ema_targets else network.online
+    assert encoder is not None  # a method with EMA targets builds a target encoder
     return AttackTarget(
         round=recorded.round,
         encoder=encoder,

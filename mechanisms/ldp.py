@@ -524,7 +524,7 @@ class LshCoresetMechanism(Mechanism):
         self.kmeans_iters = kmeans_iters
         self.grid_resolution = grid_resolution
         self.noise_source = noise_source
-        if all(given):
+        if tree_count_parameter is not None and leaf_count_parameter is not None and sum_noise_multiplier is not None:
             self.noise = NoiseParameters(
                 tree_count_parameter=float(tree_count_parameter),
                 leaf_count_parameter=float(leaf_count_parameter),

@@ -101,7 +101,7 @@ class LocalGrid(Grid):
 
     def _node_context(self, node_id: int, partition: int, num_nodes: int) -> Context:
         """A node's own context, kept across its messages, as Flower's simulation registers it."""
-        node_config = {PARTITION_ID_KEY: partition, NUM_PARTITIONS_KEY: num_nodes}
+        node_config: dict[str, bool | float | int | str] = {PARTITION_ID_KEY: partition, NUM_PARTITIONS_KEY: num_nodes}
         return Context(self._run.run_id, node_id, node_config, RecordDict(), {})
 
     def set_run(self, run: Run) -> None:

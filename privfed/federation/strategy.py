@@ -174,7 +174,7 @@ class OrchestraStrategy(Strategy):
                 f"round {self.orchestra_round(server_round)} samples from {len(node_of)} partitions but only "
                 f"{client_manager.num_available()} SuperNodes are connected after {NODE_WAIT_SECONDS}s"
             )
-        proxies = {proxy.node_id: proxy for proxy in client_manager.all().values()}  # type: ignore[attr-defined]
+        proxies = {proxy.node_id: proxy for proxy in client_manager.all().values()}
         chosen = sorted(int(p) for p in self._rng.choice(len(node_of), size=self.clients_per_round, replace=False))
         missing = [p for p in chosen if node_of[p] not in proxies]
         if missing:

@@ -44,7 +44,7 @@ _EventKey = tuple[tuple[str, tuple[tuple[str, float], ...]], ...]
 
 def merge_events(events: Iterable[PrivacyEvent]) -> tuple[PrivacyEvent, ...]:
     """Identical events folded into one with the summed ``count`` (same cost, faster PLD)."""
-    counts: Counter[tuple[str, tuple[tuple[str, float], ...]]] = Counter()
+    counts: defaultdict[tuple[str, tuple[tuple[str, float], ...]], float] = defaultdict(float)
     for event in events:
         params = {k: v for k, v in event.params.items() if k != "count"}
         counts[(event.name, tuple(sorted(params.items())))] += float(event.params.get("count", 1.0))
