@@ -6,10 +6,9 @@ holds the ground truth it is scored against, which no attacker may import.
 ``attacks.evaluation`` puts the two together for ``privfed attack``.
 """
 
+import attacks.attackers  # noqa: F401  (registers the built-in attacks)
 from attacks.base import Attack, AttackTarget, Inversion
 from attacks.registry import UnknownAttackError, available_attacks, get_attack_class, register_attack
-
-import attacks.attackers  # noqa: E402, F401  (registers the built-in attacks)
 
 __all__ = [
     "Attack",

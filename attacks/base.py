@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import abc
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F

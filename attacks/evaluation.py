@@ -16,9 +16,10 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -28,8 +29,8 @@ from attacks.figure import save_attack_figure
 from attacks.registry import get_attack_class
 from attacks.scoring.ground_truth import VERIFIED, ClientMemory, VectorTruth, recorded_truth, training_images
 from attacks.scoring.report import summarize
-from mechanisms import get_mechanism_class
 from attacks.scoring.vector_scores import best_member, score_client_vectors
+from mechanisms import get_mechanism_class
 from privfed.config import TrainConfig
 from privfed.data import cached_dataset
 from privfed.data.augment import to_float
@@ -84,6 +85,7 @@ def attack_target(
     network = build_network(config)
     load_shared_state(network, recorded.model_state)
     encoder = network.target if get_method(config.method).objective.ema_targets else network.online
+    assert encoder is not None  # a method with EMA targets builds a target encoder
     return AttackTarget(
         round=recorded.round,
         encoder=encoder,

@@ -31,7 +31,13 @@ import torch
 
 from attacks import get_attack_class
 from attacks.evaluation import (
-    DEFAULT_DISTRACTORS, ReleaseTruth, attack_target, invert_round, load_auxiliary, score_round, split_auxiliary,
+    DEFAULT_DISTRACTORS,
+    ReleaseTruth,
+    attack_target,
+    invert_round,
+    load_auxiliary,
+    score_round,
+    split_auxiliary,
 )
 from attacks.scoring.ground_truth import replay_round, vector_truths
 from mechanisms import create_mechanism, get_mechanism_class
@@ -137,7 +143,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         ssim = score.replace("psnr", "ssim")
 
         def spread(key: str) -> str:
-            values = [r[key] for r in ok]
+            values = [r[key] for r in ok]  # noqa: B023 (called only within this iteration)
             std = statistics.stdev(values) if len(values) > 1 else 0.0
             return f"{statistics.fmean(values):.2f}±{std:.2f}"
 

@@ -17,6 +17,7 @@ kernels gives the same seed another trajectory (see ``docs/flower.md``,
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -52,7 +53,7 @@ def default_run(seed: int, out: Path) -> dict:
         "seed": seed,
         "knn_init": summary["knn_accuracy_init"],
         "knn": summary["knn_accuracy"],
-        "worst_drop": max([0.0, *(a - b for a, b in zip(knn, knn[1:]))]),
+        "worst_drop": max([0.0, *(a - b for a, b in itertools.pairwise(knn))]),
         "rejected_tensors": int(sum(r.get("secagg_rejected_tensors") or 0 for r in rounds)),
         "overflow_rounds": summary["secure_aggregation"].get("overflow_rounds", 0),
         "rounds": summary["rounds"],

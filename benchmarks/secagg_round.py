@@ -47,16 +47,16 @@ from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
 
 from privfed.config import build_config
 from privfed.federation import secagg_masking
-from privfed.secagg_masks import expand_mask
 from privfed.federation.simulation import simulate
 from privfed.models.network import build_network
 from privfed.orchestra.model_state import shared_state
 from privfed.run_plan import plan_run
-from privfed.secagg_settings import default_num_shares, default_threshold
 from privfed.runs import RunDirectory
+from privfed.secagg_masks import expand_mask
+from privfed.secagg_settings import default_num_shares, default_threshold
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for the test harness
-from tests.federation.secagg_harness import run_round  # noqa: E402
+from tests.federation.secagg_harness import run_round
 
 PRGS = ("none", "privfed", "flower")
 
@@ -258,7 +258,7 @@ def main() -> None:
         ratio = f"{medians[backbone, clients, prg] / base:.3f}x" if base and prg != "none" else "-"
         spread = f"{medians[backbone, clients, prg]:.2f} [{min(times):.2f}-{max(times):.2f}]"
         print(
-            f"{backbone:>9} {clients:>7} {prg:>8} {str(runs[0]['shares'] or '-'):>6} {spread:>22} "
+            f"{backbone:>9} {clients:>7} {prg:>8} {runs[0]['shares'] or '-'!s:>6} {spread:>22} "
             f"{statistics.fmean(r['train_s'] for r in runs):>8.2f} {ratio:>9}"
         )
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import shutil
+import statistics
 import tempfile
 import tomllib
 from pathlib import Path

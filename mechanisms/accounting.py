@@ -53,9 +53,9 @@ keeps the side of the root whose epsilon is at most the target.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from typing import Callable, Iterable
 
 from dp_accounting import dp_event, gaussian_mechanism, mechanism_calibration
 from dp_accounting.pld import pld_privacy_accountant

@@ -301,7 +301,7 @@ class Mechanism(abc.ABC):
         """
         raise NotImplementedError(f"mechanism {self.name!r} releases per client; it joins no secure sum")
 
-    def check_sum_capacity(self, *, max_summed: int, max_rows: int, num_cells: int, dim: int) -> None:
+    def check_sum_capacity(self, *, max_summed: int, max_rows: int, num_cells: int, dim: int) -> None:  # noqa: B027 (optional hook)
         """Refuses (ValueError) a run whose secure sum of ``max_summed`` shares could wrap the modulus (no-op by default).
 
         ``max_rows`` is the most representations one client holds.
@@ -311,7 +311,7 @@ class Mechanism(abc.ABC):
         """An aggregated mechanism's server side: the new global centroids from the sum of ``num_summed`` shares."""
         raise NotImplementedError(f"mechanism {self.name!r} releases per client; it combines no secure sum")
 
-    def observe_global_centroids(self, centroids: torch.Tensor) -> None:
+    def observe_global_centroids(self, centroids: torch.Tensor) -> None:  # noqa: B027 (optional hook)
         """Sees the public global centroids before a release (no-op by default).
 
         Lets a mechanism use public, data-independent context, such as a

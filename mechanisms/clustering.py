@@ -96,14 +96,14 @@ def _kmeans_plus_plus_init(
 ) -> torch.Tensor:
     """Spread initial centres with k-means++ seeding on cosine distance."""
     n = x.shape[0]
-    first = torch.multinomial(weights.cpu().double(), 1, generator=generator).item()
+    first = int(torch.multinomial(weights.cpu().double(), 1, generator=generator).item())
     centres = [x[first]]
     min_dist = (1.0 - x @ x[first]).clamp_min(0).cpu().double()
     for _ in range(1, k):
         probs = min_dist * weights.cpu().double()
         if probs.sum() <= 0:  # all points already coincide with a centre
             probs = torch.ones(n, dtype=torch.float64)
-        nxt = torch.multinomial(probs, 1, generator=generator).item()
+        nxt = int(torch.multinomial(probs, 1, generator=generator).item())
         centres.append(x[nxt])
         min_dist = torch.minimum(min_dist, (1.0 - x @ x[nxt]).clamp_min(0).cpu().double())
     return torch.stack(centres)

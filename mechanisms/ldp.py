@@ -59,9 +59,10 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -523,7 +524,7 @@ class LshCoresetMechanism(Mechanism):
         self.kmeans_iters = kmeans_iters
         self.grid_resolution = grid_resolution
         self.noise_source = noise_source
-        if all(given):
+        if tree_count_parameter is not None and leaf_count_parameter is not None and sum_noise_multiplier is not None:
             self.noise = NoiseParameters(
                 tree_count_parameter=float(tree_count_parameter),
                 leaf_count_parameter=float(leaf_count_parameter),

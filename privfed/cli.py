@@ -9,10 +9,11 @@ import os
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from contextlib import ExitStack
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -122,7 +123,7 @@ def _train_parameters() -> list[inspect.Parameter]:
                 field_.name,
                 inspect.Parameter.KEYWORD_ONLY,
                 default=typer.Option(None, *declarations, help=help_text, show_default=False),
-                annotation=Optional[kind],
+                annotation=kind | None,
             )
         )
     return parameters
@@ -144,9 +145,9 @@ def config_option(name: str) -> Any:
 @app.command()
 @with_config_options
 def train(
-    config: Optional[Path] = typer.Option(None, "--config", help="TOML preset (see configs/); flags override it."),
+    config: Path | None = typer.Option(None, "--config", help="TOML preset (see configs/); flags override it."),
     verbose: bool = typer.Option(False, "--verbose", help="Show Flower's and Ray's own logs."),
-    resume: Optional[Path] = typer.Option(
+    resume: Path | None = typer.Option(
         None, "--resume", help="Continue this stopped run from its last resume point (only --rounds and --runtime may change)."
     ),
     **options: Any,
@@ -248,7 +249,7 @@ def _train(plan: RunPlan, point: ResumePoint | None, verbose: bool) -> dict[str,
 @app.command()
 def evaluate(
     run_dir: Path = typer.Argument(..., help="A run directory written by `privfed train`."),
-    train_data: Optional[str] = typer.Option(None, help="Labelled data the probe learns from (its train split; a file named only here is used whole). Needed by knn, linear and finetune."),
+    train_data: str | None = typer.Option(None, help="Labelled data the probe learns from (its train split; a file named only here is used whole). Needed by knn, linear and finetune."),
     test_data: str = typer.Option(..., help="Data the probe is scored on (its test split; a file named only here is used whole)."),
     protocol: Protocol = typer.Option(Protocol.knn, help="knn (see --knn-k, --knn-temperature), linear (probe on frozen features), finetune (the whole backbone and a linear head on --label-fraction of the labels) or tsne (a 2-D picture of the test representations by class)."),
     label_fraction: float = typer.Option(0.1, help="finetune: the fraction of labelled train images, class-balanced (the paper: 0.01 and 0.1)."),
@@ -285,7 +286,7 @@ def evaluate(
         typer.echo(f"{result['protocol']} accuracy: {result['accuracy']:.4f} ({result['checkpoint']}, {test_data})")
 
 
-def _parse_rounds(text: Optional[str]) -> Optional[list[int]]:
+def _parse_rounds(text: str | None) -> list[int] | None:
     if not text:
         return None
     try:
@@ -303,12 +304,12 @@ def _print_attack_progress(stage: str, done: int, total: int, figures: dict[str,
 def attack(
     run_dir: Path = typer.Argument(..., help="A run directory trained with --record-releases."),
     method: str = typer.Option(..., "--method", help="Attack: decoder, decoder-releases (mechanism-aware) or optimization (see `privfed attacks`)."),
-    aux: Optional[str] = typer.Option(None, "--aux", help="Auxiliary data the server holds (its test split); must share no image with the clients. [default: the run's test split]"),
-    rounds: Optional[str] = typer.Option(None, "--rounds", help="Comma-separated recorded rounds to attack. [default: the first training round and the last]"),
+    aux: str | None = typer.Option(None, "--aux", help="Auxiliary data the server holds (its test split); must share no image with the clients. [default: the run's test split]"),
+    rounds: str | None = typer.Option(None, "--rounds", help="Comma-separated recorded rounds to attack. [default: the first training round and the last]"),
     device: str = config_option("device"),
     seed: int = typer.Option(0, "--seed", help="Seed of the attack (vector choice, auxiliary split, training)."),
     max_vectors: int = typer.Option(200, "--max-vectors", min=1, help="Released vectors attacked per round, drawn at random among those with weight."),
-    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="The attack's step budget: decoder training steps, or optimisation steps per vector. [default: the attack's own, 2000 / 200]"),
+    steps: int | None = typer.Option(None, "--steps", min=1, help="The attack's step budget: decoder training steps, or optimisation steps per vector. [default: the attack's own, 2000 / 200]"),
 ) -> None:
     """Invert a run's recorded releases as a semi-honest server would; writes RUN_DIR/attack.json and attack.png."""
     import torch
@@ -351,7 +352,7 @@ def plot(
 @app.command()
 def study(
     study_file: Path = typer.Argument(..., help="A study TOML file (see configs/studies/ and docs/studies.md)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
+    out: Path | None = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
     report: bool = typer.Option(False, "--report", help="Run nothing: write the tables and plots of the runs recorded so far."),
 ) -> None:
     """Run every cell of a study (train, evaluate, attack), skipping finished ones; write results.csv and results.md."""
@@ -364,7 +365,7 @@ def study(
 @app.command()
 def tune(
     study_file: Path = typer.Argument(..., help="A study TOML file whose grid holds the candidates, e.g. lr and ema_decay (configs/studies/tune-cpu-cifar10.toml)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
+    out: Path | None = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
 ) -> None:
     """Rank hyperparameters without labels by Align + 0.2 Unif (paper §5), with the label-based accuracy beside it; writes tuning.md."""
     from privfed.studies.tables import tuning_ranking
@@ -376,12 +377,12 @@ def tune(
     typer.echo(f"wrote {folder / 'tuning.md'}")
 
 
-def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list[CellRecord], Path]:
+def _run_study_file(study_file: Path, out: Path | None) -> tuple[list[CellRecord], Path]:
     """Runs (or continues) a study and writes its tables; returns its records and directory."""
+    from privfed.runs import RunDirectory
     from privfed.studies.cell_work import study_row
     from privfed.studies.grid import Study
     from privfed.studies.runner import recorded_cells, run_study
-    from privfed.runs import RunDirectory
 
     spec = Study.load(study_file)
     attack = None
@@ -412,7 +413,7 @@ def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list[CellRec
     return records, folder
 
 
-def _report_study_file(study_file: Path, out: Optional[Path]) -> None:
+def _report_study_file(study_file: Path, out: Path | None) -> None:
     """Writes a study's tables and plots from its recorded runs, running nothing (e.g. while it is stopped)."""
     from privfed.studies.grid import Study
     from privfed.studies.runner import recorded_cells
@@ -483,7 +484,7 @@ MAX_SUPERNODE_KEYS = 10_000
 def certs(
     out_dir: Path = typer.Option(Path("certificates"), "--out-dir", "-o", help="Directory to write the keys and certificates to."),
     supernodes: int = typer.Option(2, "--supernodes", "-n", min=0, max=MAX_SUPERNODE_KEYS, help="SuperNode authentication key pairs to create: supernode-0 ... supernode-(N-1), one per partition."),
-    host: Optional[list[str]] = typer.Option(None, "--host", help="DNS name or IP address SuperNodes and the flwr CLI use to reach the SuperLink (repeatable); localhost, 127.0.0.1 and ::1 are always included."),
+    host: list[str] | None = typer.Option(None, "--host", help="DNS name or IP address SuperNodes and the flwr CLI use to reach the SuperLink (repeatable); localhost, 127.0.0.1 and ::1 are always included."),
     port: int = typer.Option(8000, min=1, max=65535, help="SuperLink port used in the printed commands."),
     days: int = typer.Option(365, min=1, max=MAX_CERTIFICATE_DAYS, help="Validity of the certificates in days."),
     force: bool = typer.Option(False, "--force", help="Replace existing files (all of them: a new CA invalidates the old certificates)."),
@@ -523,7 +524,7 @@ def _exit_after_a_bug(code: int) -> None:
     sys.exit(code)
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """Console entry point: bad input becomes one line on stderr and exit code 2.
 
     ``argv`` defaults to the command line (tests pass their own).

@@ -17,9 +17,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Callable, Iterator
 
 #: The signals a run stops on.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

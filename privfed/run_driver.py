@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import re
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -271,9 +272,9 @@ class RunDriver:
         self.run_dir.append_metrics(record)
         self._rounds_done = report.round
         self._emit({"event": "round", **record})
-        interrupted = self.stop_request is not None and self.stop_request.requested
-        if self.stop_reason is None and interrupted and report.round < config.rounds:
-            self.stop_reason = f"{self.stop_request.reason}; stopped after round {report.round}"
+        stop = self.stop_request
+        if self.stop_reason is None and stop is not None and stop.requested and report.round < config.rounds:
+            self.stop_reason = f"{stop.reason}; stopped after round {report.round}"
             self._emit({"event": "stop", "reason": self.stop_reason})
         self._save_resume_point(report)
         return self.stop_reason

@@ -17,10 +17,10 @@ from privfed.data.arrays import size_mismatch
 from privfed.data.federated import FederatedSplit, cached_dataset
 from privfed.errors import PrivfedError
 from privfed.models.resnet import BACKBONES
-from privfed.secagg_settings import SecAggPlusSettings, secagg_settings
 from privfed.privacy.budget import PrivacyPlan, plan_privacy
 from privfed.resume import ResumePoint, check_resumable, read_resume_point, resumed_config
 from privfed.runs import RunDirectory, default_run_dir
+from privfed.secagg_settings import SecAggPlusSettings, secagg_settings
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class RunPlan:
 
     @property
     def run_dir(self) -> RunDirectory:
+        assert self.config.out is not None  # plan_run always sets it
         return RunDirectory(Path(self.config.out))
 
 
@@ -57,6 +58,7 @@ def plan_run(config: TrainConfig, *, resuming: bool = False) -> RunPlan:
     """
     if config.out is None:
         config = config.replace(out=str(default_run_dir(config)))
+    assert config.out is not None
     if not resuming and RunDirectory(Path(config.out)).holds_a_run():
         raise PrivfedError(f"{config.out} already holds a run; choose another --out")
     if config.backbone not in BACKBONES:  # the network is first built on the server, after the runtime started

@@ -16,9 +16,10 @@ from __future__ import annotations
 import fcntl
 import json
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -74,7 +75,7 @@ class RunDirectory:
         if not self.path.is_dir():
             raise PrivfedError(f"{self.path} is not a directory")
         try:
-            handle = open(self.path / LOCK_FILE, "a")
+            handle = open(self.path / LOCK_FILE, "a")  # noqa: SIM115 (entered below, once opening cannot fail)
         except OSError as err:
             raise PrivfedError(f"cannot write in {self.path}: {err.strerror}") from None
         with handle:

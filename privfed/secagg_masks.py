@@ -15,11 +15,11 @@ the two agree on :data:`PROTOCOL_VERSION` before any key is made.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 #: privfed's SecAgg+ protocol: Flower's message flow with masks from :func:`expand_mask`. A node refuses any other.
@@ -71,7 +71,7 @@ def expand_mask(seed: bytes, modulus: int, shapes: Sequence[tuple[int, ...]]) ->
     return masks
 
 
-def _uniform(stream, modulus: int, count: int) -> np.ndarray:
+def _uniform(stream: CipherContext, modulus: int, count: int) -> np.ndarray:
     """``count`` values uniform over ``[0, modulus)`` from a keystream."""
     if modulus & (modulus - 1) == 0:
         values = _keystream_words(stream, count)
@@ -93,11 +93,11 @@ def _uniform(stream, modulus: int, count: int) -> np.ndarray:
 _CHUNK = 1 << 20
 
 
-def _keystream_words(stream, count: int) -> np.ndarray:
+def _keystream_words(stream: CipherContext, count: int) -> np.ndarray:
     """The next ``8 * count`` keystream bytes as int64 words, written in place (no copies of the stream)."""
     # ``update_into`` may write up to one block past the data, so the buffer has a block of slack.
     buffer = np.empty(count + _BLOCK // 8, dtype=np.int64)
-    out = memoryview(buffer).cast("B")
+    out = buffer.data.cast("B")
     zeros = bytes(min(_CHUNK, 8 * count))
     for start in range(0, 8 * count, _CHUNK):
         length = min(_CHUNK, 8 * count - start)

@@ -10,8 +10,8 @@ sizes, so they are fixed once, in the run's plan, and recorded in
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import Any
 
 from privfed.config import TrainConfig
@@ -131,7 +131,7 @@ def secagg_settings(config: TrainConfig, client_sizes: list[int]) -> SecAggPlusS
             "raise --participation or --num-clients, or pass --no-secagg"
         )
     shares = config.secagg_shares if config.secagg_shares is not None else default_num_shares(sampled)
-    if not (shares == sampled or 3 <= shares < sampled and shares % 2 == 1):
+    if not (shares == sampled or (3 <= shares < sampled and shares % 2 == 1)):
         raise PrivfedError(
             f"--secagg-shares must be the number of sampled clients ({sampled}) or an odd number "
             f"from 3 to {sampled - 1}, got {shares}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch

@@ -12,7 +12,7 @@ def jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def same(a: Any, b: Any, *, rel: float = 1e-5, abs: float = 1e-6) -> bool:  # noqa: A002 - math.isclose's names
+def same(a: Any, b: Any, *, rel: float = 1e-5, abs: float = 1e-6) -> bool:  # math.isclose's names
     """Equal up to float rounding; strings, None and bools must match exactly, and so must nesting."""
     if isinstance(a, float) and isinstance(b, float):
         return math.isclose(a, b, rel_tol=rel, abs_tol=abs) or (math.isnan(a) and math.isnan(b))

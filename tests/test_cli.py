@@ -95,8 +95,9 @@ def test_evaluate_rejects_an_unknown_protocol(tmp_path, run_privfed):
 
 
 def test_train_help_documents_every_option(run_privfed):
-    from privfed.config import TrainConfig
     import dataclasses
+
+    from privfed.config import TrainConfig
 
     result = run_privfed("train", "--help")
     assert result.returncode == 0

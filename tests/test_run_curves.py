@@ -57,7 +57,8 @@ def test_a_finished_runs_knn_curve_starts_at_the_untrained_encoder(tmp_path):
     run = fake_run(tmp_path / "run", seed=0)
     run.append_metrics({"round": 7, "round_seconds": 5.0})
     metrics = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
-    (run.path / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in m.items() if not (m["round"] == 0 and k == "knn_accuracy")}) + "\n" for m in metrics))
+    kept = [{k: v for k, v in m.items() if not (m["round"] == 0 and k == "knn_accuracy")} for m in metrics]
+    (run.path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in kept))
     run.write_json("summary.json", {"knn_accuracy_init": 0.11})
     rounds, values = RunCurves.of(run.path).series("knn_accuracy")
     assert rounds[0] == 0 and values[0] == pytest.approx(0.11)

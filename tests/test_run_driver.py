@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from mechanisms import Guarantee, Release, create_mechanism
+from privfed.errors import PrivfedError
 from privfed.orchestra.round_report import Rejection, RoundReport
 from privfed.run_driver import RunDriver
-from privfed.errors import PrivfedError
 from privfed.run_plan import plan_resume, plan_run
 
 

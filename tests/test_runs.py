@@ -10,18 +10,15 @@ from privfed.runs import RunDirectory
 
 def test_a_claimed_run_directory_cannot_be_claimed_again_until_released(tmp_path):
     run_dir = RunDirectory(tmp_path)
-    with run_dir.claimed():
-        with pytest.raises(PrivfedError, match="in use by another privfed process"):
-            with RunDirectory(tmp_path).claimed():
-                pass
+    with run_dir.claimed(), pytest.raises(PrivfedError, match="in use by another privfed process"), RunDirectory(tmp_path).claimed():
+        pass
     with run_dir.claimed():  # released at the end of the block
         pass
 
 
 def test_a_missing_directory_cannot_be_claimed(tmp_path):
-    with pytest.raises(PrivfedError, match="is not a directory"):
-        with RunDirectory(tmp_path / "absent").claimed():
-            pass
+    with pytest.raises(PrivfedError, match="is not a directory"), RunDirectory(tmp_path / "absent").claimed():
+        pass
     assert not (tmp_path / "absent").exists()
 
 

@@ -6,10 +6,10 @@ import os
 
 import numpy as np
 import pytest
-from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
 from scipy.stats import chisquare
 
 from privfed.secagg_masks import PROTOCOL_VERSION, expand_mask

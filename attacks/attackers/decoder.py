@@ -91,7 +91,9 @@ def train_decoder(
 def _inversion(decoder: ImageDecoder, device: torch.device) -> Inversion:
     @torch.no_grad()
     def invert(vectors: torch.Tensor) -> torch.Tensor:
-        return torch.cat([decoder(chunk.to(device).float()).cpu() for chunk in vectors.split(512)]) if len(vectors) else vectors.new_zeros(0)
+        if not len(vectors):
+            return vectors.new_zeros(0)
+        return torch.cat([decoder(chunk.to(device).float()).cpu() for chunk in vectors.split(512)])
 
     return invert
 

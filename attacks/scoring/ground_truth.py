@@ -76,7 +76,7 @@ def replay_round(
     """
     sizes = FederatedSplit.of(config).client_sizes()
     dp_sgd = plan_privacy(config, sizes).dp_sgd if config.dp_sgd else None
-    local = LocalTrainingConfig.from_run(config, dp_sgd=dp_sgd)
+    local = LocalTrainingConfig.from_run(config, dp_sgd=None if dp_sgd is None else dp_sgd.settings)
     images = FederatedSplit.of(config).client_images(client)
     mechanism = _mechanism(recorded)
     threads = torch.get_num_threads()
@@ -100,6 +100,7 @@ def replay_round(
     if update.release is None:
         return memory, None, None
     # The same mechanism choices again, this time with the members they make.
+    assert private.memory is not None and private.release_generator_state is not None  # kept by a round that released
     replayed, members = checked_release_with_members(
         mechanism, private.memory, num_centroids=config.num_local_centroids,
         generator=torch.Generator().set_state(private.release_generator_state),

@@ -7,6 +7,8 @@ candidate set (the members of a cluster, a client's whole dataset).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
 
@@ -22,10 +24,18 @@ def psnr(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def ssim(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """``[n]`` SSIM (Gaussian window 11, sigma 1.5) of ``preds[i]`` against ``target[i]``."""
-    return structural_similarity_index_measure(preds, target, data_range=1.0, reduction="none")
+    values = structural_similarity_index_measure(preds, target, data_range=1.0, reduction="none")
+    assert isinstance(values, torch.Tensor)  # a tuple only with return_full_image=True
+    return values
 
 
-def pairwise(score, reconstructions: torch.Tensor, candidates: torch.Tensor, *, chunk: int = 4096) -> torch.Tensor:
+def pairwise(
+    score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    reconstructions: torch.Tensor,
+    candidates: torch.Tensor,
+    *,
+    chunk: int = 4096,
+) -> torch.Tensor:
     """``[m, c]`` ``score`` of every reconstruction against every candidate."""
     m, c = reconstructions.shape[0], candidates.shape[0]
     if m == 0 or c == 0:

@@ -48,7 +48,7 @@ def summarize(rows: list[dict[str, float | None]]) -> dict[str, Any]:
     """
     out: dict[str, Any] = {"vectors": len(rows)}
     for name in SCORES:
-        pairs = [(r[name], r[f"null_{name}"]) for r in rows if r.get(name) is not None]
+        pairs = [(s, n) for r in rows if (s := r.get(name)) is not None and (n := r.get(f"null_{name}")) is not None]
         if not pairs:
             continue
         label = "reid_rate" if name == "reid" else name
@@ -57,7 +57,7 @@ def summarize(rows: list[dict[str, float | None]]) -> dict[str, Any]:
         out[f"n_{label}"] = len(pairs)
         out[f"null_{label}"], out[f"null_{label}_ci95"] = interval([n for _, n in pairs])
         out[f"advantage_{label}"], out[f"advantage_{label}_ci95"] = mean_interval([p - n for p, n in pairs])
-    chances = [r["reid_chance"] for r in rows if r.get("reid_chance") is not None]
+    chances = [c for r in rows if (c := r.get("reid_chance")) is not None]
     if chances:
         out["reid_chance"] = statistics.fmean(chances)
     return out

@@ -24,8 +24,8 @@ from privfed.data.shapes import SHAPE_CLASSES, make_shapes
 
 __all__ = [
     "DATASET_NAMES",
-    "FederatedSplit",
     "SHAPE_CLASSES",
+    "FederatedSplit",
     "HeterogeneityStats",
     "ImageArrays",
     "OrchestraViews",

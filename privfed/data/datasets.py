@@ -52,7 +52,7 @@ def arrays_file(spec: str | None) -> Path | None:
     """The file an ``arrays:PATH`` spec names, resolved (None for any other dataset, or none)."""
     if spec is None:
         return None
-    name, sep, arg = spec.strip().partition(":")
+    name, _, arg = spec.strip().partition(":")
     if name.strip().lower() != "arrays" or not arg.strip():
         return None
     return Path(arg.strip()).expanduser().resolve()

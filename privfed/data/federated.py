@@ -26,12 +26,18 @@ from privfed.data.partition import dirichlet_partition
 class SplitOptions(Protocol):
     """The run options that fix the split (a :class:`privfed.config.TrainConfig` has them)."""
 
-    dataset: str
-    data_dir: str
-    download: bool
-    num_clients: int
-    alpha: float
-    seed: int
+    @property
+    def dataset(self) -> str: ...
+    @property
+    def data_dir(self) -> str: ...
+    @property
+    def download(self) -> bool: ...
+    @property
+    def num_clients(self) -> int: ...
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def seed(self) -> int: ...
 
 
 @lru_cache(maxsize=4)

@@ -209,7 +209,7 @@ def _composite(alpha: np.ndarray, p: dict[str, np.ndarray], rng: np.random.Gener
     )
     img *= light[..., None]
     # Uniform noise with standard deviation _NOISE_STD (much cheaper than Gaussian).
-    noise = rng.random(img.shape[:3] + (1,), dtype=np.float32)  # grey noise
+    noise = rng.random((*img.shape[:3], 1), dtype=np.float32)  # grey noise
     noise -= 0.5
     noise *= np.float32(_NOISE_STD * np.sqrt(12.0))
     img += noise

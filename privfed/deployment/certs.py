@@ -136,7 +136,7 @@ def make_ca(
     further CAs. The validity starts a few minutes in the past so that
     machines whose clocks lag slightly still accept it.
     """
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     key = new_private_key()
     name = _name("privfed federation CA")
     public = key.public_key()
@@ -179,7 +179,7 @@ def make_server_certificate(
     sans = subject_alternative_names(hosts)
     if not sans:
         raise PrivfedError("the SuperLink certificate needs at least one host name or IP address")
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     key = new_private_key()
     public = key.public_key()
     first = sans[0].value

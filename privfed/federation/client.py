@@ -46,6 +46,7 @@ from privfed.federation.messages import (
     state_to_arrays,
 )
 from privfed.federation.partitions import PARTITION_KEY
+from privfed.federation.records import record_item
 from privfed.federation.reply_store import ReplyStore, instructions_digest
 from privfed.federation.secagg_masking import SHARE_KEY
 from privfed.federation.update_encoding import (
@@ -62,7 +63,6 @@ from privfed.privacy.client_guard import ClientGuard, RoundRefused
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
 from privfed.privacy.ledger import events_to_json
 from privfed.secagg_settings import SecAggPlusSettings
-
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class OrchestraClient(Client):
         keys = shared_keys(network)
         global_state = arrays_to_state(parameters_to_ndarrays(ins.parameters), keys)
         train = str(ins.config["task"]) == "train"
-        centroids = bytes_to_tensor(ins.config["centroids"]) if "centroids" in ins.config else None
+        centroids = bytes_to_tensor(record_item(ins.config["centroids"], bytes)) if "centroids" in ins.config else None
         mechanism: Mechanism | None = None
         if get_method(config.method).releases != (config.mechanism is not None):
             raise ValueError(f"method {config.method} and mechanism {config.mechanism} do not go together")
@@ -174,6 +174,7 @@ class OrchestraClient(Client):
         if shares:
             # Before anything is charged or computed: the sum must hold the noise the share leaves out.
             own = params if self.declared is None else self.declared.guard.own_parameters()[0]
+            assert config.mechanism is not None  # shares implies a mechanism
             mechanism = self._secure_sum_mechanism(config.mechanism, own)
         if self.declared is not None and digest is not None:
             replayed = self._replayed(int(ins.config["round"]), digest, shares=shares)
@@ -354,7 +355,7 @@ def check_secagg_encoding(fit: dict, declared: SecAggPlusSettings, keys: list[st
         raise RoundRefused("the run declared SecAgg+; the server asked for an update without it")
     own = declared.encoding_config()
     sent = {key: fit.get(key) for key in own}
-    if any(sent[key] is None or float(sent[key]) != float(own[key]) for key in own):
+    if any(value is None or float(value) != float(own[key]) for key, value in sent.items()):
         raise RoundRefused(f"the server's SecAgg+ encoding {sent} differs from the declared run's {own}")
     scales = bytes_to_ndarray(fit["secagg_scales"])
     smallest = initial_scales(keys)

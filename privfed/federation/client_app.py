@@ -9,8 +9,9 @@ a client is actually built (:mod:`privfed.federation.client`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import Message
@@ -19,6 +20,7 @@ from flwr.client import Client, ClientApp
 from flwr.common import Context
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 
+from privfed.federation.records import record_item
 from privfed.federation.secagg_client import FITRES_METRICS, privfed_secaggplus_mod
 from privfed.federation.secagg_masking import SHARE_KEY
 from privfed.secagg_settings import ENCODING_IN_FLOWER_STATE
@@ -52,10 +54,10 @@ def make_client_fn(
 
     def client_fn(context: Context) -> Client:
         """Builds the client for this node's partition (``partition-id`` in the node config)."""
+        from privfed.errors import PrivfedError
         from privfed.federation.client import DeclaredRun, OrchestraClient, SecureSumSetup
         from privfed.federation.client_config import ClientConfig
         from privfed.federation.reply_store import ReplyStore, reply_file
-        from privfed.errors import PrivfedError
         from privfed.privacy.client_guard import ClientGuard, declared_budget, node_cap_from
         from privfed.secagg_settings import secagg_settings
 
@@ -85,7 +87,7 @@ def make_client_fn(
         if floor < 2:
             raise NodeGuardFailed(f"{SECURE_SUM_MIN_SHARES} must be at least 2, got {floor}")
         secure_sum = None if setup is None else SecureSumSetup(
-            int(setup["threshold"]), int(setup["mod_range"]), node_min_shares=floor
+            record_item(setup["threshold"], int), record_item(setup["mod_range"], int), node_min_shares=floor
         )
         return OrchestraClient(partition, int(node["num-partitions"]), declared=declared_run, secure_sum=secure_sum)
 
@@ -137,7 +139,7 @@ def secaggplus_when_requested(msg: Message, context: Context, call_next: Callabl
         return call_next(msg, context)
     if RECORD_KEY_CONFIGS in msg.content.config_records:
         check_secagg_round(msg.content.config_records[RECORD_KEY_CONFIGS], context)
-        fit = msg.content.config_records.get(FIT_CONFIG_RECORD, {})
+        fit: Mapping[str, Any] = msg.content.config_records.get(FIT_CONFIG_RECORD, {})
         if fit.get("task") == "train" and "secagg_scales" not in fit:
             # privfed masks its indicators (and any metrics) only with its own SecAgg+ settings.
             raise UnmaskedRoundRefused("a SecAgg+ training round without privfed's SecAgg+ settings")
@@ -156,7 +158,7 @@ def secaggplus_when_requested(msg: Message, context: Context, call_next: Callabl
     return reply
 
 
-def check_secagg_round(configs, context: Context) -> None:
+def check_secagg_round(configs: Mapping[str, Any], context: Context) -> None:
     """Refuses a SecAgg+ round too small to hide this node's update, by the node's own ``secagg-min-clients``.
 
     Flower's mod accepts whatever the server sets: with the node alone and a
@@ -194,7 +196,7 @@ def check_secagg_round(configs, context: Context) -> None:
             raise UnmaskedRoundRefused(f"this node shares keys with at least {minimum} neighbours, got {neighbours}")
 
 
-def check_encoding_matches_setup(fit, state) -> None:
+def check_encoding_matches_setup(fit: Mapping[str, Any], state: Mapping[str, Any] | None) -> None:
     """Refuses privfed's SecAgg+ encoding when it differs from the one Flower's mod set up the round with.
 
     The client divides its indicators by its weight ratio as the fit config
@@ -243,7 +245,7 @@ def seeded_secagg_rounding(msg: Message, context: Context, call_next: Callable[[
     config = msg.content.config_records.get(FIT_CONFIG_RECORD)
     if config is not None and RECORD_KEY_CONFIGS in msg.content.config_records and not reply.has_error():
         partition = int(context.node_config["partition-id"])
-        np.random.seed(rounding_seed(int(config["seed"]), int(config["round"]), partition))
+        np.random.seed(rounding_seed(record_item(config["seed"], int), record_item(config["round"], int), partition))
     return reply
 
 

@@ -22,8 +22,8 @@ The stages a client can fail at, in protocol order:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from flwr.app import Message
 from flwr.common import Context

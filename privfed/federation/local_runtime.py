@@ -101,7 +101,7 @@ class LocalGrid(Grid):
 
     def _node_context(self, node_id: int, partition: int, num_nodes: int) -> Context:
         """A node's own context, kept across its messages, as Flower's simulation registers it."""
-        node_config = {PARTITION_ID_KEY: partition, NUM_PARTITIONS_KEY: num_nodes}
+        node_config: dict[str, bool | float | int | str] = {PARTITION_ID_KEY: partition, NUM_PARTITIONS_KEY: num_nodes}
         return Context(self._run.run_id, node_id, node_config, RecordDict(), {})
 
     def set_run(self, run: Run) -> None:
@@ -158,7 +158,7 @@ class LocalGrid(Grid):
         try:
             with own_process_state():
                 reply = self._app(received, context)
-        except Exception as err:  # noqa: BLE001 (a failing client is a dropped node, not a failed run)
+        except Exception as err:  # a failing client is a dropped node, not a failed run
             logger.warning("node %s (partition %s) failed: %r", context.node_id, context.node_config[PARTITION_ID_KEY], err)
             reply = Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(err).__name__}: {err}"), reply_to=received)
         reply.metadata.__dict__["_message_id"] = uuid.uuid4().hex

@@ -23,8 +23,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 import torch
@@ -209,7 +210,7 @@ def _check_reply(
     return CheckedReply(client, size, release, numeric, training_events, delta)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int | np.integer]:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
@@ -350,7 +351,7 @@ def _guarantee(value: Any) -> Guarantee:
         numeric = kind in (int, float) and not isinstance(item, bool)
         if not (isinstance(item, kind) or (kind is float and isinstance(item, int))) or (kind is int and not numeric):
             raise RejectedReply(f"release_guarantee's {key} is {item!r}")
-        if kind is float and not (numeric and math.isfinite(item)):
+        if kind is float and not (numeric and isinstance(item, (int, float)) and math.isfinite(item)):
             raise RejectedReply(f"release_guarantee's {key} is {item!r}")
     return Guarantee(**value)
 

@@ -31,9 +31,10 @@ import hashlib
 import io
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 from flwr.common import Code, FitIns, FitRes, Parameters, Status
@@ -188,7 +189,8 @@ class ReplyStore:
             )
             arrays = {f"tensor_{i}": np.frombuffer(t, dtype=np.uint8) for i, t in enumerate(res.parameters.tensors)}
         buffer = io.BytesIO()
-        np.savez(buffer, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)
+        # numpy's stub checks **arrays against savez's allow_pickle keyword too; the keys are tensor_<i>.
+        np.savez(buffer, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "wb") as file:
             file.write(buffer.getvalue())

@@ -11,7 +11,7 @@ before it makes any key, and answers with the version it runs.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import flwr.compat.common.recorddict_compat as compat
 import numpy as np
@@ -27,6 +27,7 @@ from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_separate
 
+from privfed.federation.records import record_list
 from privfed.federation.secagg_masking import SHARE_KEY, encode_update, mask_update, pairwise_seed
 from privfed.secagg_masks import PROTOCOL_KEY, PROTOCOL_VERSION
 
@@ -122,8 +123,8 @@ def _store_neighbour_shares(state: SecAggPlusState, configs: ConfigRecord) -> li
     The client masks with exactly these neighbours: the server can rebuild
     the pairwise key of any of them that drops, from the shares it holds.
     """
-    sources = list(configs[Key.SOURCE_LIST])
-    ciphertexts = list(configs[Key.CIPHERTEXT_LIST])
+    sources = record_list(configs[Key.SOURCE_LIST], int)
+    ciphertexts = record_list(configs[Key.CIPHERTEXT_LIST], bytes)
     if len(sources) != len(ciphertexts):
         raise ValueError("the server's share lists differ in length")
     if len(ciphertexts) + 1 < state.threshold:

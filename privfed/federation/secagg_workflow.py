@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Protocol
 
 import flwr.compat.common.recorddict_compat as compat
 import numpy as np
@@ -37,6 +38,7 @@ from flwr.server.workflow.default_workflows import default_fit_workflow
 
 from privfed import secagg_masks
 from privfed.federation import secagg_masking
+from privfed.federation.records import record_item, record_list
 from privfed.federation.secagg_masking import decode_weighted_mean, pairwise_seed, split_share, unmask_sum
 from privfed.secagg_masks import PROTOCOL_KEY, PROTOCOL_VERSION
 from privfed.secagg_settings import SecAggPlusSettings
@@ -91,7 +93,8 @@ def screen_masked_reply(reply: Message, strategy: RoundCloser) -> tuple[Message,
         res = None
     try:
         masked: list[np.ndarray] | None = [
-            bytes_to_ndarray(b) for b in reply.content.config_records[RECORD_KEY_CONFIGS][SecAggKey.MASKED_PARAMETERS]
+            bytes_to_ndarray(b)
+            for b in record_list(reply.content.config_records[RECORD_KEY_CONFIGS][SecAggKey.MASKED_PARAMETERS], bytes)
         ]
     except Exception:  # no masked vector, or not arrays
         masked = None
@@ -99,7 +102,8 @@ def screen_masked_reply(reply: Message, strategy: RoundCloser) -> tuple[Message,
     if reason is None:
         return reply, res, masked
     error = Error(code=REJECTED_REPLY, reason=f"rejected by the server: {reason}")
-    return Message(metadata=reply.metadata, error=error), None, None
+    # Flower's overloads omit the metadata form; the rejected reply keeps the client's metadata.
+    return Message(metadata=reply.metadata, error=error), None, None  # type: ignore[call-overload]
 
 
 class MaskedSum:
@@ -158,12 +162,14 @@ class _ProtocolGrid:
     def _checked(self, reply: Message) -> Message:
         if reply.has_error():
             return reply
-        runs = reply.content.config_records.get(RECORD_KEY_CONFIGS, {}).get(PROTOCOL_KEY)
+        configs = reply.content.config_records.get(RECORD_KEY_CONFIGS)
+        runs = None if configs is None else configs.get(PROTOCOL_KEY)
         if runs == PROTOCOL_VERSION:
             return reply
         self.other_protocol.append(reply.metadata.src_node_id)
         logger.warning("a client runs SecAgg+ protocol %r, not %r: it is left out of the round", runs, PROTOCOL_VERSION)
-        return Message(metadata=reply.metadata, error=Error(code=OTHER_PROTOCOL, reason=f"runs SecAgg+ protocol {runs!r}"))
+        error = Error(code=OTHER_PROTOCOL, reason=f"runs SecAgg+ protocol {runs!r}")
+        return Message(metadata=reply.metadata, error=error)  # type: ignore[call-overload]  # as in screen_masked_reply
 
 
 def forget_nodes_without_shares(state: Any) -> None:
@@ -237,10 +243,10 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         until all had arrived: clients x update size (9 GB for 50 clients of
         ResNet-18's online and target networks).
         """
-        server_round = int(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND])
+        server_round = record_item(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND], int)
         requests = [_masked_vector_request(node, state, server_round) for node in state.active_node_ids]
         del state.forward_ciphertexts, state.forward_srcs, state.nid_to_fitins
-        masked_sum, replied = MaskedSum(state.mod_range), set()
+        masked_sum, replied = MaskedSum(state.mod_range), set[int]()
         for reply in replies_as_they_arrive(grid, requests, timeout=self.timeout):
             self._take_masked_reply(reply, state, masked_sum, replied, rejected)
             del reply  # its masked bytes go before the next reply is pulled
@@ -278,7 +284,7 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         after sharing its keys. No client is asked for both secrets of one
         client.
         """
-        server_round = int(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND])
+        server_round = record_item(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND], int)
         survivors = set(state.active_node_ids)
         dropped = state.sampled_node_ids - survivors
         requests = [_share_request(node, state.nid_to_neighbours[node], survivors, dropped, server_round) for node in survivors]
@@ -310,13 +316,13 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
             modulus=state.mod_range,
         )
         del state.aggregate_ndarrays
-        total, shares = split_share(total, has_share=self.strategy.carries_share)
+        total, share_sum = split_share(total, has_share=self.strategy.carries_share)
         mean = decode_weighted_mean(
             total, num_summed=len(survivors), clipping_range=state.clipping_range,
             quantization_range=state.quantization_range,
         )
-        if shares is not None:  # only once the update's sum decoded: a halted round moves no centroid either
-            self.strategy.note_secure_sum(shares, num_summed=len(survivors))
+        if share_sum is not None:  # only once the update's sum decoded: a halted round moves no centroid either
+            self.strategy.note_secure_sum(share_sum, num_summed=len(survivors))
         _hand_to_strategy(mean, server_round, context, state)
         return True
 
@@ -401,7 +407,7 @@ def _share_request(node: int, neighbours: set[int], survivors: set[int], dropped
 def _collect_shares(reply: Message, neighbours: set[int], shares: dict[int, list[bytes]]) -> None:
     """Adds one survivor's shares; shares of anyone but its neighbours, or twice of one, break the stage."""
     configs = reply.content.config_records[RECORD_KEY_CONFIGS]
-    owners, values = list(configs[SecAggKey.NODE_ID_LIST]), list(configs[SecAggKey.SHARE_LIST])
+    owners, values = record_list(configs[SecAggKey.NODE_ID_LIST], int), record_list(configs[SecAggKey.SHARE_LIST], bytes)
     if len(owners) != len(values) or len(set(owners)) != len(owners) or not set(owners) <= neighbours:
         raise ValueError(f"node {reply.metadata.src_node_id} sent shares that do not match its neighbours")
     for owner, share in zip(owners, values):
@@ -413,7 +419,7 @@ def _hand_to_strategy(mean: list[np.ndarray], server_round: int, context: Legacy
     parameters = ndarrays_to_parameters(mean)
     for _, res in state.legacy_results:
         res.parameters = parameters
-    aggregated, metrics = context.strategy.aggregate_fit(server_round, state.legacy_results, state.failures)  # type: ignore[arg-type]
+    aggregated, metrics = context.strategy.aggregate_fit(server_round, state.legacy_results, state.failures)
     if aggregated:
         context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(aggregated, True)
         context.history.add_metrics_distributed_fit(server_round=server_round, metrics=metrics)
@@ -447,6 +453,6 @@ class OrchestraFitWorkflow:
         if not self.strategy.next_round_trains:
             default_fit_workflow(grid, context)
             return
-        current_round = int(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND])
+        current_round = record_item(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND], int)
         self._secure(grid, context)
         self.strategy.close_round_without_aggregate(current_round)

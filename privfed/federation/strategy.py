@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,7 +41,6 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from privfed.federation.client_config import ClientConfig
-from privfed.secagg_masks import MASK_PRG, PROTOCOL_VERSION
 from privfed.federation.messages import arrays_to_state, state_to_arrays, tensor_to_bytes
 from privfed.federation.reply_checks import (
     CheckedReply,
@@ -63,6 +63,7 @@ from privfed.orchestra.model_state import StateDict, shared_keys, weighted_mean
 from privfed.orchestra.round_report import Rejection, RoundReport
 from privfed.orchestra.server import OrchestraServer, SecureSum
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
+from privfed.secagg_masks import MASK_PRG, PROTOCOL_VERSION
 from privfed.secagg_settings import SecAggPlusSettings
 
 logger = logging.getLogger(__name__)
@@ -173,7 +174,7 @@ class OrchestraStrategy(Strategy):
                 f"round {self.orchestra_round(server_round)} samples from {len(node_of)} partitions but only "
                 f"{client_manager.num_available()} SuperNodes are connected after {NODE_WAIT_SECONDS}s"
             )
-        proxies = {proxy.node_id: proxy for proxy in client_manager.all().values()}  # type: ignore[attr-defined]
+        proxies = {proxy.node_id: proxy for proxy in client_manager.all().values()}
         chosen = sorted(int(p) for p in self._rng.choice(len(node_of), size=self.clients_per_round, replace=False))
         missing = [p for p in chosen if node_of[p] not in proxies]
         if missing:

@@ -230,8 +230,10 @@ def encode_metrics(metrics: dict[str, float], *, clipping_range: float) -> np.nd
     pairs = []
     for name, scale in SECURE_METRIC_SCALES.items():
         value = metrics.get(name)
-        present = value is not None and math.isfinite(value)
-        pairs += [float(np.clip(value / scale, -clipping_range, clipping_range)) if present else 0.0, float(present)]
+        if value is None or not math.isfinite(value):
+            pairs += [0.0, 0.0]
+        else:
+            pairs += [float(np.clip(value / scale, -clipping_range, clipping_range)), 1.0]
     return np.asarray(pairs, dtype=np.float64)
 
 

@@ -129,13 +129,20 @@ def network_norm(*, dp_sgd: bool) -> str:
 class NetworkSpec(Protocol):
     """What fixes the architecture: a run's :class:`~privfed.config.TrainConfig` or a client's configuration."""
 
-    method: str
-    backbone: str
-    projection_dim: int
-    projection_hidden_dim: int | None
-    cluster_head_outputs: int | None
-    classifier_outputs: int | None
-    dp_sgd: bool
+    @property
+    def method(self) -> str: ...
+    @property
+    def backbone(self) -> str: ...
+    @property
+    def projection_dim(self) -> int: ...
+    @property
+    def projection_hidden_dim(self) -> int | None: ...
+    @property
+    def cluster_head_outputs(self) -> int | None: ...
+    @property
+    def classifier_outputs(self) -> int | None: ...
+    @property
+    def dp_sgd(self) -> bool: ...
 
 
 def build_network(config: NetworkSpec) -> OrchestraNetwork:

@@ -8,7 +8,7 @@ paper's) or GroupNorm (needed by DP-SGD, see :mod:`privfed.models.norms`).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
@@ -144,7 +144,7 @@ def run_client_round(
     events: tuple[PrivacyEvent, ...] = ()
     # An aggregated mechanism's round 0 has no secure sum to share into, so it needs no memory then.
     releases = mechanism is not None and (train or not mechanism.aggregated)
-    samples_every_image = releases and mechanism.input_sampling_rate < 1
+    samples_every_image = releases and mechanism is not None and mechanism.input_sampling_rate < 1
     if not train:
         memory = examples = None
         if releases and not samples_every_image:
@@ -154,8 +154,8 @@ def run_client_round(
         delta = None
         metrics: dict[str, float] = {}
     else:
-        train = _trainer(config, secret_seed, labels)
-        result = train(network, images, centroids, config, generator=generator, device=device)
+        trainer = _trainer(config, secret_seed, labels)
+        result = trainer(network, images, centroids, config, generator=generator, device=device)
         memory, examples = result.memory, result.memory_examples
         delta = state_delta(shared_state(network), global_state)
         events = result.privacy_events
@@ -168,7 +168,8 @@ def run_client_round(
         # The mechanism draws its secret sample from every image (after the delta: BatchNorm statistics move here).
         memory, examples = every_representation(network, images, config, generator=generator, device=device)
     release = release_state = share = None
-    if releases:
+    if releases and mechanism is not None:  # releases implies a mechanism; the test narrows its type
+        assert memory is not None  # every releasing path above filled it
         start = time.perf_counter()
         release_state = generator.get_state()
         if mechanism.aggregated:

@@ -28,8 +28,8 @@ from __future__ import annotations
 import secrets
 import time
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.nn as nn
@@ -58,7 +58,8 @@ class TrainedModules(nn.Module):
         self.rotation = network.rotation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.rotation(self.online(x))
+        z = self.online(x)
+        return z if self.rotation is None else self.rotation(z)
 
 
 def check_private_network(network: OrchestraNetwork) -> None:
@@ -233,6 +234,7 @@ def train_with_dp_sgd(
             index = poisson_sample(n, rate, sampling)
             views = orchestra_views(images[index.to(device)], generator=aug_generator) if index.numel() else None
             losses = dp_step(network, optimizer, views, centroids, config)
+            assert network.target is not None  # DP-SGD trains only Orchestra (config refuses others), which has one
             ema_update(network.target, network.online, config.ema_decay)
             if losses is not None:
                 totals += losses.detached()

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from mechanisms.base import Release
-from mechanisms.clustering import sinkhorn_knopp, sinkhorn_kmeans
+from mechanisms.clustering import sinkhorn_kmeans, sinkhorn_knopp
 
 #: ``--global-clustering`` choices (``privfed.config`` lists the same names).
 KMEANS = "kmeans"

@@ -179,6 +179,7 @@ def train_locally(
             optimizer.zero_grad(set_to_none=True)
             losses.total.backward()
             optimizer.step()
+            assert network.target is not None  # Orchestra's network always has one
             ema_update(network.target, network.online, config.ema_decay)
             if losses.target_reps is not None:
                 memory.push(losses.target_reps, index)

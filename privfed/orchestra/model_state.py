@@ -8,6 +8,9 @@ aggregated values stay small (what secure aggregation's quantisation needs).
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import torch
 import torch.nn as nn
 
@@ -44,7 +47,7 @@ def weighted_mean(deltas: list[StateDict], weights: list[float]) -> StateDict:
     if total <= 0:
         raise ValueError("weights must have a positive sum")
     return {
-        k: sum(d[k].double() * (w / total) for d, w in zip(deltas, weights)).to(deltas[0][k].dtype)
+        k: functools.reduce(operator.add, (d[k].double() * (w / total) for d, w in zip(deltas, weights))).to(deltas[0][k].dtype)
         for k in deltas[0]
     }
 

@@ -88,6 +88,8 @@ def orchestra_losses(
         entropy = normalised_target_entropy(target_reps, centroids, temperature)
         cosine = mean_best_cosine(target_reps, centroids)
     if objective.rotation_loss:
+        if network.rotation is None:
+            raise ValueError("the rotation loss needs a rotation head")
         rotation_logits = network.rotation(network.online_embedding(views.view3))
         l_rotation = rotation_loss(rotation_logits, views.rotation_labels)
     return StepLosses(

@@ -191,6 +191,7 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
         raise PrivfedError(f"mechanism {config.mechanism} needs --epsilon (total budget per client) or --epsilon-per-release")
     sample = {"sampling_rate": rate} if (rate := secret_sample_rate(config, client_sizes)) < 1 else {}
     if config.epsilon_per_release is None:
+        assert config.epsilon is not None  # refused above when both are unset
         params = calibrated_parameters(
             mechanism_class, epsilon=config.epsilon, delta=delta, num_releases=releases, **sample
         )
@@ -212,6 +213,7 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
     if not events:
         raise PrivfedError(f"mechanism {config.mechanism} claims differential privacy but its releases report no privacy events")
     reference = config.epsilon or config.epsilon_per_release
+    assert reference is not None  # refused above when both are unset
     planned = composed_epsilon(events * releases, delta, reference_epsilon=reference)
     fitting = None
     if config.epsilon is not None and planned > config.epsilon:
@@ -247,7 +249,7 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
         per_release_events=events,
         # On a grid fine for one release (the total's grid would round it up by up to 1 % of the total).
         epsilon_per_release=composed_epsilon(
-            events, delta, reference_epsilon=config.epsilon_per_release or config.epsilon / releases
+            events, delta, reference_epsilon=config.epsilon_per_release or reference / releases
         ),
         fitting_releases=fitting,
         dp_sgd=dp_sgd,

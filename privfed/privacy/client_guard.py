@@ -45,10 +45,11 @@ import contextlib
 import fcntl
 import logging
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mechanisms import get_mechanism_class
 from mechanisms.base import Guarantee, PrivacyEvent
@@ -131,6 +132,7 @@ def _declared_budget(declared: TrainConfig, num_samples: int, node_cap: tuple[fl
     reference = declared.epsilon or declared.epsilon_per_release or 1.0
     release_cap = None
     if plan.is_dp:
+        assert plan.delta is not None  # a DP plan quotes its epsilons at a delta
         release_cap = plan.budget or composed_epsilon(
             plan.per_release_events * plan.max_releases, plan.delta, reference_epsilon=reference
         )
@@ -138,6 +140,7 @@ def _declared_budget(declared: TrainConfig, num_samples: int, node_cap: tuple[fl
     dp_sgd_cap = None
     training: tuple[PrivacyEvent, ...] = ()
     if dp_sgd is not None:
+        assert plan.delta is not None  # a DP-SGD plan quotes its epsilons at a delta
         training = round_events(
             num_samples, batch_size=declared.batch_size, epochs=declared.local_epochs,
             noise_multiplier=dp_sgd.noise_multiplier,
@@ -292,6 +295,7 @@ class ClientGuard:
         training: tuple[PrivacyEvent, ...] = ()
         if train and dp_sgd is not None:
             training = self.budget.training_events
+            assert self.budget.dp_sgd is not None  # check_dp_sgd_settings refused a round the run did not declare
             own = self.budget.dp_sgd.noise_multiplier
             if round_events(num_samples, batch_size=batch_size, epochs=epochs, noise_multiplier=own) != training:
                 raise RoundRefused("the round's DP-SGD steps are not the declared run's (size, batch size or epochs)")
@@ -305,7 +309,7 @@ class ClientGuard:
                 raise RoundRefused(f"round {round_index} of run {run} comes after round {last} was answered")
             self._check_caps(releases, training)
             # The ledger stamps each entry with its delta, the run's.
-            if releasing:
+            if releasing and mechanism is not None:  # releasing implies a mechanism; the test narrows its type
                 self.ledger.record(LedgerEntry(SELF, round_index, mechanism, _charged(mechanism), releases, run=run))
             if training:
                 self.ledger.record(LedgerEntry.dp_sgd(SELF, round_index, training, run=run))
@@ -328,7 +332,7 @@ class ClientGuard:
         )
 
     @contextlib.contextmanager
-    def _locked(self):
+    def _locked(self) -> Iterator[None]:
         if self.ledger_path is None:
             yield
             return
@@ -370,7 +374,8 @@ class ClientGuard:
                 raise RoundRefused(f"this round would take the client past its declared {part.replace('_', '-')} budget")
         if budget.node_cap is not None and (releases or training):
             epsilon, node_delta = budget.node_cap
-            delta = ledger.pricing_delta(min(node_delta, budget.delta))  # the new entries are charged at the run's
+            # The new entries are charged at the run's delta.
+            delta = ledger.pricing_delta(node_delta if budget.delta is None else min(node_delta, budget.delta))
             after = composed_epsilon([*ledger.events(SELF), *releases, *training], delta, reference_epsilon=epsilon)
             if after > epsilon * (1 + TOLERANCE):
                 logger.warning("refused: the node's epsilon would reach %.4f at delta %.2g, past its cap %g", after, delta, epsilon)

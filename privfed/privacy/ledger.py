@@ -25,10 +25,10 @@ import json
 import math
 import os
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
 
 from mechanisms.accounting import calibration_discretisation, epsilon_of, rounding_compositions
 from mechanisms.base import Guarantee, PrivacyEvent
@@ -44,7 +44,7 @@ _EventKey = tuple[tuple[str, tuple[tuple[str, float], ...]], ...]
 
 def merge_events(events: Iterable[PrivacyEvent]) -> tuple[PrivacyEvent, ...]:
     """Identical events folded into one with the summed ``count`` (same cost, faster PLD)."""
-    counts: Counter[tuple[str, tuple[tuple[str, float], ...]]] = Counter()
+    counts: defaultdict[tuple[str, tuple[tuple[str, float], ...]], float] = defaultdict(float)
     for event in events:
         params = {k: v for k, v in event.params.items() if k != "count"}
         counts[(event.name, tuple(sorted(params.items())))] += float(event.params.get("count", 1.0))

@@ -83,6 +83,7 @@ KANON_DIFFERENCING = (
 def _encoder_update_clauses(*, dp_sgd: bool, worst: WorstCase | None, secagg: bool) -> Clauses:
     """What protects the encoder updates: DP-SGD, or nothing that is a DP bound."""
     if dp_sgd:
+        assert worst is not None  # privacy_statement refuses a DP run without it
         return [
             f"encoder updates (online and target encoders, rotation head): DP-SGD, epsilon {_eps(worst.dp_sgd_worst)} "
             f"at delta {worst.delta:.2g} for the worst-off client alone, per {EXAMPLE_UNIT}; with Poisson-subsampling "
@@ -135,6 +136,7 @@ def _release_clauses(
         return [], []
     name = mechanism.name
     if mechanism.is_differentially_private():
+        assert worst is not None  # privacy_statement refuses a DP run without it
         what = "secure sums of shares" if mechanism.aggregated else "released centroids"
         releases = f"{what} ({name}): epsilon {_eps(worst.releases_worst)} at delta {worst.delta:.2g} alone"
         if sampling_rate < 1:
@@ -228,6 +230,7 @@ def _headline(
     """The statement's first sentences: the strongest claim the run supports."""
     if mechanism is None:
         if dp_sgd:
+            assert worst is not None  # privacy_statement refuses a DP run without it
             return (
                 f"Encoder updates are ({_eps(worst.epsilon)}, {worst.delta:.2g})-differentially private with respect "
                 f"to {EXAMPLE_UNIT} (DP-SGD, PLD accountant, worst-off client). "
@@ -244,6 +247,7 @@ def _headline(
     # A share alone holds only part of the noise: what is private is the secure sum the server sees.
     summed = "the secure sums of the clients' shares (hence the summed tables and the global centroids)"
     if dp_sgd and is_dp:
+        assert worst is not None  # privacy_statement refuses a DP run without it
         released = summed if mechanism.aggregated else "released centroids"
         return (
             f"Encoder updates and {released} together are ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
@@ -264,11 +268,13 @@ def _headline(
             )
         else:
             release_note = f"What the {name} mechanism releases is NOT covered."
+        assert worst is not None  # privacy_statement refuses a DP run without it
         return (
             f"Encoder updates are ({_eps(worst.epsilon)}, {worst.delta:.2g})-differentially private with respect to "
             f"{EXAMPLE_UNIT} (DP-SGD, PLD accountant, worst-off client). {release_note}"
         )
     if is_dp:
+        assert worst is not None  # privacy_statement refuses a DP run without it
         what = f"Over the whole run, {summed} are, for every client," if mechanism.aggregated else (
             "Every client's released centroids over the whole run are"
         )

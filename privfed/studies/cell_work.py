@@ -9,8 +9,9 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from privfed.errors import PrivfedError
 from privfed.studies.grid import Cell
@@ -59,10 +60,9 @@ def train_cell(cell: Cell, run_dir: Path, *, record_releases: bool) -> dict[str,
     """
     from privfed.federation.simulation import simulate
     from privfed.resume import RESUME_FILE
+    from privfed.run_driver import stopped_without_training
     from privfed.run_plan import plan_resume, plan_run
     from privfed.runs import RunDirectory
-
-    from privfed.run_driver import stopped_without_training
 
     summary_file = run_dir / "summary.json"
     if summary_file.is_file() and not _stopped_by_a_signal(RunDirectory(run_dir)):

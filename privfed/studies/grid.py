@@ -117,7 +117,9 @@ class Study:
         if not isinstance(attack_settings, dict):
             raise PrivfedError(f"study file {path}: write attack_settings as an [attack_settings] table")
         if "seed" in attack_settings:
-            raise PrivfedError(f"study file {path}: [attack_settings] takes no seed (a study attacks with seed 0, privfed attack's default)")
+            raise PrivfedError(
+                f"study file {path}: [attack_settings] takes no seed (a study attacks with seed 0, privfed attack's default)"
+            )
         if attack_settings and raw.get("attack") is None:
             raise PrivfedError(f"study file {path}: attack_settings without an attack (set attack = \"decoder\", say)")
         finetune = raw.get("finetune", [])

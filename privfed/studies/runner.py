@@ -17,9 +17,10 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from privfed.studies.grid import Cell, Study
 

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: Everything an attacker module may import: the attack interface, the mechanisms (run on auxiliary data),
 #: the image transforms clients use, and general-purpose libraries. No dataset, run directory, replay or score.
 ALLOWED = ("attacks.base", "attacks.registry", "attacks.attackers", "mechanisms", "privfed.data.augment", "privfed.errors")
-LIBRARIES = ("__future__", "abc", "copy", "dataclasses", "math", "typing", "torch", "numpy")
+LIBRARIES = ("__future__", "abc", "collections.abc", "copy", "dataclasses", "math", "typing", "torch", "numpy")
 #: Calls that read files or datasets: an attacker gets objects, never paths.
 READERS = (
     "load", "read_text", "read_bytes", "fromfile", "load_dataset", "cached_dataset", "read_round", "client_images",
@@ -26,7 +26,7 @@ MODULE_HANDLES = ("sys", "importlib", "builtins")
 
 
 def attacker_files() -> list[Path]:
-    return sorted((REPO / "attacks" / "attackers").rglob("*.py")) + [REPO / "attacks" / "base.py", REPO / "attacks" / "registry.py"]
+    return [*sorted((REPO / "attacks" / "attackers").rglob("*.py")), REPO / "attacks" / "base.py", REPO / "attacks" / "registry.py"]
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -16,7 +16,7 @@ def test_the_built_in_attacks_are_registered_under_their_names():
 
 
 def test_an_unknown_name_lists_the_choices():
-    with pytest.raises(UnknownAttackError, match="unknown attack 'gradient'.*decoder.*optimization"):
+    with pytest.raises(UnknownAttackError, match=r"unknown attack 'gradient'.*decoder.*optimization"):
         get_attack_class("gradient")
 
 

@@ -97,12 +97,13 @@ def test_tls_handshake_verifies_with_the_ca_only(credentials, tmp_path):
     try:
         trusting = ssl.create_default_context(cafile=str(paths.ca_certificate))
         for host in ("localhost", "127.0.0.1"):
-            with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
-                with trusting.wrap_socket(raw, server_hostname=host) as tls:
-                    assert tls.getpeercert()["subject"]
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
-            with pytest.raises(ssl.SSLCertVerificationError):
-                ssl.create_default_context().wrap_socket(raw, server_hostname="localhost")
+            with (
+                socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+                trusting.wrap_socket(raw, server_hostname=host) as tls,
+            ):
+                assert tls.getpeercert()["subject"]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, pytest.raises(ssl.SSLCertVerificationError):
+            ssl.create_default_context().wrap_socket(raw, server_hostname="localhost")
     finally:
         thread.join(timeout=10)
         listener.close()
@@ -129,7 +130,7 @@ def test_private_keys_are_owner_only_and_nothing_is_overwritten(credentials, tmp
 
 def test_one_existing_file_blocks_the_whole_set(tmp_path):
     (tmp_path / "supernode-1.pub").write_text("someone else's key\n")
-    with pytest.raises(PrivfedError, match="supernode-1.pub"):
+    with pytest.raises(PrivfedError, match=r"supernode-1\.pub"):
         write_credentials(generate_credentials(2), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["supernode-1.pub"]
 

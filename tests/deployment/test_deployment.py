@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
 import subprocess
-import shutil
 import sys
 import threading
 import time
@@ -353,13 +353,14 @@ def _tls_checks(deployment: Deployment) -> None:
     """The SuperLink speaks TLS with a certificate our CA vouches for, and only that CA."""
     trusting = ssl.create_default_context(cafile=str(deployment.credentials.ca_certificate))
     for host in ("localhost", "127.0.0.1"):
-        with socket.create_connection(("127.0.0.1", deployment.port), timeout=10) as raw:
-            with trusting.wrap_socket(raw, server_hostname=host) as tls:
-                assert tls.version() in {"TLSv1.2", "TLSv1.3"}
+        with (
+            socket.create_connection(("127.0.0.1", deployment.port), timeout=10) as raw,
+            trusting.wrap_socket(raw, server_hostname=host) as tls,
+        ):
+            assert tls.version() in {"TLSv1.2", "TLSv1.3"}
     stranger = ssl.create_default_context()  # the system's CAs do not know ours
-    with socket.create_connection(("127.0.0.1", deployment.port), timeout=10) as raw:
-        with pytest.raises(ssl.SSLCertVerificationError):
-            stranger.wrap_socket(raw, server_hostname="localhost")
+    with socket.create_connection(("127.0.0.1", deployment.port), timeout=10) as raw, pytest.raises(ssl.SSLCertVerificationError):
+        stranger.wrap_socket(raw, server_hostname="localhost")
 
 
 #: The default mechanism, and ddp-sums, whose shares travel inside SecAgg+'s masked vectors.

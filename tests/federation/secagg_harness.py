@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import flwr.compat.common.recorddict_compat as compat
 import numpy as np
@@ -35,13 +36,13 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.server import LegacyContext
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
-
 from flwr.supercore.task_identity import TaskIdentity
 
 from privfed.federation.secagg_client import privfed_secaggplus_mod
 from privfed.federation.secagg_masking import SHARE_KEY
 from privfed.federation.secagg_workflow import _CapturingSecAggPlusWorkflow
 from tests.federation.flower_prg import replace_flowers_prg
+
 
 @pytest.fixture
 def in_process_secagg(monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest

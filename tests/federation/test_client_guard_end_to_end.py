@@ -26,11 +26,11 @@ TAMPERED = 0
 def halve_the_noise_for_one_node(msg, context, call_next):
     """Outer mod: what a server that weakens one node's noise would send it."""
     fit = msg.content.config_records.get(FIT_CONFIG_RECORD)
-    if msg.metadata.message_type == MessageType.TRAIN and fit is not None and "mechanism_params" in fit:
-        if int(context.node_config["partition-id"]) == TAMPERED:
-            params = json.loads(str(fit["mechanism_params"]))
-            params["sum_noise_multiplier"] /= 2
-            fit["mechanism_params"] = json.dumps(params)
+    tampered = int(context.node_config["partition-id"]) == TAMPERED
+    if msg.metadata.message_type == MessageType.TRAIN and fit is not None and "mechanism_params" in fit and tampered:
+        params = json.loads(str(fit["mechanism_params"]))
+        params["sum_noise_multiplier"] /= 2
+        fit["mechanism_params"] = json.dumps(params)
     return call_next(msg, context)
 
 

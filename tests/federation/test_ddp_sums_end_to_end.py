@@ -7,8 +7,8 @@ import json
 import pytest
 
 from privfed.config import build_config
-from privfed.privacy.budget import plan_privacy
 from privfed.data.federated import FederatedSplit
+from privfed.privacy.budget import plan_privacy
 
 TINY = (
     "--dataset", "shapes:300", "--num-clients", "4", "--participation", "1.0", "--projection-dim", "16",

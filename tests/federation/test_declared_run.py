@@ -95,7 +95,7 @@ def test_the_client_sends_training_metrics_as_its_declared_run_says(plan, tmp_pa
 @pytest.mark.parametrize("factor", [1 / 100, 2.0])
 def test_weakened_or_noisier_noise_is_refused_with_a_clear_error(plan, tmp_path, factor):
     params = {**plan.privacy.params, "sum_noise_multiplier": plan.privacy.params["sum_noise_multiplier"] * factor}
-    with pytest.raises(RoundRefused, match="sum_noise_multiplier .* is not the declared"):
+    with pytest.raises(RoundRefused, match=r"sum_noise_multiplier .* is not the declared"):
         client(plan, tmp_path).fit(instructions(plan, params=params))
     assert not (tmp_path / "state" / f"privfed-ledger-partition-{PARTITION}.jsonl").exists()
 

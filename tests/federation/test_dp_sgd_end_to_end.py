@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from dp_accounting import dp_event
@@ -60,6 +61,6 @@ def test_the_ledger_holds_every_dp_sgd_round_and_recomposes_to_the_summary(dp_ru
 def test_dp_sgd_clients_report_no_losses(dp_run):
     summary, _, _ = dp_run
     metrics_file = summary["run_dir"] + "/metrics.jsonl"
-    rounds = [json.loads(line) for line in open(metrics_file)]
+    rounds = [json.loads(line) for line in Path(metrics_file).read_text().splitlines()]
     assert all(r.get("loss") is None for r in rounds)
     assert summary["rounds"] == 2 and summary["secure_aggregation"]["enabled"]

@@ -88,6 +88,6 @@ def test_a_run_stopped_for_want_of_usable_replies_can_be_resumed(config, tmp_pat
 
 def test_a_run_that_crashed_before_its_first_resume_point_is_refused_with_what_to_do(config, tmp_path):
     """A crash in round 0 leaves config.json and no resume point: --resume says to start again elsewhere."""
-    round_, driver = driven_round(config, tmp_path / "run")
+    _, driver = driven_round(config, tmp_path / "run")
     with pytest.raises(PrivfedError, match="start it again with another --out"):
         read_resume_point(RunDirectory(driver.run_dir.path))

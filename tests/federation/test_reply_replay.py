@@ -127,7 +127,7 @@ def test_a_charged_round_whose_computation_fails_is_recorded_and_fails_again(pla
     ins = instructions(plan)
     wrong = F.normalize(torch.randn(plan.config.num_global_centroids, plan.config.projection_dim + 1), dim=1)
     broken = dataclasses.replace(ins, config={**ins.config, "centroids": tensor_to_bytes(wrong)})
-    with pytest.raises(Exception):
+    with pytest.raises(ClientRoundFailed):
         client(plan, tmp_path).fit(broken)
     assert ReplyStore(reply_file(tmp_path / "state", PARTITION)).get(RUN, 1).failed
     with pytest.raises(ClientRoundFailed):

@@ -97,7 +97,10 @@ def test_a_node_does_not_mask_with_fewer_neighbours_than_the_threshold_needs():
 
 
 def withhold_and_unmask(count: int, targets: list[int], holders: list[int]) -> dict[int, np.ndarray]:
-    """The attack: each target gets only the holders' shares, the holders are then called dropped; returns each target's update as the server rebuilds it."""
+    """The attack: each target gets only the holders' shares, the holders are then called dropped.
+
+    Returns each target's update as the server rebuilds it.
+    """
     nodes, updates, public, sent = keyed(count)
     everyone = sorted(updates)
     forwarded = {n: [(s, c) for s, c in sent[n] if n not in targets or s in holders] for n in everyone}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest

@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from mechanisms.clustering import (
     balanced_kmeans,
     equal_size_assignment,
-    sinkhorn_knopp,
     sinkhorn_kmeans,
+    sinkhorn_knopp,
 )
 
 

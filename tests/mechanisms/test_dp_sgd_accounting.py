@@ -86,7 +86,12 @@ DOCS_TABLE = [
 def test_the_docs_table_of_add_remove_against_replace_one_is_what_the_accountants_say(row, printed):
     from pathlib import Path
 
-    from mechanisms.accounting import add_remove_epsilon, epsilon_of, poisson_gaussian_event, poisson_gaussian_privacy_event
+    from mechanisms.accounting import (
+        add_remove_epsilon,
+        epsilon_of,
+        poisson_gaussian_event,
+        poisson_gaussian_privacy_event,
+    )
 
     rate, sigma, steps, delta = row
     add_remove = add_remove_epsilon(poisson_gaussian_event(rate, sigma, count=steps), delta)

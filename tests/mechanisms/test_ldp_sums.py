@@ -320,7 +320,7 @@ def test_the_stated_epsilon_is_the_ledgers():
 def test_the_release_paths_table_moves_by_at_most_twice_the_row_bound_between_neighbours(monkeypatch, case):
     """Through release() itself, with rows far outside the unit ball: clipping and rounding must keep the bound."""
     memory, other, centres = neighbour_pairs()[case]
-    no_noise = lambda table, sigma: np.zeros_like(table)  # noqa: E731
+    no_noise = lambda table, sigma: np.zeros_like(table)
     _, first = coupled_release(monkeypatch, 100 * memory, centres, no_noise)
     _, second = coupled_release(monkeypatch, 100 * other, centres, no_noise)
     assert np.linalg.norm((first - second).astype(np.float64)) <= 2 * sums_grid(memory.shape[1]).sensitivity

@@ -10,8 +10,8 @@ from mechanisms import (
     available_mechanisms,
     create_mechanism,
     register_mechanism,
+    registry,
 )
-from mechanisms import registry
 
 
 def test_builtin_kanon_is_listed_with_a_description():

@@ -31,7 +31,7 @@ def test_the_projector_hidden_width_is_its_own_option():
     layers = list(OrchestraNetwork("resnet8", 32, projection_hidden_dim=128).online.projector)
     assert (layers[0].in_features, layers[0].out_features) == (64, 128)
     assert (layers[3].in_features, layers[3].out_features) == (128, 32)
-    assert list(OrchestraNetwork("resnet8", 32).online.projector)[0].out_features == 32  # default: D
+    assert next(iter(OrchestraNetwork("resnet8", 32).online.projector)).out_features == 32  # default: D
 
 
 def test_target_encoder_is_not_touched_by_gradients():

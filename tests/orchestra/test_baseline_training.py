@@ -92,6 +92,7 @@ def test_supervised_fedavg_learns_a_clients_labels_and_is_refused_without_them(t
                       num_local_centroids=4, seed=0, device=torch.device("cpu"))
     simclr = LocalTrainingConfig.from_run(tiny_config.replace(method="simclr"))
     with pytest.raises(ValueError, match="simclr loss takes no labels"):
-        client_update(build_network(tiny_config.replace(method="simclr")), shared_state(build_network(tiny_config.replace(method="simclr"))),
+        network = build_network(tiny_config.replace(method="simclr"))
+        client_update(network, shared_state(build_network(tiny_config.replace(method="simclr"))),
                       None, images, train=True, config=simclr, mechanism=None, num_local_centroids=4, seed=0,
                       device=torch.device("cpu"), labels=labels)

@@ -54,7 +54,7 @@ def test_official_centroids_stay_near_their_start_where_kmeans_moves_onto_the_da
     moved_official = (official * start).sum(1).mean().item()
     moved_kmeans = (kmeans * start).sum(1).mean().item()
     assert moved_official > moved_kmeans + 0.2
-    nearest = lambda c: (vectors @ c.T).max(dim=1).values.mean().item()  # noqa: E731
+    nearest = lambda c: (vectors @ c.T).max(dim=1).values.mean().item()
     assert nearest(kmeans) > nearest(official)
 
 

@@ -1,9 +1,8 @@
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
-
-import pytest
 
 from privfed.orchestra.loss import (
     cluster_consistency_loss,

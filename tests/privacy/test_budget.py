@@ -55,7 +55,7 @@ def test_a_run_certain_to_exceed_its_budget_is_refused_with_what_fits():
 
 def test_partial_participation_may_start_and_stop_early():
     config = base(mechanism="ldp", epsilon=1.0, epsilon_per_release=0.5).replace(participation=0.5, num_clients=4)
-    plan = plan_privacy(config, SIZES + [60])
+    plan = plan_privacy(config, [*SIZES, 60])
     assert plan.may_stop_early and 2 <= plan.fitting_releases < plan.max_releases
 
 
@@ -118,7 +118,7 @@ def test_a_run_whose_own_calibration_the_sampler_cannot_draw_is_refused_when_it_
     config = build_config(
         dataset="shapes:200", num_clients=4, participation=0.5, rounds=20, out="unused", mechanism="ldp", epsilon=1e-6
     )
-    with pytest.raises(PrivfedError, match="tree_count_parameter: discrete-Laplace decay .* cannot be drawn"):
+    with pytest.raises(PrivfedError, match=r"tree_count_parameter: discrete-Laplace decay .* cannot be drawn"):
         plan_privacy(config, [50, 50, 50, 50])
 
 

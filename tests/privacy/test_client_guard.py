@@ -13,11 +13,11 @@ import json
 
 import pytest
 
+from mechanisms.accounting import NoiseParameters
+from mechanisms.ldp import LshCoresetMechanism
 from privfed.config import build_config
 from privfed.data.federated import FederatedSplit
 from privfed.privacy.budget import plan_privacy
-from mechanisms.accounting import NoiseParameters
-from mechanisms.ldp import LshCoresetMechanism
 from privfed.privacy.client_guard import (
     LEGACY_DELTA,
     ClientGuard,
@@ -141,7 +141,7 @@ def test_a_fractional_tree_depth_and_another_delta_are_refused():
     config = ldp_run()
     budget = declared_budget(config, sizes(config)[0])
     params = server_params(config)
-    with pytest.raises(RoundRefused, match="max_depth 9.5"):
+    with pytest.raises(RoundRefused, match=r"max_depth 9\.5"):
         check_release_parameters(budget, "ldp", {**params, "max_depth": params["max_depth"] - 0.5})
     with pytest.raises(RoundRefused, match="delta"):
         check_release_parameters(budget, "ldp", {**params, "delta": 0.999})

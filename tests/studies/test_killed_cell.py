@@ -47,7 +47,8 @@ def test_a_killed_cell_whose_round_cannot_be_replayed_is_trained_again(monkeypat
         run = temp / "run"
         process = subprocess.Popen(
             [sys.executable, "-c", SCRIPT, json.dumps({**OPTIONS, "out": str(run)})],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(temp), "RAY_memory_monitor_refresh_ms": "0"},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "TMPDIR": str(temp), "RAY_memory_monitor_refresh_ms": "0"},
         )
         deadline = time.monotonic() + 300
         while not answered(run, 1):

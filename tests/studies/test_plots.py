@@ -89,14 +89,16 @@ def test_the_settings_picture_has_a_bar_per_setting_and_accuracy_and_the_untrain
                for method, base in (("orchestra", 0.3), ("simclr", 0.2)) for seed in (0, 1, 2)]
     records.append(CellRecord("method-byol", 0, {"knn": 0.28, "linear": None, "knn_init": 0.27, "linear_init": None}, None, 1.0))
     bars, lines = [], []
-    monkeypatch.setattr(matplotlib.axes.Axes, "barh", lambda self, y, width, **kw: bars.append((kw["label"], list(y), list(width), kw["xerr"])))
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "barh", lambda self, y, width, **kw: bars.append((kw["label"], list(y), list(width), kw["xerr"]))
+    )
     monkeypatch.setattr(matplotlib.axes.Axes, "axvline", lambda self, x, **kw: lines.append((kw["label"], x)))
     plot_accuracy_by_setting(records, tmp_path / "s.png")
     (knn_label, knn_rows, knn, knn_std), (linear_label, linear_rows, linear, _) = bars
     assert knn_label.startswith("kNN") and linear_label.startswith("linear")
     assert knn == pytest.approx([0.31, 0.21, 0.28]) and knn_std == pytest.approx([0.01, 0.01, 0.0])
     assert linear == pytest.approx([0.4, 0.3])  # byol has no linear probe: no bar
-    assert len(linear_rows) == 2 and all(k < l < k + 1 for k, l in zip(knn_rows, linear_rows))  # side by side per row
+    assert len(linear_rows) == 2 and all(k < lin < k + 1 for k, lin in zip(knn_rows, linear_rows))  # side by side per row
     assert lines == [("kNN monitor, untrained network", pytest.approx((0.25 + 0.25 + 0.27) / 3)),
                      ("linear probe, untrained network", pytest.approx(0.31))]  # byol has no untrained probe
 

@@ -1,4 +1,7 @@
-"""`privfed study` on a tiny grid: every cell trained and scored once, a rerun redoes nothing, Ctrl-C or a kill stops it and the same command finishes it."""
+"""`privfed study` on a tiny grid: every cell trained and scored once, a rerun redoes nothing.
+
+Ctrl-C or a kill stops it and the same command finishes it.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -67,7 +71,7 @@ def descendants(pid: int) -> list[int]:
     for stat in os.listdir("/proc"):
         if stat.isdigit():
             try:
-                fields = open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()
+                fields = Path(f"/proc/{stat}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
             children.setdefault(int(fields[1]), []).append(int(stat))
