@@ -22,6 +22,10 @@ def subset(num_points: int, *, limit: int = MAX_POINTS, seed: int = 0) -> np.nda
 
 def tsne_2d(features: torch.Tensor, *, seed: int = 0) -> np.ndarray:
     """``[N, 2]`` t-SNE coordinates of L2-normalised features (the geometry the kNN monitor uses)."""
+    from privfed.extras import require
+
+    require("sklearn", feature="t-SNE (--protocol tsne)")
+
     from sklearn.manifold import TSNE
 
     points = torch.nn.functional.normalize(features.float(), dim=1).numpy()
@@ -35,6 +39,10 @@ def save_embedding_figure(
     points: np.ndarray, labels: np.ndarray, classes: tuple[str, ...], path: Path, *, title: str
 ) -> Path:
     """A scatter plot of ``points`` coloured by class, with the class names in a legend."""
+    from privfed.extras import require
+
+    require("matplotlib", feature="the t-SNE picture")
+
     import matplotlib
 
     matplotlib.use("Agg")
