@@ -36,7 +36,9 @@ print(json.dumps(loaded))
 def test_train_runs_without_the_optional_packages(tmp_path: Path) -> None:
     out = tmp_path / "run"
     code = WITHOUT_EXTRAS.format(optional=OPTIONAL, out=str(out))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=tmp_path, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
     summary = json.loads((out / "summary.json").read_text())
