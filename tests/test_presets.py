@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -42,8 +43,14 @@ def test_the_package_ships_every_preset_and_study() -> None:
 
 def test_the_wheel_carries_the_presets(tmp_path: Path) -> None:
     """Built as pip builds it; `--config NAME` must work from an installed wheel, not only from a checkout."""
+    source = tmp_path / "source"  # a copy: setuptools writes build/ and *.egg-info beside the sources
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        source.mkdir(exist_ok=True)
+        shutil.copy(REPO / name, source / name)
+    for package in ("privfed", "mechanisms", "attacks"):
+        shutil.copytree(REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
         check=True, capture_output=True,
     )
     (wheel,) = tmp_path.glob("privfed-*.whl")
