@@ -345,7 +345,8 @@ def resolve_preset(path: Path | str, *, kind: str = "config", relative_to: Path 
     if given.is_file():
         return given
     raise PrivfedError(
-        f"no shipped {kind} preset named {text!r} (shipped: {', '.join(shipped)}); give a path to use your own file"
+        f"no shipped {'preset' if kind == 'config' else kind} named {text!r} (shipped: {', '.join(shipped)}); "
+        "give a path to use your own file"
     )
 
 
