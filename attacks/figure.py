@@ -11,6 +11,10 @@ COLUMNS = ("private (source / members' mean)", "reconstruction", "best-matching 
 
 def save_attack_figure(path: Path, rows: list[tuple[torch.Tensor, ...]], *, title: str, seed: int, max_rows: int = 8) -> None:
     """Draws ``max_rows`` rows picked at random (not the best ones) from ``rows``."""
+    from privfed.extras import require
+
+    require("matplotlib", feature="attack.png")
+
     import matplotlib
 
     matplotlib.use("Agg")

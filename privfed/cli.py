@@ -145,7 +145,7 @@ def config_option(name: str) -> Any:
 @app.command()
 @with_config_options
 def train(
-    config: Path | None = typer.Option(None, "--config", help="TOML preset (see configs/); flags override it."),
+    config: Path | None = typer.Option(None, "--config", help="A shipped preset by name (quick, cpu-cifar10, ...; configs/ in a checkout) or a TOML file; flags override it."),
     verbose: bool = typer.Option(False, "--verbose", help="Show Flower's and Ray's own logs."),
     resume: Path | None = typer.Option(
         None, "--resume", help="Continue this stopped run from its last resume point (only --rounds and --runtime may change)."

@@ -16,6 +16,7 @@ import json
 import math
 import tomllib
 from dataclasses import dataclass, field, fields
+from importlib import resources
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -311,13 +312,69 @@ def read_toml(path: Path, *, kind: str) -> dict[str, Any]:
         raise PrivfedError(f"{kind} {path} is not valid TOML: {' '.join(str(err).split())}") from None
 
 
-def load_config_file(path: Path) -> dict[str, Any]:
-    """Reads a TOML preset into config overrides (unknown keys are errors)."""
-    return checked_options(read_toml(path, kind="config file"), source=f"config file {path}")
+def shipped_presets(kind: str = "config") -> dict[str, Path]:
+    """The presets privfed ships (``privfed/presets``, shown as ``configs/`` in a checkout), by name.
+
+    ``kind`` "config" lists the training presets, "study" the study files.
+    """
+    folder = Path(str(resources.files("privfed") / "presets"))
+    if kind == "study":
+        folder = folder / "studies"
+    return {path.stem: path for path in sorted(folder.glob("*.toml"))}
 
 
-def checked_options(raw: dict[str, Any], *, source: str) -> dict[str, Any]:
+def resolve_preset(path: Path | str, *, kind: str = "config", relative_to: Path | None = None) -> Path:
+    """A preset argument as a file: a bare name (no ``/``, no suffix) is a shipped preset, anything else a path.
+
+    A path is taken relative to ``relative_to`` (a study's own folder) or the
+    working directory. A bare name that is not shipped may still be a file
+    without a suffix; otherwise the error lists the shipped names.
+
+    Raises:
+        PrivfedError: for a bare name that is neither shipped nor a file.
+    """
+    text = str(path)
+    given = Path(text).expanduser()
+    if relative_to is not None and not given.is_absolute():
+        given = relative_to / given
+    if "/" in text or "\\" in text or Path(text).suffix:
+        return given
+    shipped = shipped_presets(kind)
+    if text in shipped:
+        return shipped[text]
+    if given.is_file():
+        return given
+    raise PrivfedError(
+        f"no shipped {'preset' if kind == 'config' else kind} named {text!r} (shipped: {', '.join(shipped)}); "
+        "give a path to use your own file"
+    )
+
+
+#: Options whose ``arrays:PATH`` value a file resolves against its own folder.
+DATASET_OPTIONS = ("dataset", "test_dataset")
+
+
+def anchored_dataset(spec: str, folder: Path) -> str:
+    """``arrays:PATH`` with a relative PATH made absolute against ``folder`` (the file that names it); others unchanged."""
+    name, sep, arg = spec.partition(":")
+    target = Path(arg.strip()).expanduser()
+    if name.strip().lower() != "arrays" or not sep or not arg.strip() or target.is_absolute():
+        return spec
+    return f"arrays:{(folder / target).resolve()}"
+
+
+def load_config_file(path: Path | str) -> dict[str, Any]:
+    """Reads a TOML preset (a path, or a shipped preset's name) into config overrides (unknown keys are errors)."""
+    path = resolve_preset(path)
+    raw = read_toml(path, kind="config file")
+    return checked_options(raw, source=f"config file {path}", relative_to=path.parent)
+
+
+def checked_options(raw: dict[str, Any], *, source: str, relative_to: Path | None = None) -> dict[str, Any]:
     """Options read from a file (a preset, a study), each a known field with a value of its type.
+
+    ``relative_to``: the file's folder, against which its relative
+    ``arrays:PATH`` datasets resolve (so a preset works from any directory).
 
     Raises:
         PrivfedError: naming ``source`` and the unknown keys or the mistyped value.
@@ -329,13 +386,18 @@ def checked_options(raw: dict[str, Any], *, source: str) -> dict[str, Any]:
     if unknown:
         raise PrivfedError(f"{source} has unknown keys: {', '.join(unknown)}")
     try:
-        return {key: _coerce(key, value, types[key]) for key, value in raw.items()}
+        options = {key: _coerce(key, value, types[key]) for key, value in raw.items()}
     except PrivfedError as err:
         raise PrivfedError(f"{source}: {err}") from None
+    if relative_to is not None:
+        for key in DATASET_OPTIONS:
+            if isinstance(options.get(key), str):
+                options[key] = anchored_dataset(options[key], relative_to)
+    return options
 
 
-def build_config(file: Path | None = None, **overrides: Any) -> TrainConfig:
-    """Defaults, then the file, then explicit overrides (``None`` = not given)."""
+def build_config(file: Path | str | None = None, **overrides: Any) -> TrainConfig:
+    """Defaults, then the file (a path or a shipped preset's name), then explicit overrides (``None`` = not given)."""
     values: dict[str, Any] = {}
     if file is not None:
         values.update(load_config_file(file))

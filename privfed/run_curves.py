@@ -110,6 +110,10 @@ def plot_curves(runs: list[RunCurves], path: Path, *, title: str | None = None) 
     Raises:
         PrivfedError: when the picture cannot be written at ``path`` (see :func:`picture_path`).
     """
+    from privfed.extras import require
+
+    require("matplotlib", feature=f"drawing {path.name}")
+
     import matplotlib
 
     matplotlib.use("Agg")

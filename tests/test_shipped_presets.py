@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from privfed.config import build_config
+from privfed.config import build_config, shipped_presets
 from privfed.studies.grid import Study
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-PRESETS = sorted(CONFIGS.glob("*.toml"))
-STUDIES = sorted((CONFIGS / "studies").glob("*.toml"))
+PRESETS = list(shipped_presets().values())  # privfed/presets (configs/ in a checkout)
+STUDIES = list(shipped_presets("study").values())
 
 
 def test_presets_are_found() -> None:

@@ -122,7 +122,10 @@ def split_indices(num_samples: int) -> tuple[np.ndarray, np.ndarray]:
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
     """Read every array of an npz file, turning I/O problems into user errors."""
     if not path.exists():
-        raise PrivfedError(f"image-arrays file not found: {path}")
+        raise PrivfedError(
+            f"image-arrays file not found: {path}; give an existing .npz (--dataset arrays:PATH), "
+            "or use CIFAR-10 itself: --dataset cifar10 --download"
+        )
     if not path.is_file():
         raise PrivfedError(f"image-arrays path is not a file: {path}")
     try:

@@ -1,7 +1,8 @@
 """Dataset specs: one string names every dataset privfed can train on.
 
 A spec is what users type after ``--dataset`` and write in configs:
-``shapes`` (embedded, no files), ``shapes:N``, ``cifar10``, ``cifar100`` or
+``shapes`` (embedded, no files), ``shapes:N``, ``cifar10``, ``cifar100``
+(``cifar10:N``: a class-balanced subset of N training images) or
 ``arrays:PATH``. Resolving it here keeps the CLI, configs and tests in
 agreement and turns every problem into a one-line :class:`PrivfedError`.
 """
@@ -29,7 +30,10 @@ _CIFAR_DIRS = {
     "cifar10": ("cifar-10-batches-py", "CIFAR-10"),
     "cifar100": ("cifar-100-python", "CIFAR-100"),
 }
-_CIFAR_NOTE = "via torchvision under --data-dir (50,000 train / 10,000 test); --download fetches it"
+_CIFAR_NOTE = (
+    "via torchvision under --data-dir (50,000 train / 10,000 test); --download fetches it; "
+    ":N trains on N images, class-balanced and drawn with the run's seed"
+)
 
 
 def describe_datasets() -> dict[str, str]:
@@ -83,15 +87,18 @@ def load_dataset(
     split: Split,
     data_dir: Path,
     download: bool = False,
+    seed: int = 0,
 ) -> ImageArrays:
     """Load the dataset a spec names.
 
     Args:
-        spec: ``shapes``, ``shapes:N``, ``cifar10``, ``cifar100`` or ``arrays:PATH``.
+        spec: ``shapes``, ``shapes:N``, ``cifar10[:N]``, ``cifar100[:N]`` or ``arrays:PATH``.
         split: "train", "test", or "all" (the whole file; ``arrays:PATH`` only).
         data_dir: Root folder for downloadable datasets (CIFAR).
         download: Allow fetching CIFAR from the internet; off by default so
             nothing touches the network unless the user asks.
+        seed: Draws the subset of ``cifar10:N`` (the run's seed: a CPU-sized
+            run need not always see the same N images); the test split stays whole.
 
     Raises:
         PrivfedError: For an unknown spec, a bad size, or missing/corrupt files.
@@ -110,30 +117,62 @@ def load_dataset(
     if name == "shapes":
         return _load_shapes(arg if sep else None, part)
     if name in _CIFAR_DIRS:
-        if sep:
-            raise PrivfedError(f"dataset {name!r} takes no ':' argument (got {spec!r})")
-        return _load_cifar(name, part, Path(data_dir), download)
-    valid = ", ".join(["shapes", "shapes:N", "cifar10", "cifar100", "arrays:PATH"])
+        size = _parse_size(arg, spec) if sep else None  # checked before anything is read
+        data = _load_cifar(name, part, Path(data_dir), download)
+        return data if size is None or part == "test" else balanced_subset(data, size, seed=seed, spec=spec)
+    valid = ", ".join(["shapes", "shapes:N", "cifar10[:N]", "cifar100[:N]", "arrays:PATH"])
     raise PrivfedError(f"unknown dataset {spec!r}; valid datasets: {valid}")
 
 
 def _load_shapes(size_arg: str | None, split: Literal["train", "test"]) -> ImageArrays:
     """Generate the embedded shapes dataset (fixed, distinct seeds for train and test)."""
-    size = SHAPES_TRAIN_SIZE if size_arg is None else _parse_size(size_arg)  # checked for either split
+    size = SHAPES_TRAIN_SIZE if size_arg is None else _parse_size(size_arg, f"shapes:{size_arg}")  # either split
     if split == "test":
         return make_shapes(SHAPES_TEST_SIZE, seed=SHAPES_TEST_SEED)
     return make_shapes(size, seed=SHAPES_TRAIN_SEED)
 
 
-def _parse_size(text: str) -> int:
-    """Parse the N of ``shapes:N`` (a positive integer; ``_`` separators allowed)."""
+def _parse_size(text: str, spec: str) -> int:
+    """Parse the N of ``shapes:N`` or ``cifar10:N`` (a positive integer; ``_`` separators allowed)."""
+    name = spec.partition(":")[0].strip().lower()
     try:
         size = int(text.strip())
     except ValueError:
-        raise PrivfedError(f"shapes:N needs a whole number of images, got {text!r}") from None
+        raise PrivfedError(f"{name}:N needs a whole number of images, got {text!r}") from None
     if size < 1:
-        raise PrivfedError(f"shapes:N needs at least 1 image, got {size}")
+        raise PrivfedError(f"{name}:N needs at least 1 image, got {size}")
     return size
+
+
+def balanced_subset(data: ImageArrays, size: int, *, seed: int, spec: str = "a subset") -> ImageArrays:
+    """``size`` images of ``data``, as equal a share of every class as the class sizes allow, drawn with ``seed``.
+
+    Balanced so that a small CPU-sized subset keeps every class (a uniform
+    draw would skew a Dirichlet split further); the remainder of
+    ``size / classes`` goes to classes picked by the same seed. The images
+    keep their original order.
+
+    Raises:
+        PrivfedError: when ``data`` has fewer than ``size`` images.
+    """
+    if size > len(data):
+        raise PrivfedError(f"{spec} asks for {size} training images; the data has {len(data)}")
+    rng = np.random.default_rng(seed)
+    members = [np.flatnonzero(data.labels == label) for label in np.unique(data.labels)]
+    quota = np.zeros(len(members), dtype=np.int64)
+    left = size
+    while left:  # water-filling: an equal share for every class that still has images, seeded tie-breaks
+        open_ = np.array([i for i, m in enumerate(members) if quota[i] < m.size])
+        share = left // open_.size
+        if share == 0:
+            quota[rng.choice(open_, size=left, replace=False)] += 1
+            break
+        for i in open_:
+            take = min(share, members[i].size - quota[i])
+            quota[i] += take
+            left -= take
+    chosen = np.concatenate([rng.choice(m, size=q, replace=False) for m, q in zip(members, quota)])
+    return data.subset(np.sort(chosen))
 
 
 def _load_cifar(
@@ -143,8 +182,8 @@ def _load_cifar(
     folder, title = _CIFAR_DIRS[name]
     if not download and not (data_dir / folder).is_dir():
         raise PrivfedError(
-            f"{title} not found: {data_dir / folder} does not exist; "
-            f"pass --download to fetch it into {data_dir} (about 170 MB)"
+            f"{title} not found: {data_dir / folder} does not exist; add --download to fetch it into {data_dir} "
+            f"(about 170 MB; download = true in a study's [base]), or train on a local copy with --dataset arrays:PATH.npz"
         )
     from torchvision import datasets  # lazy: importing torchvision costs ~1 s
 

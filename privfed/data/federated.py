@@ -41,9 +41,11 @@ class SplitOptions(Protocol):
 
 
 @lru_cache(maxsize=4)
-def cached_dataset(spec: str, split: Literal["train", "test"], data_dir: str, download: bool) -> ImageArrays:
-    """:func:`privfed.data.load_dataset`, loaded once per process."""
-    return load_dataset(spec, split=split, data_dir=Path(data_dir), download=download)
+def cached_dataset(
+    spec: str, split: Literal["train", "test"], data_dir: str, download: bool, seed: int = 0
+) -> ImageArrays:
+    """:func:`privfed.data.load_dataset`, loaded once per process (``seed`` draws a ``cifar10:N`` subset)."""
+    return load_dataset(spec, split=split, data_dir=Path(data_dir), download=download, seed=seed)
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class FederatedSplit:
         download: Whether CIFAR may be downloaded into ``data_dir``.
         num_clients: Number of clients K.
         alpha: Dirichlet concentration (smaller = more skewed).
-        seed: Seed of the split.
+        seed: Seed of the split (and of a ``cifar10:N`` subset).
     """
 
     dataset: str
@@ -73,7 +75,7 @@ class FederatedSplit:
 
     def train_data(self) -> ImageArrays:
         """The whole training split, before partitioning."""
-        return cached_dataset(self.dataset, "train", self.data_dir, self.download)
+        return cached_dataset(self.dataset, "train", self.data_dir, self.download, self.seed)
 
     def partition(self) -> list[np.ndarray]:
         """Each client's sample indices into :meth:`train_data`."""

@@ -35,6 +35,10 @@ def save_embedding_figure(
     points: np.ndarray, labels: np.ndarray, classes: tuple[str, ...], path: Path, *, title: str
 ) -> Path:
     """A scatter plot of ``points`` coloured by class, with the class names in a legend."""
+    from privfed.extras import require
+
+    require("matplotlib", feature="the t-SNE picture")
+
     import matplotlib
 
     matplotlib.use("Agg")

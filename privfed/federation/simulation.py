@@ -53,6 +53,11 @@ def simulate(
     Both runtimes run the same ServerApp and ClientApp with the same
     arguments; see :func:`simulate_on_ray` for what they share.
     """
+    if plan.config.dp_sgd:  # the clients train here: refuse before round 0, not once per client
+        from privfed.extras import require
+
+        require("opacus", feature="DP-SGD (--dp-sgd)")
+
     if plan.config.runtime == "ray":
         return simulate_on_ray(
             plan, progress, verbose=verbose, outer_mods=outer_mods, inner_mods=inner_mods, resume=resume

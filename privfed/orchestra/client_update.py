@@ -201,7 +201,11 @@ def _trainer(
         return functools.partial(train_baseline_locally, labels=labels)
     if config.dp_sgd is None:
         return train_locally
-    # Imported here: Opacus takes seconds to import, and most runs never need it.
+    # Imported here: Opacus takes seconds to import, and most runs never need it (nor install it).
+    from privfed.extras import require
+
+    require("opacus", feature="DP-SGD (--dp-sgd)")
+
     from privfed.orchestra.dp_sgd_training import train_with_dp_sgd
 
     return functools.partial(train_with_dp_sgd, secret_seed=secret_seed)

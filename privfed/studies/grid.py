@@ -5,7 +5,7 @@ tables. Each table is a product over the values it lists; the tables are
 concatenated, so options that only make sense together (ldp and its ε)
 go in their own table::
 
-    preset = "configs/cpu-cifar10.toml"   # relative to the study file
+    preset = "cpu-cifar10"                # a shipped preset, or a path relative to the study file
     seeds = [0, 1, 2]
 
     [base]                                # options every cell shares
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from privfed.config import TrainConfig, build_config, checked_options, read_toml
+from privfed.config import TrainConfig, build_config, checked_options, read_toml, resolve_preset
 from privfed.errors import PrivfedError
 
 #: Keys of a study file besides its tables.
@@ -78,13 +78,16 @@ class Study:
     finetune: tuple[float, ...] = ()
 
     @classmethod
-    def load(cls, path: Path) -> Study:
-        """Reads a study file.
+    def load(cls, path: Path | str, *, overrides: dict[str, Any] | None = None) -> Study:
+        """Reads a study file (a path, or a shipped study's name).
+
+        ``overrides``: options set on top of the file's ``[base]`` (e.g. an
+        offline ``dataset = "arrays:PATH"``); ``None`` values are not given.
 
         Raises:
             PrivfedError: naming what is wrong (unknown keys or options, empty lists, bad TOML).
         """
-        path = Path(path)
+        path = resolve_preset(path, kind="study")
         raw = read_toml(path, kind="study file")
         unknown = sorted(set(raw) - set(STUDY_KEYS))
         if unknown:
@@ -107,9 +110,11 @@ class Study:
         for table in (raw.get("base", {}), *grids):
             if "seed" in table:
                 raise PrivfedError(f"study file {path}: set seeds with the top-level `seeds` list, not as an option")
-        base = checked_options(raw.get("base", {}), source=f"study file {path}, [base]")
+        base = checked_options(raw.get("base", {}), source=f"study file {path}, [base]", relative_to=path.parent)
+        base.update({k: v for k, v in (overrides or {}).items() if v is not None})
         checked_grids = tuple(
-            {option: [checked_options({option: v}, source=f"study file {path}, [[grid]]")[option] for v in values]
+            {option: [checked_options({option: v}, source=f"study file {path}, [[grid]]", relative_to=path.parent)[option]
+                      for v in values]
              for option, values in grid.items()}
             for grid in grids
         )
@@ -130,7 +135,7 @@ class Study:
         preset = raw.get("preset")
         return cls(
             path=path,
-            preset=None if preset is None else (path.parent / preset),
+            preset=None if preset is None else resolve_preset(preset, relative_to=path.parent),
             seeds=tuple(seeds),
             base=base,
             grids=checked_grids,

@@ -157,6 +157,10 @@ def _std(values: list[float]) -> float:
 
 
 def _pyplot() -> Any:
+    from privfed.extras import require
+
+    require("matplotlib", feature="a study's plots")
+
     import matplotlib
 
     matplotlib.use("Agg")
