@@ -15,7 +15,9 @@ what, at what epsilon or k; it never claims more than the long text.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from mechanisms.base import K_ANONYMITY, Mechanism
@@ -96,8 +98,21 @@ class PrivacyStatement:
         }
 
 
+def rounded_up(value: float, digits: int) -> str:
+    """``value`` to ``digits`` significant digits, rounded up: a stated epsilon or delta is never below the true one."""
+    if not math.isfinite(value) or value <= 0:
+        return f"{value:.{digits}g}"
+    exact = Decimal(repr(value))
+    step = Decimal(1).scaleb(exact.adjusted() - digits + 1)
+    return f"{float(exact.quantize(step, rounding=ROUND_CEILING)):.{digits}g}"
+
+
 def _eps(value: float) -> str:
-    return f"{value:.3g}"
+    return rounded_up(value, 3)
+
+
+def _delta(value: float) -> str:
+    return rounded_up(value, 2)
 
 
 def _k(k: int | None) -> str:
@@ -152,7 +167,7 @@ def _encoder_update_clauses(*, dp_sgd: bool, worst: WorstCase | None, secagg: bo
         return [Item(
             f"model updates: DP-SGD, in the epsilon, per {_unit(True)}, amplified by secret Poisson batches",
             f"encoder updates (online and target encoders, rotation head): DP-SGD, epsilon {_eps(worst.dp_sgd_worst)} "
-            f"at delta {worst.delta:.2g} for the worst-off client alone, per {EXAMPLE_UNIT}; with Poisson-subsampling "
+            f"at delta {_delta(worst.delta)} for the worst-off client alone, per {EXAMPLE_UNIT}; with Poisson-subsampling "
             "amplification, which relies on each client's batch sampling staying secret",
         )], []
     protection = (
@@ -195,8 +210,8 @@ def _secure_sum_clause(min_shares: int | None) -> str:
 
 #: What an aggregated mechanism's epsilon rests on: the threat model, stated where the guarantee is.
 SECURE_SUM_TRUST_SHORT = (
-    "trust: a server that follows SecAgg+ and sees only sums of at least the SecAgg+ threshold of clients' shares, "
-    "none colluding with it"
+    "the secure sums' epsilon assumes an honest-but-curious server that follows SecAgg+ and sees only sums of at "
+    "least the SecAgg+ threshold of clients' shares, none colluding with it"
 )
 
 #: What an aggregated mechanism's epsilon does not cover.
@@ -227,7 +242,7 @@ def _release_clauses(
         short_what = "secure sums of the clients' shares" if mechanism.aggregated else "released centroids"
         amplified = ", amplified by a secret Poisson sample of the representations" if sampling_rate < 1 else ""
         short = f"{short_what}: in the epsilon, per {_unit(dp_sgd)}{amplified}"
-        releases = f"{what} ({name}): epsilon {_eps(worst.releases_worst)} at delta {worst.delta:.2g} alone"
+        releases = f"{what} ({name}): epsilon {_eps(worst.releases_worst)} at delta {_delta(worst.delta)} alone"
         if sampling_rate < 1:
             rows = f"{'computed' if mechanism.aggregated else 'released'} from a secret sample of one representation per image"
             sample, amplification = f"; {_sample_clause(sampling_rate)}", []
@@ -352,7 +367,7 @@ def _lead(
         if dp_sgd:
             assert worst is not None
             return (
-                f"Encoder updates are ({_eps(worst.epsilon)}, {worst.delta:.2g})-differentially private with respect "
+                f"Encoder updates are ({_eps(worst.epsilon)}, {_delta(worst.delta)})-differentially private with respect "
                 f"to {EXAMPLE_UNIT} (DP-SGD, PLD accountant, worst-off client). "
                 "The method runs no release mechanism: clients send no centroids or representations besides "
                 "their updates."
@@ -369,7 +384,7 @@ def _lead(
         assert worst is not None
         released = summed if mechanism.aggregated else "released centroids"
         return (
-            f"Encoder updates and {released} together are ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
+            f"Encoder updates and {released} together are ({_eps(worst.epsilon)}, {_delta(worst.delta)})-"
             f"differentially private with respect to {EXAMPLE_UNIT}, for the "
             f"worst-off client (client {worst.client}): DP-SGD and the releases composed with the PLD accountant."
         )
@@ -388,7 +403,7 @@ def _lead(
         else:
             release_note = f"What the {name} mechanism releases is NOT covered."
         return (
-            f"Encoder updates are ({_eps(worst.epsilon)}, {worst.delta:.2g})-differentially private with respect to "
+            f"Encoder updates are ({_eps(worst.epsilon)}, {_delta(worst.delta)})-differentially private with respect to "
             f"{EXAMPLE_UNIT} (DP-SGD, PLD accountant, worst-off client). {release_note}"
         )
     if is_dp:
@@ -397,7 +412,7 @@ def _lead(
             "Every client's released centroids over the whole run are"
         )
         return (
-            f"{what} ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
+            f"{what} ({_eps(worst.epsilon)}, {_delta(worst.delta)})-"
             "differentially private with respect to replacing one of its representations by another (PLD "
             f"accountant, {_sample_clause(sampling_rate)}). Encoder updates are not covered."
         )
@@ -434,7 +449,7 @@ def _headline(
 
     ``name`` is the mechanism's name as the headline quotes it ("" leaves it out, for a plug-in's long name).
     """
-    at = "" if worst is None else f"({_eps(worst.epsilon)}, {worst.delta:.2g})-DP"
+    at = "" if worst is None else f"({_eps(worst.epsilon)}, {_delta(worst.delta)})-DP"
     named = f" ({name})" if name else ""
     sgd_only = (
         f"Each client's model updates are {at} w.r.t. replacing one of its training examples (DP-SGD, worst-off "
