@@ -202,7 +202,7 @@ def _sample_clause(rate: float) -> str:
 def _secure_sum_clause(min_shares: int | None) -> str:
     """The trust an aggregated mechanism's epsilon rests on (its noise is split over the clients of a secure sum)."""
     return (
-        f"The guarantee for the secure sums holds against a server that follows SecAgg+ and sees only the secure sums, "
+        f"the guarantee for the secure sums holds against a server that follows SecAgg+ and sees only the secure sums, "
         f"if each sum holds the shares of at least {_k(min_shares)} clients (the SecAgg+ threshold) that do not collude "
         "with the server; each share alone carries only part of the noise"
     )
