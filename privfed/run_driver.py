@@ -423,7 +423,11 @@ class RunDriver:
         return None if self.mechanism_class is None else self.mechanism_class.name
 
     def privacy_summary(self) -> dict[str, Any]:
-        """The ``privacy`` object of ``summary.json``: what the worst-off client is guaranteed, and what is not covered."""
+        """The ``privacy`` object of ``summary.json``: what the worst-off client is guaranteed, and what is not covered.
+
+        Its ``headline``, ``covers`` and ``not_covered`` are for people; ``details`` links the mode's section of
+        docs/privacy.md, and ``statement`` is the long text with the run's numbers, the only copy in the file.
+        """
         worst = self.ledger.worst_case_summary() if self.ledger.is_dp else None
         plan = self.plan.privacy
         statement = privacy_statement(
@@ -478,11 +482,7 @@ class RunDriver:
                 "loss": self.method.objective.loss,
                 "releases": self.method.releases,
             },
-            "mechanism": {
-                "name": self.mechanism_name,
-                "guarantee": privacy["statement"],
-                "params": self.plan.privacy.params,
-            },
+            "mechanism": {"name": self.mechanism_name, "params": self.plan.privacy.params},  # its guarantee: ``privacy``
             "privacy": privacy,
             "secure_aggregation": secure_aggregation,
             "stopped_early": self.stop_reason,

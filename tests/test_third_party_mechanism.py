@@ -110,7 +110,9 @@ def test_third_party_dp_mechanism_is_budgeted_and_described_end_to_end(plugin_en
 
     # The statement describes it as a DP mechanism, per representation, without knowing its name.
     assert "differentially private with respect to replacing one of its representations" in privacy["statement"]
-    assert any(item.startswith(f"released centroids ({NAME}): epsilon") for item in privacy["covers"]), privacy
+    assert f"released centroids ({NAME}): epsilon" in privacy["statement"]
+    assert privacy["covers"] == ["released centroids: in the epsilon, per representation replaced by another (replace-one)"]
+    assert privacy["details"] == "docs/privacy.md#statement-dp-releases" and "-DP w.r.t. replacing one" in privacy["headline"]
     assert "no guarantee" not in privacy["statement"].lower()
 
     # Every client released in every round (round 0 included), from the plugin the clients built.

@@ -5,11 +5,19 @@ DP-SGD on or off, from the ledger's numbers, so that ``summary.json`` never
 claims more than the accounting supports. It asks the mechanism's class what
 kind of guarantee it gives and whether it releases raw data, so a
 third-party mechanism is described as accurately as a built-in one.
+
+Each clause comes twice: a short form, one clause a person reads in
+``covers`` and ``not_covered`` (docs/privacy.md quotes each word for word),
+and the run's full clause, with its numbers, in the long text. A headline
+of at most :data:`HEADLINE_LIMIT` characters says what is protected, by
+what, at what epsilon or k; it never claims more than the long text.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from mechanisms.base import K_ANONYMITY, Mechanism
@@ -21,36 +29,102 @@ from privfed.secagg_masks import MASK_PRG
 EXAMPLE_UNIT = "replacing one training example of a client by another (replace-one: its dataset size is public)"
 
 
+#: The longest headline: short enough to be read, in summary.json and a study's results.md.
+HEADLINE_LIMIT = 300
+
+#: Where the long text of every mode's statement lives; :attr:`PrivacyStatement.details` links a section of it.
+DOCS = "docs/privacy.md"
+
+#: docs/privacy.md's section for what every mode leaves out (the clauses no release kind owns).
+EVERY_MODE_ANCHOR = "statement-every-mode"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One clause: ``short`` for people (quoted in docs/privacy.md), ``long`` the run's full clause."""
+
+    short: str
+    long: str
+
+
 @dataclass(frozen=True)
 class PrivacyStatement:
-    """A quotable statement, split into what is covered and what is not.
+    """A quotable statement: a headline, what is covered and what is not, and where the long text lives.
 
     Attributes:
-        text: The whole statement, for people.
-        covers: What the guarantee protects, one item each.
-        not_covered: What it does not protect, one item each.
+        headline: At most :data:`HEADLINE_LIMIT` characters: what is protected, by what, at what epsilon or k.
+        lead: The headline's long form, first in :attr:`text`.
+        covered: What the guarantee protects, one item each.
+        uncovered: What it does not protect, one item each.
+        details: The docs/privacy.md section with this mode's long text (``docs/privacy.md#statement-...``).
     """
 
-    text: str
-    covers: tuple[str, ...] = field(default_factory=tuple)
-    not_covered: tuple[str, ...] = field(default_factory=tuple)
+    headline: str
+    lead: str
+    covered: tuple[Item, ...] = field(default_factory=tuple)
+    uncovered: tuple[Item, ...] = field(default_factory=tuple)
+    details: str = f"{DOCS}#{EVERY_MODE_ANCHOR}"
+
+    @property
+    def covers(self) -> tuple[str, ...]:
+        return tuple(item.short for item in self.covered)
+
+    @property
+    def not_covered(self) -> tuple[str, ...]:
+        return tuple(item.short for item in self.uncovered)
+
+    @property
+    def long_covers(self) -> tuple[str, ...]:
+        return tuple(item.long for item in self.covered)
+
+    @property
+    def long_not_covered(self) -> tuple[str, ...]:
+        return tuple(item.long for item in self.uncovered)
+
+    @property
+    def text(self) -> str:
+        """The whole statement with the run's numbers: the long text, which summary.json carries once."""
+        covered = f" Covered: {'; '.join(item.long for item in self.covered)}." if self.covered else ""
+        return f"{self.lead}{covered} Not covered: {'; '.join(self.long_not_covered)}. Details: {self.details}."
 
     def to_dict(self) -> dict[str, Any]:
-        return {"statement": self.text, "covers": list(self.covers), "not_covered": list(self.not_covered)}
+        """``summary.json``'s words: the headline and the short lists, the long text once (``statement``)."""
+        return {
+            "headline": self.headline,
+            "covers": list(self.covers),
+            "not_covered": list(self.not_covered),
+            "details": self.details,
+            "statement": self.text,
+        }
+
+
+def rounded_up(value: float, digits: int) -> str:
+    """``value`` to ``digits`` significant digits, rounded up: a stated epsilon or delta is never below the true one."""
+    if not math.isfinite(value) or value <= 0:
+        return f"{value:.{digits}g}"
+    exact = Decimal(repr(value))
+    step = Decimal(1).scaleb(exact.adjusted() - digits + 1)
+    return f"{float(exact.quantize(step, rounding=ROUND_CEILING)):.{digits}g}"
 
 
 def _eps(value: float) -> str:
-    return f"{value:.3g}"
+    return rounded_up(value, 3)
+
+
+def _delta(value: float) -> str:
+    return rounded_up(value, 2)
 
 
 def _k(k: int | None) -> str:
     return "?" if k is None else str(k)
 
 
-Clauses = tuple[list[str], list[str]]  # (covers, not_covered)
+Parts = tuple[list[Item], list[Item]]  # (covered, uncovered)
 
 #: Every guarantee assumes the server follows the run's plan (docs/privacy.md, trust model).
-DEVIATING_SERVER = (
+DEVIATING_SERVER = Item(
+    "a server that deviates from the run's plan beyond what clients check (e.g. one that withholds SecAgg+ key "
+    "shares unmasks a client's update)",
     "a server that deviates from the run's plan beyond what clients check: each client refuses a configuration other "
     "than the declared run's, mechanism or DP-SGD parameters other than its own calibration (noisier ones too), "
     "SecAgg+ encodings or "
@@ -67,28 +141,35 @@ DEVIATING_SERVER = (
     "run id or a slightly changed model, or replay a round's stored reply to a smaller cohort; two SecAgg+ sums over cohorts that differ by one client reveal that "
     "client's update (up to augmentation noise), and within one SecAgg+ round a server that withholds neighbours' "
     "key shares from a client and reports their holders dropped unmasks that client's update (several clients in one round); only DP-SGD bounds "
-    "what these reveal"
+    "what these reveal",
 )
 
 
 #: k-anonymity holds per release only (docs/privacy.md, "k-anonymity across releases").
-KANON_DIFFERENCING = (
+KANON_DIFFERENCING = Item(
+    "k-anonymity across releases: it does not compose, and two releases whose memories differ by one image reveal it",
     "k-anonymity across releases: it does not compose, and two releases whose memories differ by one image reveal "
     "that image; what stands in the way today is a server that follows the plan (each round a new model, and a memory the "
     "client recomputes from fresh augmentations); a server that deviates may craft models to set it up, and "
-    "nothing in kanon or the client refuses that"
+    "nothing in kanon or the client refuses that",
 )
 
 
-def _encoder_update_clauses(*, dp_sgd: bool, worst: WorstCase | None, secagg: bool) -> Clauses:
+def _unit(dp_sgd: bool) -> str:
+    """The short form of the privacy unit (the neighbouring relation the accountant composes under)."""
+    return "training example replaced by another (replace-one)" if dp_sgd else "representation replaced by another (replace-one)"
+
+
+def _encoder_update_clauses(*, dp_sgd: bool, worst: WorstCase | None, secagg: bool) -> Parts:
     """What protects the encoder updates: DP-SGD, or nothing that is a DP bound."""
     if dp_sgd:
         assert worst is not None  # privacy_statement refuses a DP run without it
-        return [
+        return [Item(
+            f"model updates: DP-SGD, in the epsilon, per {_unit(True)}, amplified by secret Poisson batches",
             f"encoder updates (online and target encoders, rotation head): DP-SGD, epsilon {_eps(worst.dp_sgd_worst)} "
-            f"at delta {worst.delta:.2g} for the worst-off client alone, per {EXAMPLE_UNIT}; with Poisson-subsampling "
-            "amplification, which relies on each client's batch sampling staying secret"
-        ], []
+            f"at delta {_delta(worst.delta)} for the worst-off client alone, per {EXAMPLE_UNIT}; with Poisson-subsampling "
+            "amplification, which relies on each client's batch sampling staying secret",
+        )], []
     protection = (
         f"SecAgg+ with masks from {MASK_PRG} shows a server that follows the protocol only their sum, which is not "
         "a DP bound; a server that deviates can leave SecAgg+ out of a round (a node refuses if the round or its "
@@ -96,10 +177,16 @@ def _encoder_update_clauses(*, dp_sgd: bool, worst: WorstCase | None, secagg: bo
         if secagg
         else "sent in the clear"
     )
-    return [], [
+    short = (
+        "model updates: no DP-SGD; SecAgg+ shows an honest-but-curious server only their sum, which is not DP"
+        if secagg
+        else "model updates: no DP-SGD, sent in the clear"
+    )
+    return [], [Item(
+        short,
         f"encoder updates: no DP-SGD ({protection}); their BatchNorm running statistics are averages of the "
-        "client's representations"
-    ]
+        "client's representations",
+    )]
 
 
 def _sample_clause(rate: float) -> str:
@@ -112,25 +199,39 @@ def _sample_clause(rate: float) -> str:
     return "no subsampling amplification"
 
 
-def _secure_sum_clause(min_shares: int) -> str:
+def _secure_sum_clause(min_shares: int | None) -> str:
     """The trust an aggregated mechanism's epsilon rests on (its noise is split over the clients of a secure sum)."""
     return (
-        f"The guarantee for the secure sums holds against a server that follows SecAgg+ and sees only the secure sums, "
-        f"if each sum holds the shares of at least {min_shares} clients (the SecAgg+ threshold) that do not collude "
+        f"the guarantee for the secure sums holds against a server that follows SecAgg+ and sees only the secure sums, "
+        f"if each sum holds the shares of at least {_k(min_shares)} clients (the SecAgg+ threshold) that do not collude "
         "with the server; each share alone carries only part of the noise"
     )
 
 
+#: What an aggregated mechanism's epsilon rests on: the threat model, stated where the guarantee is.
+SECURE_SUM_TRUST_SHORT = (
+    "the secure sums' epsilon assumes an honest-but-curious server that follows SecAgg+ and sees only sums of at "
+    "least the SecAgg+ threshold of clients' shares, none colluding with it"
+)
+
 #: What an aggregated mechanism's epsilon does not cover.
-SECURE_SUM_TRUST = (
+SECURE_SUM_TRUST = Item(
+    "a server that colludes with clients, sees their shares, or deviates from SecAgg+: each share holds only part "
+    "of the noise",
     "a server that colludes with clients, sees their shares, or deviates from SecAgg+ (e.g. tells clients "
-    "different dropouts): the noise of a secure sum is accounted only for the sum as a whole"
+    "different dropouts): the noise of a secure sum is accounted only for the sum as a whole",
 )
 
 
 def _release_clauses(
-    mechanism: type[Mechanism] | None, *, dp_sgd: bool, worst: WorstCase | None, k: int | None, sampling_rate: float
-) -> Clauses:
+    mechanism: type[Mechanism] | None,
+    *,
+    dp_sgd: bool,
+    worst: WorstCase | None,
+    k: int | None,
+    sampling_rate: float,
+    min_shares: int | None,
+) -> Parts:
     """What protects the released vectors, by the kind of guarantee the mechanism gives."""
     if mechanism is None:  # nothing released: nothing to protect or to disclaim here
         return [], []
@@ -138,49 +239,79 @@ def _release_clauses(
     if mechanism.is_differentially_private():
         assert worst is not None  # privacy_statement refuses a DP run without it
         what = "secure sums of shares" if mechanism.aggregated else "released centroids"
-        releases = f"{what} ({name}): epsilon {_eps(worst.releases_worst)} at delta {worst.delta:.2g} alone"
+        short_what = "secure sums of the clients' shares" if mechanism.aggregated else "released centroids"
+        amplified = ", amplified by a secret Poisson sample of the representations" if sampling_rate < 1 else ""
+        short = f"{short_what}: in the epsilon, per {_unit(dp_sgd)}{amplified}"
+        releases = f"{what} ({name}): epsilon {_eps(worst.releases_worst)} at delta {_delta(worst.delta)} alone"
         if sampling_rate < 1:
             rows = f"{'computed' if mechanism.aggregated else 'released'} from a secret sample of one representation per image"
             sample, amplification = f"; {_sample_clause(sampling_rate)}", []
         else:
             rows, sample = f"{'computed' if mechanism.aggregated else 'released'} from at most one representation per image in the memory", ""
-            amplification = ["subsampling amplification for releases: none is claimed (the memory is not a secret Poisson sample)"]
+            amplification = [Item(
+                "subsampling amplification for releases: none is claimed",
+                "subsampling amplification for releases: none is claimed (the memory is not a secret Poisson sample)",
+            )]
+        trust = [Item(SECURE_SUM_TRUST_SHORT, _secure_sum_clause(min_shares))] if mechanism.aggregated else []
         if dp_sgd:
-            return [f"{releases}, per {EXAMPLE_UNIT}, {rows}{sample}"], amplification
-        return [f"{releases}, per representation replaced by another, {rows}{sample}"], [
-            "examples, as opposed to representations: BatchNorm mixes every batch, so one example also moves the "
-            "representations of others; the release guarantee is not a per-example one",
+            return [Item(short, f"{releases}, per {EXAMPLE_UNIT}, {rows}{sample}"), *trust], amplification
+        return [Item(short, f"{releases}, per representation replaced by another, {rows}{sample}"), *trust], [
+            Item(
+                "examples, as opposed to representations: BatchNorm lets one example move the representations of others",
+                "examples, as opposed to representations: BatchNorm mixes every batch, so one example also moves the "
+                "representations of others; the release guarantee is not a per-example one",
+            ),
             *amplification,
         ]
     if mechanism.guarantee_kind == K_ANONYMITY:
         return [], [
-            (
+            Item(
+                "released centroids: k-anonymity (each the mean of at least k distinct images), not DP, outside the epsilon",
                 f"released centroids ({name}): k-anonymity (each the mean of the representations of at least {_k(k)} "
-                "distinct images of a client), not differential privacy; they are not in the epsilon"
+                "distinct images of a client), not differential privacy; they are not in the epsilon",
             ),
             KANON_DIFFERENCING,
         ]
-    raw = ", representations are sent in the clear" if mechanism.releases_raw_data else ""
-    return [], [f"released vectors ({name}): no guarantee{raw}; they are not in the epsilon"]
+    if mechanism.releases_raw_data:
+        return [], [Item(
+            "released representations: sent in the clear, outside the epsilon",
+            f"released vectors ({name}): no guarantee, representations are sent in the clear; they are not in the epsilon",
+        )]
+    return [], [Item(
+        "released vectors: no guarantee, outside the epsilon",
+        f"released vectors ({name}): no guarantee; they are not in the epsilon",
+    )]
 
 
 #: Overflow and high counts of SecAgg+ rounds: a count per round, but the server knows every cohort.
-OVERFLOW_COUNTS = (
+OVERFLOW_COUNTS = Item(
+    "per SecAgg+ round, how many clients' updates overflowed or ran high: attributable to clients across rounds",
     "per tensor, how many clients' updates overflowed or ran high in each SecAgg+ round: a count, not which "
     "clients, but the server knows each round's cohort, so a count of 0 or of the whole cohort names every "
-    "member's flag, and across rounds whose cohorts change the counts can be attributed to clients"
+    "member's flag, and across rounds whose cohorts change the counts can be attributed to clients",
+)
+
+#: What no mode protects: sizes and participation.
+PUBLIC_FACTS = Item(
+    "each client's dataset size, the rounds it took part in, its failures and refusals, and when its replies arrived",
+    "each client's dataset size (public: it weighs the FedAvg average), which rounds it took part in, whether "
+    "its round failed or was refused (a refusal for the budget also shows that the client's ledger ran out, "
+    "counting every run that shares it), and when its reply arrived",
+)
+
+#: Supervised FedAvg trains on labels: its updates carry them.
+LABELS = Item(
+    "the clients' labels: each supervised update carries its client's label distribution",
+    "the clients' labels: supervised FedAvg trains the classifier and the backbone on them, so each "
+    "update carries the client's label distribution (e.g. which classes it holds)",
 )
 
 
 def _public_facts(
     *, dp_sgd: bool, secagg: bool, releases: bool, objective: Objective, report_metrics: bool
-) -> list[str]:
+) -> list[Item]:
     """What no part of the run protects: sizes and participation, overflow counts, and any metrics clients report."""
-    facts = [
-        "each client's dataset size (public: it weighs the FedAvg average), which rounds it took part in, whether "
-        "its round failed or was refused (a refusal for the budget also shows that the client's ledger ran out, "
-        "counting every run that shares it), and when its reply arrived"
-    ]
+    facts = [PUBLIC_FACTS]
     if report_metrics:
         facts.append(_metrics_fact(dp_sgd=dp_sgd, secagg=secagg, releases=releases, objective=objective))
     if secagg:
@@ -188,7 +319,7 @@ def _public_facts(
     return facts
 
 
-def _metrics_fact(*, dp_sgd: bool, secagg: bool, releases: bool, objective: Objective) -> str:
+def _metrics_fact(*, dp_sgd: bool, secagg: bool, releases: bool, objective: Objective) -> Item:
     """What the training metrics of ``--report-client-metrics`` reveal."""
     reported = (
         "step counts and wall-clock timings (their losses are not reported)"
@@ -197,17 +328,22 @@ def _metrics_fact(*, dp_sgd: bool, secagg: bool, releases: bool, objective: Obje
         "timings)"
     )
     if not secagg:
-        return f"with --report-client-metrics, the {reported} each client reports in plaintext every round"
+        return Item(
+            "with --report-client-metrics, each client's reported metrics, in plaintext",
+            f"with --report-client-metrics, the {reported} each client reports in plaintext every round",
+        )
     plain = (
         "; in rounds sent as initialisation (round 0, or any round the server labels so), which have no secure "
         "sum, each client's release time in plaintext"
         if releases
         else ""
     )
-    return (
+    return Item(
+        "with --report-client-metrics, the reported metrics' means over each round's cohort, attributable to "
+        "clients across rounds",
         f"with --report-client-metrics, the round's weighted means of the clients' {reported}, summed inside "
         "SecAgg+ like the update: not a DP bound, and not hidden per client either, since over rounds whose cohorts change "
-        f"the server can estimate each client's own level (up to one offset and a trend common to all){plain}"
+        f"the server can estimate each client's own level (up to one offset and a trend common to all){plain}",
     )
 
 
@@ -218,21 +354,20 @@ def _data_metrics(objective: Objective) -> str:
     return "losses, target entropy, centroid cosine" if objective.cluster_loss else "losses"
 
 
-def _headline(
+def _lead(
     mechanism: type[Mechanism] | None,
     *,
     dp_sgd: bool,
     worst: WorstCase | None,
     k: int | None,
     sampling_rate: float,
-    min_shares: int | None = None,
 ) -> str:
-    """The statement's first sentences: the strongest claim the run supports."""
+    """The long text's first sentences: the strongest claim the run supports."""
     if mechanism is None:
         if dp_sgd:
             assert worst is not None  # privacy_statement refuses a DP run without it
             return (
-                f"Encoder updates are ({_eps(worst.epsilon)}, {worst.delta:.2g})-differentially private with respect "
+                f"Encoder updates are ({_eps(worst.epsilon)}, {_delta(worst.delta)})-differentially private with respect "
                 f"to {EXAMPLE_UNIT} (DP-SGD, PLD accountant, worst-off client). "
                 "The method runs no release mechanism: clients send no centroids or representations besides "
                 "their updates."
@@ -243,19 +378,18 @@ def _headline(
         )
     name = mechanism.name
     is_dp = mechanism.is_differentially_private()
-    trust = f" {_secure_sum_clause(min_shares)}." if is_dp and mechanism.aggregated and min_shares else ""
     # A share alone holds only part of the noise: what is private is the secure sum the server sees.
     summed = "the secure sums of the clients' shares (hence the summed tables and the global centroids)"
     if dp_sgd and is_dp:
         assert worst is not None  # privacy_statement refuses a DP run without it
         released = summed if mechanism.aggregated else "released centroids"
         return (
-            f"Encoder updates and {released} together are ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
+            f"Encoder updates and {released} together are ({_eps(worst.epsilon)}, {_delta(worst.delta)})-"
             f"differentially private with respect to {EXAMPLE_UNIT}, for the "
             f"worst-off client (client {worst.client}): DP-SGD and the releases composed with the PLD accountant."
-            f"{trust}"
         )
     if dp_sgd:
+        assert worst is not None  # privacy_statement refuses a DP run without it
         if mechanism.guarantee_kind == K_ANONYMITY:
             release_note = (
                 f"Released centroids are only {_k(k)}-anonymous, per release (it does not compose), and are not "
@@ -270,7 +404,7 @@ def _headline(
             release_note = f"What the {name} mechanism releases is NOT covered."
         assert worst is not None  # privacy_statement refuses a DP run without it
         return (
-            f"Encoder updates are ({_eps(worst.epsilon)}, {worst.delta:.2g})-differentially private with respect to "
+            f"Encoder updates are ({_eps(worst.epsilon)}, {_delta(worst.delta)})-differentially private with respect to "
             f"{EXAMPLE_UNIT} (DP-SGD, PLD accountant, worst-off client). {release_note}"
         )
     if is_dp:
@@ -279,9 +413,9 @@ def _headline(
             "Every client's released centroids over the whole run are"
         )
         return (
-            f"{what} ({_eps(worst.epsilon)}, {worst.delta:.2g})-"
+            f"{what} ({_eps(worst.epsilon)}, {_delta(worst.delta)})-"
             "differentially private with respect to replacing one of its representations by another (PLD "
-            f"accountant, {_sample_clause(sampling_rate)}).{trust} Encoder updates are not covered."
+            f"accountant, {_sample_clause(sampling_rate)}). Encoder updates are not covered."
         )
     if mechanism.guarantee_kind == K_ANONYMITY:
         return (
@@ -292,6 +426,94 @@ def _headline(
     if mechanism.releases_raw_data:
         return "No guarantee: clients release their representations in the clear. Encoder updates are not covered."
     return f"No guarantee: what the {name} mechanism releases is not protected. Encoder updates are not covered."
+
+
+def _updates_without_dp_sgd(secagg: bool) -> str:
+    """The headline's clause for updates that no DP-SGD protects."""
+    if secagg:
+        return "model updates are not DP (SecAgg+ shows an honest-but-curious server only their sum)"
+    return "model updates are not DP and travel in the clear"
+
+
+def _headline(
+    mechanism: type[Mechanism] | None,
+    *,
+    dp_sgd: bool,
+    worst: WorstCase | None,
+    k: int | None,
+    secagg: bool,
+    sampling_rate: float,
+    min_shares: int | None,
+    name: str,
+) -> str:
+    """At most a few lines: what is protected, by what, at what epsilon or k; never more than the long text claims.
+
+    ``name`` is the mechanism's name as the headline quotes it ("" leaves it out, for a plug-in's long name).
+    """
+    at = "" if worst is None else f"({_eps(worst.epsilon)}, {_delta(worst.delta)})-DP"
+    named = f" ({name})" if name else ""
+    sgd_only = (
+        f"Each client's model updates are {at} w.r.t. replacing one of its training examples (DP-SGD, worst-off "
+        "client)"
+    )
+    updates = _updates_without_dp_sgd(secagg)
+    if mechanism is None:
+        if dp_sgd:
+            return f"{sgd_only}; the method releases nothing else."
+        return (
+            "No DP guarantee: the method releases nothing but model updates, which are not DP and carry averages "
+            "of each client's representations" + ("; SecAgg+ shows an honest-but-curious server only their sum."
+                                                  if secagg else ", in the clear.")
+        )
+    if mechanism.aggregated:  # SecAgg+ is required: the trust clause names it, and the updates go inside it too
+        trust = f" if an honest-but-curious server sees only SecAgg+ sums over >= {_k(min_shares)} non-colluding clients"
+        updates = "model updates are not DP"
+    else:
+        trust = ""
+    if mechanism.is_differentially_private():
+        if dp_sgd:
+            what = "the secure sums of shares" if mechanism.aggregated else "released centroids"
+            return (
+                f"Each client's model updates and {what} are together {at} w.r.t. replacing one of its training "
+                f"examples (DP-SGD{' + ' + name if name else ''}, worst-off client){trust}."
+            )
+        how = ", ".join(part for part in (name, "worst-off client", "secret sample" if sampling_rate < 1 else "") if part)
+        what = "The secure sums of shares are, over the run and per client," if mechanism.aggregated else (
+            "Each client's released centroids are, over the run,"
+        )
+        return f"{what} {at} w.r.t. replacing one of its representations ({how}){trust}; {updates}."
+    if mechanism.guarantee_kind == K_ANONYMITY:
+        if dp_sgd:
+            return f"{sgd_only}; released centroids{named} are only {_k(k)}-anonymous, per release, outside the epsilon."
+        return (
+            f"No DP: each released centroid{named} is the mean of at least {_k(k)} distinct images of a client "
+            f"(k-anonymity per release; it does not compose across releases); {updates}."
+        )
+    if mechanism.releases_raw_data:
+        if dp_sgd:
+            return (
+                f"No guarantee for the run as a whole: clients release raw representations{named}, outside the "
+                f"epsilon; only model updates are {at} w.r.t. replacing one training example (DP-SGD, worst-off client)."
+            )
+        return f"No guarantee: clients release their representations in the clear{named}; {updates}."
+    if dp_sgd:
+        return f"{sgd_only}; what is released{named} is not covered."
+    return f"No guarantee: what is released{named} is not protected; {updates}."
+
+
+def _details(mechanism: type[Mechanism] | None) -> str:
+    """The docs/privacy.md section with the long text of this kind of release (a plug-in's too: it is by kind)."""
+    if mechanism is None:
+        anchor = "statement-no-release"
+    elif mechanism.is_differentially_private():
+        anchor = "statement-secure-sums" if mechanism.aggregated else "statement-dp-releases"
+    elif mechanism.guarantee_kind == K_ANONYMITY:
+        anchor = "statement-k-anonymity"
+    elif mechanism.releases_raw_data:
+        anchor = "statement-raw-representations"
+    else:
+        anchor = "statement-no-guarantee"
+    return f"{DOCS}#{anchor}"
 
 
 def privacy_statement(
@@ -325,27 +547,32 @@ def privacy_statement(
     """
     if (dp_sgd or (mechanism is not None and mechanism.is_differentially_private())) and worst is None:
         raise ValueError("a run with a DP part needs the ledger's worst case")
-    covers: list[str] = []
-    not_covered: list[str] = []
+    covered: list[Item] = []
+    uncovered: list[Item] = []
     for part_covers, part_not_covered in (
         _encoder_update_clauses(dp_sgd=dp_sgd, worst=worst, secagg=secagg),
-        _release_clauses(mechanism, dp_sgd=dp_sgd, worst=worst, k=k, sampling_rate=release_sampling_rate),
+        _release_clauses(
+            mechanism, dp_sgd=dp_sgd, worst=worst, k=k, sampling_rate=release_sampling_rate, min_shares=min_shares
+        ),
     ):
-        covers += part_covers
-        not_covered += part_not_covered
+        covered += part_covers
+        uncovered += part_not_covered
     if objective.uses_labels and not dp_sgd:
-        not_covered.append(
-            "the clients' labels: supervised FedAvg trains the classifier and the backbone on them, so each "
-            "update carries the client's label distribution (e.g. which classes it holds)"
-        )
-    not_covered += _public_facts(
+        uncovered.append(LABELS)
+    uncovered += _public_facts(
         dp_sgd=dp_sgd, secagg=secagg, releases=mechanism is not None, objective=objective, report_metrics=report_metrics
     )
     if mechanism is not None and mechanism.aggregated:
-        not_covered.append(SECURE_SUM_TRUST)
-    not_covered.append(DEVIATING_SERVER)
-    headline = _headline(
-        mechanism, dp_sgd=dp_sgd, worst=worst, k=k, sampling_rate=release_sampling_rate, min_shares=min_shares
+        uncovered.append(SECURE_SUM_TRUST)
+    uncovered.append(DEVIATING_SERVER)
+    def headline(name: str) -> str:
+        return _headline(mechanism, dp_sgd=dp_sgd, worst=worst, k=k, secagg=secagg,
+                         sampling_rate=release_sampling_rate, min_shares=min_shares, name=name)
+
+    short = headline("" if mechanism is None else mechanism.name)
+    if len(short) > HEADLINE_LIMIT:  # only a plug-in's long name can do that
+        short = headline("")
+    lead = _lead(mechanism, dp_sgd=dp_sgd, worst=worst, k=k, sampling_rate=release_sampling_rate)
+    return PrivacyStatement(
+        headline=short, lead=lead, covered=tuple(covered), uncovered=tuple(uncovered), details=_details(mechanism)
     )
-    text = headline + " Not covered: " + "; ".join(not_covered) + "."
-    return PrivacyStatement(text=text, covers=tuple(covers), not_covered=tuple(not_covered))

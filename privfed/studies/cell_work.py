@@ -174,7 +174,10 @@ def study_row(
         "epsilon": privacy.get("epsilon"),
         "delta": privacy.get("delta"),
         "k": privacy.get("k"),
-        "statement": privacy.get("statement"),
+        "statement": privacy.get("headline"),  # the long text stays in the run's summary.json
+        "covers": privacy.get("covers"),
+        "not_covered": privacy.get("not_covered"),
+        "privacy_details": privacy.get("details"),
         "stopped_early": summary.get("stopped_early"),
         "wall_seconds": summary["wall_seconds"],
     }

@@ -12,10 +12,15 @@ from privfed.studies.runner import CellRecord
 
 
 def result_rows(records: list[CellRecord]) -> list[dict[str, Any]]:
-    """One row per run: the cell's name and seed, its row or its error."""
+    """One row per run: the cell's name and seed, its row or its error (a list, such as ``covers``, joined by "; ")."""
     return [
-        {"cell": r.name, "seed": r.seed, **(r.row or {}), **({"error": r.error} if r.error else {})} for r in records
+        {"cell": r.name, "seed": r.seed, **_flat(r.row or {}), **({"error": r.error} if r.error else {})}
+        for r in records
     ]
+
+
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: "; ".join(map(str, value)) if isinstance(value, list) else value for key, value in row.items()}
 
 
 def write_csv(records: list[CellRecord], path: Path) -> Path:
@@ -38,8 +43,8 @@ def summarise(values: list[Any]) -> str:
     return "; ".join(distinct) if distinct else "-"
 
 
-#: Columns too long for a table cell: ``results.md`` lists them per setting below the table.
-PROSE_COLUMNS = ("statement",)
+#: Columns too long for a table cell: ``results.md`` lists each distinct privacy statement once, below the table.
+PROSE_COLUMNS = ("statement", "covers", "not_covered", "privacy_details")
 
 
 def markdown_table(records: list[CellRecord]) -> str:
@@ -61,21 +66,40 @@ def markdown_table(records: list[CellRecord]) -> str:
 
 
 def prose_sections(records: list[CellRecord]) -> str:
-    """Each prose column (the privacy statement) per setting: its distinct values, each with its seeds where they differ."""
-    sections = []
-    for column in PROSE_COLUMNS:
-        entries = []
-        for name in dict.fromkeys(r.name for r in records):
-            seeds_by_value: dict[str, list[int]] = {}
-            for r in records:
-                if r.name == name and r.finished and r.row is not None and r.row.get(column) is not None:
-                    seeds_by_value.setdefault(str(r.row[column]), []).append(r.seed)
-            for value, seeds in seeds_by_value.items():
-                which = f" ({_seeds(seeds)})" if len(seeds_by_value) > 1 else ""
-                entries.append(f"- **{name}**{which}: {value}")
-        if entries:
-            sections.append(f"\n## Each setting's {column}\n\n" + "\n".join(entries) + "\n")
-    return "".join(sections)
+    """Each distinct privacy statement once, with the settings (and seeds, where a setting has several) it applies to.
+
+    A statement is its headline (``statement``; a study recorded before headlines existed keeps the long text
+    there), its ``covers`` and ``not_covered`` lists and its ``privacy_details`` link: runs that share all
+    four share one entry, however many there are.
+    """
+    groups: dict[tuple[Any, ...], dict[str, list[int]]] = {}
+    per_setting: dict[str, set[tuple[Any, ...]]] = {}
+    for r in records:
+        if not r.finished or r.row is None or r.row.get("statement") is None:
+            continue
+        key = tuple(_hashable(r.row.get(column)) for column in PROSE_COLUMNS)
+        groups.setdefault(key, {}).setdefault(r.name, []).append(r.seed)
+        per_setting.setdefault(r.name, set()).add(key)
+    if not groups:
+        return ""
+    entries = []
+    for number, (key, settings) in enumerate(groups.items(), start=1):
+        statement, covers, not_covered, details = key
+        where = ", ".join(
+            f"**{name}**" + (f" ({_seeds(seeds)})" if len(per_setting[name]) > 1 else "") for name, seeds in settings.items()
+        )
+        lines = [f"### Statement {number}", "", f"Applies to {where}.", "", f"> {statement}", ""]
+        for title, items in (("Covers", covers), ("Not covered", not_covered)):
+            if items is not None:
+                lines += [f"- {title}:" + ("" if items else " nothing"), *(f"  - {item}" for item in items)]
+        if details is not None:
+            lines.append(f"- The long text: `{details}` in the privfed repository")
+        entries.append("\n".join(lines).rstrip() + "\n")
+    return "\n## Privacy statements\n\n" + "\n".join(entries)
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
 
 def write_markdown(records: list[CellRecord], path: Path, *, title: str, cells: int | None = None) -> Path:

@@ -10,6 +10,8 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
 
+from privfed.privacy.statement import rounded_up
+
 TINY = (
     "--dataset", "shapes:240", "--num-clients", "3", "--participation", "1.0", "--alpha", "1.0",
     "--projection-dim", "16", "--local-epochs", "1", "--batch-size", "16", "--memory-size", "32",
@@ -35,8 +37,14 @@ def test_summary_states_the_combined_epsilon_delta(dp_run):
     # Composed, not added: more than either part, less than their sum.
     assert max(privacy["dp_sgd"]["epsilon"], privacy["releases_epsilon"]) < privacy["epsilon"]
     assert privacy["epsilon"] < privacy["dp_sgd"]["epsilon"] + privacy["releases_epsilon"]
-    assert f"({privacy['epsilon']:.3g}, {privacy['delta']:.2g})" in privacy["statement"]
+    stated = f"({rounded_up(privacy['epsilon'], 3)}, {rounded_up(privacy['delta'], 2)})"
+    assert stated in privacy["statement"] and f"{stated}-DP" in privacy["headline"]
     assert "training example" in privacy["statement"] and privacy["not_covered"]
+    assert privacy["covers"] == [
+        "model updates: DP-SGD, in the epsilon, per training example replaced by another (replace-one), amplified by "
+        "secret Poisson batches",
+        "released centroids: in the epsilon, per training example replaced by another (replace-one)",
+    ]
     assert "DP-SGD" in stdout
 
 

@@ -43,6 +43,11 @@ def test_summary_reports_accuracy_rounds_time_and_guarantee(run_dir):
     assert privacy["mechanism"] == "kanon" and privacy["epsilon"] is None and privacy["delta"] is None
     assert privacy["k"] == 64 // 4  # quick.toml: memory 64, L = 4
     assert "at least 16" in privacy["statement"]
+    # The headline quotes the run's k; the long text is in the file once, and docs/privacy.md has the rest.
+    assert "mean of at least 16 distinct images" in privacy["headline"] and len(privacy["headline"]) <= 300
+    assert privacy["covers"] == [] and privacy["details"] == "docs/privacy.md#statement-k-anonymity"
+    assert "guarantee" not in summary["mechanism"]
+    assert (run_dir / "summary.json").read_text().count("what stands in the way today is a server that follows the plan") == 1
     assert summary["stopped_early"] is None
 
 

@@ -19,23 +19,23 @@ def test_ldp_with_dp_sgd_covers_everything_a_client_sends_per_example():
     assert s.text.startswith("Encoder updates and released centroids together are (8.9, 0.0001)")
     assert "replace-one" in s.text and "dataset size is public" in s.text
     assert "replacing one training example of a client by another" in s.text
-    assert len(s.covers) == 2 and any("DP-SGD" in c for c in s.covers) and any("ldp" in c for c in s.covers)
-    assert any("amplification" in n for n in s.not_covered)
-    assert any("dataset size" in n for n in s.not_covered)
+    assert len(s.long_covers) == 2 and any("DP-SGD" in c for c in s.long_covers) and any("ldp" in c for c in s.long_covers)
+    assert any("amplification" in n for n in s.long_not_covered)
+    assert any("dataset size" in n for n in s.long_not_covered)
 
 
 def test_ldp_without_dp_sgd_is_per_representation_and_leaves_updates_out():
     s = privacy_statement(mechanism=get_mechanism_class("ldp"), dp_sgd=False, worst=worst(2.0, 0.0, 2.0), k=None)
     assert "replacing one of its representations by another" in s.text and "Encoder updates are not covered" in s.text
-    assert any("not a per-example one" in n for n in s.not_covered)
+    assert any("not a per-example one" in n for n in s.long_not_covered)
 
 
 @pytest.mark.parametrize("mechanism", ["kanon", "reps"])
 def test_non_dp_releases_are_never_inside_the_dp_sgd_epsilon(mechanism):
     s = privacy_statement(mechanism=get_mechanism_class(mechanism), dp_sgd=True, worst=worst(0.0, 7.5, 7.5), k=6)
     assert s.text.startswith("Encoder updates are (7.5, 0.0001)-differentially private")
-    assert len(s.covers) == 1 and "DP-SGD" in s.covers[0]
-    assert any(mechanism in n and "not in the epsilon" in n for n in s.not_covered)
+    assert len(s.long_covers) == 1 and "DP-SGD" in s.long_covers[0]
+    assert any(mechanism in n and "not in the epsilon" in n for n in s.long_not_covered)
     if mechanism == "kanon":
         assert "6-anonymous" in s.text
     else:
@@ -44,9 +44,9 @@ def test_non_dp_releases_are_never_inside_the_dp_sgd_epsilon(mechanism):
 
 def test_without_any_dp_nothing_is_claimed():
     kanon = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4)
-    assert "at least 4" in kanon.text and "not differential privacy" in kanon.text and kanon.covers == ()
+    assert "at least 4" in kanon.text and "not differential privacy" in kanon.text and kanon.long_covers == ()
     reps = privacy_statement(mechanism=get_mechanism_class("reps"), dp_sgd=False, worst=None, k=None)
-    assert reps.text.startswith("No guarantee") and any("SecAgg+" in n for n in reps.not_covered)
+    assert reps.text.startswith("No guarantee") and any("SecAgg+" in n for n in reps.long_not_covered)
     with pytest.raises(ValueError):
         privacy_statement(mechanism=get_mechanism_class("ldp"), dp_sgd=False, worst=None, k=None)
 
@@ -58,7 +58,7 @@ def test_by_default_no_training_metric_is_named_as_revealed(mechanism, secagg):
     for dp_sgd in (False, True):
         s = privacy_statement(mechanism=get_mechanism_class(mechanism), dp_sgd=dp_sgd, worst=worst(2.0, 7.5, 8.0),
                               k=4, secagg=secagg)
-        facts = " ".join(s.not_covered)
+        facts = " ".join(s.long_not_covered)
         assert "training metrics" not in facts and "weighted means" not in facts and "timings" not in facts
         assert "release time" not in facts
 
@@ -68,18 +68,18 @@ def test_reported_training_metrics_are_named_as_uncovered_unless_dp_sgd_keeps_th
     needs_worst = mechanism == "ldp"
     plain = privacy_statement(mechanism=get_mechanism_class(mechanism), dp_sgd=False, secagg=False, report_metrics=True,
                               worst=worst(2.0, 0.0, 2.0) if needs_worst else None, k=4)
-    assert any("training metrics" in n and "each client reports in plaintext" in n for n in plain.not_covered)
+    assert any("training metrics" in n and "each client reports in plaintext" in n for n in plain.long_not_covered)
     private = privacy_statement(mechanism=get_mechanism_class(mechanism), dp_sgd=True, worst=worst(2.0, 7.5, 8.0),
                                 k=4, report_metrics=True)
-    assert not any("training metrics" in n for n in private.not_covered)
-    assert any("step counts and wall-clock timings" in n for n in private.not_covered)
+    assert not any("training metrics" in n for n in private.long_not_covered)
+    assert any("step counts and wall-clock timings" in n for n in private.long_not_covered)
 
 
 def test_reported_metric_means_under_secagg_are_said_to_reveal_each_clients_own_values_across_rounds():
     """tests/federation/test_update_encoding.py::test_metric_means_over_changing_cohorts_reveal_each_clients_own_loss_up_to_one_offset
     backs the claim."""
     s = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4, report_metrics=True)
-    (means,) = [n for n in s.not_covered if "weighted means" in n]
+    (means,) = [n for n in s.long_not_covered if "weighted means" in n]
     assert "over rounds whose cohorts change" in means and "estimate each client's own level" in means
     assert "no client's own values" not in s.text
 
@@ -90,32 +90,32 @@ def test_overflow_counts_are_said_to_be_attributable_to_clients_across_rounds(re
     backs the claim."""
     s = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4,
                           report_metrics=report_metrics)
-    (counts,) = [n for n in s.not_covered if "overflowed or ran high" in n]
+    (counts,) = [n for n in s.long_not_covered if "overflowed or ran high" in n]
     assert "across rounds whose cohorts change the counts can be attributed to clients" in counts
     clear = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4, secagg=False)
-    assert not any("overflowed" in n for n in clear.not_covered)  # no SecAgg+, no indicators
+    assert not any("overflowed" in n for n in clear.long_not_covered)  # no SecAgg+, no indicators
 
 
 def test_the_secagg_weakness_is_named_where_updates_are_not_covered():
     s = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4, secagg=True)
-    assert any("SecAgg+ with masks from HKDF-SHA256 -> AES-256-CTR" in n for n in s.not_covered)
-    assert not any("32-bit" in n for n in s.not_covered)
+    assert any("SecAgg+ with masks from HKDF-SHA256 -> AES-256-CTR" in n for n in s.long_not_covered)
+    assert not any("32-bit" in n for n in s.long_not_covered)
     clear = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4, secagg=False)
-    assert any("sent in the clear" in n for n in clear.not_covered)
+    assert any("sent in the clear" in n for n in clear.long_not_covered)
 
 
 def test_a_method_that_releases_nothing_claims_no_protection_for_it():
     plain = privacy_statement(mechanism=None, dp_sgd=False, worst=None, k=None)
     assert plain.text.startswith("No guarantee: the method runs no release mechanism")
-    assert plain.covers == ()  # sending nothing is not a protection of what is sent
-    assert any("encoder updates: no DP-SGD" in n and "BatchNorm running statistics" in n for n in plain.not_covered)
+    assert plain.long_covers == ()  # sending nothing is not a protection of what is sent
+    assert any("encoder updates: no DP-SGD" in n and "BatchNorm running statistics" in n for n in plain.long_not_covered)
     reported = privacy_statement(mechanism=None, dp_sgd=False, worst=None, k=None, report_metrics=True)
-    assert any("step counts and timings" in n for n in reported.not_covered)
+    assert any("step counts and timings" in n for n in reported.long_not_covered)
     private = privacy_statement(mechanism=None, dp_sgd=True, worst=worst(0.0, 7.5, 7.5), k=None)
     assert private.text.startswith("Encoder updates are (7.5, 0.0001)-differentially private")
     assert "replacing one training example" in private.text and "replace-one" in private.text
-    assert len(private.covers) == 1 and "DP-SGD" in private.covers[0]
-    assert any("dataset size" in n for n in private.not_covered)
+    assert len(private.long_covers) == 1 and "DP-SGD" in private.long_covers[0]
+    assert any("dataset size" in n for n in private.long_not_covered)
     with pytest.raises(ValueError):
         privacy_statement(mechanism=None, dp_sgd=True, worst=None, k=None)
 
@@ -124,9 +124,9 @@ def test_a_method_that_releases_nothing_claims_no_protection_for_it():
 def test_kanon_is_stated_as_distinct_images_per_centroid_and_never_as_differential_privacy(dp_sgd):
     s = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=dp_sgd,
                           worst=worst(0.0, 7.5, 7.5) if dp_sgd else None, k=6)
-    kanon_parts = [s.text, *(n for n in s.not_covered if "kanon" in n)]
+    kanon_parts = [s.text, *(n for n in s.long_not_covered if "kanon" in n)]
     assert any("at least 6 distinct images" in part for part in kanon_parts)
-    assert not any("kanon" in c for c in s.covers)  # k-anonymity is never inside an (epsilon, delta)
+    assert not any("kanon" in c for c in s.long_covers)  # k-anonymity is never inside an (epsilon, delta)
     if not dp_sgd:
         assert "not differential privacy" in s.text and "differentially private" not in s.text
 
@@ -148,7 +148,7 @@ def statement_of_mode(mechanism: str | None, dp_sgd: bool, **options):
 def test_every_differential_privacy_claim_names_replace_one_and_never_add_remove(mechanism, dp_sgd):
     """The accountant composes under replace-one: a statement quoting add/remove would claim a smaller epsilon than holds."""
     s, is_dp = statement_of_mode(mechanism, dp_sgd)
-    everything = " ".join([s.text, *s.covers, *s.not_covered])
+    everything = " ".join([s.text, *s.long_covers, *s.long_not_covered])
     assert "add/remove" not in everything and "adding or removing" not in everything
     if is_dp:
         assert "differentially private with respect to replacing one" in s.text
@@ -157,7 +157,7 @@ def test_every_differential_privacy_claim_names_replace_one_and_never_add_remove
 @EVERY_MODE
 def test_every_statement_says_it_assumes_a_server_that_follows_the_plan(mechanism, dp_sgd):
     s, _ = statement_of_mode(mechanism, dp_sgd)
-    assert any("deviates from the run's plan" in n for n in s.not_covered)
+    assert any("deviates from the run's plan" in n for n in s.long_not_covered)
     assert "deviates from the run's plan" in s.text
 
 
@@ -166,10 +166,10 @@ def test_what_travels_in_plaintext_under_secagg_is_named_and_only_what_travels(m
     """Release times go in plaintext only in initialisation rounds of a method that releases, with reported metrics;
     overflow counts, failures and refusals are named in every mode."""
     s, _ = statement_of_mode(mechanism, dp_sgd)
-    facts = " ".join(s.not_covered)
+    facts = " ".join(s.long_not_covered)
     assert "release time" not in facts  # no metric is sent by default
     reported, _ = statement_of_mode(mechanism, dp_sgd, report_metrics=True)
-    assert ("release time in plaintext" in " ".join(reported.not_covered)) == (mechanism is not None)
+    assert ("release time in plaintext" in " ".join(reported.long_not_covered)) == (mechanism is not None)
     assert "how many clients' updates overflowed" in facts
     assert "whether its round failed or was refused" in facts
 
@@ -179,16 +179,16 @@ def test_supervised_fedavg_names_the_labels_and_each_method_only_the_metrics_it_
 
     supervised = privacy_statement(mechanism=None, dp_sgd=False, worst=None, k=None,
                                    objective=get_method("supervised").objective)
-    assert any("labels" in n and "label distribution" in n for n in supervised.not_covered)
+    assert any("labels" in n and "label distribution" in n for n in supervised.long_not_covered)
     for method in ("simclr", "byol", "rotpred"):
         other = privacy_statement(mechanism=None, dp_sgd=False, worst=None, k=None, objective=get_method(method).objective)
-        assert not any("labels" in n for n in other.not_covered)
+        assert not any("labels" in n for n in other.long_not_covered)
         reported = privacy_statement(mechanism=None, dp_sgd=False, worst=None, k=None, report_metrics=True,
                                      objective=get_method(method).objective)
-        assert not any("target entropy" in n for n in reported.not_covered)  # no centroids, no such metric
+        assert not any("target entropy" in n for n in reported.long_not_covered)  # no centroids, no such metric
     orchestra = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4,
                                   report_metrics=True)
-    assert any("target entropy, centroid cosine" in n for n in orchestra.not_covered)
+    assert any("target entropy, centroid cosine" in n for n in orchestra.long_not_covered)
 
 
 @pytest.mark.parametrize("dp_sgd", [False, True])
@@ -196,7 +196,7 @@ def test_kanon_says_it_does_not_compose_across_releases_and_what_stops_differenc
     """The claims of tests/mechanisms/test_kanon_differencing.py and tests/privacy/test_kanon_across_rounds.py."""
     s = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=dp_sgd,
                           worst=worst(0.0, 7.5, 7.5) if dp_sgd else None, k=6)
-    (clause,) = [n for n in s.not_covered if n.startswith("k-anonymity across releases")]
+    (clause,) = [n for n in s.long_not_covered if n.startswith("k-anonymity across releases")]
     assert "does not compose" in clause
     assert "two releases whose memories differ by one image reveal that image" in clause
     assert "server that follows the plan" in clause and "new model" in clause and "fresh augmentations" in clause
@@ -212,7 +212,7 @@ def test_kanon_says_it_does_not_compose_across_releases_and_what_stops_differenc
 @pytest.mark.parametrize("mechanism", [None, "ldp", "reps"])
 def test_only_kanon_carries_the_differencing_clause(mechanism):
     s, _ = statement_of_mode(mechanism, dp_sgd=False)
-    assert not any("k-anonymity across releases" in n for n in s.not_covered)
+    assert not any("k-anonymity across releases" in n for n in s.long_not_covered)
 
 
 @EVERY_MODE
@@ -236,11 +236,11 @@ def test_every_statement_says_a_deviating_server_can_unmask_a_client_within_a_se
 def test_a_secret_sample_is_claimed_with_its_rate_and_no_amplification_disclaimer_remains(dp_sgd):
     s = privacy_statement(mechanism=get_mechanism_class("ldp-sums"), dp_sgd=dp_sgd, worst=worst(2.0, 8.0, 8.9),
                           k=None, release_sampling_rate=0.25)
-    release = next(c for c in s.covers if "ldp-sums" in c)
+    release = next(c for c in s.long_covers if "ldp-sums" in c)
     assert "secret Poisson sample, at rate 0.25, of the representations" in release
     assert "relies on the sample and its size staying secret" in release
     assert "released from a secret sample of one representation per image" in release
-    assert not any("amplification" in n for n in s.not_covered)
-    assert any("not a per-example one" in n for n in s.not_covered) != dp_sgd
+    assert not any("amplification" in n for n in s.long_not_covered)
+    assert any("not a per-example one" in n for n in s.long_not_covered) != dp_sgd
     unsampled = privacy_statement(mechanism=get_mechanism_class("ldp-sums"), dp_sgd=dp_sgd, worst=worst(2.0, 8.0, 8.9), k=None)
-    assert any("amplification" in n for n in unsampled.not_covered)
+    assert any("amplification" in n for n in unsampled.long_not_covered)

@@ -59,7 +59,11 @@ def test_a_study_runs_every_cell_once_and_a_rerun_redoes_nothing(tmp_path):
     for column in ("linear_init", "finetune_0.5_init"):
         assert rows[0][column] == rows[2][column] and rows[1][column] == rows[3][column]
     assert "accuracy-by-setting.png" in stdout
-    assert "| mechanism-kanon | 2 |" in (tmp_path / "out" / "results.md").read_text()
+    results = (tmp_path / "out" / "results.md").read_text()
+    assert "| mechanism-kanon | 2 |" in results
+    # Both reps runs share one statement: listed once, for the setting, not once per run.
+    assert results.count("> No guarantee: clients release their representations in the clear (reps)") == 1
+    assert "Applies to **mechanism-reps**." in results and results.count("docs/privacy.md#statement-") <= 3
     again = privfed("study", "tiny.toml", "--out", "out", cwd=tmp_path)
     stdout, _ = again.communicate(timeout=300)
     assert again.returncode == 0 and "[" not in stdout.split("wrote")[0]  # no cell ran

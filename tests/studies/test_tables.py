@@ -19,19 +19,52 @@ def test_a_setting_is_summarised_over_its_seeds_and_failures_are_counted():
     assert summarise(["kanon", "kanon"]) == "kanon" and summarise([None]) == "-"
 
 
-def test_statements_are_listed_per_setting_below_the_table_not_in_it():
-    records = [record("ldp", 0, knn=0.2, statement="(1, 1e-3)-DP"), record("ldp", 1, knn=0.4, statement="(1, 1e-3)-DP"),
-               record("reps", 0, knn=0.5, statement="No guarantee")]
+def statement(headline: str, **more) -> dict:
+    """A row's privacy columns, as :func:`privfed.studies.cell_work.study_row` takes them from summary.json."""
+    return {"statement": headline, "covers": ["updates: DP-SGD"], "not_covered": ["sizes"],
+            "privacy_details": "docs/privacy.md#statement-dp-releases", **more}
+
+
+def test_each_distinct_statement_is_listed_once_below_the_table_with_the_settings_it_applies_to():
+    shared = statement("(1, 1e-3)-DP")
+    records = [record("ldp", 0, knn=0.2, **shared), record("ldp", 1, knn=0.4, **shared),
+               record("ldp-wide", 0, knn=0.3, **shared), record("reps", 0, knn=0.5, **statement("No guarantee"))]
     table = markdown_table(records)
-    assert "DP" not in table and "statement" not in table and "| ldp | 2 | 0.3 ± 0.14 (2) |" in table
-    assert prose_sections(records).splitlines()[-2:] == ["- **ldp**: (1, 1e-3)-DP", "- **reps**: No guarantee"]
+    assert "DP" not in table and "statement" not in table and "covers" not in table
+    assert "| ldp | 2 | 0.3 ± 0.14 (2) |" in table
+    prose = prose_sections(records)
+    assert prose.count("(1, 1e-3)-DP") == 1 and prose.count("No guarantee") == 1 and prose.count("- Covers:") == 2
+    assert "Applies to **ldp**, **ldp-wide**.\n\n> (1, 1e-3)-DP\n" in prose
+    assert "- Covers:\n  - updates: DP-SGD\n- Not covered:\n  - sizes\n" in prose
+    assert "`docs/privacy.md#statement-dp-releases`" in prose
+    assert prose.index("Statement 1") < prose.index("(1, 1e-3)-DP") < prose.index("Statement 2") < prose.index("No guarantee")
 
 
 def test_a_statement_that_differs_over_seeds_names_the_seeds_of_each():
-    records = [record("kanon", seed, statement=f"at least {k} images") for seed, k in ((0, 5), (1, 6), (2, 5))]
+    records = [record("kanon", seed, **statement(f"at least {k} images")) for seed, k in ((0, 5), (1, 6), (2, 5))]
     records.append(CellRecord("kanon", 3, None, "RuntimeError: x", 1.0))
-    assert prose_sections(records).splitlines()[-2:] == ["- **kanon** (seeds 0, 2): at least 5 images",
-                                                         "- **kanon** (seed 1): at least 6 images"]
+    prose = prose_sections(records)
+    assert "Applies to **kanon** (seeds 0, 2).\n\n> at least 5 images" in prose
+    assert "Applies to **kanon** (seed 1).\n\n> at least 6 images" in prose
+
+
+def test_runs_with_the_same_headline_but_other_lists_are_separate_statements():
+    records = [record("a", 0, **statement("h")), record("b", 0, **statement("h", not_covered=["sizes", "labels"]))]
+    prose = prose_sections(records)
+    assert "Applies to **a**." in prose and "Applies to **b**." in prose and "Statement 2" in prose
+
+
+def test_a_study_recorded_before_headlines_lists_its_long_statement_once_too():
+    records = [record("ldp", seed, statement="the long text") for seed in (0, 1, 2)]
+    prose = prose_sections(records)
+    assert prose.count("the long text") == 1 and "Applies to **ldp**." in prose and "Covers" not in prose
+
+
+def test_the_csv_joins_a_statements_lists(tmp_path):
+    from privfed.studies.tables import write_csv
+
+    rows = write_csv([record("a", 0, **statement("h", not_covered=["sizes", "labels"]))], tmp_path / "r.csv")
+    assert "sizes; labels" in rows.read_text() and "[" not in rows.read_text()
 
 
 def test_tuning_ranks_by_the_score_and_reports_how_well_it_agrees_with_labels():
