@@ -7,16 +7,29 @@ import functools
 import inspect
 import os
 import sys
+import textwrap
 import threading
 import traceback
 from contextlib import ExitStack
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
+import click
 import typer
+from typer.core import TyperCommand
 
-from privfed.config import DEFAULTS, TrainConfig, build_config, field_types, option_help
+from privfed.config import (
+    DEFAULTS,
+    DEVICES,
+    GLOBAL_CLUSTERINGS,
+    RUNTIMES,
+    TrainConfig,
+    build_config,
+    field_types,
+    option_help,
+    option_panel,
+)
 from privfed.errors import PrivfedError
 
 if TYPE_CHECKING:
@@ -25,13 +38,147 @@ if TYPE_CHECKING:
     from privfed.studies.grid import Study
     from privfed.studies.runner import CellRecord
 
+#: Help text is wrapped to the terminal, up to this width (click's own limit is 80).
+HELP_MAX_WIDTH = 120
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Privacy-focused federated learning with Orchestra.",
     pretty_exceptions_enable=False,
-    rich_markup_mode=None,  # plain help: rich's option tables cut long option names at 80 columns
+    rich_markup_mode=None,  # plain help (_HelpCommand): rich's option tables cut long option names at 80 columns
+    context_settings={"max_content_width": HELP_MAX_WIDTH},
 )
+
+
+def _mechanism_names() -> list[str]:
+    from mechanisms import MechanismRegistrationError, available_mechanisms
+
+    try:
+        return list(available_mechanisms())
+    except MechanismRegistrationError as err:
+        raise PrivfedError(str(err)) from None
+
+
+def _dp_mechanism_names() -> list[str]:
+    from mechanisms import get_mechanism_class
+
+    return [name for name in _mechanism_names() if get_mechanism_class(name).is_differentially_private()]
+
+
+def _backbone_names() -> list[str]:
+    from privfed.models.resnet import BACKBONES
+
+    return list(BACKBONES)
+
+
+def _method_names() -> list[str]:
+    from privfed.methods import available_methods
+
+    return list(available_methods())
+
+
+def _attack_names() -> list[str]:
+    from attacks import available_attacks
+
+    return list(available_attacks())
+
+
+class RegistryChoice(click.ParamType):
+    """A name from a registry, read when first needed (help or a given value), so that plug-ins appear and
+    ``privfed`` starts without importing torch."""
+
+    name = "choice"
+
+    def __init__(self, noun: str, names: Callable[[], Sequence[str]]) -> None:
+        self.noun = noun
+        self._names = names
+        self._loaded: tuple[str, ...] | None = None
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        if self._loaded is None:
+            self._loaded = tuple(self._names())
+        return self._loaded
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "NAME"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        if value in self.choices:
+            return str(value)
+        self.fail(f"unknown {self.noun} {value!r} (choose from {', '.join(self.choices)})", param, ctx)
+
+
+#: The enumerated :class:`TrainConfig` fields and where their names come from (plug-ins included).
+CHOICES: dict[str, RegistryChoice] = {
+    "method": RegistryChoice("method", _method_names),
+    "backbone": RegistryChoice("backbone", _backbone_names),
+    "global_clustering": RegistryChoice("global clustering", lambda: GLOBAL_CLUSTERINGS),
+    "mechanism": RegistryChoice("mechanism", _mechanism_names),
+    "device": RegistryChoice("device", lambda: DEVICES),
+    "runtime": RegistryChoice("runtime", lambda: RUNTIMES),
+}
+#: Help sentences that need a registry, added when the help is shown.
+LATE_HELP: dict[str, Callable[[], str]] = {
+    "epsilon": lambda: f"Needed (or --epsilon-per-release) by {', '.join(_dp_mechanisms_or_none())}.",
+}
+
+
+def _dp_mechanisms_or_none() -> list[str]:
+    return _dp_mechanism_names() or ["no installed mechanism"]
+
+
+class _HelpCommand(TyperCommand):
+    """Plain help in one section per ``rich_help_panel``, with each registry's choices and without the
+    backslashes typer puts before brackets for rich (even when rich is off)."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        declared = {name: p.default for name, p in inspect.signature(self.callback).parameters.items()} if self.callback else {}
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            if isinstance(param, click.Argument) and not param.help:  # click >= 8.3 drops typer's argument help
+                param.help = getattr(declared.get(param.name or ""), "help", None)
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            name, text = record
+            text = _with_late_help(param, text.replace("\\[", "["))
+            default_panel = "Arguments" if isinstance(param, click.Argument) else "Options"
+            sections.setdefault(getattr(param, "rich_help_panel", None) or default_panel, []).append((name, text))
+        for title, rows in sections.items():
+            with formatter.section(title):
+                _write_rows(formatter, rows)
+
+
+#: The widest first column of the help's rows; a longer option name gets a line of its own.
+HELP_NAME_WIDTH = 30
+
+
+def _write_rows(formatter: click.HelpFormatter, rows: list[tuple[str, str]]) -> None:
+    """Two columns as click's ``write_dl`` writes them, but never breaking a line inside a hyphenated name
+    (``--epsilon-per-release``, ``ldp-sums``)."""
+    first = min(max(len(name) for name, _ in rows), HELP_NAME_WIDTH)
+    indent = " " * (formatter.current_indent + first + 2)
+    width = max(formatter.width - len(indent), 20)
+    for name, text in rows:
+        lead = " " * formatter.current_indent + name
+        lead = lead + " " * (len(indent) - len(lead)) if len(name) <= first else f"{lead}\n{indent}"
+        lines = textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False) or [""]
+        formatter.write(lead + f"\n{indent}".join(lines) + "\n")
+
+
+def _with_late_help(param: click.Parameter, text: str) -> str:
+    """``text`` with the parameter's registry sentence (its choices, ...) before its ``[default: ...]``."""
+    extra = []
+    if isinstance(param.type, RegistryChoice):
+        extra.append(f"One of: {', '.join(param.type.choices)}.")
+    if param.name in LATE_HELP:
+        extra.append(LATE_HELP[param.name]())
+    if not extra:
+        return text
+    head, bracket, tail = text.partition("  [" if "  [" in text else " [default: ")
+    return f"{head} {' '.join(extra)}{bracket}{tail}"
 
 def _print_version(value: bool) -> None:
     if value:
@@ -121,7 +268,10 @@ def _train_parameters() -> list[inspect.Parameter]:
             inspect.Parameter(
                 field_.name,
                 inspect.Parameter.KEYWORD_ONLY,
-                default=typer.Option(None, *declarations, help=help_text, show_default=False),
+                default=typer.Option(
+                    None, *declarations, help=help_text, show_default=False, click_type=CHOICES.get(field_.name),
+                    rich_help_panel=option_panel(field_.name),
+                ),
                 annotation=Optional[kind],
             )
         )
@@ -138,10 +288,11 @@ def with_config_options(command: Callable[..., None]) -> Callable[..., None]:
 def config_option(name: str) -> Any:
     """A ``typer.Option`` sharing a :class:`TrainConfig` field's flag, help and default (for other commands)."""
     default = getattr(DEFAULTS, name)
-    return typer.Option(default, *_declarations(name, boolean=isinstance(default, bool)), help=option_help(name).help)
+    declarations = _declarations(name, boolean=isinstance(default, bool))
+    return typer.Option(default, *declarations, help=option_help(name).help, click_type=CHOICES.get(name))
 
 
-@app.command()
+@app.command(cls=_HelpCommand)
 @with_config_options
 def train(
     config: Optional[Path] = typer.Option(None, "--config", help="TOML preset (see configs/); flags override it."),
@@ -245,7 +396,7 @@ def _train(plan: RunPlan, point: ResumePoint | None, verbose: bool) -> dict[str,
     return simulate(plan, _print_progress, verbose=verbose, resume=point)
 
 
-@app.command()
+@app.command(cls=_HelpCommand)
 def evaluate(
     run_dir: Path = typer.Argument(..., help="A run directory written by `privfed train`."),
     train_data: Optional[str] = typer.Option(None, help="Labelled data the probe learns from (its train split; a file named only here is used whole). Needed by knn, linear and finetune."),
@@ -299,10 +450,10 @@ def _print_attack_progress(stage: str, done: int, total: int, figures: dict[str,
     typer.echo(f"  {stage}: {done}/{total}  {shown}")
 
 
-@app.command()
+@app.command(cls=_HelpCommand)
 def attack(
     run_dir: Path = typer.Argument(..., help="A run directory trained with --record-releases."),
-    method: str = typer.Option(..., "--method", help="Attack: decoder, decoder-releases (mechanism-aware) or optimization (see `privfed attacks`)."),
+    method: str = typer.Option(..., "--method", click_type=RegistryChoice("attack", _attack_names), help="Attack: decoder, decoder-releases (mechanism-aware) or optimization (see `privfed attacks`)."),
     aux: Optional[str] = typer.Option(None, "--aux", help="Auxiliary data the server holds (its test split); must share no image with the clients. [default: the run's test split]"),
     rounds: Optional[str] = typer.Option(None, "--rounds", help="Comma-separated recorded rounds to attack. [default: the first training round and the last]"),
     device: str = config_option("device"),
@@ -334,7 +485,7 @@ def attack(
     typer.echo(f"wrote {run_dir / 'attack.json'} and {run_dir / 'attack.png'}")
 
 
-@app.command()
+@app.command(cls=_HelpCommand)
 def plot(
     run_dirs: list[Path] = typer.Argument(..., help="Run directories written by `privfed train`."),
     out: Path = typer.Option(Path("curves-compared.png"), "--out", "-o", help="Where to write the PNG."),
@@ -348,7 +499,7 @@ def plot(
     typer.echo(f"wrote {plot_curves([RunCurves.of(d) for d in run_dirs], out)}")
 
 
-@app.command()
+@app.command(cls=_HelpCommand)
 def study(
     study_file: Path = typer.Argument(..., help="A study TOML file (see configs/studies/ and docs/studies.md)."),
     out: Optional[Path] = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
@@ -361,7 +512,7 @@ def study(
         _run_study_file(study_file, out)
 
 
-@app.command()
+@app.command(cls=_HelpCommand)
 def tune(
     study_file: Path = typer.Argument(..., help="A study TOML file whose grid holds the candidates, e.g. lr and ema_decay (configs/studies/tune-cpu-cifar10.toml)."),
     out: Optional[Path] = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
@@ -442,7 +593,7 @@ def _write_study_results(spec: Study, study_file: Path, folder: Path, records: l
     typer.echo(f"wrote {written} ({len(records) - failed} runs{partial}, {failed} failed)")
 
 
-@app.command(name="attacks")
+@app.command(name="attacks", cls=_HelpCommand)
 def list_attacks() -> None:
     """List the installed inversion attacks."""
     from attacks import available_attacks
@@ -451,7 +602,7 @@ def list_attacks() -> None:
         typer.echo(f"{name:<17} {description}")
 
 
-@app.command()
+@app.command(cls=_HelpCommand)
 def mechanisms() -> None:
     """List the installed release mechanisms."""
     from mechanisms import MechanismRegistrationError, available_mechanisms
@@ -464,7 +615,7 @@ def mechanisms() -> None:
         typer.echo(f"{name:<10} {description}")
 
 
-@app.command()
+@app.command(cls=_HelpCommand)
 def datasets() -> None:
     """List the dataset names `--dataset` accepts."""
     from privfed.data import describe_datasets
@@ -479,7 +630,7 @@ MAX_CERTIFICATE_DAYS = 36500
 MAX_SUPERNODE_KEYS = 10_000
 
 
-@app.command()
+@app.command(cls=_HelpCommand)
 def certs(
     out_dir: Path = typer.Option(Path("certificates"), "--out-dir", "-o", help="Directory to write the keys and certificates to."),
     supernodes: int = typer.Option(2, "--supernodes", "-n", min=0, max=MAX_SUPERNODE_KEYS, help="SuperNode authentication key pairs to create: supernode-0 ... supernode-(N-1), one per partition."),
