@@ -9,6 +9,7 @@ import os
 import sys
 import textwrap
 import threading
+import time
 import traceback
 from contextlib import ExitStack
 from enum import Enum
@@ -32,7 +33,13 @@ from privfed.config import (
 )
 from privfed.errors import PrivfedError
 
+#: When this process reached privfed (the ``done`` line's wall time counts from here, imports and set-up included).
+PROCESS_START = time.perf_counter()
+
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
+
     from privfed.resume import ResumePoint
     from privfed.run_plan import RunPlan
     from privfed.studies.grid import Study
@@ -212,30 +219,128 @@ USAGE_EXIT_CODE = 2
 FAILED_RUN_EXIT_CODE = 1
 
 
-def _print_progress(event: dict[str, Any]) -> None:
-    kind = event["event"]
-    if kind == "start":
-        typer.echo(f"untrained encoder: kNN accuracy {event['knn_accuracy_init']:.4f}")
-    elif kind == "round":
-        parts = [
-            f"round {event['round']:>3}",
-            f"clients {event['clients_completed']}/{event['clients_sampled']}",
-        ]
-        if event.get("loss") is not None:
-            parts.append(f"loss {event['loss']:.4f}")
-        if event.get("knn_accuracy") is not None:
-            parts.append(f"kNN {event['knn_accuracy']:.4f}")
-        if event.get("privacy_epsilon") is not None:
-            parts.append(f"eps {event['privacy_epsilon']:.3f}")
-        parts.append(f"{event['round_seconds']:.1f}s")
-        typer.echo("  ".join(parts))
-    elif kind == "stop":
-        typer.echo(f"stopping: {event['reason']}")
-    elif kind == "finish":
-        typer.echo(
+def _round_line(event: dict[str, Any]) -> str:
+    """One training round as the plain log shows it."""
+    parts = [
+        f"round {event['round']:>3}",
+        f"clients {event['clients_completed']}/{event['clients_sampled']}",
+    ]
+    if event.get("loss") is not None:
+        parts.append(f"loss {event['loss']:.4f}")
+    if event.get("knn_accuracy") is not None:
+        parts.append(f"kNN {event['knn_accuracy']:.4f}")
+    if event.get("privacy_epsilon") is not None:
+        parts.append(f"eps {event['privacy_epsilon']:.3f}")
+    parts.append(f"{event['round_seconds']:.1f}s")
+    return "  ".join(parts)
+
+
+class ProgressView:
+    """Draws the library's progress callbacks: rich bars with an ETA on a terminal, the plain lines otherwise
+    (a log file or a pipe gets what it always got)."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        from rich.console import Console
+
+        self.console = console or Console()
+        self.live = self.console.is_terminal
+        self._bars: Progress | None = None
+        self._tasks: dict[str, TaskID] = {}
+
+    def echo(self, text: str) -> None:
+        """A line above the bars (or the line itself, off a terminal)."""
+        if self._bars is not None:
+            self._bars.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        else:
+            self.console.file.write(text + "\n")
+            self.console.file.flush()
+
+    def step(self, stage: str, done: int, total: int, figures: dict[str, float] | None = None) -> None:
+        """A stage's bar (decoder training, a probe's epochs, ...); nothing off a terminal."""
+        if not self.live:
+            return
+        shown = "  ".join(f"{k} {v:.4f}" for k, v in (figures or {}).items())
+        bars = self._started()
+        task = self._tasks.get(stage)
+        if task is None:
+            task = self._tasks[stage] = bars.add_task(stage, total=total, figures=shown)
+        bars.update(task, completed=done, total=total, figures=shown)
+        if done >= total and stage != "rounds":
+            bars.remove_task(task)
+            del self._tasks[stage]
+
+    def attack_step(self, stage: str, done: int, total: int, figures: dict[str, float]) -> None:
+        """An attack's stage: a bar, or its plain line off a terminal (as `privfed attack` always printed)."""
+        if self.live:
+            self.step(stage, done, total, figures)
+        else:
+            shown = "  ".join(f"{k} {v:.4f}" for k, v in figures.items())
+            self.echo(f"  {stage}: {done}/{total}  {shown}")
+
+    def close(self) -> None:
+        """Removes the bars (the lines printed above them stay)."""
+        if self._bars is not None:
+            self._bars.stop()
+        self._bars = None
+        self._tasks.clear()
+
+    def _started(self) -> Progress:
+        if self._bars is None:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import TimeRemainingColumn
+
+            self._bars = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[figures]}"),
+                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=True,
+            )
+            self._bars.start()
+        return self._bars
+
+
+class RoundProgress:
+    """``privfed train``'s progress callback: a line per round (and a bar on a terminal), then the ``done`` line with
+    the epsilon spent and this process's wall time."""
+
+    def __init__(self, view: ProgressView, *, lines: bool = True, rounds_done: int = 0) -> None:
+        self.view, self.lines, self.rounds_done = view, lines, rounds_done
+        self.total = 0
+        self.epsilon: float | None = None
+        self.dp_sgd_epsilon: float | None = None
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        kind = event["event"]
+        if kind == "start":
+            self._say(f"untrained encoder: kNN accuracy {event['knn_accuracy_init']:.4f}")
+            self.total = event["rounds"]
+            self.view.step("rounds", self.rounds_done, self.total)
+        elif kind == "round":
+            self.epsilon = event.get("privacy_epsilon", self.epsilon)
+            self.dp_sgd_epsilon = event.get("privacy_dp_sgd_epsilon", self.dp_sgd_epsilon)
+            self._say(_round_line(event))
+            figures = {k: event[v] for k, v in (("kNN", "knn_accuracy"), ("eps", "privacy_epsilon")) if event.get(v) is not None}
+            self.view.step("rounds", event["round"], self.total, figures)
+        elif kind == "stop":
+            self._say(f"stopping: {event['reason']}")
+        elif kind == "finish":
+            self.view.close()
+            self._say(self.done_line(event))
+
+    def done_line(self, event: dict[str, Any]) -> str:
+        """The run's outcome: accuracy, rounds, the worst-off client's epsilon, and the wall time of the process
+        (start-up, data and the runtime included) beside the training loop's."""
+        spent = [f"epsilon {e:.3f}" for e in (self.epsilon,) if e is not None]
+        spent += [f"DP-SGD epsilon {e:.3f}" for e in (self.dp_sgd_epsilon,) if e is not None]
+        privacy = f", {' and '.join(spent)} spent (worst-case client)" if spent else ""
+        wall = time.perf_counter() - PROCESS_START
+        return (
             f"done: kNN accuracy {event['knn_accuracy']:.4f} (untrained {event['knn_accuracy_init']:.4f}) "
-            f"after {event['rounds']} rounds in {event['wall_seconds']:.0f}s -> {event['run_dir']}"
+            f"after {event['rounds']} rounds{privacy}, in {wall:.0f}s (training {event['wall_seconds']:.0f}s) "
+            f"-> {event['run_dir']}"
         )
+
+    def _say(self, text: str) -> None:
+        if self.lines:
+            self.view.echo(text)
 
 
 def _option_text(name: str, default: Any, bool_flag: bool) -> str:
@@ -393,7 +498,11 @@ def _train(plan: RunPlan, point: ResumePoint | None, verbose: bool) -> dict[str,
             f"privacy: the budget covers {privacy.fitting_releases} releases per client; training stops "
             "cleanly before any client would exceed it"
         )
-    return simulate(plan, _print_progress, verbose=verbose, resume=point)
+    view = ProgressView()
+    try:
+        return simulate(plan, RoundProgress(view, rounds_done=0 if point is None else point.round), verbose=verbose, resume=point)
+    finally:
+        view.close()
 
 
 @app.command(cls=_HelpCommand)
@@ -414,20 +523,25 @@ def evaluate(
     """Re-evaluate a saved encoder on any labelled datasets, or draw its representations; appends to RUN_DIR/evaluation.json."""
     from privfed.evaluation.run_evaluation import evaluate_run
 
-    result = evaluate_run(
-        run_dir,
-        train_data=train_data,
-        test_data=test_data,
-        protocol=protocol.value,
-        label_fraction=label_fraction,
-        seed=seed,
-        checkpoint=checkpoint,
-        data_dir=Path(data_dir),
-        download=download,
-        device=device,
-        knn_k=knn_k,
-        knn_temperature=knn_temperature,
-    )
+    view = ProgressView()
+    try:
+        result = evaluate_run(
+            run_dir,
+            train_data=train_data,
+            test_data=test_data,
+            protocol=protocol.value,
+            label_fraction=label_fraction,
+            seed=seed,
+            checkpoint=checkpoint,
+            data_dir=Path(data_dir),
+            download=download,
+            device=device,
+            knn_k=knn_k,
+            knn_temperature=knn_temperature,
+            progress=view.step,
+        )
+    finally:
+        view.close()
     for warning in result.get("warnings", []):
         typer.echo(f"warning: {warning}", err=True)
     if result["accuracy"] is None:
@@ -443,11 +557,6 @@ def _parse_rounds(text: Optional[str]) -> Optional[list[int]]:
         return sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
         raise PrivfedError(f"--rounds takes comma-separated round numbers, e.g. 1,40; got {text!r}") from None
-
-
-def _print_attack_progress(stage: str, done: int, total: int, figures: dict[str, float]) -> None:
-    shown = "  ".join(f"{k} {v:.4f}" for k, v in figures.items())
-    typer.echo(f"  {stage}: {done}/{total}  {shown}")
 
 
 @app.command(cls=_HelpCommand)
@@ -468,14 +577,17 @@ def attack(
     from privfed.config import check_seed
 
     check_seed("--seed", seed)
+    view = ProgressView()
     try:
         result = attack_run(
             run_dir, method=method, aux=aux, rounds=_parse_rounds(rounds), device=device, seed=seed,
             max_vectors=max_vectors, attack_settings=None if steps is None else {"steps": steps},
-            progress=_print_attack_progress, log=typer.echo,
+            progress=view.attack_step, log=view.echo,
         )
     except (MemoryError, torch.OutOfMemoryError):
         raise PrivfedError("out of memory: attack fewer vectors (--max-vectors) or use a larger device") from None
+    finally:
+        view.close()
     for row in result["rounds"]:
         parts = [f"round {row['round']}: {row['vectors']} vectors"]
         for name in ("psnr_source", "psnr_best_member", "psnr_best_client", "reid_rate"):
@@ -547,14 +659,22 @@ def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list[CellRec
         attack = functools.partial(attack_last_round, attack_settings=spec.attack_settings or None)
     folder = out or Path("studies") / study_file.stem
     _make_directory(folder, kind="study directory")
+    view = ProgressView()  # inside a cell: bars on a terminal, nothing in a log (its lines are the cells')
+    if attack is not None:
+        attack = functools.partial(attack, progress=view.step)
+
+    def work(cell: Any, cell_folder: Path) -> dict[str, Any]:
+        try:
+            return study_row(
+                cell, cell_folder, attack_method=spec.attack, attack=attack, finetune=spec.finetune,
+                round_progress=RoundProgress(view, lines=False), step_progress=view.step,
+            )
+        finally:
+            view.close()
+
     with RunDirectory(folder).claimed():
         try:
-            records = run_study(
-                spec, folder, lambda cell, cell_folder: study_row(
-                    cell, cell_folder, attack_method=spec.attack, attack=attack, finetune=spec.finetune
-                ),
-                progress=typer.echo,
-            )
+            records = run_study(spec, folder, work, progress=view.echo)
         except KeyboardInterrupt as stop:
             typer.echo(f"study stopped ({stop}); the same command continues it", err=True)
             _write_study_results(spec, study_file, folder, recorded_cells(spec, folder))

@@ -6,6 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from privfed.evaluation.features import StepProgress
+
 
 def linear_probe_accuracy(
     train_features: torch.Tensor,
@@ -18,11 +20,12 @@ def linear_probe_accuracy(
     weight_decay: float = 1e-5,
     batch_size: int = 256,
     seed: int = 0,
+    progress: StepProgress | None = None,
 ) -> float:
     """Trains a linear classifier on the training features; test accuracy.
 
     Features are standardised with the training statistics first so one
-    learning rate suits every backbone width.
+    learning rate suits every backbone width. ``progress`` hears of each epoch.
     """
     generator = torch.Generator().manual_seed(seed)
     mean, std = train_features.mean(0), train_features.std(0).clamp_min(1e-6)
@@ -35,13 +38,15 @@ def linear_probe_accuracy(
         classifier.reset_parameters()
     optimizer = torch.optim.SGD(classifier.parameters(), lr=lr, momentum=0.9, weight_decay=weight_decay)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs)
-    for _ in range(epochs):
+    for epoch in range(epochs):
         for index in torch.randperm(x_train.shape[0], generator=generator).split(batch_size):
             loss = F.cross_entropy(classifier(x_train[index]), train_labels[index])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
         scheduler.step()
+        if progress is not None:
+            progress("linear probe", epoch + 1, epochs, {"loss": float(loss.detach())})
     with torch.no_grad():
         predicted = classifier(x_test).argmax(dim=1)
     return float((predicted == test_labels).float().mean())
