@@ -100,13 +100,11 @@ class RegistryChoice(click.ParamType):
     def __init__(self, noun: str, names: Callable[[], Sequence[str]]) -> None:
         self.noun = noun
         self._names = names
-        self._loaded: tuple[str, ...] | None = None
 
     @property
     def choices(self) -> tuple[str, ...]:
-        if self._loaded is None:
-            self._loaded = tuple(self._names())
-        return self._loaded
+        """The names registered now (a registry loads its plug-ins once, on first use)."""
+        return tuple(self._names())
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
         return "NAME"
@@ -128,12 +126,8 @@ CHOICES: dict[str, RegistryChoice] = {
 }
 #: Help sentences that need a registry, added when the help is shown.
 LATE_HELP: dict[str, Callable[[], str]] = {
-    "epsilon": lambda: f"Needed (or --epsilon-per-release) by {', '.join(_dp_mechanisms_or_none())}.",
+    "epsilon": lambda: f"Needed (or --epsilon-per-release) by {', '.join(_dp_mechanism_names()) or 'none installed'}.",
 }
-
-
-def _dp_mechanisms_or_none() -> list[str]:
-    return _dp_mechanism_names() or ["no installed mechanism"]
 
 
 class _HelpCommand(TyperCommand):
@@ -169,7 +163,7 @@ def _write_rows(formatter: click.HelpFormatter, rows: list[tuple[str, str]]) -> 
     indent = " " * (formatter.current_indent + first + 2)
     width = max(formatter.width - len(indent), 20)
     for name, text in rows:
-        lead = " " * formatter.current_indent + name
+        lead = " " * formatter.current_indent + name  # a name longer than the column gets its own line
         lead = lead + " " * (len(indent) - len(lead)) if len(name) <= first else f"{lead}\n{indent}"
         lines = textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False) or [""]
         formatter.write(lead + f"\n{indent}".join(lines) + "\n")
@@ -286,8 +280,14 @@ class ProgressView:
 
     def _started(self) -> Progress:
         if self._bars is None:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-            from rich.progress import TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             self._bars = Progress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[figures]}"),
