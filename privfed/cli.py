@@ -259,7 +259,7 @@ class ProgressView:
         if task is None:
             task = self._tasks[stage] = bars.add_task(stage, total=total, figures=shown)
         bars.update(task, completed=done, total=total, figures=shown)
-        if done >= total and stage != "rounds":
+        if done >= total and not stage.endswith("rounds"):  # a run's bar stays until its done line
             bars.remove_task(task)
             del self._tasks[stage]
 
@@ -301,8 +301,8 @@ class RoundProgress:
     """``privfed train``'s progress callback: a line per round (and a bar on a terminal), then the ``done`` line with
     the epsilon spent and this process's wall time."""
 
-    def __init__(self, view: ProgressView, *, lines: bool = True, rounds_done: int = 0) -> None:
-        self.view, self.lines, self.rounds_done = view, lines, rounds_done
+    def __init__(self, view: ProgressView, *, lines: bool = True, rounds_done: int = 0, label: str = "rounds") -> None:
+        self.view, self.lines, self.rounds_done, self.label = view, lines, rounds_done, label
         self.total = 0
         self.epsilon: float | None = None
         self.dp_sgd_epsilon: float | None = None
@@ -312,13 +312,13 @@ class RoundProgress:
         if kind == "start":
             self._say(f"untrained encoder: kNN accuracy {event['knn_accuracy_init']:.4f}")
             self.total = event["rounds"]
-            self.view.step("rounds", self.rounds_done, self.total)
+            self.view.step(self.label, self.rounds_done, self.total)
         elif kind == "round":
             self.epsilon = event.get("privacy_epsilon", self.epsilon)
             self.dp_sgd_epsilon = event.get("privacy_dp_sgd_epsilon", self.dp_sgd_epsilon)
             self._say(_round_line(event))
             figures = {k: event[v] for k, v in (("kNN", "knn_accuracy"), ("eps", "privacy_epsilon")) if event.get(v) is not None}
-            self.view.step("rounds", event["round"], self.total, figures)
+            self.view.step(self.label, event["round"], self.total, figures)
         elif kind == "stop":
             self._say(f"stopping: {event['reason']}")
         elif kind == "finish":
@@ -667,7 +667,7 @@ def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list[CellRec
         try:
             return study_row(
                 cell, cell_folder, attack_method=spec.attack, attack=attack, finetune=spec.finetune,
-                round_progress=RoundProgress(view, lines=False), step_progress=view.step,
+                round_progress=RoundProgress(view, lines=False, label=f"{cell.run_name} rounds"), step_progress=view.step,
             )
         finally:
             view.close()
