@@ -335,7 +335,7 @@ def attack_run(
 
 
 def attack_last_round(
-    run_dir: Path, *, method: str, attack_settings: dict[str, Any] | None = None
+    run_dir: Path, *, method: str, attack_settings: dict[str, Any] | None = None, progress: ProgressCallback | None = None
 ) -> dict[str, Any]:
     """The figures of a run's last recorded round, as a study reports them (``attack.json`` holds that round only).
 
@@ -352,7 +352,7 @@ def attack_last_round(
             released = sum(release.vectors.shape[0] for release in recorded.releases)
             return {"round": available[-1], "vectors": 0, "vectors_released": released, "vectors_with_weight": 0}
     rounds = available[-1:] or None  # none recorded: attack_run says why
-    return attack_run(run_dir, method=method, rounds=rounds, attack_settings=attack_settings)["rounds"][-1]
+    return attack_run(run_dir, method=method, rounds=rounds, attack_settings=attack_settings, progress=progress)["rounds"][-1]
 
 
 def _default_rounds(available: list[int]) -> list[int]:

@@ -105,11 +105,11 @@ class TrainConfig:
         "assignments at --temperature; the centroids stay near their random start).",
     )
     # release mechanism and privacy budget
-    mechanism: str = option("kanon", "Release mechanism: kanon, ldp, ldp-sums, reps (see `privfed mechanisms`).")
+    mechanism: str = option("kanon", "Release mechanism (see `privfed mechanisms`).")
     epsilon: float | None = option(
         None,
-        "DP mechanisms (ldp, ldp-sums): total epsilon ONE client may spend over the whole run (all its releases composed "
-        "with the PLD accountant; every release is calibrated for the worst case of rounds+1 participations).",
+        "Differentially private mechanisms: total epsilon ONE client may spend over the whole run (all its releases "
+        "composed with the PLD accountant; every release is calibrated for the worst case of rounds+1 participations).",
     )
     delta: float | None = option(
         None,
@@ -183,7 +183,7 @@ class TrainConfig:
         "SecAgg+ rounding: on CPU one seed gives one run. Not repeated by design: DP noise (ldp, DP-SGD draw it from "
         "the OS). Not controlled: CUDA kernels' own nondeterminism.",
     )
-    device: str = option("auto", "auto, cpu or cuda.")
+    device: str = option("auto", "Where to compute: auto picks cuda when there is one, else cpu.")
     out: str | None = option(
         None,
         "Run directory.",
@@ -251,6 +251,31 @@ DEFAULTS = TrainConfig()
 def option_help(name: str) -> OptionHelp:
     """The command-line description of one :class:`TrainConfig` field."""
     return {f.name: f.metadata[OPTION_METADATA] for f in fields(TrainConfig)}[name]
+
+
+#: ``privfed train --help``'s panels, each naming its fields once (a test checks every field is in exactly one).
+OPTION_PANELS: dict[str, tuple[str, ...]] = {
+    "Data": ("dataset", "test_dataset", "data_dir", "download", "num_clients", "participation", "alpha"),
+    "Model and method": (
+        "method", "backbone", "projection_dim", "projection_hidden_dim", "rounds", "local_epochs", "batch_size", "lr",
+        "momentum", "weight_decay", "temperature", "ema_decay", "memory_size", "num_local_centroids",
+        "num_global_centroids", "global_clustering",
+    ),
+    "Privacy": (
+        "mechanism", "epsilon", "delta", "epsilon_per_release", "secret_sample", "kanon_min_k", "report_client_metrics",
+    ),
+    "Secure aggregation": ("secagg", "secagg_shares", "secagg_threshold", "secagg_clipping_range", "secagg_timeout"),
+    "DP-SGD": ("dp_sgd", "max_grad_norm", "dp_sgd_noise_multiplier", "dp_sgd_epsilon"),
+    "Run and output": (
+        "seed", "device", "out", "record_releases", "checkpoint_every", "eval_every", "knn_k", "knn_temperature",
+        "runtime", "client_cpus", "client_gpus",
+    ),
+}
+
+
+def option_panel(name: str) -> str:
+    """The ``--help`` panel of one :class:`TrainConfig` field."""
+    return next(panel for panel, names in OPTION_PANELS.items() if name in names)
 
 
 def field_types() -> dict[str, Any]:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from privfed.data.augment import normalize, to_float
+
+#: ``progress(stage, done, total, figures)``: how a protocol's training reports its epochs (the CLI draws a bar).
+StepProgress = Callable[[str, int, int, dict[str, float]], None]
 
 
 @torch.no_grad()

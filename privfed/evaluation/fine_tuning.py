@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from privfed.data.augment import normalize, random_resized_crop_flip, to_float
+from privfed.evaluation.features import StepProgress
 from privfed.evaluation.label_subsets import class_balanced_subset
 
 
@@ -51,11 +52,12 @@ def fine_tune_accuracy(
     seed: int,
     device: torch.device,
     schedule: FineTuning = FineTuning(),
+    progress: StepProgress | None = None,
 ) -> tuple[float, int]:
     """Fine-tunes a copy of ``backbone`` with a linear head on ``fraction`` of the labels; returns (test accuracy, labels used).
 
     ``backbone`` itself is left as it was. The head has one output per class
-    seen in either split.
+    seen in either split. ``progress`` hears of each epoch.
     """
     labelled = torch.as_tensor(class_balanced_subset(train_labels.numpy(), fraction, seed=seed))
     images, labels = train_images[labelled], train_labels[labelled]
@@ -68,7 +70,7 @@ def fine_tune_accuracy(
     steps_per_epoch = max(1, whole + (rest >= 2))  # a trailing batch of one is skipped
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, schedule.epochs * steps_per_epoch)
     model.train()
-    for _ in range(schedule.epochs):
+    for epoch in range(schedule.epochs):
         for index in torch.randperm(len(labelled), generator=generator).split(schedule.batch_size):
             if len(index) < 2:  # BatchNorm needs two
                 continue
@@ -79,6 +81,8 @@ def fine_tune_accuracy(
             loss.backward()
             optimizer.step()
             scheduler.step()
+        if progress is not None:
+            progress("fine-tuning", epoch + 1, schedule.epochs, {})
     return _accuracy(model, test_images, test_labels, device), len(labelled)
 
 

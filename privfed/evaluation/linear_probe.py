@@ -12,6 +12,8 @@ import warnings
 import numpy as np
 import torch
 
+from privfed.evaluation.features import StepProgress
+
 #: Inverse L2 strength on the summed loss (scikit-learn's ``C``) after standardising.
 DEFAULT_C = 1.0
 #: L-BFGS iterations; resnet features converge in well under this.
@@ -58,7 +60,13 @@ def linear_probe_accuracy(
     *,
     c: float = DEFAULT_C,
     max_iter: int = DEFAULT_MAX_ITER,
+    progress: StepProgress | None = None,
 ) -> float:
-    """Trains a linear classifier on the training features; its test accuracy (deterministic: no seed)."""
+    """Trains a linear classifier on the training features; its test accuracy (deterministic: no seed).
+
+    ``progress`` hears once, when the fit is done: L-BFGS has no epochs to report.
+    """
     predicted = linear_probe_predictions(train_features, train_labels, test_features, c=c, max_iter=max_iter)
+    if progress is not None:
+        progress("linear probe", 1, 1, {})
     return float((predicted == test_labels.cpu()).double().mean())

@@ -20,7 +20,7 @@ from privfed.device import resolve_device
 from privfed.errors import PrivfedError
 from privfed.evaluation.align_uniform import client_align_uniform, mean_over_clients
 from privfed.evaluation.embedding import save_embedding_figure, subset, tsne_2d
-from privfed.evaluation.features import extract_features
+from privfed.evaluation.features import StepProgress, extract_features
 from privfed.evaluation.fine_tuning import FineTuning, fine_tune_accuracy
 from privfed.evaluation.knn import knn_accuracy
 from privfed.evaluation.linear_probe import linear_probe_accuracy
@@ -45,6 +45,7 @@ def evaluate_run(
     device: str = DEFAULTS.device,
     knn_k: int = DEFAULTS.knn_k,
     knn_temperature: float = DEFAULTS.knn_temperature,
+    progress: StepProgress | None = None,
 ) -> dict[str, Any]:
     """Evaluates one checkpoint of a run and appends the result to ``evaluation.json``.
 
@@ -54,7 +55,8 @@ def evaluate_run(
     ``seed``) and scores it. ``tsne`` scores nothing: it draws the test
     representations coloured by class into
     ``RUN_DIR/embedding-tsne-<checkpoint>.png``. Options it shares with
-    training default to ``privfed train``'s defaults.
+    training default to ``privfed train``'s defaults. ``progress`` hears of
+    the linear probe's and the fine-tuning's epochs.
     """
     if protocol not in PROTOCOLS:
         raise PrivfedError(f"unknown protocol {protocol!r} (choose from {', '.join(PROTOCOLS)})")
@@ -93,12 +95,14 @@ def evaluate_run(
             accuracy, labelled = fine_tune_accuracy(
                 backbone, train.to_tensor(), torch.as_tensor(train.labels), test.to_tensor(),
                 torch.as_tensor(test.labels), fraction=label_fraction, seed=seed, device=torch_device,
+                progress=progress,
             )
             result.update(label_fraction=label_fraction, num_labelled=labelled, seed=seed,
                           schedule=dataclasses.asdict(FineTuning()))
         else:
             accuracy = probe_accuracy(
-                protocol, backbone, train, test, device=torch_device, knn_k=knn_k, knn_temperature=knn_temperature
+                protocol, backbone, train, test, device=torch_device, knn_k=knn_k, knn_temperature=knn_temperature,
+                progress=progress,
             )
         if protocol == "knn":
             result.update(k=knn_k, temperature=knn_temperature)
@@ -123,6 +127,7 @@ def probe_accuracy(
     device: torch.device,
     knn_k: int,
     knn_temperature: float,
+    progress: StepProgress | None = None,
 ) -> float:
     """Test accuracy of a kNN or linear probe learnt on ``train``'s frozen features."""
     train_features = extract_features(backbone, train.to_tensor(), device=device)
@@ -130,7 +135,7 @@ def probe_accuracy(
     train_labels, test_labels = torch.as_tensor(train.labels), torch.as_tensor(test.labels)
     if protocol == "knn":
         return knn_accuracy(train_features, train_labels, test_features, test_labels, k=knn_k, temperature=knn_temperature)
-    return linear_probe_accuracy(train_features, train_labels, test_features, test_labels)
+    return linear_probe_accuracy(train_features, train_labels, test_features, test_labels, progress=progress)
 
 
 def draw_embedding(backbone: torch.nn.Module, test: ImageArrays, picture: Path, *, device: torch.device, checkpoint: str) -> int:

@@ -49,7 +49,9 @@ class StudyInterrupted(KeyboardInterrupt):
     """Ctrl-C stopped a cell's run: the study stops too (the cell is not finished; a rerun resumes it)."""
 
 
-def train_cell(cell: Cell, run_dir: Path, *, record_releases: bool) -> dict[str, Any]:
+def train_cell(
+    cell: Cell, run_dir: Path, *, record_releases: bool, progress: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
     """The summary of the cell's run: read when it finished, resumed when it stopped, trained otherwise.
 
     A run that cannot be resumed (e.g. killed between logging a round and
@@ -73,7 +75,7 @@ def train_cell(cell: Cell, run_dir: Path, *, record_releases: bool) -> dict[str,
         killed = not summary_file.is_file()
         try:
             plan, point = plan_resume(run_dir, {})
-            summary = simulate(plan, resume=point)
+            summary = simulate(plan, progress, resume=point)
             if not killed or replayed_exactly(RunDirectory(run_dir), point.round + 1):
                 return summary
         except PrivfedError:
@@ -81,7 +83,7 @@ def train_cell(cell: Cell, run_dir: Path, *, record_releases: bool) -> dict[str,
     if run_dir.exists():
         shutil.rmtree(run_dir)
     config = cell.config.replace(out=str(run_dir), record_releases=record_releases or cell.config.record_releases)
-    return simulate(plan_run(config))
+    return simulate(plan_run(config), progress)
 
 
 def replayed_exactly(run: Any, round_index: int) -> bool:
@@ -122,6 +124,8 @@ def study_row(
     attack_method: str | None,
     attack: AttackRun | None,
     finetune: tuple[float, ...] = (),
+    round_progress: Callable[[dict[str, Any]], None] | None = None,
+    step_progress: Callable[[str, int, int, dict[str, float]], None] | None = None,
 ) -> dict[str, Any]:
     """Trains (or finishes) the cell's run in ``folder/run``, scores it and attacks it.
 
@@ -129,14 +133,15 @@ def study_row(
     label-free tuning score; and, for each fraction in ``finetune``, the
     accuracy after fine-tuning on that class-balanced share of the labels
     (its subset and schedule seeded by the cell's seed), from the trained
-    and from the untrained encoder.
+    and from the untrained encoder. ``round_progress`` hears the run's events
+    (as ``privfed train`` does), ``step_progress`` the probes' epochs.
     """
     from privfed.evaluation.run_evaluation import evaluate_run, score_run
     from privfed.run_driver import stopped_without_training
 
     run_dir = folder / "run"
     attacked = attack_method is not None and attack is not None and cell.config.release_mechanism is not None
-    summary = train_cell(cell, run_dir, record_releases=attacked)
+    summary = train_cell(cell, run_dir, record_releases=attacked, progress=round_progress)
     if str(summary.get("stopped_early") or "").startswith("interrupted"):
         raise StudyInterrupted(f"{cell.run_name}: {summary['stopped_early']}")
     if stopped_without_training(summary.get("stopped_early")):  # recorded as the cell's error, never as a result
@@ -144,7 +149,7 @@ def study_row(
     config = cell.config
     evaluate = functools.partial(
         evaluate_run, run_dir, train_data=config.dataset, test_data=config.test_dataset or config.dataset,
-        data_dir=Path(config.data_dir), device=config.device,
+        data_dir=Path(config.data_dir), device=config.device, progress=step_progress,
     )
     # The untrained encoder's scores too: on small images random features alone reach much of the trained one's.
     linear, linear_init = (evaluate(protocol="linear", checkpoint=checkpoint) for checkpoint in ("final", "initial"))
