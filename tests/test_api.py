@@ -156,3 +156,17 @@ def test_importing_privfed_loads_neither_torch_nor_flower():
     assert privfed.train is privfed.api.train and "evaluate" in dir(privfed)
     with pytest.raises(AttributeError):
         privfed.no_such_name  # noqa: B018
+
+
+@pytest.mark.slow
+def test_a_ray_run_from_python_puts_back_the_sigterm_handler_ray_replaces(tmp_path):
+    """``ray.init`` installs a SIGTERM handler of its own for good; the run takes it back, and Ray's environment."""
+    import os
+
+    pytest.importorskip("ray")
+    before = {name: os.environ.get(name) for name in ("RAY_DEDUP_LOGS", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO")}
+    with ProcessState() as state:
+        run = privfed.train(privfed.TrainConfig(**{**TINY, "runtime": "ray"}), out=tmp_path / "run")
+        state.assert_untouched()
+    assert run.summary["stopped_early"] is None
+    assert {name: os.environ.get(name) for name in before} == before
