@@ -15,6 +15,7 @@ import signal
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,10 +67,14 @@ def simulate(
 
 
 def require_ray() -> None:
-    """Refuses the Ray runtime, with the command that installs it, where Ray or Flower's simulation is missing."""
+    """Refuses the Ray runtime, with the command that installs it, where Ray or Flower's simulation is missing.
+
+    Importing them adds process-wide warning filters (Flower's and Ray's own), which are taken back.
+    """
     try:
-        import flwr.simulation  # noqa: F401
-        import ray  # noqa: F401
+        with warnings.catch_warnings():
+            import flwr.simulation  # noqa: F401
+            import ray  # noqa: F401
     except ImportError as err:
         raise PrivfedError(
             f"--runtime ray needs Ray ({err}): pip install 'privfed[ray]', or use --runtime local"
