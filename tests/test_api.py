@@ -11,23 +11,24 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Self
 
 import pytest
 
+# The modules the calls load, imported first: importing Flower sets its logger's level and adds warning filters
+# (Flower's own doing, once per process); the tests check that the calls themselves change nothing.
+import attacks.evaluation  # noqa: F401
 import privfed
+import privfed.evaluation.run_evaluation
+import privfed.federation.simulation
 from privfed import PrivfedError
 
-# What the calls import, imported first: importing Flower sets its logger's level and adds warning filters (Flower's
-# own doing, once per process); what the tests check is that the calls themselves change nothing.
-import attacks.evaluation  # noqa: E402, F401
-import privfed.evaluation.run_evaluation  # noqa: E402, F401
-import privfed.federation.simulation  # noqa: E402, F401
-
 REPO = Path(__file__).resolve().parents[1]
-TINY = dict(
-    dataset="shapes:200", num_clients=2, participation=1.0, rounds=1, local_epochs=1, batch_size=16,
-    projection_dim=16, memory_size=32, num_local_centroids=4, num_global_centroids=8, secagg=False, device="cpu",
-)
+TINY = {
+    "dataset": "shapes:200", "num_clients": 2, "participation": 1.0, "rounds": 1, "local_epochs": 1, "batch_size": 16,
+    "projection_dim": 16, "memory_size": 32, "num_local_centroids": 4, "num_global_centroids": 8, "secagg": False,
+    "device": "cpu",
+}
 
 
 def readme_quickstart() -> str:
@@ -44,7 +45,7 @@ class ProcessState:
     Entering installs a level and handlers of the test's own, so a call that sets its own is seen.
     """
 
-    def __enter__(self) -> ProcessState:
+    def __enter__(self) -> Self:
         self.flwr = logging.getLogger("flwr")
         self.saved_level = self.flwr.level
         self.flwr.setLevel(logging.INFO)
@@ -76,7 +77,7 @@ def test_the_readme_quickstart_is_the_example_and_runs_as_written(tmp_path, monk
     assert code == (REPO / "examples" / "quickstart.py").read_text()
     monkeypatch.chdir(tmp_path)
     with ProcessState() as state:
-        exec(compile(code, "README.md quickstart", "exec"), {"__name__": "__main__"})
+        exec(compile(code, "README.md quickstart", "exec"), {"__name__": "__main__"})  # noqa: S102 (the README's own code)
         state.assert_untouched()
     printed = capsys.readouterr().out
     run = tmp_path / "runs" / "quickstart"
