@@ -12,7 +12,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -409,21 +408,13 @@ def train(
     **options: Any,
 ) -> None:
     """Train Orchestra on simulated federated clients with Flower."""
-    from privfed.run_plan import plan_resume, plan_run
-    from privfed.runs import RunDirectory
+    from privfed.api import claimed_run
 
     if resume is not None and config is not None:
         raise PrivfedError("--resume continues the recorded configuration; drop --config")
-    with ExitStack() as held:  # the run directory stays claimed until training ends
-        if resume is None:
-            plan, point = plan_run(build_config(config, **options)), None
-            _check_machine(plan.config)
-            _make_directory(plan.run_dir.path, kind="run directory")
-            held.enter_context(plan.run_dir.claimed())
-        else:
-            held.enter_context(RunDirectory(resume).claimed())  # before the resume rewrites anything
-            plan, point = plan_resume(resume, options)
-            _check_machine(plan.config)
+    planned = build_config(config, **options) if resume is None else None
+    with claimed_run(planned, resume=resume, overrides=options) as (plan, point):
+        if point is not None:
             typer.echo(f"privfed: resuming {resume} after round {point.round}")
         summary = _train(plan, point, verbose)
     code = train_exit_code(summary)
@@ -443,41 +434,6 @@ def train_exit_code(summary: dict[str, Any]) -> int:
     if stopped_without_training(stopped):
         return FAILED_RUN_EXIT_CODE
     return 0
-
-
-def _make_directory(path: Path, *, kind: str) -> None:
-    """Creates ``path``, or says in one line why it cannot (a file in the way, no permission)."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise PrivfedError(f"cannot create the {kind} {path}: a file is in the way") from None
-    except OSError as err:
-        raise PrivfedError(f"cannot create the {kind} {path}: {err.strerror}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise PrivfedError(f"cannot write in the {kind} {path}: permission denied")
-
-
-def _check_machine(config: TrainConfig) -> None:
-    """Refuses a device or client resources this machine lacks before the runtime starts (Ray would wait for them
-    forever, and the server first resolves its device after the runtime started)."""
-    import torch
-
-    from privfed.device import resolve_device
-
-    resolve_device(config.device)
-    if config.runtime == "ray":
-        from privfed.federation.simulation import require_ray
-
-        require_ray()
-    cores = os.cpu_count() or 1
-    if config.client_cpus > cores:
-        raise PrivfedError(f"--client-cpus {config.client_cpus:g} is more than this machine's {cores} CPU cores")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if config.client_gpus > gpus:
-        raise PrivfedError(
-            f"--client-gpus {config.client_gpus:g} asks for more GPUs than this machine has ({gpus}); "
-            "use --client-gpus 0 on a machine without one"
-        )
 
 
 def _train(plan: RunPlan, point: ResumePoint | None, verbose: bool) -> dict[str, Any]:
@@ -572,9 +528,7 @@ def attack(
     steps: int | None = typer.Option(None, "--steps", min=1, help="The attack's step budget: decoder training steps, or optimisation steps per vector. [default: the attack's own, 2000 / 200]"),
 ) -> None:
     """Invert a run's recorded releases as a semi-honest server would; writes RUN_DIR/attack.json and attack.png."""
-    import torch
-
-    from attacks.evaluation import attack_run
+    from privfed.api import attack as attack_run
     from privfed.config import check_seed
 
     check_seed("--seed", seed)
@@ -582,11 +536,8 @@ def attack(
     try:
         result = attack_run(
             run_dir, method=method, aux=aux, rounds=_parse_rounds(rounds), device=device, seed=seed,
-            max_vectors=max_vectors, attack_settings=None if steps is None else {"steps": steps},
-            progress=view.attack_step, log=view.echo,
+            max_vectors=max_vectors, steps=steps, progress=view.attack_step, log=view.echo,
         )
-    except (MemoryError, torch.OutOfMemoryError):
-        raise PrivfedError("out of memory: attack fewer vectors (--max-vectors) or use a larger device") from None
     finally:
         view.close()
     for row in result["rounds"]:
@@ -642,6 +593,7 @@ def tune(
 
 def _run_study_file(study_file: Path, out: Path | None) -> tuple[list[CellRecord], Path]:
     """Runs (or continues) a study and writes its tables; returns its records and directory."""
+    from privfed.api import make_directory
     from privfed.runs import RunDirectory
     from privfed.studies.cell_work import study_row
     from privfed.studies.grid import Study
@@ -659,7 +611,7 @@ def _run_study_file(study_file: Path, out: Path | None) -> tuple[list[CellRecord
             raise PrivfedError(f"study file {study_file}: [attack_settings] for {spec.attack}: {err}") from None
         attack = functools.partial(attack_last_round, attack_settings=spec.attack_settings or None)
     folder = out or Path("studies") / study_file.stem
-    _make_directory(folder, kind="study directory")
+    make_directory(folder, kind="study directory")
     view = ProgressView()  # inside a cell: bars on a terminal, nothing in a log (its lines are the cells')
     if attack is not None:
         attack = functools.partial(attack, progress=view.step)
@@ -802,8 +754,11 @@ def main(argv: list[str] | None = None) -> None:
     """
     import click
 
+    from privfed.interruption import signals_stop_runs
+
     try:
-        code = app(args=argv, prog_name="privfed", standalone_mode=False)  # a typer.Exit's code is returned, not raised
+        with signals_stop_runs():  # only the command line lets Ctrl-C stop a run after its round
+            code = app(args=argv, prog_name="privfed", standalone_mode=False)  # a typer.Exit's code is returned
     except PrivfedError as err:
         typer.echo(f"error: {_one_line(str(err))}", err=True)
         sys.exit(USAGE_EXIT_CODE)

@@ -9,6 +9,10 @@ left it: raising in the main thread would not do, since Flower's ServerApp
 thread would go on waiting for replies. Before it exits, the block's
 ``on_exit_now`` callback runs (the simulation uses it to end Ray's
 processes, which would otherwise outlive the process for a while).
+
+Only the command line installs these handlers (:func:`signals_stop_runs`):
+a run started from Python leaves the process's handlers alone, and a
+Ctrl-C there raises ``KeyboardInterrupt`` as usual.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from types import FrameType
 
 #: The signals a run stops on.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+_signals_wanted = False
 
 
 class StopRequest:
@@ -78,3 +84,28 @@ def stop_on_signals(notice: bool = True, on_exit_now: Callable[[], None] | None 
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextmanager
+def signals_stop_runs() -> Iterator[None]:
+    """Lets the runs started inside the block stop on SIGINT/SIGTERM (:func:`run_stop_request`); the CLI asks for it.
+
+    A library call must not replace the handlers of the process it runs in
+    (a notebook's, a scheduler's), so by default a run installs none.
+    """
+    global _signals_wanted
+    before, _signals_wanted = _signals_wanted, True
+    try:
+        yield
+    finally:
+        _signals_wanted = before
+
+
+@contextmanager
+def run_stop_request(on_exit_now: Callable[[], None] | None = None) -> Iterator[StopRequest]:
+    """A run's :class:`StopRequest`: set by Ctrl-C inside :func:`signals_stop_runs`, otherwise only by hand."""
+    if not _signals_wanted:
+        yield StopRequest()
+        return
+    with stop_on_signals(on_exit_now=on_exit_now) as stop:
+        yield stop

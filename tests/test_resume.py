@@ -17,6 +17,7 @@ import torch
 from privfed.config import build_config
 from privfed.errors import PrivfedError
 from privfed.federation.simulation import SIMULATED_RUN_KEY, simulate
+from privfed.interruption import signals_stop_runs
 from privfed.resume import read_resume_point
 from privfed.run_plan import plan_resume, plan_run
 from privfed.runs import RunDirectory
@@ -52,7 +53,8 @@ def comparable(record: dict) -> dict:
 def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("resume")
     whole = simulate(plan_run(configured(folder / "whole")))
-    stopped = simulate(plan_run(configured(folder / "stopped")), ctrl_c_after_round(1))
+    with signals_stop_runs():  # as the CLI runs it: Ctrl-C stops after the round
+        stopped = simulate(plan_run(configured(folder / "stopped")), ctrl_c_after_round(1))
     shutil.copytree(folder / "stopped", folder / "copy")  # for the refusals, before the resume changes it
     point = read_resume_point(RunDirectory(folder / "stopped"))
     plan, point = plan_resume(folder / "stopped", {})

@@ -18,6 +18,7 @@ import logging
 import random
 import secrets
 import uuid
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,7 +41,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from privfed.federation.client_app import Mod, make_client_app
 from privfed.federation.reply_store import forget_replies
 from privfed.federation.server_app import make_server_app
-from privfed.interruption import stop_on_signals
+from privfed.interruption import run_stop_request
 from privfed.resume import ResumePoint
 from privfed.run_driver import ProgressCallback
 from privfed.run_plan import RunPlan
@@ -64,16 +65,15 @@ def run_locally(
 ) -> dict[str, Any]:
     """Runs a planned training with ``num_clients`` in-process nodes; returns the summary.
 
-    Arguments as :func:`privfed.federation.simulation.simulate`: the first
-    Ctrl-C stops after the current round, a second at once; the clients'
+    Arguments as :func:`privfed.federation.simulation.simulate`: inside
+    :func:`privfed.interruption.signals_stop_runs` the first Ctrl-C stops
+    after the current round, a second at once; the clients'
     guards keep their ledgers in the run directory under the same run key
     as on Ray, so a run may be resumed on either runtime.
 
     Raises:
         Whatever the ServerApp raised.
     """
-    if not verbose:
-        logging.getLogger("flwr").setLevel(logging.ERROR)
     config = plan.config
     outcome: dict[str, Any] = {}
     ledgers = plan.run_dir.client_ledgers
@@ -81,12 +81,51 @@ def run_locally(
         declared=config, state_dir=ledgers, run_key=SIMULATED_RUN_KEY, outer_mods=outer_mods, inner_mods=inner_mods
     )
     grid = LocalGrid(client_app, config.num_clients)
-    # Flower stamps every message the ServerApp creates with this process's task identity, as the SuperLink's.
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, grid.run.run_id, SUPERLINK_NODE_ID
-    with stop_on_signals() as stop:
+    with flower_logging(verbose), superlink_identity(grid.run.run_id), run_stop_request() as stop:
         server_app = make_server_app(plan, forgetting_replies(progress, ledgers), outcome, stop=stop, resume=resume)
         server_app(grid, Context(grid.run.run_id, 0, {}, RecordDict(), {}))
     return summary_of(outcome)
+
+
+@contextmanager
+def flower_logging(verbose: bool) -> Iterator[None]:
+    """Flower's INFO lines and Ray's FutureWarnings off for a run unless ``verbose``; both as they were after it.
+
+    A library call leaves process-wide state as it found it: the ``flwr``
+    logger (its level, and its handlers' levels and formats, which Flower's
+    ``verbose_logging`` changes) and :data:`warnings.filters`.
+    """
+    flwr_logger = logging.getLogger("flwr")
+    level, propagate = flwr_logger.level, flwr_logger.propagate
+    handlers = [(handler, handler.level, handler.formatter) for handler in flwr_logger.handlers]
+    with warnings.catch_warnings():
+        if not verbose:
+            flwr_logger.setLevel(logging.ERROR)
+            # Flower 1.41 marks run_simulation deprecated (in favour of `flwr run`, which
+            # privfed also supports; docs/flower.md says why privfed train stays here).
+            warnings.filterwarnings("ignore", category=FutureWarning, module="ray")
+        try:
+            yield
+        finally:
+            flwr_logger.setLevel(level)
+            flwr_logger.propagate = propagate
+            for handler, handler_level, formatter in handlers:
+                handler.setLevel(handler_level)
+                handler.setFormatter(formatter)
+
+
+@contextmanager
+def superlink_identity(run_id: int) -> Iterator[None]:
+    """This process's Flower task identity as the SuperLink's while the block runs; the previous one after.
+
+    Flower stamps every message the ServerApp creates with it.
+    """
+    saved = TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
+    try:
+        yield
+    finally:
+        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
 
 
 class LocalGrid(Grid):

@@ -9,12 +9,12 @@ and ``flwr.simulation`` are imported only when a run asks for Ray.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -25,18 +25,22 @@ from privfed.errors import PrivfedError
 from privfed.federation.client_app import Mod, make_client_app
 from privfed.federation.local_runtime import (
     SIMULATED_RUN_KEY,
+    flower_logging,
     forgetting_replies,
     run_locally,
     summary_of,
 )
 from privfed.federation.server_app import make_server_app
-from privfed.interruption import stop_on_signals
+from privfed.interruption import STOP_SIGNALS, run_stop_request
 from privfed.resume import ResumePoint
 from privfed.run_driver import ProgressCallback
 from privfed.run_plan import RunPlan
 
 #: How the temporary folder Ray runs in for one simulation is named (in the system's temporary directory).
 RAY_FOLDER_PREFIX = "privfed-ray-"
+#: Environment variables a Ray run sets where the user has not: each log line as it comes, and no
+#: CUDA_VISIBLE_DEVICES="" for a client that asks for no GPU.
+RAY_ENVIRONMENT = {"RAY_DEDUP_LOGS": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
 
 
 def simulate(
@@ -51,7 +55,9 @@ def simulate(
     """Runs a planned training on the runtime its configuration names (``runtime``); returns the summary.
 
     Both runtimes run the same ServerApp and ClientApp with the same
-    arguments; see :func:`simulate_on_ray` for what they share.
+    arguments; see :func:`simulate_on_ray` for what they share. Either
+    leaves process-wide state (log levels, warning filters, signal handlers)
+    as it found it, so a library call may run it.
     """
     if plan.config.dp_sgd:  # the clients train here: refuse before round 0, not once per client
         from privfed.extras import require
@@ -66,10 +72,14 @@ def simulate(
 
 
 def require_ray() -> None:
-    """Refuses the Ray runtime, with the command that installs it, where Ray or Flower's simulation is missing."""
+    """Refuses the Ray runtime, with the command that installs it, where Ray or Flower's simulation is missing.
+
+    Importing them adds process-wide warning filters (Flower's and Ray's own), which are taken back.
+    """
     try:
-        import flwr.simulation  # noqa: F401
-        import ray  # noqa: F401
+        with warnings.catch_warnings():
+            import flwr.simulation  # noqa: F401
+            import ray  # noqa: F401
     except ImportError as err:
         raise PrivfedError(
             f"--runtime ray needs Ray ({err}): pip install 'privfed[ray]', or use --runtime local"
@@ -87,9 +97,12 @@ def simulate_on_ray(
 ) -> dict[str, Any]:
     """Runs a planned training with ``num_clients`` virtual SuperNodes; returns the summary.
 
-    The first Ctrl-C (SIGINT or SIGTERM) stops the run after the current
+    Where the CLI asked for it (:func:`privfed.interruption.signals_stop_runs`),
+    the first Ctrl-C (SIGINT or SIGTERM) stops the run after the current
     round, with its summary and final checkpoint; a second one stops it at
     once, and ends Ray's processes with it (:mod:`privfed.interruption`).
+    The Flower log level, the warning filters, the signal handlers and the
+    environment are as before after the run (:func:`flower_logging`).
     Ray runs in a temporary directory of its own, removed at the end
     (:func:`ray_session`). With ``resume`` it continues the
     planned run from that point (:mod:`privfed.resume`).
@@ -105,34 +118,60 @@ def simulate_on_ray(
         Whatever the ServerApp raised, re-raised in this process.
     """
     require_ray()
-    from flwr.simulation import run_simulation
-
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    if not verbose:
-        # Flower 1.41 marks run_simulation deprecated (in favour of `flwr run`, which
-        # privfed also supports; docs/flower.md says why privfed train stays here).
-        logging.getLogger("flwr").setLevel(logging.ERROR)
-        warnings.filterwarnings("ignore", category=FutureWarning, module="ray")
     config = plan.config
     outcome: dict[str, Any] = {}
     resources: dict[str, Any] = {"num_cpus": config.client_cpus, "num_gpus": config.client_gpus}
     init_args: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": verbose}
-    # Ray first: its driver installs a SIGTERM handler that aborts the process, which ours then replaces.
-    with ray_session(init_args) as ray_dir, stop_on_signals(on_exit_now=lambda: end_ray_now(ray_dir)) as stop:
-        run_simulation(
-            server_app=make_server_app(
-                plan, forgetting_replies(progress, plan.run_dir.client_ledgers), outcome, stop=stop, resume=resume
-            ),
-            client_app=make_client_app(
-                declared=config, state_dir=plan.run_dir.client_ledgers, run_key=SIMULATED_RUN_KEY,
-                outer_mods=outer_mods, inner_mods=inner_mods,
-            ),
-            num_supernodes=config.num_clients,
-            backend_config={"client_resources": resources, "init_args": init_args},
-            verbose_logging=verbose,
-        )
+    with flower_logging(verbose), ray_settings(), signal_handlers_kept():
+        # Imported here: importing it adds a warning filter, which the block takes back.
+        from flwr.simulation import run_simulation
+
+        # Ray first: its driver installs a SIGTERM handler that aborts the process, which ours then replace.
+        with ray_session(init_args) as ray_dir, run_stop_request(on_exit_now=lambda: end_ray_now(ray_dir)) as stop:
+            run_simulation(
+                server_app=make_server_app(
+                    plan, forgetting_replies(progress, plan.run_dir.client_ledgers), outcome, stop=stop, resume=resume
+                ),
+                client_app=make_client_app(
+                    declared=config, state_dir=plan.run_dir.client_ledgers, run_key=SIMULATED_RUN_KEY,
+                    outer_mods=outer_mods, inner_mods=inner_mods,
+                ),
+                num_supernodes=config.num_clients,
+                backend_config={"client_resources": resources, "init_args": init_args},
+                verbose_logging=verbose,
+            )
     return summary_of(outcome)
+
+
+@contextmanager
+def ray_settings() -> Iterator[None]:
+    """The environment Ray's processes start with for a run (one line per log record, no GPU override); as it was after."""
+    saved = {name: os.environ.get(name) for name in RAY_ENVIRONMENT}
+    for name, value in RAY_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
+def signal_handlers_kept() -> Iterator[None]:
+    """SIGINT's and SIGTERM's handlers as they were before the block (``ray.init`` replaces SIGTERM's for good)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # no thread but the main one can set a handler, Ray's included
+        return
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:  # None: installed from outside Python, which Python cannot put back
+                signal.signal(sig, handler)
 
 
 @contextmanager

@@ -1,0 +1,354 @@
+"""privfed's Python API: train a run, load its encoder, evaluate it and attack it.
+
+These are the code paths of ``privfed train``, ``evaluate`` and ``attack``
+(the commands call them), without what only a command line may do to its
+process: a call leaves the Flower log level, the warning filters and the
+signal handlers as it found them. Bad input raises :class:`PrivfedError`
+with the same one-line message the CLI prints.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+from privfed.config import (
+    DEFAULTS,
+    TrainConfig,
+    build_config,
+    checked_options,
+    validate,
+)
+from privfed.errors import PrivfedError
+
+if TYPE_CHECKING:
+    import torch
+
+    from privfed.resume import ResumePoint
+    from privfed.run_plan import RunPlan
+
+#: A run, as the functions below accept it: a :class:`Run` or its directory.
+RunLike = Union["Run", str, "os.PathLike[str]"]
+#: Called with each event of a training run ("start", "round", "stop", "finish"), as ``privfed train`` prints them.
+TrainProgress = Callable[[dict[str, Any]], None]
+#: Called as an attack trains: ``(stage, steps done, steps in all, figures so far)``.
+AttackProgress = Callable[[str, int, int, dict[str, float]], None]
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run directory and its summary.
+
+    Attributes:
+        path: The run directory (``config.json``, ``metrics.jsonl``,
+            ``summary.json``, ``checkpoints/``; see :mod:`privfed.runs`).
+        summary: ``summary.json``: the final kNN accuracy, the rounds, the
+            privacy spent and ``stopped_early`` (None when every round ran).
+    """
+
+    path: Path
+    summary: dict[str, Any]
+
+    @classmethod
+    def open(cls, run_dir: str | os.PathLike[str]) -> Run:
+        """A run trained earlier (by :func:`train` or ``privfed train``).
+
+        Raises:
+            PrivfedError: ``run_dir`` holds no finished or stopped run.
+        """
+        from privfed.runs import RunDirectory
+
+        directory = RunDirectory(Path(run_dir))
+        directory.config()  # says when it is no run directory at all
+        if not (directory.path / "summary.json").is_file():
+            raise PrivfedError(f"{directory.path} holds no summary.json: the run has not ended")
+        return cls(directory.path, directory.read_json("summary.json"))
+
+    @property
+    def config(self) -> TrainConfig:
+        """The configuration the run recorded."""
+        from privfed.runs import RunDirectory
+
+        return RunDirectory(self.path).config()
+
+    def load_encoder(self, *, checkpoint: str = "final") -> torch.nn.Module:
+        """The trained encoder; see :func:`load_encoder`."""
+        return load_encoder(self, checkpoint=checkpoint)
+
+
+def train(
+    config: TrainConfig | str | os.PathLike[str] | None = None,
+    *,
+    out: str | os.PathLike[str] | None = None,
+    progress: TrainProgress | None = None,
+    verbose: bool = False,
+    **options: Any,
+) -> Run:
+    """Trains a run on simulated federated clients, as ``privfed train`` does.
+
+    Args:
+        config: A :class:`TrainConfig`, a TOML preset's path (``configs/``),
+            or None for the defaults.
+        out: The run directory, which must not hold a run yet; default
+            ``config.out``, else ``runs/<time>-<method>-...``.
+        progress: Called with each round's event; nothing is printed.
+        verbose: Let Flower's and Ray's own logs through.
+        **options: :class:`TrainConfig` fields that override ``config``.
+
+    Returns:
+        The run. It may have stopped early (the privacy budget, or no client
+        could train): ``run.summary["stopped_early"]`` says why.
+
+    Raises:
+        PrivfedError: an unknown option, a value out of range, missing data,
+            an occupied run directory, a device this machine lacks.
+    """
+    from privfed.federation.simulation import simulate
+
+    resolved = _resolve_config(config, options)
+    if out is not None:
+        resolved = resolved.replace(out=os.fspath(out))
+    with claimed_run(resolved) as (plan, _):
+        summary = simulate(plan, progress, verbose=verbose)
+    return Run(plan.run_dir.path, summary)
+
+
+def _resolve_config(config: TrainConfig | str | os.PathLike[str] | None, options: Mapping[str, Any]) -> TrainConfig:
+    """``config`` with ``options`` over it, each value checked as a preset's would be.
+
+    Raises:
+        PrivfedError: naming the unknown field or the bad value.
+    """
+    if config is None or isinstance(config, (str, os.PathLike)):
+        return build_config(None if config is None else Path(config), **checked_options(dict(options), source="train()"))
+    if not isinstance(config, TrainConfig):
+        raise PrivfedError(f"config must be a TrainConfig or a preset's path, got {type(config).__name__}")
+    values = {**config.to_dict(), **options}
+    resolved = TrainConfig(**checked_options(values, source="the configuration"))
+    validate(resolved)
+    return resolved
+
+
+@contextmanager
+def claimed_run(
+    config: TrainConfig | None = None, *, resume: Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> Iterator[tuple[RunPlan, ResumePoint | None]]:
+    """Plans a run (or, with ``resume``, the rest of a stopped one) and holds its directory while the block trains it.
+
+    Everything that can fail before training fails here: the plan, this
+    machine's device and cores, the run directory.
+
+    Raises:
+        PrivfedError: naming the problem.
+    """
+    from privfed.run_plan import plan_resume, plan_run
+    from privfed.runs import RunDirectory
+
+    with ExitStack() as held:  # the run directory stays claimed until training ends
+        if resume is None:
+            if config is None:
+                raise PrivfedError("a new run needs a configuration")
+            plan, point = plan_run(config), None
+            check_machine(plan.config)
+            make_directory(plan.run_dir.path, kind="run directory")
+            held.enter_context(plan.run_dir.claimed())
+        else:
+            held.enter_context(RunDirectory(resume).claimed())  # before the resume rewrites anything
+            plan, point = plan_resume(resume, dict(overrides or {}))
+            check_machine(plan.config)
+        yield plan, point
+
+
+def make_directory(path: Path, *, kind: str) -> None:
+    """Creates ``path``, or says in one line why it cannot (a file in the way, no permission)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise PrivfedError(f"cannot create the {kind} {path}: a file is in the way") from None
+    except OSError as err:
+        raise PrivfedError(f"cannot create the {kind} {path}: {err.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PrivfedError(f"cannot write in the {kind} {path}: permission denied")
+
+
+def check_machine(config: TrainConfig) -> None:
+    """Refuses a device or client resources this machine lacks before the runtime starts (Ray would wait for them
+    forever, and the server first resolves its device after the runtime started)."""
+    import torch
+
+    from privfed.device import resolve_device
+
+    resolve_device(config.device)
+    if config.runtime == "ray":
+        from privfed.federation.simulation import require_ray
+
+        require_ray()
+    cores = os.cpu_count() or 1
+    if config.client_cpus > cores:
+        raise PrivfedError(f"--client-cpus {config.client_cpus:g} is more than this machine's {cores} CPU cores")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if config.client_gpus > gpus:
+        raise PrivfedError(
+            f"--client-gpus {config.client_gpus:g} asks for more GPUs than this machine has ({gpus}); "
+            "use --client-gpus 0 on a machine without one"
+        )
+
+
+def _run_path(run: RunLike) -> Path:
+    if isinstance(run, Run):
+        return run.path
+    if not isinstance(run, (str, os.PathLike)):
+        raise PrivfedError(f"expected a Run or a run directory, got {type(run).__name__}")
+    path = Path(run)
+    if not path.is_dir():
+        raise PrivfedError(f"run directory not found: {path}")
+    return path
+
+
+def load_encoder(run: RunLike, *, checkpoint: str = "final") -> torch.nn.Module:
+    """A run's trained encoder: the backbone whose features the probes score, on the CPU, in eval mode.
+
+    Args:
+        run: A :class:`Run` or a run directory.
+        checkpoint: ``final``, ``initial`` or a checkpoint file's path.
+
+    Raises:
+        PrivfedError: no run there, or the checkpoint is missing or damaged.
+    """
+    from privfed.runs import RunDirectory, load_network
+
+    directory = RunDirectory(_run_path(run))
+    network = load_network(directory.config(), directory.checkpoint_path(checkpoint))
+    return network.online.backbone.eval()
+
+
+def evaluate(
+    run: RunLike,
+    *,
+    protocol: str = "knn",
+    train_data: str | None = None,
+    test_data: str | None = None,
+    checkpoint: str = "final",
+    label_fraction: float = 0.1,
+    seed: int = 0,
+    data_dir: str | os.PathLike[str] | None = None,
+    download: bool = False,
+    device: str = DEFAULTS.device,
+    knn_k: int = DEFAULTS.knn_k,
+    knn_temperature: float = DEFAULTS.knn_temperature,
+) -> dict[str, Any]:
+    """Scores a run's encoder, as ``privfed evaluate`` does, and appends the result to ``evaluation.json``.
+
+    Args:
+        run: A :class:`Run` or a run directory.
+        protocol: ``knn``, ``linear``, ``finetune`` or ``tsne`` (a picture).
+        train_data: What the probe learns from (its train split); default
+            the run's own dataset.
+        test_data: What the probe is scored on (its test split); default the
+            run's test dataset, else its dataset.
+        checkpoint: ``final``, ``initial`` or a checkpoint file's path.
+        label_fraction: ``finetune``: the fraction of labelled train images.
+        seed: ``finetune``: seeds the labelled subset and the head.
+        data_dir: Where torchvision datasets live; default the run's.
+        download: Allow downloading CIFAR into ``data_dir``.
+        device: ``auto``, ``cpu`` or ``cuda``.
+        knn_k: ``knn``: neighbours per query.
+        knn_temperature: ``knn``: the vote's temperature.
+
+    Returns:
+        The result as ``evaluation.json`` records it; ``accuracy`` is None for ``tsne``.
+
+    Raises:
+        PrivfedError: an unknown protocol, a bad value, missing data or run.
+    """
+    from privfed.evaluation.run_evaluation import PROBES, evaluate_run
+    from privfed.runs import RunDirectory
+
+    path = _run_path(run)
+    recorded = RunDirectory(path).config()
+    own_test = recorded.test_dataset or recorded.dataset
+    return evaluate_run(
+        path,
+        train_data=train_data if train_data is not None or protocol not in PROBES else recorded.dataset,
+        test_data=test_data if test_data is not None else own_test,
+        protocol=protocol,
+        label_fraction=label_fraction,
+        seed=seed,
+        checkpoint=checkpoint,
+        data_dir=Path(data_dir if data_dir is not None else recorded.data_dir),
+        download=download,
+        device=device,
+        knn_k=knn_k,
+        knn_temperature=knn_temperature,
+    )
+
+
+def attack(
+    run: RunLike,
+    *,
+    method: str = "decoder",
+    rounds: Sequence[int] | None = None,
+    aux: str | None = None,
+    steps: int | None = None,
+    settings: Mapping[str, Any] | None = None,
+    max_vectors: int = 200,
+    seed: int = 0,
+    device: str = DEFAULTS.device,
+    progress: AttackProgress | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Inverts a run's recorded releases as a semi-honest server would, as ``privfed attack`` does.
+
+    The run must have been trained with ``record_releases=True``. Writes
+    ``attack.json`` and ``attack.png`` into the run directory.
+
+    Args:
+        run: A :class:`Run` or a run directory.
+        method: ``decoder``, ``decoder-releases`` or ``optimization``
+            (``privfed attacks`` lists the installed ones).
+        rounds: Recorded rounds to attack; default the first training round and the last.
+        aux: Auxiliary data the server holds (its test split); default the run's test split.
+        steps: The attack's step budget; default the attack's own.
+        settings: Further keyword arguments of the attack's class (``steps`` wins over one here).
+        max_vectors: Released vectors attacked per round at most.
+        seed: Seeds the vector choice, the auxiliary split and the attack.
+        device: ``auto``, ``cpu`` or ``cuda``.
+        progress: Called as the attack trains; nothing is printed.
+        log: Called with a line at each stage.
+
+    Returns:
+        ``attack.json``'s content: per round, the reconstructions' scores beside the null's.
+
+    Raises:
+        PrivfedError: an unknown attack or setting, a run without recorded
+            releases, a round not recorded, overlapping auxiliary data, or
+            too little memory.
+    """
+    import torch
+
+    from attacks import get_attack_class
+    from attacks.evaluation import attack_run
+    from privfed.config import check_seed
+
+    check_seed("seed", seed)
+    if max_vectors < 1:
+        raise PrivfedError(f"max_vectors must be at least 1, got {max_vectors}")
+    if steps is not None and steps < 1:
+        raise PrivfedError(f"steps must be at least 1, got {steps}")
+    attack_settings = {**(settings or {}), **({} if steps is None else {"steps": steps})}
+    try:  # an unknown setting fails before any data is loaded
+        get_attack_class(method)(seed=seed, **attack_settings)
+    except (TypeError, ValueError) as err:
+        raise PrivfedError(f"attack {method}: {err}") from None
+    path = _run_path(run)
+    try:
+        return attack_run(
+            path, method=method, aux=aux, rounds=None if rounds is None else sorted(set(rounds)), device=device,
+            seed=seed, max_vectors=max_vectors, attack_settings=attack_settings or None, progress=progress, log=log,
+        )
+    except (MemoryError, torch.OutOfMemoryError):
+        raise PrivfedError("out of memory: attack fewer vectors (max_vectors, --max-vectors) or use a larger device") from None
