@@ -11,15 +11,13 @@ COLUMNS = ("private (source / members' mean)", "reconstruction", "best-matching 
 
 def save_attack_figure(path: Path, rows: list[tuple[torch.Tensor, ...]], *, title: str, seed: int, max_rows: int = 8) -> None:
     """Draws ``max_rows`` rows picked at random (not the best ones) from ``rows``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: drawing leaves the caller's backend (a notebook's) alone
 
     if not rows:
         return
     pick = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))[:max_rows].tolist()
-    fig, axes = plt.subplots(len(pick), len(COLUMNS), figsize=(1.6 * len(COLUMNS), 1.6 * len(pick)), squeeze=False)
+    fig = Figure(figsize=(1.6 * len(COLUMNS), 1.6 * len(pick)))
+    axes = fig.subplots(len(pick), len(COLUMNS), squeeze=False)
     for r, index in enumerate(pick):
         for c, image in enumerate(rows[index]):
             ax = axes[r][c]
@@ -31,4 +29,3 @@ def save_attack_figure(path: Path, rows: list[tuple[torch.Tensor, ...]], *, titl
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -36,12 +36,11 @@ def save_embedding_figure(
 ) -> Path:
     """A scatter plot of ``points`` coloured by class, with the class names in a legend."""
     import matplotlib
+    from matplotlib.figure import Figure  # not pyplot: drawing leaves the caller's backend (a notebook's) alone
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=FIGURE_SIZE)
-    colours = plt.get_cmap("tab10" if len(classes) <= 10 else "tab20")
+    fig = Figure(figsize=FIGURE_SIZE)
+    ax = fig.subplots()
+    colours = matplotlib.colormaps["tab10" if len(classes) <= 10 else "tab20"]
     for index, name in enumerate(classes):
         mine = labels == index
         if mine.any():
@@ -53,5 +52,4 @@ def save_embedding_figure(
         ax.legend(fontsize=7, markerscale=2, loc="best", frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
-    plt.close(fig)
     return path
