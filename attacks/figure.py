@@ -11,7 +11,8 @@ COLUMNS = ("private (source / members' mean)", "reconstruction", "best-matching 
 
 def save_attack_figure(path: Path, rows: list[tuple[torch.Tensor, ...]], *, title: str, seed: int, max_rows: int = 8) -> None:
     """Draws ``max_rows`` rows picked at random (not the best ones) from ``rows``."""
-    from matplotlib.figure import Figure  # not pyplot: drawing leaves the caller's backend (a notebook's) alone
+    # A Figure, not pyplot: drawing leaves the caller's backend (a notebook's) alone.
+    from matplotlib.figure import Figure
 
     if not rows:
         return

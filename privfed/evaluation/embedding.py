@@ -36,7 +36,8 @@ def save_embedding_figure(
 ) -> Path:
     """A scatter plot of ``points`` coloured by class, with the class names in a legend."""
     import matplotlib
-    from matplotlib.figure import Figure  # not pyplot: drawing leaves the caller's backend (a notebook's) alone
+    # A Figure, not pyplot: drawing leaves the caller's backend (a notebook's) alone.
+    from matplotlib.figure import Figure
 
     fig = Figure(figsize=FIGURE_SIZE)
     ax = fig.subplots()
