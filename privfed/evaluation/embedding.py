@@ -36,6 +36,7 @@ def save_embedding_figure(
 ) -> Path:
     """A scatter plot of ``points`` coloured by class, with the class names in a legend."""
     import matplotlib
+
     # A Figure, not pyplot: drawing leaves the caller's backend (a notebook's) alone.
     from matplotlib.figure import Figure
 
