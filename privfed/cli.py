@@ -348,35 +348,41 @@ def plot(
     typer.echo(f"wrote {plot_curves([RunCurves.of(d) for d in run_dirs], out)}")
 
 
+REUSE_STALE_HELP = ("Keep finished cells whose configuration changed since they ran (or predates the hash "
+                    "privfed keeps); without it the study refuses to run and names them.")
+
+
 @app.command()
 def study(
     study_file: Path = typer.Argument(..., help="A study TOML file (see configs/studies/ and docs/studies.md)."),
     out: Optional[Path] = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
     report: bool = typer.Option(False, "--report", help="Run nothing: write the tables and plots of the runs recorded so far."),
+    reuse_stale: bool = typer.Option(False, "--reuse-stale", help=REUSE_STALE_HELP),
 ) -> None:
     """Run every cell of a study (train, evaluate, attack), skipping finished ones; write results.csv and results.md."""
     if report:
         _report_study_file(study_file, out)
     else:
-        _run_study_file(study_file, out)
+        _run_study_file(study_file, out, reuse_stale=reuse_stale)
 
 
 @app.command()
 def tune(
     study_file: Path = typer.Argument(..., help="A study TOML file whose grid holds the candidates, e.g. lr and ema_decay (configs/studies/tune-cpu-cifar10.toml)."),
     out: Optional[Path] = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
+    reuse_stale: bool = typer.Option(False, "--reuse-stale", help=REUSE_STALE_HELP),
 ) -> None:
     """Rank hyperparameters without labels by Align + 0.2 Unif (paper §5), with the label-based accuracy beside it; writes tuning.md."""
     from privfed.studies.tables import tuning_ranking
 
-    records, folder = _run_study_file(study_file, out)
+    records, folder = _run_study_file(study_file, out, reuse_stale=reuse_stale)
     ranking = tuning_ranking(records)
     (folder / "tuning.md").write_text(f"# Tuning {study_file.stem}\n\nHigher score first; the accuracy is for comparison only (it needs labels).\n\n{ranking}")
     typer.echo(ranking)
     typer.echo(f"wrote {folder / 'tuning.md'}")
 
 
-def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list[CellRecord], Path]:
+def _run_study_file(study_file: Path, out: Optional[Path], *, reuse_stale: bool = False) -> tuple[list[CellRecord], Path]:
     """Runs (or continues) a study and writes its tables; returns its records and directory."""
     from privfed.studies.cell_work import study_row
     from privfed.studies.grid import Study
@@ -402,7 +408,7 @@ def _run_study_file(study_file: Path, out: Optional[Path]) -> tuple[list[CellRec
                 spec, folder, lambda cell, cell_folder: study_row(
                     cell, cell_folder, attack_method=spec.attack, attack=attack, finetune=spec.finetune
                 ),
-                progress=typer.echo,
+                progress=typer.echo, reuse_stale=reuse_stale,
             )
         except KeyboardInterrupt as stop:
             typer.echo(f"study stopped ({stop}); the same command continues it", err=True)
