@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-COLUMNS = ("private (source / members' mean)", "reconstruction", "best-matching member", "null")
+COLUMNS = ("private\n(source / members' mean)", "reconstruction", "best-matching\nmember", "null")
 
 
 def save_attack_figure(path: Path, rows: list[tuple[torch.Tensor, ...]], *, title: str, seed: int, max_rows: int = 8) -> None:
