@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-COLUMNS = ("private (source / members' mean)", "reconstruction", "best-matching member", "null")
+COLUMNS = ("private\n(source / members' mean)", "reconstruction", "best-matching\nmember", "null")
 
 
 def save_attack_figure(path: Path, rows: list[tuple[torch.Tensor, ...]], *, title: str, seed: int, max_rows: int = 8) -> None:
@@ -15,15 +15,14 @@ def save_attack_figure(path: Path, rows: list[tuple[torch.Tensor, ...]], *, titl
 
     require("matplotlib", feature="attack.png")
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A Figure, not pyplot: drawing leaves the caller's backend (a notebook's) alone.
+    from matplotlib.figure import Figure
 
     if not rows:
         return
     pick = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))[:max_rows].tolist()
-    fig, axes = plt.subplots(len(pick), len(COLUMNS), figsize=(1.6 * len(COLUMNS), 1.6 * len(pick)), squeeze=False)
+    fig = Figure(figsize=(1.6 * len(COLUMNS), 1.6 * len(pick)))
+    axes = fig.subplots(len(pick), len(COLUMNS), squeeze=False)
     for r, index in enumerate(pick):
         for c, image in enumerate(rows[index]):
             ax = axes[r][c]
@@ -35,4 +34,3 @@ def save_attack_figure(path: Path, rows: list[tuple[torch.Tensor, ...]], *, titl
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)

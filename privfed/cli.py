@@ -563,35 +563,41 @@ def plot(
     typer.echo(f"wrote {plot_curves([RunCurves.of(d) for d in run_dirs], out)}")
 
 
+REUSE_STALE_HELP = ("Keep finished cells whose configuration changed since they ran (or predates the hash "
+                    "privfed keeps); without it the study refuses to run and names them.")
+
+
 @app.command(cls=_HelpCommand)
 def study(
     study_file: Path = typer.Argument(..., help="A study TOML file (see configs/studies/ and docs/studies.md)."),
     out: Path | None = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
     report: bool = typer.Option(False, "--report", help="Run nothing: write the tables and plots of the runs recorded so far."),
+    reuse_stale: bool = typer.Option(False, "--reuse-stale", help=REUSE_STALE_HELP),
 ) -> None:
     """Run every cell of a study (train, evaluate, attack), skipping finished ones; write results.csv and results.md."""
     if report:
         _report_study_file(study_file, out)
     else:
-        _run_study_file(study_file, out)
+        _run_study_file(study_file, out, reuse_stale=reuse_stale)
 
 
 @app.command(cls=_HelpCommand)
 def tune(
     study_file: Path = typer.Argument(..., help="A study TOML file whose grid holds the candidates, e.g. lr and ema_decay (configs/studies/tune-cpu-cifar10.toml)."),
     out: Path | None = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
+    reuse_stale: bool = typer.Option(False, "--reuse-stale", help=REUSE_STALE_HELP),
 ) -> None:
     """Rank hyperparameters without labels by Align + 0.2 Unif (paper §5), with the label-based accuracy beside it; writes tuning.md."""
     from privfed.studies.tables import tuning_ranking
 
-    records, folder = _run_study_file(study_file, out)
+    records, folder = _run_study_file(study_file, out, reuse_stale=reuse_stale)
     ranking = tuning_ranking(records)
     (folder / "tuning.md").write_text(f"# Tuning {study_file.stem}\n\nHigher score first; the accuracy is for comparison only (it needs labels).\n\n{ranking}")
     typer.echo(ranking)
     typer.echo(f"wrote {folder / 'tuning.md'}")
 
 
-def _run_study_file(study_file: Path, out: Path | None) -> tuple[list[CellRecord], Path]:
+def _run_study_file(study_file: Path, out: Path | None, *, reuse_stale: bool = False) -> tuple[list[CellRecord], Path]:
     """Runs (or continues) a study and writes its tables; returns its records and directory."""
     from privfed.api import make_directory
     from privfed.runs import RunDirectory
@@ -627,7 +633,7 @@ def _run_study_file(study_file: Path, out: Path | None) -> tuple[list[CellRecord
 
     with RunDirectory(folder).claimed():
         try:
-            records = run_study(spec, folder, work, progress=view.echo)
+            records = run_study(spec, folder, work, progress=view.echo, reuse_stale=reuse_stale)
         except KeyboardInterrupt as stop:
             typer.echo(f"study stopped ({stop}); the same command continues it", err=True)
             _write_study_results(spec, study_file, folder, recorded_cells(spec, folder))

@@ -20,38 +20,42 @@ from privfed.runs import RunDirectory
 logger = logging.getLogger(__name__)
 
 CURVES_FILE = "curves.png"
-FIGURE_SIZE = (11.0, 7.0)  # inches
+FIGURE_WIDTH = 11.0  # inches, whatever the panels
+PANEL_HEIGHT = 3.3  # inches per row of panels (up to three panels in a row; four as two rows of two)
 DPI = 100
 
 
 @dataclass(frozen=True)
 class Panel:
     """One plot of the figure: metrics against the round, drawn with the given line styles; ``missing`` says why
-    a panel no run logged is empty."""
+    a panel no run logged is left out (the figure's footer lists it)."""
 
     title: str
+    ylabel: str
     metrics: tuple[tuple[str, str], ...]  # (metrics.jsonl key, line style)
     missing: str = "not logged by these runs"
 
 
 PANELS = (
-    Panel("kNN accuracy", (("knn_accuracy", "-o"),)),
+    Panel("kNN monitor accuracy", "accuracy", (("knn_accuracy", "-o"),)),
     Panel(
-        "loss: cluster (solid), rotation (dashed)",
+        "client loss: cluster (solid), rotation (dashed)", "loss",
         (("cluster_loss", "-"), ("rotation_loss", "--")),
-        "not logged: clients send losses only with --report-client-metrics",
+        "clients send losses only with --report-client-metrics",
     ),
-    Panel("epsilon spent by the worst-case client", (("privacy_epsilon", "-"),)),
-    Panel("round time (s)", (("round_seconds", "-"),)),
+    Panel("ε spent by the worst-case client", "ε (cumulative)", (("privacy_epsilon", "-"),),
+          "no ε: the mechanism has none (kanon, reps) or the method releases nothing"),
+    Panel("round time", "seconds", (("round_seconds", "-"),)),
 )
 
 
 @dataclass(frozen=True)
 class RunCurves:
-    """A run's label and its logged rounds."""
+    """A run's label, its logged rounds, and (for the figure's title) its configuration."""
 
     label: str
     rounds: list[dict[str, Any]]
+    config: TrainConfig | None = None
 
     @classmethod
     def of(cls, run_dir: Path) -> RunCurves:
@@ -61,7 +65,8 @@ class RunCurves:
         summary = run.path / "summary.json"
         if summary.is_file() and rounds and rounds[0]["round"] == 0 and rounds[0].get("knn_accuracy") is None:
             rounds[0] = {**rounds[0], "knn_accuracy": run.read_json("summary.json").get("knn_accuracy_init")}
-        return cls(run_label(run.config()), rounds)
+        config = run.config()
+        return cls(run_label(config), rounds, config)
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """The rounds that logged ``key`` (with a number), and its values; none for a term that is off
@@ -72,12 +77,38 @@ class RunCurves:
         return [r for r, _ in points], [v for _, v in points]
 
 
+def dataset_name(dataset: str) -> str:
+    """``cifar10-dev`` for ``arrays:../data/cifar10-dev.npz``; a named dataset as it is."""
+    return f"{Path(dataset[len('arrays:'):]).stem} (arrays)" if dataset.startswith("arrays:") else dataset
+
+
+def mechanism_text(config: TrainConfig) -> str:
+    """``ldp, ε=1``, ``kanon``, or ``none`` for a method that releases nothing; DP-SGD added when on."""
+    mechanism = config.release_mechanism
+    text = "none" if mechanism is None else mechanism
+    if mechanism is not None and config.epsilon is not None:
+        text += f", ε={config.epsilon:g}"
+    return text + (" + DP-SGD" if config.dp_sgd else "")
+
+
+def curves_title(configs: list[TrainConfig]) -> str:
+    """The dataset, method and mechanism the runs share; what differs is left to the legend."""
+    parts = []
+    for what, value_of in (("dataset", lambda c: dataset_name(c.dataset)), ("method", lambda c: c.method),
+                           ("mechanism", mechanism_text)):
+        values = list(dict.fromkeys(value_of(c) for c in configs))
+        parts.append(f"{what} {values[0]}" if len(values) == 1 else f"{what}: see legend")
+    if len(configs) == 1:
+        parts.append(f"seed {configs[0].seed}")
+    return " · ".join(parts)
+
+
 def run_label(config: TrainConfig) -> str:
     """What tells runs apart in a legend: method, mechanism (with a DP mechanism's total epsilon), DP-SGD, seed."""
     parts = [config.method]
     mechanism = config.release_mechanism
     if mechanism is not None and config.epsilon is not None:
-        parts.append(f"{mechanism} eps={config.epsilon:g}")
+        parts.append(f"{mechanism} ε={config.epsilon:g}")
     elif mechanism is not None:
         parts.append(mechanism)
     if config.dp_sgd:
@@ -102,63 +133,77 @@ def picture_path(path: Path, formats: dict[str, str]) -> Path:
     return path
 
 
-def plot_curves(runs: list[RunCurves], path: Path, *, title: str | None = None) -> Path:
-    """Draws :data:`PANELS` for every run into one picture (PNG unless ``path`` says otherwise); returns where it went.
+def panels_with_data(runs: list[RunCurves]) -> list[Panel]:
+    """The :data:`PANELS` some run logged a number for: the others are left out of the picture, not drawn empty."""
+    return [panel for panel in PANELS if any(run.series(key)[0] for run in runs for key, _ in panel.metrics)]
 
-    A panel no run logged says so.
+
+def plot_curves(runs: list[RunCurves], path: Path, *, title: str | None = None) -> Path:
+    """Draws the :data:`PANELS` some run logged into one picture (PNG unless ``path`` says otherwise); returns where it went.
+
+    A panel no run logged is left out, and the footer says why. The title
+    defaults to the dataset, method and mechanism the runs share. Drawn on
+    a :class:`matplotlib.figure.Figure`, never through pyplot, so the
+    caller's matplotlib backend (a notebook's) is left as it was.
 
     Raises:
-        PrivfedError: when the picture cannot be written at ``path`` (see :func:`picture_path`).
+        PrivfedError: when no run logged anything to draw, or the picture cannot be written at ``path``
+            (see :func:`picture_path`).
     """
     from privfed.extras import require
 
     require("matplotlib", feature=f"drawing {path.name}")
 
     import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(2, 2, figsize=FIGURE_SIZE, squeeze=False)
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, panel in zip(axes.flat, PANELS):
-        drawn = False
+    drawn = panels_with_data(runs)
+    if not drawn:
+        raise PrivfedError(f"cannot draw {path}: the runs logged no round yet")
+    left_out = [panel for panel in PANELS if panel not in drawn]
+    columns = len(drawn) if len(drawn) <= 3 else 2
+    rows = -(-len(drawn) // columns)
+    legend = len(runs) > 1
+    notes_height, legend_height = 0.17 * len(left_out), (0.22 * -(-len(runs) // 2) + 0.1 if legend else 0.0)
+    footer = notes_height + legend_height + 0.05  # inches below the panels
+    fig = Figure(figsize=(FIGURE_WIDTH, PANEL_HEIGHT * rows + 0.4 + footer))
+    axes = list(fig.subplots(rows, columns, squeeze=False).flat)
+    colours = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, panel in zip(axes, drawn):
         for index, run in enumerate(runs):
             for key, style in panel.metrics:
                 rounds, values = run.series(key)
                 if rounds:
                     label = run.label if key == panel.metrics[0][0] or len(panel.metrics) == 1 else None
                     ax.plot(rounds, values, style, color=colours[index % len(colours)], markersize=3, label=label)
-                    drawn = True
         ax.set_title(panel.title, fontsize=9)
         ax.set_xlabel("round", fontsize=8)
+        ax.set_ylabel(panel.ylabel, fontsize=8)
         ax.tick_params(labelsize=7)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if not drawn:
-            ax.text(0.5, 0.5, panel.missing, ha="center", va="center", transform=ax.transAxes, fontsize=8)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    if not handles:
-        handles, labels = axes.flat[1].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.06 if handles else 0, 1, 1))
+    notes = [f"not drawn: {panel.title} ({panel.missing})" for panel in left_out]
+    fig.suptitle(title if title is not None else curves_title([r.config for r in runs if r.config is not None]), fontsize=10)
+    bottom = footer / fig.get_figheight()
+    if legend:
+        handles, labels = fig.axes[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8,
+                   bbox_to_anchor=(0.5, notes_height / fig.get_figheight()), frameon=False)
+    if notes:
+        fig.text(0.5, 0.01, "\n".join(notes), ha="center", va="bottom", fontsize=7, color="dimgray")
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     try:
         path = picture_path(path, fig.canvas.get_supported_filetypes())
         fig.savefig(path, dpi=DPI)
     except OSError as err:
         raise PrivfedError(f"cannot write {path}: {err.strerror or err}") from None
-    finally:
-        plt.close(fig)
     return path
 
 
 def save_run_curves(run_dir: RunDirectory) -> Path | None:
     """Writes ``curves.png`` for one run; a failure to draw is logged, never raised (the run's files are what matter)."""
     try:
-        return plot_curves([RunCurves.of(run_dir.path)], run_dir.path / CURVES_FILE, title=run_dir.path.name)
+        return plot_curves([RunCurves.of(run_dir.path)], run_dir.path / CURVES_FILE)
     except Exception as err:  # e.g. a broken matplotlib install: the run itself is complete
         logger.warning("could not draw %s: %s", run_dir.path / CURVES_FILE, err)
         return None

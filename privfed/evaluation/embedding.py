@@ -41,11 +41,12 @@ def save_embedding_figure(
 
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A Figure, not pyplot: drawing leaves the caller's backend (a notebook's) alone.
+    from matplotlib.figure import Figure
 
-    fig, ax = plt.subplots(figsize=FIGURE_SIZE)
-    colours = plt.get_cmap("tab10" if len(classes) <= 10 else "tab20")
+    fig = Figure(figsize=FIGURE_SIZE)
+    ax = fig.subplots()
+    colours = matplotlib.colormaps["tab10" if len(classes) <= 10 else "tab20"]
     for index, name in enumerate(classes):
         mine = labels == index
         if mine.any():
@@ -57,5 +58,4 @@ def save_embedding_figure(
         ax.legend(fontsize=7, markerscale=2, loc="best", frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
-    plt.close(fig)
     return path

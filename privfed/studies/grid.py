@@ -30,7 +30,9 @@ fails before the first cell trains.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,10 @@ from typing import Any
 
 from privfed.config import TrainConfig, build_config, checked_options, read_toml, resolve_preset
 from privfed.errors import PrivfedError
+
+#: TrainConfig fields that say where things go, not what a cell computes: left out of its configuration hash
+#: (``out`` is the cell's own folder; a moved data folder or a download permission changes no result).
+UNHASHED_FIELDS = ("out", "data_dir", "download")
 
 #: Keys of a study file besides its tables.
 STUDY_KEYS = ("preset", "seeds", "base", "grid", "attack", "attack_settings", "finetune")
@@ -163,6 +169,52 @@ class Study:
                         raise PrivfedError(f"study file {self.path}, cell {name}: {err}") from None
                     cells.append(Cell(name, overrides, seed, config))
         return cells
+
+    def cell_settings(self, cell: Cell) -> dict[str, Any]:
+        """What a cell's results depend on: its full training configuration (less :data:`UNHASHED_FIELDS`), the
+        fine-tuning fractions, and the attack and its settings when the cell releases something (else it is not attacked)."""
+        train = {key: value for key, value in cell.config.to_dict().items() if key not in UNHASHED_FIELDS}
+        settings: dict[str, Any] = {"train": train, "finetune": list(self.finetune)}
+        if self.attack is not None and cell.config.release_mechanism is not None:
+            settings.update(attack=self.attack, attack_settings=self.attack_settings)
+        return json.loads(json.dumps(settings, default=str))  # as cell.json keeps it: lists, not tuples
+
+
+def settings_hash(settings: dict[str, Any]) -> str:
+    """A hash of a cell's settings that is the same in every process (sorted JSON and SHA-256, never ``hash()``)."""
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def settings_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """``rounds: 40 -> 20`` for each setting that differs (nested tables by dotted name; ``train.`` left out)."""
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        name = f"{prefix}{key}"
+        before, after = old.get(key), new.get(key)
+        if isinstance(before, dict) and isinstance(after, dict):
+            changes += settings_changes(before, after, "" if name == "train" else f"{name}.")
+        elif before != after:
+            changes.append(f"{name}: {_short(before) if key in old else '(unset)'} -> {_short(after) if key in new else '(unset)'}")
+    return changes
+
+
+def setting_label(overrides: dict[str, Any]) -> str:
+    """A setting's name for a person: ``ldp, ε=0.8`` for ``{"mechanism": "ldp", "epsilon": 0.8}``; ``base`` for none.
+
+    ``method`` and ``mechanism`` values speak for themselves; other options read ``lr=0.1``, switches ``dp_sgd on``.
+    """
+    parts = []
+    for option, value in overrides.items():
+        if option in ("method", "mechanism"):
+            parts.append(str(value))
+        elif option == "epsilon":
+            parts.append(f"ε={_short(value)}")
+        elif isinstance(value, bool):
+            parts.append(f"{option} {_short(value)}")
+        else:
+            parts.append(f"{option}={_short(value)}")
+    return ", ".join(parts) or "base"
 
 
 def cell_name(overrides: dict[str, Any]) -> str:

@@ -2,9 +2,14 @@
 
 Each point is a setting's mean over its finished seeds, with the standard
 deviation over seeds as error bars; a picture the study has no data for is
-not drawn. On the ε plot, the settings that differ only in ε make one line,
-and every ``reps`` or ``kanon`` setting is its own reference line, so a study
-that also varies, say, the method never pools two methods into one line.
+not drawn. Settings are named for a person (``ldp, ε=0.8``), not by their
+folder names. On the ε plot, the settings that differ only in ε share a
+colour and marker (markers only: the settings are separate runs, not a
+measured curve), and every ``reps`` or ``kanon`` setting is its own
+reference line, so a study that also varies, say, the method never pools
+two methods into one series. Figures are drawn on a
+:class:`matplotlib.figure.Figure`, never through pyplot, so the caller's
+matplotlib backend (a notebook's) is left alone.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from privfed.run_curves import dataset_name
+from privfed.studies.grid import setting_label
 from privfed.studies.runner import CellRecord
 
 #: The mechanisms drawn as horizontal reference lines (they have no ε).
@@ -23,6 +30,7 @@ ATTACK_PLOT = "accuracy-vs-attack.png"
 SETTINGS_PLOT = "accuracy-by-setting.png"
 #: The accuracy columns of the per-setting picture, and how its legend names them.
 ACCURACY_BARS = {"knn": "kNN monitor", "linear": "linear probe"}
+ACCURACY_NAMES = ACCURACY_BARS
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,8 @@ class SettingPoint:
     """One setting's mean and spread over seeds of two row values."""
 
     name: str
+    label: str
+    line: str  # the label without its ε: the settings of one series on the ε plot share it
     row: dict[str, Any]
     x: float
     x_std: float
@@ -40,12 +50,43 @@ class SettingPoint:
 def setting_points(records: list[CellRecord], x: str, y: str) -> list[SettingPoint]:
     """Every setting with ``x`` and ``y`` in all of its finished rows, in study order."""
     points = []
+    labels = setting_labels(records)
     for name in dict.fromkeys(r.name for r in records):
         rows = [r.row for r in records if r.name == name and r.finished and r.row is not None]
         if rows and all(isinstance(row.get(x), (int, float)) and isinstance(row.get(y), (int, float)) for row in rows):
             xs, ys = [float(row[x]) for row in rows], [float(row[y]) for row in rows]
-            points.append(SettingPoint(name, rows[0], statistics.fmean(xs), _std(xs), statistics.fmean(ys), _std(ys)))
+            points.append(SettingPoint(name, *labels[name], rows[0], statistics.fmean(xs), _std(xs), statistics.fmean(ys),
+                                       _std(ys)))
     return points
+
+
+def setting_labels(records: list[CellRecord]) -> dict[str, tuple[str, str]]:
+    """Each setting's label and its label without ε, from its options (``ldp, ε=0.8`` and ``ldp``); a record
+    without its options (written by hand, say) is labelled by its name."""
+    labels = {}
+    for record in records:
+        if record.name not in labels:
+            options = record.overrides
+            if options is None:
+                labels[record.name] = (record.name, without_epsilon(record.name))
+            else:
+                labels[record.name] = (setting_label(options),
+                                       setting_label({k: v for k, v in options.items() if k != "epsilon"}))
+    return labels
+
+
+def study_context(records: list[CellRecord]) -> str:
+    """What every finished cell shares, for a title: ``dataset cifar10-dev · method orchestra``; empty when nothing is."""
+    finished = [r for r in records if r.finished and r.row is not None]
+    datasets = {dataset_name(r.settings["train"]["dataset"]) if r.settings else None for r in finished}
+    methods = {r.row.get("method") for r in finished if r.row is not None}
+    shared = [(what, next(iter(values))) for what, values in (("dataset", datasets), ("method", methods)) if len(values) == 1]
+    return " · ".join(f"{what} {value}" for what, value in shared if value is not None)
+
+
+def _title(what: str, records: list[CellRecord]) -> str:
+    context = study_context(records)
+    return f"{what}\n{context}" if context else what
 
 
 def accuracy_column(records: list[CellRecord]) -> str:
@@ -54,28 +95,39 @@ def accuracy_column(records: list[CellRecord]) -> str:
 
 
 def plot_accuracy_vs_epsilon(records: list[CellRecord], path: Path) -> Path | None:
-    """Accuracy against the total ε budget per mechanism, with ``reps`` and ``kanon`` as reference lines."""
+    """Accuracy against the total ε budget per mechanism, with ``reps`` and ``kanon`` as reference lines.
+
+    Ticks sit at the study's ε values; each setting is a marker with its
+    seeds' spread, not joined by a line (the settings are separate runs).
+    Series sharing an ε are nudged apart a little so their bars stay apart.
+    """
     accuracy = accuracy_column(records)
     budgeted = setting_points(records, "epsilon_budget", accuracy)
     if not budgeted:
         return None
     references = [p for p in setting_points(records, accuracy, accuracy)  # (x is unused for a horizontal line)
                   if p.row.get("mechanism") in REFERENCE_MECHANISMS and p.row.get("epsilon_budget") is None]
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for line_name in dict.fromkeys(without_epsilon(p.name) for p in budgeted):
-        mine = sorted((p for p in budgeted if without_epsilon(p.name) == line_name), key=lambda p: p.x)
-        ax.errorbar([p.x for p in mine], [p.y for p in mine], yerr=[p.y_std for p in mine], marker="o", capsize=3,
-                    label=f"{line_name} (mean ± std over seeds)")
+    fig, (ax,) = _figure((6.4, 4.4))
+    lines = list(dict.fromkeys(p.line for p in budgeted))
+    for index, line_label in enumerate(lines):
+        mine = sorted((p for p in budgeted if p.line == line_label), key=lambda p: p.x)
+        nudge = 1.04 ** (index - (len(lines) - 1) / 2)  # a multiplicative step: the axis is logarithmic
+        ax.errorbar([p.x * nudge for p in mine], [p.y for p in mine], yerr=[p.y_std for p in mine], marker="os^Dv"[index % 5],
+                    linestyle="none", capsize=3, label=line_label)
     for index, point in enumerate(references):
-        line = ax.axhline(point.y, linestyle="--", color=f"C{(index + 3) % 10}", label=f"{point.name} (no ε)")
+        line = ax.axhline(point.y, linestyle="--", color=f"C{(index + len(lines)) % 10}", label=f"{point.label} (no ε)")
         ax.axhspan(point.y - point.y_std, point.y + point.y_std, color=line.get_color(), alpha=0.12)
+    budgets = sorted({p.x for p in budgeted})
     ax.set_xscale("log")
-    ax.set_xlabel("total ε per client (budget)")
-    ax.set_ylabel(f"{accuracy} accuracy")
+    ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
+    ax.minorticks_off()
+    if len(budgets) == 1:
+        ax.set_xlim(budgets[0] / 2, budgets[0] * 2)
+    ax.set_xlabel("total ε per client (budget, log scale)")
+    ax.set_ylabel(f"{ACCURACY_NAMES[accuracy]} accuracy")
     ax.legend(fontsize=8)
-    ax.set_title("Accuracy against the privacy budget", fontsize=10)
-    return _save(fig, plt, path)
+    ax.set_title(_title("Accuracy against the privacy budget, mean ± std over seeds", records), fontsize=9)
+    return _save(fig, path)
 
 
 #: The attack columns drawn (``privfed.studies.cell_work.ATTACK_COLUMNS``), a panel each, and what each axis says.
@@ -96,18 +148,17 @@ def plot_accuracy_vs_attack(records: list[CellRecord], path: Path) -> Path | Non
     panels = [(column, points) for column in ATTACK_AXES if (points := setting_points(records, column, accuracy))]
     if not panels:
         return None
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.4, 4.4) if len(panels) == 1 else (11.0, 4.4), squeeze=False)
+    fig, axes = _figure((6.4, 4.4) if len(panels) == 1 else (11.0, 4.4), columns=len(panels))
     colours = {name: f"C{index % 10}" for index, name in enumerate(dict.fromkeys(r.name for r in records))}
-    for ax, (column, points) in zip(axes[0], panels):
+    for ax, (column, points) in zip(axes, panels):
         for p in points:
-            ax.errorbar(p.x, p.y, xerr=p.x_std, yerr=p.y_std, marker="o", capsize=3, color=colours[p.name], label=p.name)
+            ax.errorbar(p.x, p.y, xerr=p.x_std, yerr=p.y_std, marker="o", capsize=3, color=colours[p.name], label=p.label)
         ax.axvline(0.0, color="grey", linewidth=0.8)
         ax.set_xlabel(ATTACK_AXES[column], fontsize=9)
-        ax.set_ylabel(f"{accuracy} accuracy")
+        ax.set_ylabel(f"{ACCURACY_NAMES[accuracy]} accuracy")
         ax.legend(fontsize=7)
-    fig.suptitle("Accuracy against what the attacker recovers (mean ± std over seeds)", fontsize=10)
-    return _save(fig, plt, path)
+    fig.suptitle(_title("Accuracy against what the attacker recovers, mean ± std over seeds", records), fontsize=10)
+    return _save(fig, path)
 
 
 def plot_accuracy_by_setting(records: list[CellRecord], path: Path) -> Path | None:
@@ -121,8 +172,7 @@ def plot_accuracy_by_setting(records: list[CellRecord], path: Path) -> Path | No
     names = [name for name in dict.fromkeys(r.name for r in records) if any(name in points for points in bars.values())]
     if not names:
         return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 1.6 + 0.45 * len(names)))
+    fig, (ax,) = _figure((6.4, 1.6 + 0.45 * len(names)))
     height = 0.8 / len(ACCURACY_BARS)
     for offset, (column, label) in enumerate(ACCURACY_BARS.items()):
         mine = [(row, bars[column][name]) for row, name in enumerate(names) if name in bars[column]]
@@ -131,12 +181,14 @@ def plot_accuracy_by_setting(records: list[CellRecord], path: Path) -> Path | No
         if untrained := setting_points(records, f"{column}_init", f"{column}_init"):
             ax.axvline(statistics.fmean(p.y for p in untrained), linestyle="--", color=f"C{offset}",
                        label=f"{label}, untrained network")
-    ax.set_yticks(range(len(names)), names, fontsize=8)
+    labels = setting_labels(records)
+    ax.set_yticks(range(len(names)), [labels[name][0] for name in names], fontsize=8)
     ax.invert_yaxis()  # the study's order, top to bottom
     ax.set_xlabel("accuracy")
+    ax.set_ylabel("setting")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2)  # below: bars reach right
-    ax.set_title("Accuracy per setting (mean ± std over seeds)", fontsize=10)
-    return _save(fig, plt, path)
+    ax.set_title(_title("Accuracy per setting, mean ± std over seeds", records), fontsize=9)
+    return _save(fig, path)
 
 
 def write_study_plots(records: list[CellRecord], folder: Path) -> list[Path]:
@@ -156,21 +208,19 @@ def _std(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def _pyplot() -> Any:
+def _figure(size: tuple[float, float], *, columns: int = 1) -> tuple[Any, list[Any]]:
+    """A Figure and its row of axes, made without pyplot: the caller's backend stays as it was."""
     from privfed.extras import require
 
     require("matplotlib", feature="a study's plots")
 
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    fig = Figure(figsize=size)
+    return fig, list(fig.subplots(1, columns, squeeze=False)[0])
 
 
-def _save(fig: Any, plt: Any, path: Path) -> Path:
+def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path

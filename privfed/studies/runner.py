@@ -1,4 +1,4 @@
-"""Runs a study cell by cell into one directory; a finished cell is never run again.
+"""Runs a study cell by cell into one directory; a finished cell is not run again while its configuration stands.
 
 Each cell (a setting at a seed, :mod:`privfed.studies.grid`) gets its own
 folder, ``cells/<setting>-seed<seed>/``. When the cell's work returns, its
@@ -9,22 +9,34 @@ again, and skips every finished one. What a cell does (train, evaluate,
 attack) is the caller's :data:`CellWork`, so this module stays free of the
 runtime and the attacks; it must cope with what a stopped attempt left in
 the folder (resume the run, or start it again).
+
+``cell.json`` also keeps the cell's settings (:meth:`Study.cell_settings`)
+and their hash. When the study file changed since a cell finished (its
+hash differs, or it was recorded before hashes were kept), the study
+refuses to run and names the changes, unless told to reuse stale cells:
+refusing loses nothing, while redoing would throw results away.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from privfed.studies.grid import Cell, Study
+from privfed.errors import PrivfedError
+from privfed.studies.grid import Cell, Study, settings_changes, settings_hash
 
 CELL_FILE = "cell.json"
+#: Written when a cell's work starts: the settings its leftovers (a stopped run) were made with.
+ATTEMPT_FILE = "attempt.json"
+#: How many stale cells an error names before it counts the rest.
+STALE_LISTED = 8
 
 #: Does one cell's work in its folder and returns its row (numbers and short strings).
 CellWork = Callable[[Cell, Path], dict[str, Any]]
@@ -41,13 +53,21 @@ class CellRecord:
     row: dict[str, Any] | None
     error: str | None
     seconds: float
+    config_hash: str | None = None  # None: recorded before privfed kept it
+    settings: dict[str, Any] | None = None  # what the hash is of (:meth:`Study.cell_settings`)
+    overrides: dict[str, Any] | None = None  # the setting's own options, for its label in pictures
 
     @property
     def finished(self) -> bool:
         return self.error is None and self.row is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "seed": self.seed, "row": self.row, "error": self.error, "seconds": self.seconds}
+        return {"name": self.name, "seed": self.seed, "row": self.row, "error": self.error, "seconds": self.seconds,
+                "config_hash": self.config_hash, "settings": self.settings, "overrides": self.overrides}
+
+
+class StaleCells(PrivfedError):
+    """Finished cells whose configuration is not the study file's now (or is unknown); nothing was run."""
 
 
 def cell_folder(out: Path, cell: Cell) -> Path:
@@ -60,38 +80,102 @@ def read_record(folder: Path) -> CellRecord | None:
     if not path.is_file():
         return None
     values = json.loads(path.read_text())
-    return CellRecord(values["name"], values["seed"], values["row"], values["error"], values["seconds"])
+    return CellRecord(values["name"], values["seed"], values["row"], values["error"], values["seconds"],
+                      values.get("config_hash"), values.get("settings"), values.get("overrides"))
 
 
 def recorded_cells(study: Study, out: Path) -> list[CellRecord]:
     """The records of the study's cells that have one, in the study's order: a stopped study's results so far."""
-    records = (read_record(cell_folder(out, cell)) for cell in study.cells())
-    return [record for record in records if record is not None]
+    records = ((cell, read_record(cell_folder(out, cell))) for cell in study.cells())
+    return [replace(record, overrides=cell.overrides) for cell, record in records if record is not None]
+
+
+def stale_reason(record: CellRecord, settings: dict[str, Any]) -> str | None:
+    """Why a finished cell's results may not be what the study asks for now; None when its hash matches."""
+    if record.config_hash is None:
+        return "stale-unknown: recorded before privfed kept each cell's configuration hash"
+    if record.config_hash == settings_hash(settings):
+        return None
+    changes = settings_changes(record.settings, settings) if record.settings is not None else []
+    return "; ".join(changes) if changes else "its configuration hash differs"
+
+
+def check_stale(study: Study, out: Path, *, reuse_stale: bool) -> list[tuple[Cell, str]]:
+    """The finished cells whose configuration changed (or is unknown), each with why.
+
+    Raises:
+        StaleCells: when there are any and ``reuse_stale`` is off, naming them and what to do.
+    """
+    stale = []
+    for cell in study.cells():
+        record = read_record(cell_folder(out, cell))
+        if record is not None and record.finished and (why := stale_reason(record, study.cell_settings(cell))):
+            stale.append((cell, why))
+    if stale and not reuse_stale:
+        listed = [f"  {cell.run_name}: {why}" for cell, why in stale[:STALE_LISTED]]
+        if len(stale) > STALE_LISTED:
+            listed.append(f"  ... and {len(stale) - STALE_LISTED} more")
+        raise StaleCells(
+            f"{out} holds {len(stale)} finished cell(s) whose configuration is not the study file's now:\n"
+            + "\n".join(listed)
+            + f"\nNothing was run. To redo a cell, delete its folder ({out / 'cells'}/<cell>) or use another --out; "
+            "to keep their results, pass --reuse-stale."
+        )
+    return stale
 
 
 def write_record(folder: Path, record: CellRecord) -> None:
     """Writes ``cell.json`` whole (a temporary file renamed over it), so a kill never leaves half a record."""
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{CELL_FILE}.tmp"
-    tmp.write_text(json.dumps(record.to_dict(), indent=2) + "\n")
-    os.replace(tmp, folder / CELL_FILE)
+    _write_whole(folder / CELL_FILE, record.to_dict())
 
 
-def run_study(study: Study, out: Path, work: CellWork, *, progress: Progress | None = None) -> list[CellRecord]:
+def _write_whole(path: Path, values: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(values, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _attempt_hash(folder: Path, record: CellRecord | None) -> str | None:
+    """The configuration hash what is in ``folder`` was made with: its failed record's, else its attempt's."""
+    if record is not None and record.config_hash is not None:
+        return record.config_hash
+    attempt = folder / ATTEMPT_FILE
+    return json.loads(attempt.read_text()).get("config_hash") if attempt.is_file() else None
+
+
+def run_study(
+    study: Study, out: Path, work: CellWork, *, progress: Progress | None = None, reuse_stale: bool = False
+) -> list[CellRecord]:
     """Runs every cell that has not finished, in the study's order; returns every cell's record.
 
-    Progress lines name the cell, how many are done and left, and an
-    estimate of the time left from the cells timed in this run.
+    A finished cell whose configuration changed is refused (:func:`check_stale`)
+    before anything runs, or kept as it is with ``reuse_stale``. What a
+    stopped attempt left under another (or an unknown) configuration is
+    removed before the cell runs, so its run is not resumed with old
+    settings; ``reuse_stale`` resumes it. Progress lines name the cell, how
+    many are done and left, and an estimate of the time left from the
+    cells timed in this run.
     """
     cells = study.cells()
+    stale = check_stale(study, out, reuse_stale=reuse_stale)
+    if stale and progress is not None:
+        progress(f"keeping {len(stale)} finished cell(s) whose configuration changed or is unknown (--reuse-stale)")
     records: list[CellRecord] = []
     timed: list[float] = []
     for index, cell in enumerate(cells):
         folder = cell_folder(out, cell)
+        settings = study.cell_settings(cell)
+        config_hash = settings_hash(settings)
         previous = read_record(folder)
         if previous is not None and previous.finished:
-            records.append(previous)
+            records.append(replace(previous, overrides=cell.overrides))
             continue
+        if folder.exists() and not reuse_stale and _attempt_hash(folder, previous) != config_hash:
+            if progress is not None:
+                progress(f"  {cell.run_name}: its stopped attempt had another (or an unknown) configuration: starting again")
+            shutil.rmtree(folder)
+        _write_whole(folder / ATTEMPT_FILE, {"config_hash": config_hash, "settings": settings})
         if progress is not None:
             left = len(cells) - index
             eta = f", about {_duration(statistics.fmean(timed) * left)} left" if timed else ""
@@ -101,7 +185,8 @@ def run_study(study: Study, out: Path, work: CellWork, *, progress: Progress | N
             row, error = work(cell, folder), None
         except Exception as err:  # the study goes on; the record says why this cell has no row
             row, error = None, f"{type(err).__name__}: {err}"
-        record = CellRecord(cell.name, cell.seed, row, error, time.perf_counter() - started)
+        record = CellRecord(cell.name, cell.seed, row, error, time.perf_counter() - started, config_hash, settings,
+                            cell.overrides)
         write_record(folder, record)
         timed.append(record.seconds)
         if progress is not None and error is not None:

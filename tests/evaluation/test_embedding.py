@@ -43,3 +43,18 @@ def test_a_subset_is_seeded_sorted_and_only_when_needed():
     picked = subset(5000, limit=100, seed=1)
     assert len(set(picked)) == 100 and np.all(np.diff(picked) > 0)
     assert np.array_equal(picked, subset(5000, limit=100, seed=1)) and not np.array_equal(picked, subset(5000, limit=100, seed=2))
+
+
+def test_drawing_leaves_the_matplotlib_backend_alone(tmp_path):
+    """A notebook's inline backend must survive the t-SNE picture (drawn on a Figure, not through pyplot)."""
+    import matplotlib
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        features, labels = three_clusters(n_per_class=10)
+        path = save_embedding_figure(tsne_2d(features), labels, ("a", "b", "c"), tmp_path / "tsne.png", title="test")
+        assert matplotlib.get_backend() == "svg"
+        assert np.std(imread(path)[..., :3]) > 0.05
+    finally:
+        matplotlib.use(before)

@@ -10,6 +10,7 @@ from privfed.studies.plots import (
     plot_accuracy_by_setting,
     plot_accuracy_vs_attack,
     plot_accuracy_vs_epsilon,
+    setting_labels,
     setting_points,
     write_study_plots,
 )
@@ -21,13 +22,15 @@ def privacy_study() -> list[CellRecord]:
     settings = [("mechanism-reps", "reps", None, 0.40), ("mechanism-kanon", "kanon", None, 0.38),
                 ("mechanism-ldp_epsilon-10", "ldp", 10.0, 0.36), ("mechanism-ldp_epsilon-1", "ldp", 1.0, 0.33)]
     for name, mechanism, budget, accuracy in settings:
+        overrides = {"mechanism": mechanism, **({"epsilon": budget} if budget is not None else {})}
         for seed in (0, 1, 2):
             row = {"mechanism": mechanism, "epsilon_budget": budget, "linear": accuracy + seed / 100, "knn": 0.3,
                    # DP releases cannot be replayed: no member figure for ldp, only the client one.
                    "attack_advantage_psnr": None if mechanism == "ldp" else (3.0 if mechanism == "reps" else 0.5) - seed / 10,
                    "attack_advantage_psnr_client": 0.2 - seed / 10}
-            records.append(CellRecord(name, seed, row, None, 1.0))
-    records.append(CellRecord("mechanism-ldp_epsilon-1", 3, None, "RuntimeError: failed", 1.0))
+            records.append(CellRecord(name, seed, row, None, 1.0, overrides=overrides))
+    records.append(CellRecord("mechanism-ldp_epsilon-1", 3, None, "RuntimeError: failed", 1.0,
+                              overrides={"mechanism": "ldp", "epsilon": 1.0}))
     return records
 
 
@@ -60,9 +63,8 @@ def test_the_attack_picture_puts_a_setting_in_every_panel_that_has_its_figure(tm
     plot_accuracy_vs_attack(privacy_study(), tmp_path / "a.png")
     panels = list(dict.fromkeys(axis for axis, _, _ in drawn))
     by_panel = [[(label, x) for axis, label, x in drawn if axis == panel] for panel in panels]
-    assert [label for label, _ in by_panel[0]] == ["mechanism-reps", "mechanism-kanon"]  # ldp's members are unknown
-    assert [label for label, _ in by_panel[1]] == ["mechanism-reps", "mechanism-kanon", "mechanism-ldp_epsilon-10",
-                                                   "mechanism-ldp_epsilon-1"]
+    assert [label for label, _ in by_panel[0]] == ["reps", "kanon"]  # ldp's members are unknown
+    assert [label for label, _ in by_panel[1]] == ["reps", "kanon", "ldp, ε=10", "ldp, ε=1"]
     assert by_panel[0][0][1] == pytest.approx(2.9) and by_panel[1][2][1] == pytest.approx(0.1)
 
 
@@ -108,18 +110,53 @@ def test_settings_that_differ_in_more_than_epsilon_get_lines_of_their_own(tmp_pa
     for method, base in (("orchestra", 0.7), ("rotpred", 0.4)):
         for budget in (1.0, 10.0):
             row = {"mechanism": "ldp", "epsilon_budget": budget, "linear": base + budget / 100}
-            records.append(CellRecord(f"method-{method}_mechanism-ldp_epsilon-{budget:g}", 0, row, None, 1.0))
+            records.append(CellRecord(f"method-{method}_mechanism-ldp_epsilon-{budget:g}", 0, row, None, 1.0,
+                                      overrides={"method": method, "mechanism": "ldp", "epsilon": budget}))
         records.append(CellRecord(f"method-{method}_mechanism-kanon", 0,
-                                  {"mechanism": "kanon", "epsilon_budget": None, "linear": base}, None, 1.0))
+                                  {"mechanism": "kanon", "epsilon_budget": None, "linear": base}, None, 1.0,
+                                  overrides={"method": method, "mechanism": "kanon"}))
     import matplotlib.axes
 
     drawn_lines, drawn_references = [], []
-    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", lambda self, x, y, **kw: drawn_lines.append((kw["label"], list(y))))
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar",
+                        lambda self, x, y, **kw: drawn_lines.append((kw["label"], list(y), kw["linestyle"])))
     original = matplotlib.axes.Axes.axhline
     monkeypatch.setattr(matplotlib.axes.Axes, "axhline",
                         lambda self, y, **kw: drawn_references.append((kw["label"], y)) or original(self, y, **kw))
     plot_accuracy_vs_epsilon(records, tmp_path / "e.png")
-    assert [label for label, _ in drawn_lines] == ["method-orchestra_mechanism-ldp (mean ± std over seeds)",
-                                                   "method-rotpred_mechanism-ldp (mean ± std over seeds)"]
-    assert [values for _, values in drawn_lines] == [pytest.approx([0.71, 0.8]), pytest.approx([0.41, 0.5])]
-    assert drawn_references == [("method-orchestra_mechanism-kanon (no ε)", 0.7), ("method-rotpred_mechanism-kanon (no ε)", 0.4)]
+    assert [label for label, _, _ in drawn_lines] == ["orchestra, ldp", "rotpred, ldp"]
+    assert [values for _, values, _ in drawn_lines] == [pytest.approx([0.71, 0.8]), pytest.approx([0.41, 0.5])]
+    assert {style for _, _, style in drawn_lines} == {"none"}  # markers, no line joining separate settings
+    assert drawn_references == [("orchestra, kanon (no ε)", 0.7), ("rotpred, kanon (no ε)", 0.4)]
+
+
+def test_a_record_without_its_options_is_labelled_by_its_name():
+    records = [CellRecord("mechanism-ldp_epsilon-1", 0, {"linear": 0.3}, None, 1.0)]
+    assert setting_labels(records) == {"mechanism-ldp_epsilon-1": ("mechanism-ldp_epsilon-1", "mechanism-ldp")}
+
+
+def test_the_epsilon_axis_has_a_tick_at_each_budget_of_the_study(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    ticks = []
+    original = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig",
+                        lambda self, *a, **kw: ticks.append(list(self.axes[0].get_xticks())) or original(self, *a, **kw))
+    plot_accuracy_vs_epsilon(privacy_study(), tmp_path / "e.png")
+    assert ticks == [[1.0, 10.0]]
+    assert_a_real_picture(tmp_path / "e.png")
+
+
+def test_drawing_leaves_the_matplotlib_backend_alone(tmp_path):
+    """A notebook's inline backend must survive a study's pictures (a Figure each, never pyplot)."""
+    import matplotlib
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        drawn = write_study_plots(privacy_study(), tmp_path)
+        assert matplotlib.get_backend() == "svg" and len(drawn) == 3
+    finally:
+        matplotlib.use(before)
+    for path in drawn:
+        assert np.std(matplotlib.image.imread(path)[..., :3]) > 0.05

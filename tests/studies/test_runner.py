@@ -8,9 +8,14 @@ where they live.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
-from privfed.studies.grid import Study
-from privfed.studies.runner import CELL_FILE, read_record, recorded_cells, run_study
+import pytest
+
+from privfed.studies.grid import Study, settings_hash
+from privfed.studies.runner import CELL_FILE, StaleCells, read_record, recorded_cells, run_study
 from privfed.studies.tables import markdown_table, write_csv, write_markdown
 
 STUDY = """
@@ -22,9 +27,9 @@ mechanism = ["reps", "kanon"]
 """
 
 
-def load(tmp_path) -> Study:
+def load(tmp_path, text: str = STUDY) -> Study:
     path = tmp_path / "study.toml"
-    path.write_text(STUDY)
+    path.write_text(text)
     return Study.load(path)
 
 
@@ -89,7 +94,10 @@ def test_a_record_is_whole_json(tmp_path):
     run_study(load(tmp_path), tmp_path / "out", Work())
     record = json.loads((tmp_path / "out" / "cells" / "mechanism-kanon-seed0" / CELL_FILE).read_text())
     assert record == {"name": "mechanism-kanon", "seed": 0, "row": {"knn": 0.35, "k": 5}, "error": None,
-                      "seconds": record["seconds"]}
+                      "seconds": record["seconds"], "config_hash": record["config_hash"], "settings": record["settings"],
+                      "overrides": {"mechanism": "kanon"}}
+    assert record["settings"]["train"]["mechanism"] == "kanon" and record["settings"]["train"]["dataset"] == "shapes:100"
+    assert record["config_hash"] == settings_hash(record["settings"])
 
 
 def test_a_stopped_study_reports_its_recorded_cells_in_study_order_and_says_it_is_partial(tmp_path):
@@ -104,3 +112,88 @@ def test_a_stopped_study_reports_its_recorded_cells_in_study_order_and_says_it_i
     assert "| mechanism-reps | 1 |" in text and "| mechanism-kanon | 1 (1 failed) |" in text
     whole = write_markdown(run_study(study, out, Work()), tmp_path / "done.md", title="privacy", cells=4).read_text()
     assert "Partial" not in whole
+
+
+def test_an_unchanged_study_reuses_its_finished_cells(tmp_path):
+    study, out = load(tmp_path), tmp_path / "out"
+    run_study(study, out, Work())
+    again = Work()
+    records = run_study(load(tmp_path), out, again)  # the file read again, as a new `privfed study` would
+    assert again.ran == [] and all(r.finished for r in records)
+
+
+def test_a_changed_base_setting_is_refused_naming_the_cells_and_the_change(tmp_path):
+    out = tmp_path / "out"
+    run_study(load(tmp_path), out, Work())
+    changed = Work()
+    with pytest.raises(StaleCells) as refused:
+        run_study(load(tmp_path, STUDY.replace('dataset = "shapes:100"', 'dataset = "shapes:100"\nrounds = 3')), out, changed)
+    assert changed.ran == []  # refused before anything ran
+    message = str(refused.value)
+    assert "4 finished cell(s)" in message and "mechanism-reps-seed0: rounds: 12 -> 3" in message
+    assert "--reuse-stale" in message and "delete its folder" in message
+
+
+def test_reuse_stale_keeps_the_old_results_and_runs_only_new_cells(tmp_path):
+    out = tmp_path / "out"
+    old = run_study(load(tmp_path), out, Work())
+    grown = STUDY.replace("seeds = [0, 1]", "seeds = [0, 1, 2]").replace('dataset = "shapes:100"', 'dataset = "shapes:100"\nrounds = 3')
+    again, lines = Work(), []
+    records = run_study(load(tmp_path, grown), out, again, reuse_stale=True, progress=lines.append)
+    assert again.ran == ["mechanism-reps-seed2", "mechanism-kanon-seed2"]  # only the new seed's cells
+    assert [r.row for r in records if r.seed < 2] == [r.row for r in old]
+    assert lines[0].startswith("keeping 4 finished cell(s)")
+    assert read_record(out / "cells" / "mechanism-reps-seed0").config_hash == old[0].config_hash  # not restamped
+
+
+def test_a_cell_recorded_before_hashes_were_kept_is_stale_unknown(tmp_path):
+    study, out = load(tmp_path), tmp_path / "out"
+    run_study(study, out, Work())
+    path = out / "cells" / "mechanism-kanon-seed1" / CELL_FILE
+    values = json.loads(path.read_text())
+    path.write_text(json.dumps({k: values[k] for k in ("name", "seed", "row", "error", "seconds")}))  # an old record
+    with pytest.raises(StaleCells, match="mechanism-kanon-seed1: stale-unknown"):
+        run_study(study, out, Work())
+    again = Work()
+    run_study(study, out, again, reuse_stale=True)
+    assert again.ran == []
+
+
+def test_a_stopped_attempt_under_another_configuration_is_started_again_not_resumed(tmp_path):
+    out = tmp_path / "out"
+    run_study(load(tmp_path), out, Work())
+    folder = out / "cells" / "mechanism-reps-seed1"
+    (folder / CELL_FILE).unlink()  # stopped mid-cell, its run left in the folder
+    (folder / "run" / "leftover").write_text("a round of the old configuration")
+    for cell in ("mechanism-reps-seed0", "mechanism-kanon-seed0", "mechanism-kanon-seed1"):
+        (out / "cells" / cell / CELL_FILE).unlink()
+    changed = STUDY.replace('dataset = "shapes:100"', 'dataset = "shapes:100"\nrounds = 3')
+    run_study(load(tmp_path, changed), out, Work())
+    assert not (folder / "run" / "leftover").exists()
+    kept = Work()
+    (folder / CELL_FILE).unlink()
+    (folder / "run" / "leftover").write_text("a round of this configuration")
+    run_study(load(tmp_path, changed), out, kept)
+    assert kept.ran == ["mechanism-reps-seed1"] and (folder / "run" / "leftover").exists()  # same configuration: resumed
+
+
+def test_the_configuration_hash_is_the_same_in_another_process(tmp_path):
+    study = load(tmp_path)
+    mine = [settings_hash(study.cell_settings(cell)) for cell in study.cells()]
+    assert len(set(mine)) == 4  # one per cell
+    code = ("import sys; from pathlib import Path; from privfed.studies.grid import Study, settings_hash; "
+            "s = Study.load(Path(sys.argv[1])); print(' '.join(settings_hash(s.cell_settings(c)) for c in s.cells()))")
+    for seed in ("1", "2"):  # str hashing differs between these processes
+        other = subprocess.run([sys.executable, "-c", code, str(tmp_path / "study.toml")], capture_output=True, text=True,
+                               check=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        assert other.stdout.split() == mine
+
+
+def test_a_changed_attack_setting_makes_only_attacked_cells_stale(tmp_path):
+    text = STUDY.replace("[[grid]]\nmechanism = [\"reps\", \"kanon\"]", "[[grid]]\nmethod = [\"orchestra\", \"simclr\"]")
+    attacked = load(tmp_path, 'attack = "decoder"\n' + text)
+    changed = load(tmp_path, 'attack = "decoder"\n' + text + "[attack_settings]\nsteps = 5\n")
+    assert changed.attack_settings == {"steps": 5} and len(changed.cells()) == 4
+    for before, after in zip(attacked.cells(), changed.cells()):
+        same = settings_hash(attacked.cell_settings(before)) == settings_hash(changed.cell_settings(after))
+        assert same == (before.config.release_mechanism is None), before.run_name  # simclr releases nothing

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 
-from privfed.studies.grid import Study
+from privfed.studies.grid import Study, settings_hash
 from privfed.studies.runner import CellRecord, cell_folder, write_record
 
 STUDY = """
@@ -54,3 +54,25 @@ def test_report_tables_the_recorded_runs_and_trains_nothing(tmp_path, run_privfe
     text = (out / "results.md").read_text()
     assert "Partial: 3 of the study's 4 runs" in text and "| mechanism-reps | 2 | 0.32 ± 0.028 (2) |" in text
     assert not (cell_folder(out, cells[3])).exists()  # nothing ran
+
+
+def test_a_changed_study_is_refused_and_reuse_stale_keeps_its_cells(tmp_path, run_privfed):
+    """Every cell recorded as finished: the commands train nothing, so what is checked is the stale-cell rule."""
+    study_file, out = tmp_path / "study.toml", tmp_path / "out"
+    study_file.write_text(GRID)
+    study = Study.load(study_file)
+    for cell in study.cells():
+        settings = study.cell_settings(cell)
+        write_record(cell_folder(out, cell), CellRecord(cell.name, cell.seed, {"knn": 0.3 + cell.seed / 10}, None, 1.0,
+                                                        settings_hash(settings), settings, cell.overrides))
+    same = run_privfed("study", str(study_file), "--out", str(out))
+    assert same.returncode == 0 and "4 runs, 0 failed" in same.stdout, same.stderr[-2000:]
+    study_file.write_text(GRID.replace('dataset = "shapes:120"', 'dataset = "shapes:120"\nlr = 0.1'))
+    refused = run_privfed("study", str(study_file), "--out", str(out))
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "mechanism-kanon-seed1: lr: 0.03 -> 0.1" in refused.stderr and "--reuse-stale" in refused.stderr
+    for command in ("study", "tune"):
+        kept = run_privfed(command, str(study_file), "--out", str(out), "--reuse-stale")
+        assert kept.returncode == 0, kept.stderr[-2000:]
+        assert "keeping 4 finished cell(s)" in kept.stdout
+    assert [r["knn"] for r in csv.DictReader((out / "results.csv").open())] == ["0.3", "0.4", "0.3", "0.4"]
