@@ -28,6 +28,7 @@ from privfed.errors import PrivfedError
 if TYPE_CHECKING:
     import torch
 
+    from privfed.evaluation.features import StepProgress
     from privfed.resume import ResumePoint
     from privfed.run_plan import RunPlan
 
@@ -240,6 +241,7 @@ def evaluate(
     device: str = DEFAULTS.device,
     knn_k: int = DEFAULTS.knn_k,
     knn_temperature: float = DEFAULTS.knn_temperature,
+    progress: StepProgress | None = None,
 ) -> dict[str, Any]:
     """Scores a run's encoder, as ``privfed evaluate`` does, and appends the result to ``evaluation.json``.
 
@@ -258,6 +260,7 @@ def evaluate(
         device: ``auto``, ``cpu`` or ``cuda``.
         knn_k: ``knn``: neighbours per query.
         knn_temperature: ``knn``: the vote's temperature.
+        progress: Hears each probe epoch (``stage, done, total, figures``); nothing is printed.
 
     Returns:
         The result as ``evaluation.json`` records it; ``accuracy`` is None for ``tsne``.
@@ -284,6 +287,7 @@ def evaluate(
         device=device,
         knn_k=knn_k,
         knn_temperature=knn_temperature,
+        progress=progress,
     )
 
 

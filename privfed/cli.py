@@ -465,20 +465,20 @@ def _train(plan: RunPlan, point: ResumePoint | None, verbose: bool) -> dict[str,
 @app.command(cls=_HelpCommand)
 def evaluate(
     run_dir: Path = typer.Argument(..., help="A run directory written by `privfed train`."),
-    train_data: str | None = typer.Option(None, help="Labelled data the probe learns from (its train split; a file named only here is used whole). Needed by knn, linear and finetune."),
-    test_data: str = typer.Option(..., help="Data the probe is scored on (its test split; a file named only here is used whole)."),
+    train_data: str | None = typer.Option(None, help="Labelled data the probe learns from (its train split; a file named only here is used whole). [default: the run's dataset]"),
+    test_data: str | None = typer.Option(None, help="Data the probe is scored on (its test split; a file named only here is used whole). [default: the run's test dataset]"),
     protocol: Protocol = typer.Option(Protocol.knn, help="knn (see --knn-k, --knn-temperature), linear (probe on frozen features), finetune (the whole backbone and a linear head on --label-fraction of the labels) or tsne (a 2-D picture of the test representations by class)."),
     label_fraction: float = typer.Option(0.1, help="finetune: the fraction of labelled train images, class-balanced (the paper: 0.01 and 0.1)."),
     seed: int = typer.Option(0, help="finetune: seeds the labelled subset, the head and the schedule's draws."),
     checkpoint: str = typer.Option("final", help="initial, final, or a path to a checkpoint file."),
-    data_dir: str = config_option("data_dir"),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="Where torchvision datasets live. [default: the run's]"),
     download: bool = config_option("download"),
     device: str = config_option("device"),
     knn_k: int = config_option("knn_k"),
     knn_temperature: float = config_option("knn_temperature"),
 ) -> None:
     """Re-evaluate a saved encoder on any labelled datasets, or draw its representations; appends to RUN_DIR/evaluation.json."""
-    from privfed.evaluation.run_evaluation import evaluate_run
+    from privfed.api import evaluate as evaluate_run
 
     view = ProgressView()
     try:
@@ -490,7 +490,7 @@ def evaluate(
             label_fraction=label_fraction,
             seed=seed,
             checkpoint=checkpoint,
-            data_dir=Path(data_dir),
+            data_dir=data_dir,
             download=download,
             device=device,
             knn_k=knn_k,
@@ -502,9 +502,9 @@ def evaluate(
     for warning in result.get("warnings", []):
         typer.echo(f"warning: {warning}", err=True)
     if result["accuracy"] is None:
-        typer.echo(f"wrote {result['picture']} ({result['num_test']} {test_data} test images, {result['checkpoint']})")
+        typer.echo(f"wrote {result['picture']} ({result['num_test']} test images, {result['checkpoint']})")
     else:
-        typer.echo(f"{result['protocol']} accuracy: {result['accuracy']:.4f} ({result['checkpoint']}, {test_data})")
+        typer.echo(f"{result['protocol']} accuracy: {result['accuracy']:.4f} ({result['checkpoint']}, {result.get('test_data', test_data)})")
 
 
 def _parse_rounds(text: str | None) -> list[int] | None:
@@ -563,6 +563,15 @@ def plot(
     typer.echo(f"wrote {plot_curves([RunCurves.of(d) for d in run_dirs], out)}")
 
 
+STUDY_DATASET_HELP = "Train every cell on this data instead of the study's (e.g. arrays:PATH offline); a change makes finished cells stale."
+STUDY_DOWNLOAD_HELP = "Allow downloading CIFAR-10/100 into --data-dir for every cell (needs a network)."
+
+
+def _study_overrides(dataset: str | None, data_dir: str | None, download: bool | None) -> dict[str, Any]:
+    """Options set on top of a study's ``[base]`` from the command line (None: not given)."""
+    return {"dataset": dataset, "data_dir": data_dir, "download": download}
+
+
 REUSE_STALE_HELP = ("Keep finished cells whose configuration changed since they ran (or predates the hash "
                     "privfed keeps); without it the study refuses to run and names them.")
 
@@ -573,12 +582,16 @@ def study(
     out: Path | None = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
     report: bool = typer.Option(False, "--report", help="Run nothing: write the tables and plots of the runs recorded so far."),
     reuse_stale: bool = typer.Option(False, "--reuse-stale", help=REUSE_STALE_HELP),
+    dataset: str | None = typer.Option(None, "--dataset", help=STUDY_DATASET_HELP),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="Where torchvision datasets live. [default: the study's]"),
+    download: bool | None = typer.Option(None, "--download/--no-download", help=STUDY_DOWNLOAD_HELP, show_default=False),
 ) -> None:
     """Run every cell of a study (train, evaluate, attack), skipping finished ones; write results.csv and results.md."""
+    overrides = _study_overrides(dataset, data_dir, download)
     if report:
-        _report_study_file(study_file, out)
+        _report_study_file(study_file, out, overrides)
     else:
-        _run_study_file(study_file, out, reuse_stale=reuse_stale)
+        _run_study_file(study_file, out, overrides, reuse_stale=reuse_stale)
 
 
 @app.command(cls=_HelpCommand)
@@ -586,18 +599,24 @@ def tune(
     study_file: Path = typer.Argument(..., help="A study TOML file whose grid holds the candidates, e.g. lr and ema_decay (configs/studies/tune-cpu-cifar10.toml)."),
     out: Path | None = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
     reuse_stale: bool = typer.Option(False, "--reuse-stale", help=REUSE_STALE_HELP),
+    dataset: str | None = typer.Option(None, "--dataset", help=STUDY_DATASET_HELP),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="Where torchvision datasets live. [default: the study's]"),
+    download: bool | None = typer.Option(None, "--download/--no-download", help=STUDY_DOWNLOAD_HELP, show_default=False),
 ) -> None:
     """Rank hyperparameters without labels by Align + 0.2 Unif (paper §5), with the label-based accuracy beside it; writes tuning.md."""
     from privfed.studies.tables import tuning_ranking
 
-    records, folder = _run_study_file(study_file, out, reuse_stale=reuse_stale)
+    overrides = _study_overrides(dataset, data_dir, download)
+    records, folder = _run_study_file(study_file, out, overrides, reuse_stale=reuse_stale)
     ranking = tuning_ranking(records)
     (folder / "tuning.md").write_text(f"# Tuning {study_file.stem}\n\nHigher score first; the accuracy is for comparison only (it needs labels).\n\n{ranking}")
     typer.echo(ranking)
     typer.echo(f"wrote {folder / 'tuning.md'}")
 
 
-def _run_study_file(study_file: Path, out: Path | None, *, reuse_stale: bool = False) -> tuple[list[CellRecord], Path]:
+def _run_study_file(
+    study_file: Path, out: Path | None, overrides: dict[str, Any], *, reuse_stale: bool = False
+) -> tuple[list[CellRecord], Path]:
     """Runs (or continues) a study and writes its tables; returns its records and directory."""
     from privfed.api import make_directory
     from privfed.runs import RunDirectory
@@ -605,7 +624,7 @@ def _run_study_file(study_file: Path, out: Path | None, *, reuse_stale: bool = F
     from privfed.studies.grid import Study
     from privfed.studies.runner import recorded_cells, run_study
 
-    spec = Study.load(study_file)
+    spec = Study.load(study_file, overrides=overrides)
     attack = None
     if spec.attack is not None:
         from attacks import get_attack_class
@@ -616,6 +635,7 @@ def _run_study_file(study_file: Path, out: Path | None, *, reuse_stale: bool = F
         except (TypeError, ValueError) as err:
             raise PrivfedError(f"study file {study_file}: [attack_settings] for {spec.attack}: {err}") from None
         attack = functools.partial(attack_last_round, attack_settings=spec.attack_settings or None)
+    _check_study_data(spec)
     folder = out or Path("studies") / study_file.stem
     make_directory(folder, kind="study directory")
     view = ProgressView()  # inside a cell: bars on a terminal, nothing in a log (its lines are the cells')
@@ -642,12 +662,21 @@ def _run_study_file(study_file: Path, out: Path | None, *, reuse_stale: bool = F
     return records, folder
 
 
-def _report_study_file(study_file: Path, out: Path | None) -> None:
+def _check_study_data(spec: Study) -> None:
+    """Stops before the first cell when a cell's data is missing (instead of every cell failing alike)."""
+    from privfed.data.datasets import check_dataset_present
+
+    for config in {cell.config for cell in spec.cells()}:
+        for dataset in filter(None, (config.dataset, config.test_dataset)):
+            check_dataset_present(dataset, data_dir=Path(config.data_dir), download=config.download)
+
+
+def _report_study_file(study_file: Path, out: Path | None, overrides: dict[str, Any]) -> None:
     """Writes a study's tables and plots from its recorded runs, running nothing (e.g. while it is stopped)."""
     from privfed.studies.grid import Study
     from privfed.studies.runner import recorded_cells
 
-    spec = Study.load(study_file)
+    spec = Study.load(study_file, overrides=overrides)
     folder = out or Path("studies") / study_file.stem
     records = recorded_cells(spec, folder) if folder.is_dir() else []
     if not records:

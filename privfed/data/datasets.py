@@ -175,16 +175,38 @@ def balanced_subset(data: ImageArrays, size: int, *, seed: int, spec: str = "a s
     return data.subset(np.sort(chosen))
 
 
-def _load_cifar(
-    name: str, split: Literal["train", "test"], data_dir: Path, download: bool
-) -> ImageArrays:
-    """Load CIFAR-10/100 through torchvision, downloading only when allowed."""
+def check_dataset_present(spec: str, *, data_dir: Path, download: bool) -> None:
+    """Refuses a dataset that is neither on disk nor allowed to download, without reading it.
+
+    Lets a study stop before its first cell instead of failing every cell.
+
+    Raises:
+        PrivfedError: naming both ways to get the data (``--download``, ``--dataset arrays:PATH``).
+    """
+    name, _, arg = spec.strip().partition(":")
+    name = name.strip().lower()
+    if name == "arrays" and arg.strip() and not Path(arg.strip()).expanduser().exists():
+        load_npz(Path(arg.strip()).expanduser(), split="all")  # raises its not-found error, reading nothing
+    if name in _CIFAR_DIRS and not download:
+        _check_cifar_folder(name, Path(data_dir))
+
+
+def _check_cifar_folder(name: str, data_dir: Path) -> None:
     folder, title = _CIFAR_DIRS[name]
-    if not download and not (data_dir / folder).is_dir():
+    if not (data_dir / folder).is_dir():
         raise PrivfedError(
             f"{title} not found: {data_dir / folder} does not exist; add --download to fetch it into {data_dir} "
             f"(about 170 MB; download = true in a study's [base]), or train on a local copy with --dataset arrays:PATH.npz"
         )
+
+
+def _load_cifar(
+    name: str, split: Literal["train", "test"], data_dir: Path, download: bool
+) -> ImageArrays:
+    """Load CIFAR-10/100 through torchvision, downloading only when allowed."""
+    title = _CIFAR_DIRS[name][1]
+    if not download:
+        _check_cifar_folder(name, data_dir)
     from torchvision import datasets  # lazy: importing torchvision costs ~1 s
 
     cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100

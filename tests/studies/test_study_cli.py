@@ -76,3 +76,19 @@ def test_a_changed_study_is_refused_and_reuse_stale_keeps_its_cells(tmp_path, ru
         assert kept.returncode == 0, kept.stderr[-2000:]
         assert "keeping 4 finished cell(s)" in kept.stdout
     assert [r["knn"] for r in csv.DictReader((out / "results.csv").open())] == ["0.3", "0.4", "0.3", "0.4"]
+
+
+def test_a_study_whose_data_is_missing_stops_before_any_cell_and_says_how_to_get_it(tmp_path, run_privfed):
+    result = run_privfed("study", "privacy-cpu-cifar10", "--out", str(tmp_path / "out"), "--data-dir", str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--download" in result.stderr and "--dataset arrays:PATH" in result.stderr
+    assert not (tmp_path / "out" / "cells").exists()
+
+
+def test_dataset_on_the_command_line_replaces_the_studys(tmp_path, run_privfed):
+    (tmp_path / "study.toml").write_text('[base]\ndataset = "cifar10"\nrounds = 1\n')
+    missing = tmp_path / "nowhere.npz"
+    result = run_privfed("study", str(tmp_path / "study.toml"), "--out", str(tmp_path / "out"),
+                         "--dataset", f"arrays:{missing}")
+    assert result.returncode == 2 and str(missing) in result.stderr  # the override is the data it looked for
+    assert "image-arrays file not found" in result.stderr and "cifar-10-batches-py" not in result.stderr
