@@ -400,7 +400,10 @@ def config_option(name: str) -> Any:
 @app.command(cls=_HelpCommand)
 @with_config_options
 def train(
-    config: Path | None = typer.Option(None, "--config", help="A shipped preset by name (quick, cpu-cifar10, ...; configs/ in a checkout) or a TOML file; flags override it."),
+    config: Path | None = typer.Option(None, "--config", help=(
+        "A shipped preset by name (quick, cpu-cifar10, ...; configs/ in a checkout) or a TOML file; "
+        "flags override it."
+    )),
     verbose: bool = typer.Option(False, "--verbose", help="Show Flower's and Ray's own logs."),
     resume: Path | None = typer.Option(
         None, "--resume", help="Continue this stopped run from its last resume point (only --rounds and --runtime may change)."
@@ -465,10 +468,22 @@ def _train(plan: RunPlan, point: ResumePoint | None, verbose: bool) -> dict[str,
 @app.command(cls=_HelpCommand)
 def evaluate(
     run_dir: Path = typer.Argument(..., help="A run directory written by `privfed train`."),
-    train_data: str | None = typer.Option(None, help="Labelled data the probe learns from (its train split; a file named only here is used whole). [default: the run's dataset]"),
-    test_data: str | None = typer.Option(None, help="Data the probe is scored on (its test split; a file named only here is used whole). [default: the run's test dataset]"),
-    protocol: Protocol = typer.Option(Protocol.knn, help="knn (see --knn-k, --knn-temperature), linear (probe on frozen features), finetune (the whole backbone and a linear head on --label-fraction of the labels) or tsne (a 2-D picture of the test representations by class)."),
-    label_fraction: float = typer.Option(0.1, help="finetune: the fraction of labelled train images, class-balanced (the paper: 0.01 and 0.1)."),
+    train_data: str | None = typer.Option(None, help=(
+        "Labelled data the probe learns from (its train split; a file named only here is used "
+        "whole). [default: the run's dataset]"
+    )),
+    test_data: str | None = typer.Option(None, help=(
+        "Data the probe is scored on (its test split; a file named only here is used whole). "
+        "[default: the run's test dataset]"
+    )),
+    protocol: Protocol = typer.Option(Protocol.knn, help=(
+        "knn (see --knn-k, --knn-temperature), linear (probe on frozen features), finetune (the "
+        "whole backbone and a linear head on --label-fraction of the labels) or tsne (a 2-D picture "
+        "of the test representations by class)."
+    )),
+    label_fraction: float = typer.Option(0.1, help=(
+        "finetune: the fraction of labelled train images, class-balanced (the paper: 0.01 and 0.1)."
+    )),
     seed: int = typer.Option(0, help="finetune: seeds the labelled subset, the head and the schedule's draws."),
     checkpoint: str = typer.Option("final", help="initial, final, or a path to a checkpoint file."),
     data_dir: str | None = typer.Option(None, "--data-dir", help="Where torchvision datasets live. [default: the run's]"),
@@ -504,7 +519,10 @@ def evaluate(
     if result["accuracy"] is None:
         typer.echo(f"wrote {result['picture']} ({result['num_test']} test images, {result['checkpoint']})")
     else:
-        typer.echo(f"{result['protocol']} accuracy: {result['accuracy']:.4f} ({result['checkpoint']}, {result.get('test_data', test_data)})")
+        typer.echo(
+            f"{result['protocol']} accuracy: {result['accuracy']:.4f} ({result['checkpoint']}, "
+            f"{result.get('test_data', test_data)})"
+        )
 
 
 def _parse_rounds(text: str | None) -> list[int] | None:
@@ -519,13 +537,27 @@ def _parse_rounds(text: str | None) -> list[int] | None:
 @app.command(cls=_HelpCommand)
 def attack(
     run_dir: Path = typer.Argument(..., help="A run directory trained with --record-releases."),
-    method: str = typer.Option(..., "--method", click_type=RegistryChoice("attack", _attack_names), help="Attack: decoder, decoder-releases (mechanism-aware) or optimization (see `privfed attacks`)."),
-    aux: str | None = typer.Option(None, "--aux", help="Auxiliary data the server holds (its test split); must share no image with the clients. [default: the run's test split]"),
-    rounds: str | None = typer.Option(None, "--rounds", help="Comma-separated recorded rounds to attack. [default: the first training round and the last]"),
+    method: str = typer.Option(..., "--method", click_type=RegistryChoice("attack", _attack_names), help=(
+        "Attack: decoder, decoder-releases (mechanism-aware) or optimization (see `privfed "
+        "attacks`)."
+    )),
+    aux: str | None = typer.Option(None, "--aux", help=(
+        "Auxiliary data the server holds (its test split); must share no image with the clients. "
+        "[default: the run's test split]"
+    )),
+    rounds: str | None = typer.Option(None, "--rounds", help=(
+        "Comma-separated recorded rounds to attack. [default: the first training round and the "
+        "last]"
+    )),
     device: str = config_option("device"),
     seed: int = typer.Option(0, "--seed", help="Seed of the attack (vector choice, auxiliary split, training)."),
-    max_vectors: int = typer.Option(200, "--max-vectors", min=1, help="Released vectors attacked per round, drawn at random among those with weight."),
-    steps: int | None = typer.Option(None, "--steps", min=1, help="The attack's step budget: decoder training steps, or optimisation steps per vector. [default: the attack's own, 2000 / 200]"),
+    max_vectors: int = typer.Option(200, "--max-vectors", min=1, help=(
+        "Released vectors attacked per round, drawn at random among those with weight."
+    )),
+    steps: int | None = typer.Option(None, "--steps", min=1, help=(
+        "The attack's step budget: decoder training steps, or optimisation steps per vector. "
+        "[default: the attack's own, 2000 / 200]"
+    )),
 ) -> None:
     """Invert a run's recorded releases as a semi-honest server would; writes RUN_DIR/attack.json and attack.png."""
     from privfed.api import attack as attack_run
@@ -596,7 +628,10 @@ def study(
 
 @app.command(cls=_HelpCommand)
 def tune(
-    study_file: Path = typer.Argument(..., help="A study TOML file whose grid holds the candidates, e.g. lr and ema_decay (configs/studies/tune-cpu-cifar10.toml)."),
+    study_file: Path = typer.Argument(..., help=(
+        "A study TOML file whose grid holds the candidates, e.g. lr and ema_decay "
+        "(configs/studies/tune-cpu-cifar10.toml)."
+    )),
     out: Path | None = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
     reuse_stale: bool = typer.Option(False, "--reuse-stale", help=REUSE_STALE_HELP),
     dataset: str | None = typer.Option(None, "--dataset", help=STUDY_DATASET_HELP),
@@ -609,7 +644,10 @@ def tune(
     overrides = _study_overrides(dataset, data_dir, download)
     records, folder = _run_study_file(study_file, out, overrides, reuse_stale=reuse_stale)
     ranking = tuning_ranking(records)
-    (folder / "tuning.md").write_text(f"# Tuning {study_file.stem}\n\nHigher score first; the accuracy is for comparison only (it needs labels).\n\n{ranking}")
+    (folder / "tuning.md").write_text(
+        f"# Tuning {study_file.stem}\n\nHigher score first; the accuracy is for comparison only (it "
+        f"needs labels).\n\n{ranking}"
+    )
     typer.echo(ranking)
     typer.echo(f"wrote {folder / 'tuning.md'}")
 
@@ -741,8 +779,14 @@ MAX_SUPERNODE_KEYS = 10_000
 @app.command(cls=_HelpCommand)
 def certs(
     out_dir: Path = typer.Option(Path("certificates"), "--out-dir", "-o", help="Directory to write the keys and certificates to."),
-    supernodes: int = typer.Option(2, "--supernodes", "-n", min=0, max=MAX_SUPERNODE_KEYS, help="SuperNode authentication key pairs to create: supernode-0 ... supernode-(N-1), one per partition."),
-    host: list[str] | None = typer.Option(None, "--host", help="DNS name or IP address SuperNodes and the flwr CLI use to reach the SuperLink (repeatable); localhost, 127.0.0.1 and ::1 are always included."),
+    supernodes: int = typer.Option(2, "--supernodes", "-n", min=0, max=MAX_SUPERNODE_KEYS, help=(
+        "SuperNode authentication key pairs to create: supernode-0 ... supernode-(N-1), one per "
+        "partition."
+    )),
+    host: list[str] | None = typer.Option(None, "--host", help=(
+        "DNS name or IP address SuperNodes and the flwr CLI use to reach the SuperLink "
+        "(repeatable); localhost, 127.0.0.1 and ::1 are always included."
+    )),
     port: int = typer.Option(8000, min=1, max=65535, help="SuperLink port used in the printed commands."),
     days: int = typer.Option(365, min=1, max=MAX_CERTIFICATE_DAYS, help="Validity of the certificates in days."),
     force: bool = typer.Option(False, "--force", help="Replace existing files (all of them: a new CA invalidates the old certificates)."),

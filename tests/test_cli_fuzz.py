@@ -176,7 +176,6 @@ def evaluate_cases() -> list[Case]:
         Case("evaluate checkpoint /etc/passwd", evaluate("--checkpoint", "/etc/passwd"), ("/etc/passwd",)),
         Case("evaluate checkpoint missing", evaluate("--checkpoint", "{tmp}/none.pt"), ("none.pt",)),
         Case("evaluate protocol", evaluate("--protocol", "svm"), ("svm",)),
-        Case("evaluate no train data", ("evaluate", "{run}", "--test-data", "shapes"), ("--train-data",)),
         Case("evaluate missing run", ("evaluate", "{tmp}/gone", "--train-data", "shapes", "--test-data", "shapes"), ("gone",)),
     ]
     return cases

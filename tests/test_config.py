@@ -83,10 +83,11 @@ def test_evaluate_takes_the_shared_options_from_trainconfig():
 
     command = inspect.signature(cli.evaluate).parameters
     function = inspect.signature(evaluate_run).parameters
-    for name in ("data_dir", "download", "device", "knn_k", "knn_temperature"):
+    for name in ("download", "device", "knn_k", "knn_temperature"):
         assert command[name].default.default == getattr(DEFAULTS, name), name
         assert command[name].default.help == option_help(name).help, name
-        assert function[name].default == (Path(DEFAULTS.data_dir) if name == "data_dir" else getattr(DEFAULTS, name))
+        assert function[name].default == getattr(DEFAULTS, name)
+    assert command["data_dir"].default.default is None  # the run's own, as for its data
 
 
 def test_recording_the_releases_of_a_method_that_releases_nothing_is_refused():

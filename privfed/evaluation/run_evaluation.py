@@ -87,6 +87,7 @@ def evaluate_run(
         result.update(accuracy=None, picture=str(picture), num_test=shown)
     else:
         assert train_data is not None  # checked above
+        result["train_data"] = train_data
         train = load_dataset(train_data, split=train_split, data_dir=data_dir, download=download, seed=config.seed)
         mismatch = size_mismatch(train, test, train_name=f"train ({train_data})", test_name=f"test ({test_data})")
         if mismatch is not None:

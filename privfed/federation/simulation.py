@@ -152,11 +152,11 @@ def ray_settings() -> Iterator[None]:
     try:
         yield
     finally:
-        for name, value in saved.items():
-            if value is None:
+        for name, previous in saved.items():
+            if previous is None:
                 os.environ.pop(name, None)
             else:
-                os.environ[name] = value
+                os.environ[name] = previous
 
 
 @contextmanager

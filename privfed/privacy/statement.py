@@ -128,7 +128,8 @@ DEVIATING_SERVER = Item(
     "a server that deviates from the run's plan beyond what clients check: each client refuses a configuration other "
     "than the declared run's, mechanism or DP-SGD parameters other than its own calibration (noisier ones too), "
     "SecAgg+ encodings or "
-    "scales other than the declared ones, a round index it was charged for already in the same run (except the last one, asked again with the same "
+    "scales other than the declared ones, a round index it was charged for already in the same run "
+    "(except the last one, asked again with the same "
     "instructions: it gets the stored reply again, or the same computation again when a kill cut it short before any "
     "reply), and rounds past "
     "the budget in its own ledger; but in deployment the declared run is the run config the SuperLink delivers (a "
@@ -138,9 +139,11 @@ DEVIATING_SERVER = Item(
     "earlier results), and the server still "
     "chooses the model and centroids clients compute on, which clients it samples within their budgets, and SecAgg+ "
     "neighbours (require-secagg and secagg-min-clients narrow the rest); it can get the same answer again under a new "
-    "run id or a slightly changed model, or replay a round's stored reply to a smaller cohort; two SecAgg+ sums over cohorts that differ by one client reveal that "
+    "run id or a slightly changed model, or replay a round's stored reply to a smaller cohort; two "
+    "SecAgg+ sums over cohorts that differ by one client reveal that "
     "client's update (up to augmentation noise), and within one SecAgg+ round a server that withholds neighbours' "
-    "key shares from a client and reports their holders dropped unmasks that client's update (several clients in one round); only DP-SGD bounds "
+    "key shares from a client and reports their holders dropped unmasks that client's update (several "
+    "clients in one round); only DP-SGD bounds "
     "what these reveal",
 )
 
@@ -247,7 +250,8 @@ def _release_clauses(
             rows = f"{'computed' if mechanism.aggregated else 'released'} from a secret sample of one representation per image"
             sample, amplification = f"; {_sample_clause(sampling_rate)}", []
         else:
-            rows, sample = f"{'computed' if mechanism.aggregated else 'released'} from at most one representation per image in the memory", ""
+            verb = "computed" if mechanism.aggregated else "released"
+            rows, sample = f"{verb} from at most one representation per image in the memory", ""
             amplification = [Item(
                 "subsampling amplification for releases: none is claimed",
                 "subsampling amplification for releases: none is claimed (the memory is not a secret Poisson sample)",
