@@ -218,7 +218,9 @@ def _load_cifar(
             f"{title} under {data_dir} is incomplete or corrupt: {err}{hint}"
         ) from err
     except OSError as err:  # network or disk problems while downloading
-        raise PrivfedError(f"could not download {title} into {data_dir}: {err}") from err
+        raise PrivfedError(
+            f"could not download {title} into {data_dir}: {err}; without a network, use a local copy: --dataset arrays:PATH.npz"
+        ) from err
     images = np.ascontiguousarray(ds.data, dtype=np.uint8)
     labels = np.asarray(ds.targets, dtype=np.int64)
     return ImageArrays(images, labels, tuple(ds.classes), name)

@@ -344,7 +344,7 @@ def _metrics_fact(*, dp_sgd: bool, secagg: bool, releases: bool, objective: Obje
     )
     return Item(
         "with --report-client-metrics, the reported metrics' means over each round's cohort, attributable to "
-        "clients across rounds",
+        "clients across rounds" + ("; each client's release time in plaintext in initialisation rounds" if releases else ""),
         f"with --report-client-metrics, the round's weighted means of the clients' {reported}, summed inside "
         "SecAgg+ like the update: not a DP bound, and not hidden per client either, since over rounds whose cohorts change "
         f"the server can estimate each client's own level (up to one offset and a trend common to all){plain}",
@@ -463,9 +463,10 @@ def _headline(
     updates = _updates_without_dp_sgd(secagg)
     if mechanism is None:
         if dp_sgd:
-            return f"{sgd_only}; the method releases nothing else."
+            return f"{sgd_only}; the method sends nothing else (but metrics, if reported)."
         return (
-            "No DP guarantee: the method releases nothing but model updates, which are not DP and carry averages "
+            "No DP guarantee: the method sends nothing but model updates (and metrics, if reported), which are not "
+            "DP and carry averages "
             "of each client's representations" + ("; SecAgg+ shows an honest-but-curious server only their sum."
                                                   if secagg else ", in the clear.")
         )
