@@ -7,24 +7,20 @@ import functools
 import inspect
 import os
 import sys
-import textwrap
 import threading
-import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 import typer
-from typer.core import TyperCommand
 
+from privfed.cli_help import CHOICES, HELP_MAX_WIDTH, HelpCommand, RegistryChoice, attack_names
+from privfed.cli_progress import ProgressView, RoundProgress
 from privfed.config import (
     DEFAULTS,
-    DEVICES,
-    GLOBAL_CLUSTERINGS,
-    RUNTIMES,
     TrainConfig,
     build_config,
     field_types,
@@ -33,153 +29,21 @@ from privfed.config import (
 )
 from privfed.errors import PrivfedError
 
-#: When this process reached privfed (the ``done`` line's wall time counts from here, imports and set-up included).
-PROCESS_START = time.perf_counter()
-
 if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.progress import Progress, TaskID
-
     from privfed.resume import ResumePoint
     from privfed.run_plan import RunPlan
     from privfed.studies.grid import Study
     from privfed.studies.runner import CellRecord
-
-#: Help text is wrapped to the terminal, up to this width (click's own limit is 80).
-HELP_MAX_WIDTH = 120
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Privacy-focused federated learning with Orchestra.",
     pretty_exceptions_enable=False,
-    rich_markup_mode=None,  # plain help (_HelpCommand): rich's option tables cut long option names at 80 columns
+    rich_markup_mode=None,  # plain help (HelpCommand): rich's option tables cut long option names at 80 columns
     context_settings={"max_content_width": HELP_MAX_WIDTH},
 )
 
-
-def _mechanism_names() -> list[str]:
-    from mechanisms import MechanismRegistrationError, available_mechanisms
-
-    try:
-        return list(available_mechanisms())
-    except MechanismRegistrationError as err:
-        raise PrivfedError(str(err)) from None
-
-
-def _dp_mechanism_names() -> list[str]:
-    from mechanisms import get_mechanism_class
-
-    return [name for name in _mechanism_names() if get_mechanism_class(name).is_differentially_private()]
-
-
-def _backbone_names() -> list[str]:
-    from privfed.models.resnet import BACKBONES
-
-    return list(BACKBONES)
-
-
-def _method_names() -> list[str]:
-    from privfed.methods import available_methods
-
-    return list(available_methods())
-
-
-def _attack_names() -> list[str]:
-    from attacks import available_attacks
-
-    return list(available_attacks())
-
-
-class RegistryChoice(click.ParamType):
-    """A name from a registry, read when first needed (help or a given value), so that plug-ins appear and
-    ``privfed`` starts without importing torch."""
-
-    name = "choice"
-
-    def __init__(self, noun: str, names: Callable[[], Sequence[str]]) -> None:
-        self.noun = noun
-        self._names = names
-
-    @property
-    def choices(self) -> tuple[str, ...]:
-        """The names registered now (a registry loads its plug-ins once, on first use)."""
-        return tuple(self._names())
-
-    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
-        return "NAME"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        if value in self.choices:
-            return str(value)
-        self.fail(f"unknown {self.noun} {value!r} (choose from {', '.join(self.choices)})", param, ctx)
-
-
-#: The enumerated :class:`TrainConfig` fields and where their names come from (plug-ins included).
-CHOICES: dict[str, RegistryChoice] = {
-    "method": RegistryChoice("method", _method_names),
-    "backbone": RegistryChoice("backbone", _backbone_names),
-    "global_clustering": RegistryChoice("global clustering", lambda: GLOBAL_CLUSTERINGS),
-    "mechanism": RegistryChoice("mechanism", _mechanism_names),
-    "device": RegistryChoice("device", lambda: DEVICES),
-    "runtime": RegistryChoice("runtime", lambda: RUNTIMES),
-}
-#: Help sentences that need a registry, added when the help is shown.
-LATE_HELP: dict[str, Callable[[], str]] = {
-    "epsilon": lambda: f"Needed (or --epsilon-per-release) by {', '.join(_dp_mechanism_names()) or 'none installed'}.",
-}
-
-
-class _HelpCommand(TyperCommand):
-    """Plain help in one section per ``rich_help_panel``, with each registry's choices and without the
-    backslashes typer puts before brackets for rich (even when rich is off)."""
-
-    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        declared = {name: p.default for name, p in inspect.signature(self.callback).parameters.items()} if self.callback else {}
-        sections: dict[str, list[tuple[str, str]]] = {}
-        for param in self.get_params(ctx):
-            if isinstance(param, click.Argument) and not param.help:  # click >= 8.3 drops typer's argument help
-                param.help = getattr(declared.get(param.name or ""), "help", None)
-            record = param.get_help_record(ctx)
-            if record is None:
-                continue
-            name, text = record
-            text = _with_late_help(param, text.replace("\\[", "["))
-            default_panel = "Arguments" if isinstance(param, click.Argument) else "Options"
-            sections.setdefault(getattr(param, "rich_help_panel", None) or default_panel, []).append((name, text))
-        for title, rows in sections.items():
-            with formatter.section(title):
-                _write_rows(formatter, rows)
-
-
-#: The widest first column of the help's rows; a longer option name gets a line of its own.
-HELP_NAME_WIDTH = 30
-
-
-def _write_rows(formatter: click.HelpFormatter, rows: list[tuple[str, str]]) -> None:
-    """Two columns as click's ``write_dl`` writes them, but never breaking a line inside a hyphenated name
-    (``--epsilon-per-release``, ``ldp-sums``)."""
-    first = min(max(len(name) for name, _ in rows), HELP_NAME_WIDTH)
-    indent = " " * (formatter.current_indent + first + 2)
-    width = max(formatter.width - len(indent), 20)
-    for name, text in rows:
-        lead = " " * formatter.current_indent + name  # a name longer than the column gets its own line
-        lead = lead + " " * (len(indent) - len(lead)) if len(name) <= first else f"{lead}\n{indent}"
-        lines = textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False) or [""]
-        formatter.write(lead + f"\n{indent}".join(lines) + "\n")
-
-
-def _with_late_help(param: click.Parameter, text: str) -> str:
-    """``text`` with the parameter's registry sentence (its choices, ...) before its ``[default: ...]``."""
-    extra = []
-    if isinstance(param.type, RegistryChoice):
-        extra.append(f"One of: {', '.join(param.type.choices)}.")
-    if param.name in LATE_HELP:
-        extra.append(LATE_HELP[param.name]())
-    if not extra:
-        return text
-    head, bracket, tail = text.partition("  [" if "  [" in text else " [default: ")
-    return f"{head} {' '.join(extra)}{bracket}{tail}"
 
 def _print_version(value: bool) -> None:
     if value:
@@ -211,136 +75,6 @@ INTERRUPTED_EXIT_CODE = 130
 USAGE_EXIT_CODE = 2
 #: What `privfed train` exits with when the run stopped because no client could train (its summary says why).
 FAILED_RUN_EXIT_CODE = 1
-
-
-def _round_line(event: dict[str, Any]) -> str:
-    """One training round as the plain log shows it."""
-    parts = [
-        f"round {event['round']:>3}",
-        f"clients {event['clients_completed']}/{event['clients_sampled']}",
-    ]
-    if event.get("loss") is not None:
-        parts.append(f"loss {event['loss']:.4f}")
-    if event.get("knn_accuracy") is not None:
-        parts.append(f"kNN {event['knn_accuracy']:.4f}")
-    if event.get("privacy_epsilon") is not None:
-        parts.append(f"eps {event['privacy_epsilon']:.3f}")
-    parts.append(f"{event['round_seconds']:.1f}s")
-    return "  ".join(parts)
-
-
-class ProgressView:
-    """Draws the library's progress callbacks: rich bars with an ETA on a terminal, the plain lines otherwise
-    (a log file or a pipe gets what it always got)."""
-
-    def __init__(self, console: Console | None = None) -> None:
-        from rich.console import Console
-
-        self.console = console or Console()
-        self.live = self.console.is_terminal
-        self._bars: Progress | None = None
-        self._tasks: dict[str, TaskID] = {}
-
-    def echo(self, text: str) -> None:
-        """A line above the bars (or the line itself, off a terminal)."""
-        if self._bars is not None:
-            self._bars.console.print(text, markup=False, highlight=False, soft_wrap=True)
-        else:
-            self.console.file.write(text + "\n")
-            self.console.file.flush()
-
-    def step(self, stage: str, done: int, total: int, figures: dict[str, float] | None = None) -> None:
-        """A stage's bar (decoder training, a probe's epochs, ...); nothing off a terminal."""
-        if not self.live:
-            return
-        shown = "  ".join(f"{k} {v:.4f}" for k, v in (figures or {}).items())
-        bars = self._started()
-        task = self._tasks.get(stage)
-        if task is None:
-            task = self._tasks[stage] = bars.add_task(stage, total=total, figures=shown)
-        bars.update(task, completed=done, total=total, figures=shown)
-        if done >= total and not stage.endswith("rounds"):  # a run's bar stays until its done line
-            bars.remove_task(task)
-            del self._tasks[stage]
-
-    def attack_step(self, stage: str, done: int, total: int, figures: dict[str, float]) -> None:
-        """An attack's stage: a bar, or its plain line off a terminal (as `privfed attack` always printed)."""
-        if self.live:
-            self.step(stage, done, total, figures)
-        else:
-            shown = "  ".join(f"{k} {v:.4f}" for k, v in figures.items())
-            self.echo(f"  {stage}: {done}/{total}  {shown}")
-
-    def close(self) -> None:
-        """Removes the bars (the lines printed above them stay)."""
-        if self._bars is not None:
-            self._bars.stop()
-        self._bars = None
-        self._tasks.clear()
-
-    def _started(self) -> Progress:
-        if self._bars is None:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self._bars = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[figures]}"),
-                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=True,
-            )
-            self._bars.start()
-        return self._bars
-
-
-class RoundProgress:
-    """``privfed train``'s progress callback: a line per round (and a bar on a terminal), then the ``done`` line with
-    the epsilon spent and this process's wall time."""
-
-    def __init__(self, view: ProgressView, *, lines: bool = True, rounds_done: int = 0, label: str = "rounds") -> None:
-        self.view, self.lines, self.rounds_done, self.label = view, lines, rounds_done, label
-        self.total = 0
-        self.epsilon: float | None = None
-        self.dp_sgd_epsilon: float | None = None
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        kind = event["event"]
-        if kind == "start":
-            self._say(f"untrained encoder: kNN accuracy {event['knn_accuracy_init']:.4f}")
-            self.total = event["rounds"]
-            self.view.step(self.label, self.rounds_done, self.total)
-        elif kind == "round":
-            self.epsilon = event.get("privacy_epsilon", self.epsilon)
-            self.dp_sgd_epsilon = event.get("privacy_dp_sgd_epsilon", self.dp_sgd_epsilon)
-            self._say(_round_line(event))
-            figures = {k: event[v] for k, v in (("kNN", "knn_accuracy"), ("eps", "privacy_epsilon")) if event.get(v) is not None}
-            self.view.step(self.label, event["round"], self.total, figures)
-        elif kind == "stop":
-            self._say(f"stopping: {event['reason']}")
-        elif kind == "finish":
-            self.view.close()
-            self._say(self.done_line(event))
-
-    def done_line(self, event: dict[str, Any]) -> str:
-        """The run's outcome: accuracy, rounds, the worst-off client's epsilon, and the wall time of the process
-        (start-up, data and the runtime included) beside the training loop's."""
-        spent = [f"epsilon {e:.3f}" for e in (self.epsilon,) if e is not None]
-        spent += [f"DP-SGD epsilon {e:.3f}" for e in (self.dp_sgd_epsilon,) if e is not None]
-        privacy = f", {' and '.join(spent)} spent (worst-case client)" if spent else ""
-        wall = time.perf_counter() - PROCESS_START
-        return (
-            f"done: kNN accuracy {event['knn_accuracy']:.4f} (untrained {event['knn_accuracy_init']:.4f}) "
-            f"after {event['rounds']} rounds{privacy}, in {wall:.0f}s (training {event['wall_seconds']:.0f}s) "
-            f"-> {event['run_dir']}"
-        )
-
-    def _say(self, text: str) -> None:
-        if self.lines:
-            self.view.echo(text)
 
 
 def _option_text(name: str, default: Any, bool_flag: bool) -> str:
@@ -397,7 +131,7 @@ def config_option(name: str) -> Any:
     return typer.Option(default, *declarations, help=option_help(name).help, click_type=CHOICES.get(name))
 
 
-@app.command(cls=_HelpCommand)
+@app.command(cls=HelpCommand)
 @with_config_options
 def train(
     config: Path | None = typer.Option(None, "--config", help=(
@@ -465,7 +199,7 @@ def _train(plan: RunPlan, point: ResumePoint | None, verbose: bool) -> dict[str,
         view.close()
 
 
-@app.command(cls=_HelpCommand)
+@app.command(cls=HelpCommand)
 def evaluate(
     run_dir: Path = typer.Argument(..., help="A run directory written by `privfed train`."),
     train_data: str | None = typer.Option(None, help=(
@@ -534,10 +268,10 @@ def _parse_rounds(text: str | None) -> list[int] | None:
         raise PrivfedError(f"--rounds takes comma-separated round numbers, e.g. 1,40; got {text!r}") from None
 
 
-@app.command(cls=_HelpCommand)
+@app.command(cls=HelpCommand)
 def attack(
     run_dir: Path = typer.Argument(..., help="A run directory trained with --record-releases."),
-    method: str = typer.Option(..., "--method", click_type=RegistryChoice("attack", _attack_names), help=(
+    method: str = typer.Option(..., "--method", click_type=RegistryChoice("attack", attack_names), help=(
         "Attack: decoder, decoder-releases (mechanism-aware) or optimization (see `privfed "
         "attacks`)."
     )),
@@ -581,7 +315,7 @@ def attack(
     typer.echo(f"wrote {run_dir / 'attack.json'} and {run_dir / 'attack.png'}")
 
 
-@app.command(cls=_HelpCommand)
+@app.command(cls=HelpCommand)
 def plot(
     run_dirs: list[Path] = typer.Argument(..., help="Run directories written by `privfed train`."),
     out: Path = typer.Option(Path("curves-compared.png"), "--out", "-o", help="Where to write the PNG."),
@@ -608,9 +342,11 @@ REUSE_STALE_HELP = ("Keep finished cells whose configuration changed since they 
                     "privfed keeps); without it the study refuses to run and names them.")
 
 
-@app.command(cls=_HelpCommand)
+@app.command(cls=HelpCommand)
 def study(
-    study_file: Path = typer.Argument(..., help="A study TOML file (see configs/studies/ and docs/studies.md)."),
+    study_file: Path = typer.Argument(..., help=(
+        "A shipped study by name (privacy-cpu-cifar10, ...; configs/studies/ in a checkout) or a study TOML file."
+    )),
     out: Path | None = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
     report: bool = typer.Option(False, "--report", help="Run nothing: write the tables and plots of the runs recorded so far."),
     reuse_stale: bool = typer.Option(False, "--reuse-stale", help=REUSE_STALE_HELP),
@@ -626,11 +362,11 @@ def study(
         _run_study_file(study_file, out, overrides, reuse_stale=reuse_stale)
 
 
-@app.command(cls=_HelpCommand)
+@app.command(cls=HelpCommand)
 def tune(
     study_file: Path = typer.Argument(..., help=(
-        "A study TOML file whose grid holds the candidates, e.g. lr and ema_decay "
-        "(configs/studies/tune-cpu-cifar10.toml)."
+        "A study by name or TOML file whose grid holds the candidates, e.g. lr and ema_decay "
+        "(tune-cpu-cifar10)."
     )),
     out: Path | None = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
     reuse_stale: bool = typer.Option(False, "--reuse-stale", help=REUSE_STALE_HELP),
@@ -739,7 +475,7 @@ def _write_study_results(spec: Study, study_file: Path, folder: Path, records: l
     typer.echo(f"wrote {written} ({len(records) - failed} runs{partial}, {failed} failed)")
 
 
-@app.command(name="attacks", cls=_HelpCommand)
+@app.command(name="attacks", cls=HelpCommand)
 def list_attacks() -> None:
     """List the installed inversion attacks."""
     from attacks import available_attacks
@@ -748,7 +484,7 @@ def list_attacks() -> None:
         typer.echo(f"{name:<17} {description}")
 
 
-@app.command(cls=_HelpCommand)
+@app.command(cls=HelpCommand)
 def mechanisms() -> None:
     """List the installed release mechanisms."""
     from mechanisms import MechanismRegistrationError, available_mechanisms
@@ -761,7 +497,7 @@ def mechanisms() -> None:
         typer.echo(f"{name:<10} {description}")
 
 
-@app.command(cls=_HelpCommand)
+@app.command(cls=HelpCommand)
 def datasets() -> None:
     """List the dataset names `--dataset` accepts."""
     from privfed.data import describe_datasets
@@ -776,7 +512,7 @@ MAX_CERTIFICATE_DAYS = 36500
 MAX_SUPERNODE_KEYS = 10_000
 
 
-@app.command(cls=_HelpCommand)
+@app.command(cls=HelpCommand)
 def certs(
     out_dir: Path = typer.Option(Path("certificates"), "--out-dir", "-o", help="Directory to write the keys and certificates to."),
     supernodes: int = typer.Option(2, "--supernodes", "-n", min=0, max=MAX_SUPERNODE_KEYS, help=(
@@ -831,7 +567,6 @@ def main(argv: list[str] | None = None) -> None:
 
     ``argv`` defaults to the command line (tests pass their own).
     """
-    import click
 
     from privfed.interruption import signals_stop_runs
 

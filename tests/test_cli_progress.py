@@ -13,7 +13,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from privfed.cli import ProgressView, RoundProgress
+from privfed.cli_progress import ProgressView, RoundProgress
 from privfed.evaluation.linear_probe import linear_probe_accuracy
 from privfed.evaluation.run_evaluation import evaluate_run
 
