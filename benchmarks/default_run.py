@@ -1,10 +1,10 @@
-"""The default run (`privfed train`) per seed, next to what the README's picture claims.
+"""The default run (`privfed train`) per seed, next to what docs/usage.md's picture claims.
 
 Prints, per seed: the untrained and final kNN accuracy, the worst
 round-to-round kNN drop, and how SecAgg+'s clipping fared (tensors that
 overflowed, rounds whose model update was therefore not applied). Then the
-README's claim (the alt text of ``docs/images/default-run.png``) beside seed
-0, and exits 1 when they differ by more than the README's rounding: the
+docs/usage.md's claim (the alt text of ``docs/images/default-run.png``) beside seed
+0, and exits 1 when they differ by more than that text's rounding: the
 picture has gone stale.
 
 Training is chaotic in its floating point: a torch release with other CPU
@@ -35,9 +35,9 @@ README_CLAIM = re.compile(r"kNN accuracy rising from ([0-9.]+) to ([0-9.]+) over
 
 def readme_claim() -> tuple[float, float, int]:
     """(untrained kNN, final kNN, rounds) as the README's picture states them."""
-    found = README_CLAIM.search((REPO / "README.md").read_text())
+    found = README_CLAIM.search((REPO / "docs" / "usage.md").read_text())
     if found is None:
-        raise SystemExit("README.md states no default-run figure (its picture's alt text changed form)")
+        raise SystemExit("docs/usage.md states no default-run figure (its picture's alt text changed form)")
     return float(found[1]), float(found[2]), int(found[3])
 
 
