@@ -13,7 +13,9 @@ import warnings
 from pathlib import Path
 from typing import Self
 
+import numpy as np
 import pytest
+import torch
 
 # The modules the calls load, imported first: importing Flower sets its logger's level and adds warning filters
 # (Flower's own doing, once per process); the tests check that the calls themselves change nothing.
@@ -97,21 +99,32 @@ def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("api") / "run"
     seen = []
     with ProcessState() as state:
+        torch.manual_seed(1234)
+        np.random.seed(1234)
+        expected = (torch.rand(3), np.random.rand(3))
+        torch.manual_seed(1234)
+        np.random.seed(1234)
         run = privfed.train(privfed.TrainConfig(**TINY), out=out, progress=lambda event: seen.append(
             (event["event"], state.handlers(), logging.getLogger("flwr").level)
         ))
+        drawn = (torch.rand(3), np.random.rand(3))
         after = (state.handlers(), logging.getLogger("flwr").level, warnings.filters == state.filters)
-    return run, state.handler, seen, after
+    return run, state.handler, seen, after, (expected, drawn)
 
 
 def test_a_run_from_python_keeps_the_callers_handlers_and_restores_flowers_log_level(tiny_run):
-    run, mine, seen, after = tiny_run
+    run, mine, seen, after, _ = tiny_run
     assert [event for event, _, _ in seen] == ["start", "round", "round", "finish"]
     for _, handlers, level in seen:  # during the run: no Ctrl-C handler of privfed's; Flower quiet
         assert handlers == {signal.SIGINT: mine, signal.SIGTERM: mine} and level == logging.ERROR
     assert after == ({signal.SIGINT: mine, signal.SIGTERM: mine}, logging.INFO, True)
     assert run.summary == json.loads((run.path / "summary.json").read_text())
     assert privfed.Run.open(run.path) == run and run.config.num_clients == 2
+
+
+def test_a_run_from_python_leaves_the_global_random_generators_where_they_were(tiny_run):
+    (expected_torch, expected_numpy), (torch_draw, numpy_draw) = tiny_run[-1]
+    assert torch.equal(torch_draw, expected_torch) and np.array_equal(numpy_draw, expected_numpy)
 
 
 def test_the_encoder_loads_as_a_module_giving_features(tiny_run):
