@@ -356,7 +356,6 @@ def attack(
     """
     import torch
 
-    from attacks import get_attack_class
     from attacks.evaluation import attack_run
     from privfed.config import check_seed
 
@@ -366,10 +365,7 @@ def attack(
     if steps is not None and steps < 1:
         raise PrivfedError(f"steps must be at least 1, got {steps}")
     attack_settings = {**(settings or {}), **({} if steps is None else {"steps": steps})}
-    try:  # an unknown setting fails before any data is loaded
-        get_attack_class(method)(seed=seed, **attack_settings)
-    except (TypeError, ValueError) as err:
-        raise PrivfedError(f"attack {method}: {err}") from None
+    check_attack_settings(method, attack_settings, where=f"attack {method}")
     path = _run_path(run)
     try:
         return attack_run(
@@ -378,3 +374,17 @@ def attack(
         )
     except (MemoryError, torch.OutOfMemoryError):
         raise PrivfedError("out of memory: attack fewer vectors (max_vectors, --max-vectors) or use a larger device") from None
+
+
+def check_attack_settings(method: str, settings: Mapping[str, Any], *, where: str) -> None:
+    """Builds the attack once, as ``attack_run`` will, so an unknown attack or setting fails before any data loads.
+
+    Raises:
+        PrivfedError: ``where``, then what the attack refused.
+    """
+    from attacks import get_attack_class
+
+    try:
+        get_attack_class(method)(seed=0, **settings)
+    except (TypeError, ValueError) as err:
+        raise PrivfedError(f"{where}: {err}") from None

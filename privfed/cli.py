@@ -255,7 +255,7 @@ def evaluate(
     else:
         typer.echo(
             f"{result['protocol']} accuracy: {result['accuracy']:.4f} ({result['checkpoint']}, "
-            f"{result.get('test_data', test_data)})"
+            f"{result['test_data']})"
         )
 
 
@@ -401,13 +401,11 @@ def _run_study_file(
     spec = Study.load(study_file, overrides=overrides)
     attack = None
     if spec.attack is not None:
-        from attacks import get_attack_class
         from attacks.evaluation import attack_last_round
+        from privfed.api import check_attack_settings
 
-        try:  # an unknown attack or setting fails before anything trains
-            get_attack_class(spec.attack)(seed=0, **spec.attack_settings)  # as attack_run builds it
-        except (TypeError, ValueError) as err:
-            raise PrivfedError(f"study file {study_file}: [attack_settings] for {spec.attack}: {err}") from None
+        # an unknown attack or setting fails before anything trains
+        check_attack_settings(spec.attack, spec.attack_settings, where=f"study file {study_file}: [attack_settings] for {spec.attack}")
         attack = functools.partial(attack_last_round, attack_settings=spec.attack_settings or None)
     _check_study_data(spec)
     folder = out or Path("studies") / study_file.stem

@@ -11,7 +11,7 @@ from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_keys, shared_state
 
 
-def run(config, centroids, seed=0):
+def run(config, centroids, seed=0, mechanism="kanon", **params):
     torch.manual_seed(0)
     network = OrchestraNetwork(config.backbone, config.projection_dim)
     return client_update(
@@ -21,7 +21,7 @@ def run(config, centroids, seed=0):
         FederatedSplit.of(config).client_images(0),
         train=centroids is not None,
         config=LocalTrainingConfig.from_run(config),
-        mechanism=create_mechanism("kanon"),
+        mechanism=create_mechanism(mechanism, **params),
         num_local_centroids=config.num_local_centroids,
         seed=seed,
         device=torch.device("cpu"),
@@ -49,6 +49,16 @@ def test_client_update_is_reproducible_for_a_seed(tiny_config):
     b, _ = run(tiny_config, centroids, seed=3)
     assert torch.equal(a.release.vectors, b.release.vectors)
     assert all(torch.equal(a.delta[k], b.delta[k]) for k in a.delta)
+
+
+@pytest.mark.parametrize("mechanism", ["ldp", "ldp-sums"])
+def test_a_dp_release_draws_noise_the_public_seed_does_not_determine(tiny_config, mechanism):
+    """The (ε, δ) claims hold against a server that knows the run seed: its noise comes from the OS CSPRNG."""
+    centroids = torch.nn.functional.normalize(torch.randn(8, tiny_config.projection_dim), dim=1)
+    a, _ = run(tiny_config, centroids, seed=3, mechanism=mechanism, epsilon=50.0)
+    b, _ = run(tiny_config, centroids, seed=3, mechanism=mechanism, epsilon=50.0)
+    assert all(torch.equal(a.delta[k], b.delta[k]) for k in a.delta)  # the same training: only the noise differs
+    assert not torch.equal(a.release.vectors, b.release.vectors)
 
 
 def test_a_training_round_reports_whether_the_clustering_bites(tiny_config):
