@@ -39,8 +39,8 @@ from privfed.errors import PrivfedError
 from privfed.methods import get_method
 from privfed.models.network import build_network
 from privfed.orchestra.model_state import load_shared_state
-from privfed.recording import RecordedRound, read_round, recorded_rounds
-from privfed.runs import RunDirectory
+from privfed.run.directory import RunDirectory
+from privfed.run.recording import RecordedRound, read_round, recorded_rounds
 
 #: Auxiliary images held out of the attack's training as re-identification distractors, and as many for the null.
 DEFAULT_DISTRACTORS = 128

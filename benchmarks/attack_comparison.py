@@ -44,8 +44,8 @@ from mechanisms import create_mechanism, get_mechanism_class
 from privfed.data.federated import FederatedSplit
 from privfed.errors import PrivfedError
 from privfed.privacy.budget import plan_privacy
-from privfed.recording import read_round
-from privfed.runs import RunDirectory
+from privfed.run.directory import RunDirectory
+from privfed.run.recording import read_round
 
 
 def mechanism_settings(epsilons: list[float]) -> list[tuple[str, str, float | None]]:

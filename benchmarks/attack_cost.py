@@ -29,8 +29,8 @@ from attacks.evaluation import attack_target, load_auxiliary
 from attacks.scoring.ground_truth import training_images
 from attacks.scoring.image_scores import psnr, ssim
 from privfed.data.augment import to_float
-from privfed.recording import read_round, write_round
-from privfed.runs import RunDirectory
+from privfed.run.directory import RunDirectory
+from privfed.run.recording import read_round, write_round
 
 
 def recording_seconds(recorded, repeats: int = 5) -> float:

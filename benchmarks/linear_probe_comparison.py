@@ -52,7 +52,7 @@ from privfed.device import resolve_device
 from privfed.evaluation.features import extract_features
 from privfed.evaluation.linear_probe import DEFAULT_C, linear_probe_predictions
 from privfed.models.network import build_network
-from privfed.runs import RunDirectory, load_network
+from privfed.run.directory import RunDirectory, load_network
 
 CS = (0.01, 0.1, 1.0, 10.0)
 TRAIN_FRACTION = 0.8

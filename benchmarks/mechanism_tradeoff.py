@@ -26,7 +26,7 @@ from typing import Any
 
 from setting_comparison import ensure_run  # benchmarks/ is on the path when run as a script
 
-from privfed.runs import RunDirectory
+from privfed.run.directory import RunDirectory
 
 
 def _cell(value: float | int | None, spec: str) -> str:

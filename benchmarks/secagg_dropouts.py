@@ -38,8 +38,8 @@ from privfed.config import build_config
 from privfed.federation.dropout_injection import DropoutPlan, dropout_mod, expected_round
 from privfed.federation.simulation import simulate
 from privfed.privacy.ledger import PrivacyLedger
-from privfed.run_plan import plan_run
-from privfed.runs import RunDirectory
+from privfed.run.directory import RunDirectory
+from privfed.run.plan import plan_run
 
 
 @dataclass

@@ -37,7 +37,7 @@ def one_round(backbone: str, num_clients: int) -> dict:
     from flwr.supercore.task_identity import TaskIdentity
     from secagg_round import update_shapes  # this script's folder is on the path
 
-    from privfed.secagg_settings import default_num_shares, default_threshold
+    from privfed.secagg.settings import default_num_shares, default_threshold
     from tests.federation.secagg_harness import run_round
 
     logging.getLogger("flwr").setLevel(logging.WARNING)

@@ -1,7 +1,7 @@
 """Wall time of a SecAgg+ round with privfed's mask PRG and with Flower's, for 10 and 50 clients.
 
 privfed's SecAgg+ expands every mask with HKDF-SHA256 and AES-256-CTR
-(:mod:`privfed.secagg_masks`); Flower 1.41 uses a Mersenne Twister seeded
+(:mod:`privfed.secagg.masks`); Flower 1.41 uses a Mersenne Twister seeded
 with 32 bits. To time the same round under Flower's PRG, this script swaps
 Flower's function in for privfed's at both ends. Nothing else changes: same
 message flow, same seeds, same data. Three tables:
@@ -50,10 +50,10 @@ from privfed.federation import secagg_masking
 from privfed.federation.simulation import simulate
 from privfed.models.network import build_network
 from privfed.orchestra.model_state import shared_state
-from privfed.run_plan import plan_run
-from privfed.runs import RunDirectory
-from privfed.secagg_masks import expand_mask
-from privfed.secagg_settings import default_num_shares, default_threshold
+from privfed.run.directory import RunDirectory
+from privfed.run.plan import plan_run
+from privfed.secagg.masks import expand_mask
+from privfed.secagg.settings import default_num_shares, default_threshold
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for the test harness
 from tests.federation.secagg_harness import run_round

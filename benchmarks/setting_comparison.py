@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from privfed.config import build_config
-from privfed.evaluation.run_evaluation import evaluate_run
 from privfed.federation.simulation import simulate
 from privfed.methods import NO_CENTROIDS, get_method
-from privfed.run_plan import plan_run
-from privfed.runs import RunDirectory
+from privfed.run.directory import RunDirectory
+from privfed.run.evaluation import evaluate_run
+from privfed.run.plan import plan_run
 
 
 def parse_setting(text: str) -> tuple[str, dict[str, Any]]:

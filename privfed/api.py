@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     import torch
 
     from privfed.evaluation.features import StepProgress
-    from privfed.resume import ResumePoint
-    from privfed.run_plan import RunPlan
+    from privfed.run.plan import RunPlan
+    from privfed.run.resume import ResumePoint
 
 #: A run, as the functions below accept it: a :class:`Run` or its directory.
 RunLike = Union["Run", str, "os.PathLike[str]"]
@@ -46,7 +46,7 @@ class Run:
 
     Attributes:
         path: The run directory (``config.json``, ``metrics.jsonl``,
-            ``summary.json``, ``checkpoints/``; see :mod:`privfed.runs`).
+            ``summary.json``, ``checkpoints/``; see :mod:`privfed.run.directory`).
         summary: ``summary.json``: the final kNN accuracy, the rounds, the
             privacy spent and ``stopped_early`` (None when every round ran).
     """
@@ -61,7 +61,7 @@ class Run:
         Raises:
             PrivfedError: ``run_dir`` holds no finished or stopped run.
         """
-        from privfed.runs import RunDirectory
+        from privfed.run.directory import RunDirectory
 
         directory = RunDirectory(Path(run_dir))
         directory.config()  # says when it is no run directory at all
@@ -72,7 +72,7 @@ class Run:
     @property
     def config(self) -> TrainConfig:
         """The configuration the run recorded."""
-        from privfed.runs import RunDirectory
+        from privfed.run.directory import RunDirectory
 
         return RunDirectory(self.path).config()
 
@@ -168,8 +168,8 @@ def claimed_run(
     Raises:
         PrivfedError: naming the problem.
     """
-    from privfed.run_plan import plan_resume, plan_run
-    from privfed.runs import RunDirectory
+    from privfed.run.directory import RunDirectory
+    from privfed.run.plan import plan_resume, plan_run
 
     with ExitStack() as held:  # the run directory stays claimed until training ends
         if resume is None:
@@ -242,7 +242,7 @@ def load_encoder(run: RunLike, *, checkpoint: str = "final") -> torch.nn.Module:
     Raises:
         PrivfedError: no run there, or the checkpoint is missing or damaged.
     """
-    from privfed.runs import RunDirectory, load_network
+    from privfed.run.directory import RunDirectory, load_network
 
     directory = RunDirectory(_run_path(run))
     network = load_network(directory.config(), directory.checkpoint_path(checkpoint))
@@ -290,8 +290,8 @@ def evaluate(
     Raises:
         PrivfedError: an unknown protocol, a bad value, missing data or run.
     """
-    from privfed.evaluation.run_evaluation import PROBES, evaluate_run
-    from privfed.runs import RunDirectory
+    from privfed.run.directory import RunDirectory
+    from privfed.run.evaluation import PROBES, evaluate_run
 
     path = _run_path(run)
     recorded = RunDirectory(path).config()

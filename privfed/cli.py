@@ -30,8 +30,8 @@ from privfed.config import (
 from privfed.errors import PrivfedError
 
 if TYPE_CHECKING:
-    from privfed.resume import ResumePoint
-    from privfed.run_plan import RunPlan
+    from privfed.run.plan import RunPlan
+    from privfed.run.resume import ResumePoint
     from privfed.studies.grid import Study
     from privfed.studies.runner import CellRecord
 
@@ -163,7 +163,7 @@ def train(
 
 def train_exit_code(summary: dict[str, Any]) -> int:
     """What `privfed train` exits with for a run that ended with ``summary``: 0, or why it did not finish."""
-    from privfed.run_driver import stopped_without_training
+    from privfed.run.driver import stopped_without_training
 
     stopped = summary.get("stopped_early")
     if isinstance(stopped, str) and stopped.startswith("interrupted"):
@@ -321,7 +321,7 @@ def plot(
     out: Path = typer.Option(Path("curves-compared.png"), "--out", "-o", help="Where to write the PNG."),
 ) -> None:
     """Overlay several runs' curves (kNN, losses, epsilon spent, round time) in one PNG."""
-    from privfed.run_curves import RunCurves, plot_curves
+    from privfed.run.curves import RunCurves, plot_curves
 
     missing = [str(d) for d in run_dirs if not (d / "metrics.jsonl").is_file()]
     if missing:
@@ -393,7 +393,7 @@ def _run_study_file(
 ) -> tuple[list[CellRecord], Path]:
     """Runs (or continues) a study and writes its tables; returns its records and directory."""
     from privfed.api import make_directory
-    from privfed.runs import RunDirectory
+    from privfed.run.directory import RunDirectory
     from privfed.studies.cell_work import study_row
     from privfed.studies.grid import Study
     from privfed.studies.runner import recorded_cells, run_study
@@ -566,7 +566,7 @@ def main(argv: list[str] | None = None) -> None:
     ``argv`` defaults to the command line (tests pass their own).
     """
 
-    from privfed.interruption import signals_stop_runs
+    from privfed.run.interruption import signals_stop_runs
 
     try:
         with signals_stop_runs():  # only the command line lets Ctrl-C stop a run after its round

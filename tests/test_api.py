@@ -21,8 +21,8 @@ import torch
 # (Flower's own doing, once per process); the tests check that the calls themselves change nothing.
 import attacks.evaluation  # noqa: F401
 import privfed
-import privfed.evaluation.run_evaluation
 import privfed.federation.simulation
+import privfed.run.evaluation
 from privfed import PrivfedError
 
 REPO = Path(__file__).resolve().parents[1]

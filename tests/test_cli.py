@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from privfed.runs import RunDirectory
+from privfed.run.directory import RunDirectory
 
 
 def assert_user_error(result: subprocess.CompletedProcess, *needles: str) -> None:

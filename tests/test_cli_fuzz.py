@@ -27,8 +27,8 @@ from privfed.cli import main
 from privfed.config import FLOAT_RANGES, INT_MAXIMA, MAX_INT, build_config, field_types
 from privfed.models.network import build_network
 from privfed.privacy.ledger import LedgerEntry
-from privfed.resume import ResumePoint, write_resume_point
-from privfed.runs import RunDirectory
+from privfed.run.directory import RunDirectory
+from privfed.run.resume import ResumePoint, write_resume_point
 
 #: Paths nothing can be created under, as root too: /proc refuses new entries, /sys new directories.
 MISSING_UNDER_PROC = "/proc/privfed-nowhere/out"

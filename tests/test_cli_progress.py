@@ -15,7 +15,7 @@ from rich.console import Console
 
 from privfed.cli_progress import ProgressView, RoundProgress
 from privfed.evaluation.linear_probe import linear_probe_accuracy
-from privfed.evaluation.run_evaluation import evaluate_run
+from privfed.run.evaluation import evaluate_run
 
 ROUND_LINE = re.compile(r"^round +\d+  clients \d+/\d+(  loss \d+\.\d{4})?(  kNN \d\.\d{4})?  eps \d+\.\d{3}  \d+\.\ds$")
 DONE_LINE = re.compile(

@@ -79,7 +79,7 @@ def test_evaluate_takes_the_shared_options_from_trainconfig():
     import inspect
 
     from privfed import cli
-    from privfed.evaluation.run_evaluation import evaluate_run
+    from privfed.run.evaluation import evaluate_run
 
     command = inspect.signature(cli.evaluate).parameters
     function = inspect.signature(evaluate_run).parameters

@@ -61,7 +61,7 @@ def test_require_passes_for_an_installed_package() -> None:
 
 def test_dp_sgd_is_refused_before_round_0_without_opacus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from privfed.federation.simulation import simulate
-    from privfed.run_plan import plan_run
+    from privfed.run.plan import plan_run
 
     plan = plan_run(build_config("quick", dataset="shapes:120", num_clients=2, rounds=1, dp_sgd=True,
                                  out=str(tmp_path / "run")))
@@ -72,7 +72,7 @@ def test_dp_sgd_is_refused_before_round_0_without_opacus(tmp_path: Path, monkeyp
 
 
 def test_plots_refuse_with_the_extra_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from privfed.run_curves import plot_curves
+    from privfed.run.curves import plot_curves
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(PrivfedError, match=r"pip install 'privfed\[plots\]'"):

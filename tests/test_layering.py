@@ -47,7 +47,7 @@ def test_the_core_loads_no_flower(package):
 
 
 def test_the_server_side_driver_and_its_plan_do_not_know_the_runtime():
-    modules = loaded_after("import privfed.run_driver, privfed.run_plan")
+    modules = loaded_after("import privfed.run.driver, privfed.run.plan")
     assert not {m for m in modules if m.split(".")[0] in ("flwr", "ray")}
 
 
@@ -146,3 +146,60 @@ def test_the_loop_checks_see_loops(tmp_path):
     (tmp_path / "privfed" / "pkg" / "__init__.py").write_text("")
     (tmp_path / "privfed" / "pkg" / "c.py").write_text("if TYPE_CHECKING:\n    from privfed.a import Y\n")
     assert loops(layer_graph(import_graph(tmp_path))) == ["privfed.a", "privfed.b", "privfed.pkg"]
+
+
+def scripts() -> list[Path]:
+    """The scripts on top of the packages: benchmarks and examples."""
+    return sorted(p for folder in ("benchmarks", "examples") for p in (REPO / folder).rglob("*.py"))
+
+
+def project_imports(path: Path) -> list[tuple[str, str | None]]:
+    """``(module, name)`` for every project import of a file (``name`` None for ``import module``)."""
+    found: list[tuple[str, str | None]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(a.name, None) for a in node.names if a.name.split(".")[0] in PACKAGES]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in PACKAGES:
+            found += [(str(node.module), a.name) for a in node.names]
+    return found
+
+
+def missing_names(path: Path) -> list[str]:
+    """The project modules and names ``path`` imports that do not exist."""
+    files = module_files()
+    missing = []
+    for module, name in project_imports(path):
+        if module not in files:
+            missing.append(module)
+        elif name is not None and f"{module}.{name}" not in files:
+            defined = {n for node in ast.parse(files[module].read_text()).body for n in _defined_names(node)}
+            if name not in defined:
+                missing.append(f"{module}.{name}")
+    return missing
+
+
+@pytest.mark.parametrize("path", scripts(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_project_name_a_script_imports_exists(path):
+    """A benchmark or example that imports a moved or removed name fails here, not when someone runs it."""
+    assert missing_names(path) == []
+
+
+def _defined_names(node: ast.stmt) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    if isinstance(node, ast.Assign):
+        return {t.id for t in node.targets if isinstance(t, ast.Name)}
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return {node.target.id}
+    if isinstance(node, (ast.If, ast.Try)):
+        return {n for child in node.body for n in _defined_names(child)}
+    return set()
+
+
+def test_the_script_check_sees_a_missing_name(tmp_path):
+    """Not vacuous: a script importing a name its module lacks, or a module that is gone, is caught."""
+    script = tmp_path / "bench.py"
+    script.write_text("from privfed.config import TrainConfig, NoSuchThing\nimport privfed.no_such_module\n")
+    assert missing_names(script) == ["privfed.config.NoSuchThing", "privfed.no_such_module"]

@@ -25,7 +25,7 @@ from privfed.models.network import build_network
 from privfed.orchestra.client_update import run_client_round
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.privacy.budget import plan_privacy
-from privfed.recording import RecordedRelease, RecordedRound
+from privfed.run.recording import RecordedRelease, RecordedRound
 
 #: How membership was established.
 VERIFIED = "replayed and matches the recorded release"

@@ -9,7 +9,7 @@ inside ``client_update`` and never reaches the reply.
 
 When the server runs SecAgg+, privfed's SecAgg+ mod (:mod:`privfed.federation.secagg_client`) masks the delta
 before it leaves the node; the client first rescales it so that nothing is
-clipped (:mod:`privfed.federation.update_encoding`). The client's training
+clipped (:mod:`privfed.secagg.encoding`). The client's training
 metrics stay on the client unless the declared run reports them
 (``--report-client-metrics``, :func:`reported_metrics`).
 """
@@ -49,20 +49,20 @@ from privfed.federation.partitions import PARTITION_KEY
 from privfed.federation.records import record_item
 from privfed.federation.reply_store import ReplyStore, instructions_digest
 from privfed.federation.secagg_masking import SHARE_KEY
-from privfed.federation.update_encoding import (
-    SECURE_METRIC_SCALES,
-    encode_metrics,
-    encode_update,
-    initial_scales,
-    secagg_weight_ratio,
-)
 from privfed.methods import get_method
 from privfed.orchestra.client_update import client_update
 from privfed.orchestra.model_state import shared_keys
 from privfed.privacy.client_guard import ClientGuard, RoundRefused
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
 from privfed.privacy.ledger import events_to_json
-from privfed.secagg_settings import SecAggPlusSettings
+from privfed.secagg.encoding import (
+    SECURE_METRIC_SCALES,
+    encode_metrics,
+    encode_update,
+    initial_scales,
+    secagg_weight_ratio,
+)
+from privfed.secagg.settings import SecAggPlusSettings
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from privfed.federation.records import record_item
 from privfed.federation.secagg_client import FITRES_METRICS, privfed_secaggplus_mod
 from privfed.federation.secagg_masking import SHARE_KEY
-from privfed.secagg_settings import ENCODING_IN_FLOWER_STATE
+from privfed.secagg.settings import ENCODING_IN_FLOWER_STATE
 
 if TYPE_CHECKING:
     from privfed.config import TrainConfig
@@ -59,7 +59,7 @@ def make_client_fn(
         from privfed.federation.client_config import ClientConfig
         from privfed.federation.reply_store import ReplyStore, reply_file
         from privfed.privacy.client_guard import ClientGuard, declared_budget, node_cap_from
-        from privfed.secagg_settings import secagg_settings
+        from privfed.secagg.settings import secagg_settings
 
         node = context.node_config
         partition = int(node["partition-id"])
@@ -239,7 +239,7 @@ def seeded_secagg_rounding(msg: Message, context: Context, call_next: Callable[[
     OS as soon as SecAgg+ is done, so nothing drawn later (another mod, a
     plugin) is predictable from the public seed. The rounding only has to be
     unbiased, not secret, and the masks do not use this generator
-    (:mod:`privfed.secagg_masks`).
+    (:mod:`privfed.secagg.masks`).
     """
     reply = call_next(msg, context)
     config = msg.content.config_records.get(FIT_CONFIG_RECORD)

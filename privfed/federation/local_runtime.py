@@ -41,10 +41,10 @@ from flwr.supercore.task_identity import TaskIdentity
 from privfed.federation.client_app import Mod, make_client_app
 from privfed.federation.reply_store import forget_replies
 from privfed.federation.server_app import make_server_app
-from privfed.interruption import run_stop_request
-from privfed.resume import ResumePoint
-from privfed.run_driver import ProgressCallback
-from privfed.run_plan import RunPlan
+from privfed.run.driver import ProgressCallback
+from privfed.run.interruption import run_stop_request
+from privfed.run.plan import RunPlan
+from privfed.run.resume import ResumePoint
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def run_locally(
     """Runs a planned training with ``num_clients`` in-process nodes; returns the summary.
 
     Arguments as :func:`privfed.federation.simulation.simulate`: inside
-    :func:`privfed.interruption.signals_stop_runs` the first Ctrl-C stops
+    :func:`privfed.run.interruption.signals_stop_runs` the first Ctrl-C stops
     after the current round, a second at once; the clients'
     guards keep their ledgers in the run directory under the same run key
     as on Ray, so a run may be resumed on either runtime.
@@ -227,7 +227,7 @@ def forgetting_replies(progress: ProgressCallback | None, folder: Path) -> Progr
     """``progress``, after removing the clients' stored replies no resume can replay any more.
 
     A resume replays only the round right after its resume point, and is
-    refused once a later round has been logged (:mod:`privfed.resume`); so
+    refused once a later round has been logged (:mod:`privfed.run.resume`); so
     when round r is logged the replies for rounds before r are useless, and
     once the run has its summary every one is
     (:func:`privfed.federation.reply_store.forget_replies`).

@@ -19,7 +19,7 @@ Client -> server (``FitRes``):
     parameters  the client's model delta, same keys (empty in round 0);
                 under SecAgg+ it is rescaled, followed by two indicator
                 vectors that sum to counts of clients and one array of
-                training metrics (:mod:`privfed.federation.update_encoding`), masked,
+                training metrics (:mod:`privfed.secagg.encoding`), masked,
                 and only the clients' weighted mean reaches the strategy
     metrics     training metrics (in SecAgg+ rounds they travel inside the
                 masked parameters instead) plus the mechanism's release

@@ -39,7 +39,7 @@ from privfed.privacy.ledger import check_event
 
 if TYPE_CHECKING:
     from privfed.privacy.dp_sgd_plan import DpSgdPlan
-    from privfed.run_plan import RunPlan
+    from privfed.run.plan import RunPlan
 
 #: The metric that names the round a reply answers (the instructions' ``round``).
 ROUND_KEY = "round"

@@ -3,9 +3,9 @@
 Flower's ``secaggplus_mod`` runs the stages that exchange keys and shares
 (setup, share keys, unmask). The stage that masks the update is privfed's
 own (:func:`_masked_vectors_stage`), so every mask comes from
-:func:`~privfed.secagg_masks.expand_mask` and Flower's 32-bit
+:func:`~privfed.secagg.masks.expand_mask` and Flower's 32-bit
 mask expansion is never called. At setup the node refuses a server that
-does not state :data:`~privfed.secagg_masks.PROTOCOL_VERSION`,
+does not state :data:`~privfed.secagg.masks.PROTOCOL_VERSION`,
 before it makes any key, and answers with the version it runs.
 """
 
@@ -29,7 +29,7 @@ from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext
 
 from privfed.federation.records import record_list
 from privfed.federation.secagg_masking import SHARE_KEY, encode_update, mask_update, pairwise_seed
-from privfed.secagg_masks import PROTOCOL_KEY, PROTOCOL_VERSION
+from privfed.secagg.masks import PROTOCOL_KEY, PROTOCOL_VERSION
 
 CallNext = Callable[[Message, Context], Message]
 

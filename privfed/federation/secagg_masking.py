@@ -6,7 +6,7 @@ neighbour, a pairwise mask: added when its node id is the larger of the
 two, subtracted otherwise, so the pair cancels in the sum. The server
 removes each survivor's private mask and, for each client that dropped
 after sharing its keys, the pairwise masks it left in its surviving
-neighbours' vectors. Every mask comes from :func:`~privfed.secagg_masks.expand_mask`.
+neighbours' vectors. Every mask comes from :func:`~privfed.secagg.masks.expand_mask`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from flwr.common.secure_aggregation.ndarrays_arithmetic import factor_combine, f
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
-from privfed.federation.update_encoding import secagg_weight_ratio
-from privfed.secagg_masks import expand_mask
+from privfed.secagg.encoding import secagg_weight_ratio
+from privfed.secagg.masks import expand_mask
 
 #: The fit reply's metrics key under which an aggregated mechanism's share goes from the client to its SecAgg+ mod,
 #: which moves it into the masked vector (:func:`encode_update`); it is never sent in plaintext.
@@ -47,7 +47,7 @@ def encode_update(
 ) -> list[np.ndarray]:
     """The update as SecAgg+ sums it: weighted by ``num_examples / max_weight`` on Flower's fixed-point grid.
 
-    The weight is :func:`~privfed.federation.update_encoding.secagg_weight_ratio`
+    The weight is :func:`~privfed.secagg.encoding.secagg_weight_ratio`
     (rounded to ``1 / quantization_range``, as Flower's clients round it) and
     travels in front as an integer, so the server can divide the sum by the
     total weight; the overflow indicators are divided by the same ratio.

@@ -8,7 +8,7 @@ release mechanism.
 Flower's workflow runs the message flow; privfed states its protocol
 version at setup (clients that do not answer with it are left out) and
 unmasks the sum itself, with the masks of
-:mod:`privfed.secagg_masks`.
+:mod:`privfed.secagg.masks`.
 
 Round 0 only initialises: clients send no update, so it runs Flower's plain
 fit workflow instead of a key exchange over nothing.
@@ -36,12 +36,12 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 from flwr.server.workflow.default_workflows import default_fit_workflow
 
-from privfed import secagg_masks
 from privfed.federation import secagg_masking
 from privfed.federation.records import record_item, record_list
 from privfed.federation.secagg_masking import decode_weighted_mean, pairwise_seed, split_share, unmask_sum
-from privfed.secagg_masks import PROTOCOL_KEY, PROTOCOL_VERSION
-from privfed.secagg_settings import SecAggPlusSettings
+from privfed.secagg import masks as secagg_masks
+from privfed.secagg.masks import PROTOCOL_KEY, PROTOCOL_VERSION
+from privfed.secagg.settings import SecAggPlusSettings
 
 logger = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ from privfed.federation.partitions import discover_partitions
 from privfed.federation.reply_checks import ReplyRules
 from privfed.federation.secagg_workflow import OrchestraFitWorkflow
 from privfed.federation.strategy import NODE_WAIT_SECONDS, OrchestraStrategy
-from privfed.interruption import StopRequest
-from privfed.resume import ResumePoint
-from privfed.run_driver import ProgressCallback, RunDriver
-from privfed.run_plan import RunPlan, plan_run
+from privfed.run.driver import ProgressCallback, RunDriver
+from privfed.run.interruption import StopRequest
+from privfed.run.plan import RunPlan, plan_run
+from privfed.run.resume import ResumePoint
 
 
 def build_strategy(plan: RunPlan, driver: RunDriver, partition_of: dict[int, int]) -> OrchestraStrategy:

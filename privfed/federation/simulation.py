@@ -31,10 +31,10 @@ from privfed.federation.local_runtime import (
     summary_of,
 )
 from privfed.federation.server_app import make_server_app
-from privfed.interruption import STOP_SIGNALS, run_stop_request
-from privfed.resume import ResumePoint
-from privfed.run_driver import ProgressCallback
-from privfed.run_plan import RunPlan
+from privfed.run.driver import ProgressCallback
+from privfed.run.interruption import STOP_SIGNALS, run_stop_request
+from privfed.run.plan import RunPlan
+from privfed.run.resume import ResumePoint
 
 #: How the temporary folder Ray runs in for one simulation is named (in the system's temporary directory).
 RAY_FOLDER_PREFIX = "privfed-ray-"
@@ -97,15 +97,15 @@ def simulate_on_ray(
 ) -> dict[str, Any]:
     """Runs a planned training with ``num_clients`` virtual SuperNodes; returns the summary.
 
-    Where the CLI asked for it (:func:`privfed.interruption.signals_stop_runs`),
+    Where the CLI asked for it (:func:`privfed.run.interruption.signals_stop_runs`),
     the first Ctrl-C (SIGINT or SIGTERM) stops the run after the current
     round, with its summary and final checkpoint; a second one stops it at
-    once, and ends Ray's processes with it (:mod:`privfed.interruption`).
+    once, and ends Ray's processes with it (:mod:`privfed.run.interruption`).
     The Flower log level, the warning filters, the signal handlers and the
     environment are as before after the run (:func:`flower_logging`).
     Ray runs in a temporary directory of its own, removed at the end
     (:func:`ray_session`). With ``resume`` it continues the
-    planned run from that point (:mod:`privfed.resume`).
+    planned run from that point (:mod:`privfed.run.resume`).
 
     Each virtual node holds the server to the planned run's configuration,
     as the user declared it, and keeps its own privacy ledger in the run

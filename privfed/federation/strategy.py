@@ -50,7 +50,11 @@ from privfed.federation.reply_checks import (
     check_reply,
     screen_replies,
 )
-from privfed.federation.update_encoding import (
+from privfed.orchestra.model_state import StateDict, shared_keys, weighted_mean
+from privfed.orchestra.round_report import Rejection, RoundReport
+from privfed.orchestra.server import OrchestraServer, SecureSum
+from privfed.privacy.dp_sgd_plan import DpSgdSettings
+from privfed.secagg.encoding import (
     ImplausibleAggregate,
     decode_aggregate,
     decode_metrics,
@@ -59,12 +63,8 @@ from privfed.federation.update_encoding import (
     secagg_weight_ratio,
     secure_sum_shapes,
 )
-from privfed.orchestra.model_state import StateDict, shared_keys, weighted_mean
-from privfed.orchestra.round_report import Rejection, RoundReport
-from privfed.orchestra.server import OrchestraServer, SecureSum
-from privfed.privacy.dp_sgd_plan import DpSgdSettings
-from privfed.secagg_masks import MASK_PRG, PROTOCOL_VERSION
-from privfed.secagg_settings import SecAggPlusSettings
+from privfed.secagg.masks import MASK_PRG, PROTOCOL_VERSION
+from privfed.secagg.settings import SecAggPlusSettings
 
 logger = logging.getLogger(__name__)
 

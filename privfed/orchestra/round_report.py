@@ -1,7 +1,7 @@
 """What one finished round hands from the runtime to the server-side driver.
 
 The runtime (:mod:`privfed.federation.strategy`) fills it; the driver
-(:mod:`privfed.run_driver`) logs it, charges the ledger and decides whether
+(:mod:`privfed.run.driver`) logs it, charges the ledger and decides whether
 to stop. Neither needs to know the other.
 """
 
@@ -44,7 +44,7 @@ class RoundReport:
             (:mod:`privfed.federation.reply_checks`).
         runtime_state: The runtime's own state after the round (client
             sampling, SecAgg+ scales), kept opaque in resume points
-            (:mod:`privfed.resume`).
+            (:mod:`privfed.run.resume`).
         unusable: Why no reply could be used (None when one could): the
             model stayed as it was, and the run stops with this reason.
     """

@@ -69,7 +69,7 @@ class OrchestraServer:
         return shared_state(self.network)
 
     def generator_state(self) -> torch.Tensor:
-        """The clustering generator's state, for a resume point (:mod:`privfed.resume`)."""
+        """The clustering generator's state, for a resume point (:mod:`privfed.run.resume`)."""
         return self._generator.get_state()
 
     def restore(self, *, network: StateDict, centroids: torch.Tensor | None, initialised: bool, generator: torch.Tensor) -> None:

@@ -26,7 +26,7 @@ from privfed.config import DEFAULTS, TrainConfig
 from privfed.errors import PrivfedError
 from privfed.privacy.dp_sgd_plan import DpSgdPlan, plan_dp_sgd
 from privfed.privacy.ledger import composed_epsilon
-from privfed.secagg_settings import secagg_settings
+from privfed.secagg.settings import secagg_settings
 
 
 def dp_mechanisms() -> list[str]:

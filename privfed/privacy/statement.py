@@ -23,7 +23,7 @@ from typing import Any
 from mechanisms.base import K_ANONYMITY, Mechanism
 from privfed.methods import ORCHESTRA_LOSS, Objective
 from privfed.privacy.ledger import WorstCase
-from privfed.secagg_masks import MASK_PRG
+from privfed.secagg.masks import MASK_PRG
 
 #: The privacy unit of DP-SGD, and of DP releases under DP-SGD.
 EXAMPLE_UNIT = "replacing one training example of a client by another (replace-one: its dataset size is public)"

@@ -61,10 +61,10 @@ def train_cell(
     the run left alone.
     """
     from privfed.federation.simulation import simulate
-    from privfed.resume import RESUME_FILE
-    from privfed.run_driver import stopped_without_training
-    from privfed.run_plan import plan_resume, plan_run
-    from privfed.runs import RunDirectory
+    from privfed.run.directory import RunDirectory
+    from privfed.run.driver import stopped_without_training
+    from privfed.run.plan import plan_resume, plan_run
+    from privfed.run.resume import RESUME_FILE
 
     summary_file = run_dir / "summary.json"
     if summary_file.is_file() and not _stopped_by_a_signal(RunDirectory(run_dir)):
@@ -95,7 +95,7 @@ def replayed_exactly(run: Any, round_index: int) -> bool:
     failure, or its stored reply missing) was charged as one that may have
     released before the kill, and the round and all after it differ.
     """
-    from privfed.run_driver import IN_PROGRESS_STATEMENT
+    from privfed.run.driver import IN_PROGRESS_STATEMENT
 
     line = next((m for m in run.metrics() if m["round"] == round_index), None)
     if line is None:
@@ -136,8 +136,8 @@ def study_row(
     and from the untrained encoder. ``round_progress`` hears the run's events
     (as ``privfed train`` does), ``step_progress`` the probes' epochs.
     """
-    from privfed.evaluation.run_evaluation import evaluate_run, score_run
-    from privfed.run_driver import stopped_without_training
+    from privfed.run.driver import stopped_without_training
+    from privfed.run.evaluation import evaluate_run, score_run
 
     run_dir = folder / "run"
     attacked = attack_method is not None and attack is not None and cell.config.release_mechanism is not None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privfed.run_curves import dataset_name
+from privfed.run.curves import dataset_name
 from privfed.studies.grid import setting_label
 from privfed.studies.runner import CellRecord
 

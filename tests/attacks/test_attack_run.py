@@ -12,13 +12,13 @@ import torch
 from attacks.scoring.ground_truth import NOT_REPLAYABLE, REPLAY_DIFFERS, VERIFIED, recorded_truth
 from privfed.config import build_config
 from privfed.data import FederatedSplit, load_dataset
-from privfed.recording import RecordedRelease, read_round, write_round
-from privfed.runs import RunDirectory
+from privfed.run.directory import RunDirectory
+from privfed.run.recording import RecordedRelease, read_round, write_round
 
 
 def tiny_run(out, **overrides):
     from privfed.federation.simulation import simulate
-    from privfed.run_plan import plan_run
+    from privfed.run.plan import plan_run
 
     config = build_config(
         dataset="shapes:300", num_clients=3, participation=1.0, projection_dim=16, local_epochs=1, batch_size=16,

@@ -103,7 +103,8 @@ def test_attribute_paths_through_imported_packages_stay_in_the_allowed_modules(p
 def test_importing_every_attacker_loads_no_scoring_recording_or_run_module():
     code = "import sys, attacks.attackers, attacks.base, attacks.registry; print('\\n'.join(sorted(sys.modules)))"
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout.split())
-    assert not {m for m in loaded if m.startswith(("attacks.scoring", "attacks.evaluation", "privfed.recording", "privfed.runs"))}
+    truth = ("attacks.scoring", "attacks.evaluation", "privfed.run.recording", "privfed.run.directory")
+    assert not {m for m in loaded if m.startswith(truth)}
 
 
 def test_the_checks_catch_an_attacker_that_reaches_for_the_truth(tmp_path):
@@ -111,12 +112,12 @@ def test_the_checks_catch_an_attacker_that_reaches_for_the_truth(tmp_path):
     cheat = tmp_path / "cheat.py"
     cheat.write_text(
         "import torch\nfrom attacks.scoring.ground_truth import replay_round\nfrom privfed.data import FederatedSplit\n"
-        "from .. import evaluation\nimport privfed.recording\nimport privfed.data.augment\nimport sys\n"
+        "from .. import evaluation\nimport privfed.run.recording\nimport privfed.data.augment\nimport sys\n"
         "def f(p):\n    return torch.load(p), open(p).read(), __import__('attacks.scoring'), sys.modules\n"
         "def g(c):\n    return privfed.data.federated.FederatedSplit.of(c), privfed.data.augment.to_float\n"
     )
     assert disallowed(imported_modules(cheat)) == {
-        "attacks.scoring.ground_truth", "privfed.data", "..", "privfed.recording", "sys"
+        "attacks.scoring.ground_truth", "privfed.data", "..", "privfed.run.recording", "sys"
     }
     assert "load" in called_names(cheat) and {"open", "__import__"} <= called_builtins(cheat)
     assert "sys" in names_used(cheat)

@@ -167,7 +167,7 @@ def test_labels_beyond_the_number_of_images_are_refused(tmp_path, labels):
 
 def test_test_images_of_another_size_are_warned_about_not_refused(tmp_path):
     from privfed.config import build_config
-    from privfed.run_plan import plan_run
+    from privfed.run.plan import plan_run
 
     images = np.random.default_rng(0).integers(0, 255, size=(60, 8, 8, 3), dtype=np.uint8)
     spec = f"arrays:{_write(tmp_path, x=images, y=np.arange(60) % 3)}"

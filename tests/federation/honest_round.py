@@ -19,7 +19,7 @@ from privfed.models.network import build_network
 from privfed.orchestra.model_state import shared_keys
 from privfed.orchestra.round_report import RoundReport
 from privfed.orchestra.server import OrchestraServer
-from privfed.run_plan import RunPlan, plan_run
+from privfed.run.plan import RunPlan, plan_run
 
 #: Node ids are not partition ids: the strategy must map one to the other.
 NODE_OFFSET = 100

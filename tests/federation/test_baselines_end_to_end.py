@@ -12,7 +12,7 @@ import pytest
 from privfed.config import build_config
 from privfed.federation.simulation import simulate
 from privfed.methods import BASELINE_LOSSES
-from privfed.run_plan import plan_run
+from privfed.run.plan import plan_run
 
 
 @pytest.mark.slow

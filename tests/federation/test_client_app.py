@@ -71,7 +71,7 @@ def secagg_message(**configs) -> Message:
 
 
 def setup(sample: int, shares: int, threshold: int) -> Message:
-    from privfed.secagg_masks import PROTOCOL_KEY, PROTOCOL_VERSION
+    from privfed.secagg.masks import PROTOCOL_KEY, PROTOCOL_VERSION
 
     return secagg_message(stage="setup", sample_num=sample, share_num=shares, threshold=threshold, clipping_range=8.0,
                           target_range=2**22, mod_range=2**32, max_weight=100.0, **{PROTOCOL_KEY: PROTOCOL_VERSION})

@@ -18,7 +18,7 @@ from privfed.federation.client_app import FIT_CONFIG_RECORD
 from privfed.federation.simulation import simulate
 from privfed.privacy.client_guard import ClientGuard, declared_budget
 from privfed.privacy.ledger import RELEASES, LedgerEntry, PrivacyLedger
-from privfed.run_plan import plan_run
+from privfed.run.plan import plan_run
 
 TAMPERED = 0
 

@@ -14,7 +14,7 @@ import pytest
 from mechanisms import get_mechanism_class
 from privfed.config import build_config
 from privfed.federation.reply_checks import ReplyRules
-from privfed.run_plan import plan_run
+from privfed.run.plan import plan_run
 from tests.federation.honest_round import HonestRound, Node, honest_round
 from tests.federation.test_strategy import vectors_of, weights_of, with_release
 

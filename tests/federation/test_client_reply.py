@@ -169,7 +169,7 @@ def test_a_failed_round_tells_the_server_nothing_about_the_clients_data(tiny_con
 
 def reply_to(config, task: str = "train") -> tuple[FitRes, int]:
     """The real client's reply to the real strategy's instructions, and how many tensors the update has."""
-    from privfed.secagg_settings import secagg_settings
+    from privfed.secagg.settings import secagg_settings
 
     torch.manual_seed(0)
     network = OrchestraNetwork(config.backbone, config.projection_dim)
@@ -209,7 +209,7 @@ def test_by_default_a_reply_carries_no_training_metric_with_or_without_secagg(ti
 
 
 def test_with_report_client_metrics_the_losses_travel_in_the_masked_sum_under_secagg(tiny_config):
-    from privfed.federation.update_encoding import SECURE_METRIC_SCALES
+    from privfed.secagg.encoding import SECURE_METRIC_SCALES
 
     res, tensors = reply_to(tiny_config.replace(secagg=True, report_client_metrics=True))
     assert set(res.metrics) - set(RELEASE_KEYS) == PROTOCOL_KEYS  # nothing in plaintext

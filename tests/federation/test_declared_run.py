@@ -23,7 +23,7 @@ from privfed.models import OrchestraNetwork
 from privfed.orchestra.model_state import shared_keys
 from privfed.orchestra.server import OrchestraServer
 from privfed.privacy.client_guard import RoundRefused
-from privfed.run_plan import plan_run
+from privfed.run.plan import plan_run
 
 PARTITION = 1
 

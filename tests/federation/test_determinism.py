@@ -18,7 +18,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 
 from privfed.config import build_config
 from privfed.federation.simulation import simulate
-from privfed.run_plan import plan_run
+from privfed.run.plan import plan_run
 from tests.run_records import jsonl, same
 
 TIMINGS = ("round_seconds", "elapsed_seconds", "train_seconds", "release_seconds")

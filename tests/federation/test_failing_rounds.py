@@ -1,7 +1,7 @@
 """Rounds that go wrong end cleanly: no crash from empty releases, huge finite metrics or all-rejected replies.
 
 Each test drives the real strategy, built by the server app around a real
-:class:`privfed.run_driver.RunDriver`, with real client replies; only the
+:class:`privfed.run.driver.RunDriver`, with real client replies; only the
 Flower runtime is left out (the sampled clients are set by hand).
 """
 
@@ -16,10 +16,10 @@ import torch
 
 from privfed.errors import PrivfedError
 from privfed.federation.server_app import build_strategy
-from privfed.resume import read_resume_point
-from privfed.run_driver import RunDriver
-from privfed.run_plan import plan_resume, plan_run
-from privfed.runs import RunDirectory
+from privfed.run.directory import RunDirectory
+from privfed.run.driver import RunDriver
+from privfed.run.plan import plan_resume, plan_run
+from privfed.run.resume import read_resume_point
 from tests.federation.honest_round import NODE_OFFSET, HonestRound, Node
 from tests.federation.test_strategy import with_metrics
 

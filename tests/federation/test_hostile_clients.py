@@ -20,7 +20,7 @@ from flwr.common import bytes_to_ndarray, ndarray_to_bytes
 from privfed.config import build_config
 from privfed.federation.simulation import simulate
 from privfed.privacy.ledger import LedgerEntry
-from privfed.run_plan import plan_run
+from privfed.run.plan import plan_run
 
 pytestmark = pytest.mark.slow  # a SecAgg+ simulation; the fuzz cases run by default in test_strategy.py
 

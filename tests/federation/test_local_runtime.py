@@ -21,7 +21,7 @@ from privfed.errors import PrivfedError
 from privfed.federation.dropout_injection import InjectedDropout
 from privfed.federation.local_runtime import LocalGrid
 from privfed.federation.simulation import simulate
-from privfed.run_plan import plan_run
+from privfed.run.plan import plan_run
 from tests.run_records import jsonl, same
 
 TINY = [

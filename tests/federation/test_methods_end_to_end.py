@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from privfed.federation.simulation import simulate
-from privfed.run_plan import plan_run
+from privfed.run.plan import plan_run
 
 pytestmark = pytest.mark.slow
 

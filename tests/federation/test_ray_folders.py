@@ -1,5 +1,5 @@
 """Ray's folders: one per simulation, in the temporary directory, and those of runs killed with `kill -9` go at the
-next start (issue 28, item 8). The Ray runs themselves are in tests/test_interruption.py and tests/test_kill_resume.py."""
+next start (issue 28, item 8). The Ray runs themselves are in tests/run/test_interruption.py and tests/run/test_kill_resume.py."""
 
 from __future__ import annotations
 

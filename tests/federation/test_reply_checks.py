@@ -12,7 +12,7 @@ from flwr.common import Code, FitRes, Parameters, Status
 from mechanisms import Guarantee, Release, get_mechanism_class
 from privfed.federation.messages import encode_release
 from privfed.federation.reply_checks import RejectedReply, ReplyRules, check_reply
-from privfed.run_plan import plan_run
+from privfed.run.plan import plan_run
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from privfed.federation.client import ClientRoundFailed
 from privfed.federation.messages import tensor_to_bytes
 from privfed.federation.reply_store import ReplyStore, forget_replies, instructions_digest, reply_file
 from privfed.privacy.client_guard import ClientGuard, RoundRefused, declared_budget
-from privfed.run_plan import plan_run
+from privfed.run.plan import plan_run
 from tests.federation.test_declared_run import PARTITION, client, instructions
 
 RUN = 1  # the Context's run id in test_declared_run.client

@@ -27,8 +27,8 @@ from flwr.supercore.task_identity import TaskIdentity
 from privfed.federation.client_app import SECAGG_MIN_CLIENTS, check_secagg_round
 from privfed.federation.secagg_client import privfed_secaggplus_mod
 from privfed.federation.secagg_masking import decode_weighted_mean, pairwise_seed, unmask_sum
-from privfed.secagg_masks import PROTOCOL_KEY, PROTOCOL_VERSION
-from privfed.secagg_settings import default_threshold
+from privfed.secagg.masks import PROTOCOL_KEY, PROTOCOL_VERSION
+from privfed.secagg.settings import default_threshold
 
 CLIPPING, LEVELS, MODULUS = 8.0, 2**22, 2**32
 

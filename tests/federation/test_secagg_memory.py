@@ -16,7 +16,7 @@ import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
 from privfed.federation.secagg_workflow import MaskedSum
-from privfed.secagg_settings import default_num_shares, default_threshold
+from privfed.secagg.settings import default_num_shares, default_threshold
 from tests.federation.flower_prg import replace_flowers_prg
 from tests.federation.secagg_harness import mean_of, run_round
 

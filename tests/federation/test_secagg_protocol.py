@@ -20,7 +20,7 @@ from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_
 
 from privfed.federation.secagg_masking import decode_weighted_mean
 from tests.federation.secagg_harness import drops_at, in_process_secagg, mean_of, run_round  # noqa: F401 (fixture)
-from tests.test_secagg_masks import spec_mask
+from tests.secagg.test_masks import spec_mask
 
 TOLERANCE = 1e-3  # fixed-point error of the secure sum at these sizes is about 1e-5
 

@@ -26,8 +26,8 @@ from flwr.compat.common import recorddict_compat
 from privfed.config import build_config
 from privfed.federation.simulation import simulate
 from privfed.federation.strategy import OrchestraStrategy
-from privfed.run_plan import plan_run
-from privfed.secagg_masks import MASK_PRG
+from privfed.run.plan import plan_run
+from privfed.secagg.masks import MASK_PRG
 from tests.federation import flower_prg
 
 #: Orchestra round -> (the client that drops out, the SecAgg+ stage whose request it fails).

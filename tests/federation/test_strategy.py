@@ -18,8 +18,8 @@ import torch
 from flwr.common import FitRes, bytes_to_ndarray, ndarray_to_bytes, ndarrays_to_parameters, parameters_to_ndarrays
 
 from privfed.federation.messages import RELEASE_KEYS
-from privfed.federation.update_encoding import encode_metrics, encode_update, secure_sum_shapes
 from privfed.orchestra.model_state import shared_state, state_delta
+from privfed.secagg.encoding import encode_metrics, encode_update, secure_sum_shapes
 from tests.federation.honest_round import HonestRound, Node, honest_round, small_round_config
 
 

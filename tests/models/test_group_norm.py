@@ -9,7 +9,7 @@ from privfed.config import build_config
 from privfed.errors import PrivfedError
 from privfed.models import OrchestraNetwork, build_network, network_norm
 from privfed.models.norms import group_count
-from privfed.runs import load_network
+from privfed.run.directory import load_network
 
 
 def test_group_norm_network_has_no_batch_norm_in_either_encoder():

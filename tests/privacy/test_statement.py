@@ -76,7 +76,7 @@ def test_reported_training_metrics_are_named_as_uncovered_unless_dp_sgd_keeps_th
 
 
 def test_reported_metric_means_under_secagg_are_said_to_reveal_each_clients_own_values_across_rounds():
-    """tests/federation/test_update_encoding.py::test_metric_means_over_changing_cohorts_reveal_each_clients_own_loss_up_to_one_offset
+    """tests/secagg/test_encoding.py::test_metric_means_over_changing_cohorts_reveal_each_clients_own_loss_up_to_one_offset
     backs the claim."""
     s = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4, report_metrics=True)
     (means,) = [n for n in s.long_not_covered if "weighted means" in n]
@@ -86,7 +86,7 @@ def test_reported_metric_means_under_secagg_are_said_to_reveal_each_clients_own_
 
 @pytest.mark.parametrize("report_metrics", [False, True])
 def test_overflow_counts_are_said_to_be_attributable_to_clients_across_rounds(report_metrics):
-    """tests/federation/test_update_encoding.py::test_overflow_counts_over_changing_cohorts_name_the_client_whose_update_overflows
+    """tests/secagg/test_encoding.py::test_overflow_counts_over_changing_cohorts_name_the_client_whose_update_overflows
     backs the claim."""
     s = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4,
                           report_metrics=report_metrics)

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from privfed.config import build_config
-from privfed.run_driver import IN_PROGRESS_STATEMENT
+from privfed.run.driver import IN_PROGRESS_STATEMENT
 from privfed.studies.cell_work import train_cell
 from privfed.studies.grid import Cell
+from tests.run.test_kill_resume import answered, logged
 from tests.run_records import jsonl
-from tests.test_kill_resume import answered, logged
 
 OPTIONS = dict(
     dataset="shapes:300", num_clients=4, participation=0.75, rounds=2, local_epochs=1, memory_size=32,
@@ -34,7 +34,7 @@ SCRIPT = """
 import json, sys
 from privfed.config import build_config
 from privfed.federation.simulation import simulate
-from privfed.run_plan import plan_run
+from privfed.run.plan import plan_run
 simulate(plan_run(build_config(**json.loads(sys.argv[1]))))
 """
 

@@ -130,7 +130,7 @@ def test_the_second_ctrl_c_under_ray_leaves_no_ray_process_or_folder():
 
 SCRIPT = """
 import sys, time
-from privfed.interruption import stop_on_signals
+from privfed.run.interruption import stop_on_signals
 with stop_on_signals() as stop:
     print("ready", flush=True)
     while True:

@@ -9,7 +9,7 @@ import pytest
 from matplotlib.image import imread
 
 from privfed.config import build_config
-from privfed.run_curves import (
+from privfed.run.curves import (
     DPI,
     FIGURE_WIDTH,
     PANELS,
@@ -20,7 +20,7 @@ from privfed.run_curves import (
     run_label,
     save_run_curves,
 )
-from privfed.runs import RunDirectory
+from privfed.run.directory import RunDirectory
 
 
 def fake_run(path, *, seed, epsilon=None, rounds=6, losses=True) -> RunDirectory:

@@ -24,7 +24,7 @@ from privfed.evaluation.features import StepProgress, extract_features
 from privfed.evaluation.fine_tuning import FineTuning, fine_tune_accuracy
 from privfed.evaluation.knn import knn_accuracy
 from privfed.evaluation.linear_probe import linear_probe_accuracy
-from privfed.runs import RunDirectory, load_network
+from privfed.run.directory import RunDirectory, load_network
 
 PROTOCOLS = ("knn", "linear", "finetune", "tsne")
 #: Protocols that learn from labelled train data (t-SNE only draws the test data).

@@ -5,7 +5,7 @@ import pytest
 from flwr.common.secure_aggregation.ndarrays_arithmetic import factor_combine, factor_extract
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 
-from privfed.federation.update_encoding import (
+from privfed.secagg.encoding import (
     HIGH_GROWTH,
     OVERFLOW_GROWTH,
     decode_aggregate,
@@ -158,7 +158,7 @@ def test_the_weight_ratio_is_rounded_as_secagg_rounds_it():
 @pytest.mark.parametrize("clipping_range,exact", [(8.0, True), (1.0, True), (16.0, True), (3.0, False), (1.5, False), (10.0, False)])
 def test_only_ranges_that_put_a_raised_flag_on_the_grid_are_accepted(clipping_range, exact):
     """Off the grid, each client's (server-predictable) stochastic rounding of its flag would say who raised it."""
-    from privfed.secagg_settings import indicators_are_exact
+    from privfed.secagg.settings import indicators_are_exact
 
     assert indicators_are_exact(clipping_range, QUANTIZATION_RANGE) == exact
     if not exact:
@@ -265,7 +265,7 @@ def test_overflow_counts_over_changing_cohorts_name_the_client_whose_update_over
 
 
 def test_an_aggregate_outside_the_clipping_range_or_not_finite_is_refused():
-    from privfed.federation.update_encoding import ImplausibleAggregate
+    from privfed.secagg.encoding import ImplausibleAggregate
 
     honest = [np.full(3, 7.9), np.zeros(1), np.zeros(1)]
     assert decode_aggregate(honest, np.ones(1), weight_ratios=[1.0], clipping_range=8.0).mean[0][0] == pytest.approx(7.9)

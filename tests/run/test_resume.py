@@ -17,10 +17,10 @@ import torch
 from privfed.config import build_config
 from privfed.errors import PrivfedError
 from privfed.federation.simulation import SIMULATED_RUN_KEY, simulate
-from privfed.interruption import signals_stop_runs
-from privfed.resume import read_resume_point
-from privfed.run_plan import plan_resume, plan_run
-from privfed.runs import RunDirectory
+from privfed.run.directory import RunDirectory
+from privfed.run.interruption import signals_stop_runs
+from privfed.run.plan import plan_resume, plan_run
+from privfed.run.resume import read_resume_point
 from tests.run_records import jsonl, same
 
 ROUNDS = 4

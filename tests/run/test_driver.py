@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from mechanisms import Guarantee, Release, create_mechanism
 from privfed.errors import PrivfedError
 from privfed.orchestra.round_report import Rejection, RoundReport
-from privfed.run_driver import RunDriver
-from privfed.run_plan import plan_resume, plan_run
+from privfed.run.driver import RunDriver
+from privfed.run.plan import plan_resume, plan_run
 
 
 def started(config) -> RunDriver:
@@ -160,7 +160,7 @@ def test_a_round_in_which_no_client_trained_stops_the_run_with_a_summary_that_sa
     """A SecAgg+ round halted with no usable reply (every client failed or was rejected) ends the run, and
     `privfed train` exits non-zero for it, instead of running every round with nobody training."""
     from privfed.cli import FAILED_RUN_EXIT_CODE, train_exit_code
-    from privfed.run_driver import stopped_without_training
+    from privfed.run.driver import stopped_without_training
 
     driver = started(tiny_config.replace(rounds=3, out=str(tmp_path / "run")))
     driver.on_round_end(RoundReport(round=0, completed=2, failures=0, seconds=0.1, server_stats={}, sampled_clients=(0, 1)))

@@ -7,7 +7,7 @@ import torch
 
 from mechanisms.base import K_ANONYMITY, Guarantee, Release
 from privfed.errors import PrivfedError
-from privfed.recording import RecordedRound, read_round, recorded_rounds, round_path, write_round
+from privfed.run.recording import RecordedRound, read_round, recorded_rounds, round_path, write_round
 
 
 def a_round(round_index: int = 3) -> RecordedRound:
@@ -40,8 +40,8 @@ def test_a_missing_or_broken_round_is_a_clear_error(tmp_path):
 
 def test_a_recorded_run_holds_the_state_each_round_started_from_and_no_client_data(tmp_path, tiny_config):
     from privfed.federation.simulation import simulate
-    from privfed.run_plan import plan_run
-    from privfed.runs import RunDirectory, load_network
+    from privfed.run.directory import RunDirectory, load_network
+    from privfed.run.plan import plan_run
 
     config = tiny_config.replace(rounds=2, record_releases=True, secagg=False, mechanism="reps", out=str(tmp_path / "run"))
     simulate(plan_run(config))

@@ -23,7 +23,6 @@ from mechanisms.base import DIFFERENTIAL_PRIVACY, K_ANONYMITY, NO_GUARANTEE, Gua
 from privfed.data import cached_dataset, heterogeneity_stats
 from privfed.device import resolve_device
 from privfed.evaluation.monitor import KnnMonitor
-from privfed.interruption import StopRequest
 from privfed.methods import get_method
 from privfed.models.network import build_network
 from privfed.orchestra.objective import STEP_VALUES
@@ -32,10 +31,11 @@ from privfed.orchestra.server import OrchestraServer
 from privfed.privacy import PrivacyLedger
 from privfed.privacy.ledger import LedgerEntry
 from privfed.privacy.statement import privacy_statement
-from privfed.recording import RecordedRound, write_round
-from privfed.resume import BUDGET_STOP, ResumePoint, write_resume_point
-from privfed.run_curves import save_run_curves
-from privfed.run_plan import RunPlan
+from privfed.run.curves import save_run_curves
+from privfed.run.interruption import StopRequest
+from privfed.run.plan import RunPlan
+from privfed.run.recording import RecordedRound, write_round
+from privfed.run.resume import BUDGET_STOP, ResumePoint, write_resume_point
 
 ProgressCallback = Callable[[dict[str, Any]], None]
 

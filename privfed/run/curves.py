@@ -15,7 +15,7 @@ from typing import Any
 
 from privfed.config import TrainConfig
 from privfed.errors import PrivfedError
-from privfed.runs import RunDirectory
+from privfed.run.directory import RunDirectory
 
 logger = logging.getLogger(__name__)
 

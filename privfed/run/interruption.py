@@ -1,7 +1,7 @@
 """Ctrl-C for a training run: the first asks it to stop after the current round, the second stops it now.
 
 The first SIGINT or SIGTERM only sets a :class:`StopRequest`; the server-side
-driver (:mod:`privfed.run_driver`) reads it when a round ends and stops the
+driver (:mod:`privfed.run.driver`) reads it when a round ends and stops the
 run there, so ``summary.json`` and the final checkpoint are written as for
 any early stop. A second signal ends the process at once (exit status
 128 + the signal), leaving the run directory as the last finished round

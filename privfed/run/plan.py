@@ -18,9 +18,9 @@ from privfed.data.federated import FederatedSplit, cached_dataset
 from privfed.errors import PrivfedError
 from privfed.models.resnet import BACKBONES
 from privfed.privacy.budget import PrivacyPlan, plan_privacy
-from privfed.resume import ResumePoint, check_resumable, read_resume_point, resumed_config
-from privfed.runs import RunDirectory, default_run_dir
-from privfed.secagg_settings import SecAggPlusSettings, secagg_settings
+from privfed.run.directory import RunDirectory, default_run_dir
+from privfed.run.resume import ResumePoint, check_resumable, read_resume_point, resumed_config
+from privfed.secagg.settings import SecAggPlusSettings, secagg_settings
 
 
 @dataclass(frozen=True)
@@ -99,12 +99,12 @@ def _test_data_warnings(config: TrainConfig, split: FederatedSplit) -> tuple[str
 
 
 def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, ResumePoint]:
-    """Plans the rest of a stopped run from its resume point (:mod:`privfed.resume`).
+    """Plans the rest of a stopped run from its resume point (:mod:`privfed.run.resume`).
 
     Only more rounds may be asked for, and only when the privacy
     calibration does not depend on them (a budget spread over the planned
     rounds cannot stretch). A run that logged rounds after its resume point
-    is refused (:func:`privfed.resume.check_resumable`).
+    is refused (:func:`privfed.run.resume.check_resumable`).
 
     Raises:
         PrivfedError: naming why the run cannot be resumed so.

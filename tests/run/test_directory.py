@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from privfed.errors import PrivfedError
-from privfed.runs import RunDirectory
+from privfed.run.directory import RunDirectory
 
 
 def test_a_claimed_run_directory_cannot_be_claimed_again_until_released(tmp_path):

@@ -3,7 +3,7 @@ from flwr.server.workflow import SecAggPlusWorkflow
 
 from privfed.config import build_config
 from privfed.errors import PrivfedError
-from privfed.secagg_settings import default_num_shares, default_threshold, secagg_settings
+from privfed.secagg.settings import default_num_shares, default_threshold, secagg_settings
 
 
 def settings(num_clients: int, participation: float = 1.0, **kwargs):

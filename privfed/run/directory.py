@@ -60,7 +60,7 @@ class RunDirectory:
 
     @property
     def releases(self) -> Path:
-        """Where ``--record-releases`` keeps each round's releases (:mod:`privfed.recording`)."""
+        """Where ``--record-releases`` keeps each round's releases (:mod:`privfed.run.recording`)."""
         return self.path / "releases"
 
     @contextmanager

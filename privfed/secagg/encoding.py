@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privfed.secagg_settings import indicators_are_exact
+from privfed.secagg.settings import indicators_are_exact
 
 #: Fraction of the clipping range above which a tensor's scale is doubled.
 HIGH_WATER = 0.5
@@ -87,7 +87,7 @@ def encode_update(
             indicator survives the clipping.
         quantization_range: SecAgg+'s quantisation range; when given, the
             clipping range must put the indicators on its grid
-            (:func:`privfed.secagg_settings.indicators_are_exact`).
+            (:func:`privfed.secagg.settings.indicators_are_exact`).
 
     Raises:
         ValueError: for a delta that is not finite (SecAgg+ would quantise a
@@ -221,7 +221,7 @@ def encode_metrics(metrics: dict[str, float], *, clipping_range: float) -> np.nd
     Summed by SecAgg+ like the update, they reach the server as the round's
     weighted means; over rounds whose cohorts change, these let the server
     solve for each client's own values up to one common offset
-    (``tests/federation/test_update_encoding.py``). ``present`` lets a
+    (``tests/secagg/test_encoding.py``). ``present`` lets a
     metric some clients do not report (no step taken, a term switched off)
     average over the clients that do; whether a client reports a metric
     follows from its public size and the run's method. Values beyond the

@@ -2,7 +2,7 @@
 
 ``RUN_DIR/checkpoints/resume.pt`` holds a :class:`ResumePoint`: the state at
 the end of one finished round, every piece the server needs for the next
-one. The server-side driver (:mod:`privfed.run_driver`) writes it every
+one. The server-side driver (:mod:`privfed.run.driver`) writes it every
 ``--checkpoint-every`` rounds, at an early stop (a Ctrl-C, the privacy
 budget) and at the end; ``privfed train --resume RUN_DIR`` reads it.
 
@@ -28,7 +28,7 @@ import torch
 from privfed.config import TrainConfig, read_text
 from privfed.errors import PrivfedError
 from privfed.privacy.ledger import LedgerEntry
-from privfed.runs import RunDirectory
+from privfed.run.directory import RunDirectory
 
 RESUME_FILE = "resume.pt"
 #: Options a resumed run may change: more rounds (when the privacy calibration does not depend on them), and the

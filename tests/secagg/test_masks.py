@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
 from scipy.stats import chisquare
 
-from privfed.secagg_masks import PROTOCOL_VERSION, expand_mask
+from privfed.secagg.masks import PROTOCOL_VERSION, expand_mask
 
 SHAPES = [(1,), (64,), (3, 5)]
 
