@@ -201,6 +201,11 @@ class WorstCase:
     dp_sgd_worst: float
 
 
+def _charge_key(entry: LedgerEntry) -> tuple[int, int, str, int | None]:
+    """What identifies one charge: a client releases (or trains with DP-SGD) once per round of a run."""
+    return entry.client, entry.round, entry.kind, entry.run
+
+
 class PrivacyLedger:
     """Records every client's DP costs and answers "what has the worst-off client spent?".
 
@@ -236,6 +241,7 @@ class PrivacyLedger:
         self._min_k: int | None = None
         self._epsilon_cache: dict[tuple[int, str], float] = {}
         self._last_round: dict[int, int] = {}
+        self._charged: set[tuple[int, int, str, int | None]] = set()
 
     def last_round(self, run: int) -> int | None:
         """The latest round charged in ``run`` (None: none yet)."""
@@ -273,7 +279,12 @@ class PrivacyLedger:
         """Adds a release or a DP-SGD entry (and appends it to the ledger file, on disk before it returns).
 
         An entry with events and no delta is recorded at the ledger's delta.
+        A second entry of the same kind for the same client, round and run is
+        not recorded: a resumed run replaying the round a kill interrupted
+        after its charges were written must not charge them twice.
         """
+        if _charge_key(entry) in self._charged:
+            return
         if entry.events and entry.delta is None:
             if self.delta is None:
                 raise ValueError("a ledger without a delta cannot record a DP cost")
@@ -287,6 +298,7 @@ class PrivacyLedger:
 
     def _add(self, entry: LedgerEntry) -> None:
         """Counts ``entry`` in memory."""
+        self._charged.add(_charge_key(entry))
         part = DP_SGD if entry.kind == DP_SGD else RELEASES
         if entry.run is not None:
             self._last_round[entry.run] = max(entry.round, self._last_round.get(entry.run, entry.round))

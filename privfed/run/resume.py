@@ -111,7 +111,8 @@ BUDGET_STOP = "privacy budget"
 def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConfig) -> None:
     """Refuses a run that is already complete or out of budget, a resume that would end before its resume point, a point
     ahead of the run's own log (one copied from another run would skip rounds the ledger never charged), or
-    one behind it (redoing logged rounds would release twice what the ledger charged once)."""
+    one behind it (redoing logged rounds would release twice what the ledger charged once). Charges for the one
+    round after the point that the log does not hold yet are accepted: a kill came between them and the log."""
     logged = [m["round"] for m in run_dir.metrics()]
     if not logged or point.round > max(logged):
         raise PrivfedError(
@@ -119,7 +120,10 @@ def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConf
             f"{max(logged) if logged else 'no round'}: the point is not this run's"
         )
     charged = [entry.round for entry in _ledger_entries(run_dir.path / "ledger.jsonl")]
-    later = sorted({r for r in logged + charged if r > point.round})
+    # A kill between the ledger's charges for the next round and its metrics line leaves that round charged
+    # but unlogged; replaying it charges nothing twice (the ledger keeps one charge per client and round).
+    replayable = {point.round + 1} if max(logged) == point.round else set()
+    later = sorted({r for r in logged + charged if r > point.round} - replayable)
     if later:
         raise PrivfedError(
             f"{run_dir.path} ran round {later[0]}{f' to {later[-1]}' if len(later) > 1 else ''} after its last resume "

@@ -91,3 +91,19 @@ def test_an_entry_keeps_the_delta_it_was_charged_at_and_a_larger_delta_does_not_
     loose = PrivacyLedger.resume(path, mechanism="ldp", delta=1e-3)
     assert loose.pricing_delta() == 1e-6 and loose.spent(0) == pytest.approx(strict.spent(0), rel=1e-12)
     assert PrivacyLedger.resume(path, mechanism="ldp", delta=1e-8).pricing_delta() == 1e-8  # smaller costs more
+
+
+def test_a_charge_for_the_same_client_round_and_run_counts_once_even_across_a_resume(tmp_path):
+    """A resumed run replays the round a kill interrupted after its charges were written: it must not pay twice."""
+    path = tmp_path / "ledger.jsonl"
+    ledger = PrivacyLedger(mechanism="ldp", delta=DELTA, path=path)
+    ledger.record(LedgerEntry(0, 1, "ldp", DP, RELEASE))
+    ledger.record(LedgerEntry(0, 1, "ldp", DP, RELEASE))
+    assert ledger.releases(0) == 1 and len(path.read_text().splitlines()) == 1
+    resumed = PrivacyLedger.resume(path, mechanism="ldp", delta=DELTA)
+    resumed.record(LedgerEntry(0, 1, "ldp", DP, RELEASE))
+    assert resumed.spent(0) == pytest.approx(reference_epsilon(1), rel=0.01)
+    resumed.record(LedgerEntry(0, 2, "ldp", DP, RELEASE))  # another round, another client, DP-SGD: each counts
+    resumed.record(LedgerEntry(1, 1, "ldp", DP, RELEASE))
+    resumed.record(LedgerEntry.dp_sgd(0, 1, (PrivacyEvent("gaussian", {"noise_multiplier": 2.0, "count": 1.0}),)))
+    assert resumed.releases(0) == 2 and resumed.releases(1) == 1 and len(path.read_text().splitlines()) == 4

@@ -56,6 +56,7 @@ def runs(tmp_path_factory):
     with signals_stop_runs():  # as the CLI runs it: Ctrl-C stops after the round
         stopped = simulate(plan_run(configured(folder / "stopped")), ctrl_c_after_round(1))
     shutil.copytree(folder / "stopped", folder / "copy")  # for the refusals, before the resume changes it
+    shutil.copytree(folder / "stopped", folder / "killed")
     point = read_resume_point(RunDirectory(folder / "stopped"))
     plan, point = plan_resume(folder / "stopped", {})
     resumed = simulate(plan, resume=point)
@@ -121,3 +122,28 @@ def test_the_clients_see_one_run_before_and_after_the_resume(runs):
     entries = [json.loads(line) for path in (folder / "stopped" / "client-ledgers").glob("*.jsonl")
                for line in path.read_text().splitlines()]
     assert entries and {entry["run"] for entry in entries} == {SIMULATED_RUN_KEY}
+
+
+def test_a_kill_between_a_rounds_charges_and_its_log_resumes_and_charges_the_round_once(runs):
+    """The server charges round r, then is killed before r's metrics line and resume point: resuming replays r.
+
+    Built from the stopped run: its summary removed (a kill writes none) and the
+    ledger lines the uninterrupted run charged for the next round appended.
+    Charges two rounds past the point are still refused.
+    """
+    folder, _, stopped, _, _ = runs
+    killed, further = folder / "killed", folder / "further"
+    (killed / "summary.json").unlink()
+    next_round = stopped["rounds"] + 1
+    charged = [e for e in jsonl(folder / "whole" / "ledger.jsonl") if e["round"] == next_round]
+    assert charged
+    shutil.copytree(killed, further)
+    for run_dir, rounds in ((killed, [next_round]), (further, [next_round, next_round + 1])):
+        with open(run_dir / "ledger.jsonl", "a") as fh:
+            fh.writelines(json.dumps({**entry, "round": r}) + "\n" for r in rounds for entry in charged)
+    with pytest.raises(PrivfedError, match=f"ran round {next_round + 1} after its last resume point"):
+        plan_resume(further, {})
+    plan, point = plan_resume(killed, {})
+    assert point.round == stopped["rounds"]
+    simulate(plan, resume=point)
+    assert jsonl(killed / "ledger.jsonl") == jsonl(folder / "whole" / "ledger.jsonl")
