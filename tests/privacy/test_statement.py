@@ -1,10 +1,11 @@
 """The privacy statement says what is covered and what is not, for every mechanism x DP-SGD."""
 
+import numpy as np
 import pytest
 
 from mechanisms import get_mechanism_class
 from privfed.privacy.ledger import WorstCase
-from privfed.privacy.statement import privacy_statement
+from privfed.privacy.statement import privacy_statement, rounded_up
 
 DELTA = 1e-4
 
@@ -244,3 +245,18 @@ def test_a_secret_sample_is_claimed_with_its_rate_and_no_amplification_disclaime
     assert any("not a per-example one" in n for n in s.long_not_covered) != dp_sgd
     unsampled = privacy_statement(mechanism=get_mechanism_class("ldp-sums"), dp_sgd=dp_sgd, worst=worst(2.0, 8.0, 8.9), k=None)
     assert any("amplification" in n for n in unsampled.long_not_covered)
+
+
+@pytest.mark.parametrize(
+    ("value", "digits", "stated"),
+    [(0.99912, 3, "1"), (1.2341, 3, "1.24"), (1.23, 3, "1.23"), (1.0000001e-6, 2, "1.1e-06"), (8.0, 3, "8")],
+)
+def test_a_stated_epsilon_or_delta_is_rounded_up_never_down(value, digits, stated):
+    assert rounded_up(value, digits) == stated
+
+
+def test_no_stated_value_is_below_the_true_one():
+    values = np.random.default_rng(0).uniform(-8, 2, size=2000)
+    for value in 10.0**values:
+        for digits in (2, 3):
+            assert float(rounded_up(float(value), digits)) >= value
