@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from privfed.config import OPTION_PANELS, TrainConfig
+from tests.plugin_env import installed_env
 from tests.test_third_party_mechanism import NAME as PLUGIN_MECHANISM
-from tests.test_third_party_mechanism import installed_env
 
 COMMANDS = ("train", "evaluate", "attack", "plot", "study", "tune", "attacks", "mechanisms", "datasets", "certs")
 

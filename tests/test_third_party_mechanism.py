@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
+
+from tests.plugin_env import installed_env, run_privfed
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 NAME = "fakegauss"
@@ -44,28 +43,11 @@ def _load_plugin():
     return module
 
 
-def installed_env(site: Path, distribution: str, entry_point: str) -> dict[str, str]:
-    """An environment in which ``entry_point`` is a ``privfed.mechanisms`` entry point of an installed distribution."""
-    dist_info = site / f"{distribution.replace('-', '_')}-0.1.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.1\n")
-    (dist_info / "entry_points.txt").write_text(f"[privfed.mechanisms]\n{entry_point}\n")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLUGINS), str(site), os.environ.get("PYTHONPATH")) if p)
-    return env
-
-
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory) -> dict[str, str]:
     """An environment in which ``fakegauss`` is installed, as far as ``importlib.metadata`` can tell."""
     entry = f"{NAME} = fake_gaussian_mechanism:FakeGaussianMechanism"
     return installed_env(tmp_path_factory.mktemp("site"), "fake-privfed-plugin", entry)
-
-
-def _privfed(env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "privfed.cli", *args], capture_output=True, text=True, timeout=600, env=env, cwd=cwd
-    )
 
 
 def _independent_epsilon(events: list[dict], delta: float) -> float:
@@ -79,18 +61,18 @@ def _independent_epsilon(events: list[dict], delta: float) -> float:
 
 
 def test_plugin_is_listed_only_when_its_distribution_is_installed(plugin_env, tmp_path):
-    listed = _privfed(plugin_env, "mechanisms", cwd=tmp_path)
+    listed = run_privfed(plugin_env, "mechanisms", cwd=tmp_path)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     assert any(line.split()[:1] == [NAME] for line in listed.stdout.splitlines()), listed.stdout
     assert "ldp" in listed.stdout  # the built-ins are still there
-    without = _privfed({k: v for k, v in plugin_env.items() if k != "PYTHONPATH"}, "mechanisms", cwd=tmp_path)
+    without = run_privfed({k: v for k, v in plugin_env.items() if k != "PYTHONPATH"}, "mechanisms", cwd=tmp_path)
     assert without.returncode == 0 and NAME not in without.stdout  # it comes in through the entry point only
 
 
 def test_third_party_dp_mechanism_is_budgeted_and_described_end_to_end(plugin_env, tmp_path):
     plugin = _load_plugin()
     out = tmp_path / "run"
-    result = _privfed(plugin_env, *TRAIN_ARGS, "--epsilon", str(EPSILON), "--out", str(out), cwd=tmp_path)
+    result = run_privfed(plugin_env, *TRAIN_ARGS, "--epsilon", str(EPSILON), "--out", str(out), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
     config = json.loads((out / "config.json").read_text())
@@ -146,7 +128,7 @@ def test_third_party_dp_mechanism_is_budgeted_and_described_end_to_end(plugin_en
 
 def test_run_certain_to_exceed_the_plugins_budget_is_refused(plugin_env, tmp_path):
     out = tmp_path / "refused"
-    result = _privfed(
+    result = run_privfed(
         plugin_env, *TRAIN_ARGS, "--epsilon", str(EPSILON), "--epsilon-per-release", "2.9", "--out", str(out),
         cwd=tmp_path,
     )
@@ -171,7 +153,7 @@ def test_a_third_party_aggregated_mechanism_runs_inside_secagg_like_a_built_in_o
     out = tmp_path / "run"
     args = [a for a in TRAIN_ARGS if a != "--no-secagg"]
     args[args.index(NAME)] = AGGREGATED
-    result = _privfed(aggregated_plugin_env, *args, "--out", str(out), cwd=tmp_path)
+    result = run_privfed(aggregated_plugin_env, *args, "--out", str(out), cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["secure_aggregation"]["enabled"] and summary["secure_aggregation"]["halted_rounds"] == 0
