@@ -1,6 +1,6 @@
 """A third-party DP mechanism, installed only through the entry point, is budgeted and described end to end.
 
-The plugin (``tests/plugins/fake_gaussian_mechanism.py``) is never imported
+The plugin (``examples/third_party_mechanism.py``) is never imported
 by privfed's code nor registered with ``@register_mechanism``: a fake
 installed distribution in ``tmp_path`` declares it in the
 ``privfed.mechanisms`` entry-point group, and the real ``privfed`` CLI runs
@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
 
-from tests.plugin_env import installed_env, run_privfed
+from tests.plugin_env import PLUGIN_FOLDERS, installed_env, run_privfed
 
-PLUGINS = Path(__file__).resolve().parent / "plugins"
-NAME = "fakegauss"
+NAME = "gauss-cells"
+ENTRY = f"{NAME} = third_party_mechanism:GaussianCellSums"
 EPSILON = 3.0
 ROUNDS = 2
 NUM_CLIENTS = 4
@@ -37,7 +36,7 @@ TRAIN_ARGS = (
 
 def _load_plugin():
     """The plugin module, loaded from its file (this process does not register it anywhere)."""
-    spec = importlib.util.spec_from_file_location("fake_gaussian_mechanism", PLUGINS / "fake_gaussian_mechanism.py")
+    spec = importlib.util.spec_from_file_location("third_party_mechanism", PLUGIN_FOLDERS[0] / "third_party_mechanism.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -45,9 +44,8 @@ def _load_plugin():
 
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory) -> dict[str, str]:
-    """An environment in which ``fakegauss`` is installed, as far as ``importlib.metadata`` can tell."""
-    entry = f"{NAME} = fake_gaussian_mechanism:FakeGaussianMechanism"
-    return installed_env(tmp_path_factory.mktemp("site"), "fake-privfed-plugin", entry)
+    """An environment in which ``gauss-cells`` is installed, as far as ``importlib.metadata`` can tell."""
+    return installed_env(tmp_path_factory.mktemp("site"), "fake-privfed-plugin", ENTRY)
 
 
 def _independent_epsilon(events: list[dict], delta: float) -> float:
@@ -83,7 +81,7 @@ def test_third_party_dp_mechanism_is_budgeted_and_described_end_to_end(plugin_en
 
     # The budget was planned by asking the plugin's class, and respected.
     assert summary["mechanism"]["name"] == NAME
-    assert summary["mechanism"]["params"] == plugin.FakeGaussianMechanism.calibrate(
+    assert summary["mechanism"]["params"] == plugin.GaussianCellSums.calibrate(
         epsilon=EPSILON, delta=delta, num_releases=ROUNDS + 1
     )
     assert privacy["mechanism"] == NAME and privacy["budget"] == EPSILON and privacy["delta"] == delta
@@ -106,7 +104,7 @@ def test_third_party_dp_mechanism_is_budgeted_and_described_end_to_end(plugin_en
     ]
     expected_events = [
         {"name": e.name, "params": e.params}
-        for e in plugin.FakeGaussianMechanism(**summary["mechanism"]["params"]).privacy_events()
+        for e in plugin.GaussianCellSums(**summary["mechanism"]["params"]).privacy_events()
     ]
     for entry in ledger:
         assert entry["kind"] == "release" and entry["mechanism"] == NAME
