@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from mechanisms.accounting import calibration_discretisation, epsilon_of
-from mechanisms.base import DIFFERENTIAL_PRIVACY, Guarantee, Mechanism, PrivacyEvent, Release
+from mechanisms.base import DIFFERENTIAL_PRIVACY, Guarantee, Mechanism, PrivacyEvent, Release, replace_one_dp_guarantee
 
 #: Gaussian mechanisms per release: the cell sums and the cell counts.
 GAUSSIANS = 2
@@ -92,14 +92,8 @@ class GaussianCellSums(Mechanism):
         return _epsilon(self.noise_multiplier, self.delta, GAUSSIANS, 1e-4)
 
     def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
-        return Guarantee(
-            kind=DIFFERENTIAL_PRIVACY,
-            epsilon=self.epsilon,
-            delta=self.delta,
-            statement=(
-                f"This release is ({self.epsilon:.3g}, {self.delta:.3g})-differentially private with respect to "
-                "replacing any one of the client's representations by another (Gaussian cell sums and counts, PLD)."
-            ),
+        return replace_one_dp_guarantee(
+            self.epsilon, self.delta, accounting="Gaussian cell sums and counts, PLD", covers="the released cells"
         )
 
     def release(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
