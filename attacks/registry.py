@@ -1,6 +1,11 @@
 """Name → attack registry (``privfed attack --method NAME``).
 
-The built-in attacks register themselves when :mod:`attacks` is imported.
+The built-in attacks register themselves when :mod:`attacks` is imported;
+third-party packages add theirs with :func:`register_attack` or through the
+``privfed.attacks`` entry-point group (``examples/third_party_attack.py``)::
+
+    [project.entry-points."privfed.attacks"]
+    myattack = "mypkg.myattack:MyAttack"
 """
 
 from __future__ import annotations
@@ -8,7 +13,10 @@ from __future__ import annotations
 from typing import TypeVar
 
 from attacks.base import Attack
+from mechanisms.registry import load_plugins
 from privfed.errors import PrivfedError
+
+ENTRY_POINT_GROUP = "privfed.attacks"
 
 _REGISTRY: dict[str, type[Attack]] = {}
 
@@ -31,6 +39,7 @@ def register_attack(cls: A) -> A:
 
 
 def get_attack_class(name: str) -> type[Attack]:
+    load_plugins(ENTRY_POINT_GROUP, _REGISTRY, register_attack, PrivfedError)
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -38,5 +47,6 @@ def get_attack_class(name: str) -> type[Attack]:
 
 
 def available_attacks() -> dict[str, str]:
-    """Registered attacks and their one-line descriptions."""
+    """Registered attacks and their one-line descriptions, plug-ins included."""
+    load_plugins(ENTRY_POINT_GROUP, _REGISTRY, register_attack, PrivfedError)
     return {name: cls.description for name, cls in sorted(_REGISTRY.items())}

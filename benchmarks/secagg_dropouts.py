@@ -3,7 +3,7 @@
 Each training round samples ``--sampled`` clients; every sampled client fails
 with probability ``--rate`` at a stage drawn uniformly from setup, the key
 exchange, masking (after the key exchange) and unmasking (after its masked
-vector was sent) (:mod:`privfed.federation.dropout_injection`).
+vector was sent) (``tests/federation/dropout_injection.py``).
 Since the failures follow from a seed, the script predicts every round
 (who released, whether enough clients survive to unmask) and audits the
 finished run against it:
@@ -35,11 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from privfed.config import build_config
-from privfed.federation.dropout_injection import DropoutPlan, dropout_mod, expected_round
 from privfed.federation.simulation import simulate
 from privfed.privacy.ledger import PrivacyLedger
 from privfed.run.directory import RunDirectory
 from privfed.run.plan import plan_run
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for the test harness
+from tests.federation.dropout_injection import DropoutPlan, dropout_mod, expected_round
 
 
 @dataclass

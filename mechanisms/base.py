@@ -8,6 +8,7 @@ new mechanism never needs changes outside its own module.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -35,13 +36,7 @@ class Guarantee:
     delta: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "statement": self.statement,
-            "k": self.k,
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)

@@ -52,12 +52,6 @@ def sinkhorn_knopp(
     return torch.exp(scores + u[:, None] + v[None, :])
 
 
-def equal_size_sizes(n: int, k: int) -> list[int]:
-    """Cluster sizes for ``n`` points in ``k`` clusters, differing by at most one."""
-    base, extra = divmod(n, k)
-    return [base + 1 if j < extra else base for j in range(k)]
-
-
 def equal_size_assignment(scores: torch.Tensor) -> torch.Tensor:
     """Hard assignment maximising total score with equal cluster sizes.
 

@@ -2,7 +2,8 @@
 
 Built-in mechanisms register themselves on import; third-party packages add
 theirs without editing privfed, either by calling :func:`register_mechanism`
-or through the ``privfed.mechanisms`` entry-point group::
+or through the ``privfed.mechanisms`` entry-point group (:func:`load_plugins`
+loads any such group, attacks' too)::
 
     [project.entry-points."privfed.mechanisms"]
     mymech = "mypkg.mymech:MyMechanism"
@@ -11,6 +12,7 @@ or through the ``privfed.mechanisms`` entry-point group::
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Container
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
@@ -19,7 +21,7 @@ from mechanisms.base import GUARANTEE_KINDS, NO_GUARANTEE, Mechanism
 ENTRY_POINT_GROUP = "privfed.mechanisms"
 
 _REGISTRY: dict[str, type[Mechanism]] = {}
-_entry_points_loaded = False
+_loaded_groups: set[str] = set()
 
 M = TypeVar("M", bound=type[Mechanism])
 
@@ -72,25 +74,31 @@ def register_mechanism(cls: M) -> M:
     return cls
 
 
-def _load_entry_points() -> None:
-    """Registers every plugin of the entry-point group; a broken one is named, not skipped."""
-    global _entry_points_loaded
-    if _entry_points_loaded:
+def load_plugins(group: str, registered: Container[str], register: Callable[[Any], object], error: type[Exception]) -> None:
+    """Registers, once per process, every plug-in of the entry-point ``group``; a broken one is named, not skipped.
+
+    Mechanisms and attacks (and anything else named by a ``name`` attribute) load their plug-ins here.
+    """
+    if group in _loaded_groups:
         return
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in _REGISTRY:
+    for ep in entry_points(group=group):
+        if ep.name in registered:
             continue
         try:
-            cls = ep.load()
+            plugin = ep.load()
         except Exception as err:
-            raise MechanismRegistrationError(f"mechanism plugin {ep.name!r} ({ep.value}) cannot be loaded: {err}") from err
-        if getattr(cls, "name", None) != ep.name:
-            raise MechanismRegistrationError(
-                f"entry point {ep.name!r} points to {ep.value}, whose name is {getattr(cls, 'name', None)!r}; "
+            raise error(f"{group} plugin {ep.name!r} ({ep.value}) cannot be loaded: {err}") from err
+        if getattr(plugin, "name", None) != ep.name:
+            raise error(
+                f"entry point {ep.name!r} points to {ep.value}, whose name is {getattr(plugin, 'name', None)!r}; "
                 "the two must agree"
             )
-        register_mechanism(cls)
-    _entry_points_loaded = True
+        register(plugin)
+    _loaded_groups.add(group)
+
+
+def _load_entry_points() -> None:
+    load_plugins(ENTRY_POINT_GROUP, _REGISTRY, register_mechanism, MechanismRegistrationError)
 
 
 def available_mechanisms() -> dict[str, str]:

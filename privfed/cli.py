@@ -329,8 +329,19 @@ def plot(
     typer.echo(f"wrote {plot_curves([RunCurves.of(d) for d in run_dirs], out)}")
 
 
-STUDY_DATASET_HELP = "Train every cell on this data instead of the study's (e.g. arrays:PATH offline); a change makes finished cells stale."
-STUDY_DOWNLOAD_HELP = "Allow downloading CIFAR-10/100 into --data-dir for every cell (needs a network)."
+# The options `privfed study` and `privfed tune` share.
+STUDY_OUT = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]")
+STUDY_REUSE_STALE = typer.Option(False, "--reuse-stale", help=(
+    "Keep finished cells whose configuration changed since they ran (or predates the hash privfed keeps); without "
+    "it the study refuses to run and names them."
+))
+STUDY_DATASET = typer.Option(None, "--dataset", help=(
+    "Train every cell on this data instead of the study's (e.g. arrays:PATH offline); a change makes finished cells stale."
+))
+STUDY_DATA_DIR = typer.Option(None, "--data-dir", help="Where torchvision datasets live. [default: the study's]")
+STUDY_DOWNLOAD = typer.Option(None, "--download/--no-download", show_default=False, help=(
+    "Allow downloading CIFAR-10/100 into --data-dir for every cell (needs a network)."
+))
 
 
 def _study_overrides(dataset: str | None, data_dir: str | None, download: bool | None) -> dict[str, Any]:
@@ -338,21 +349,17 @@ def _study_overrides(dataset: str | None, data_dir: str | None, download: bool |
     return {"dataset": dataset, "data_dir": data_dir, "download": download}
 
 
-REUSE_STALE_HELP = ("Keep finished cells whose configuration changed since they ran (or predates the hash "
-                    "privfed keeps); without it the study refuses to run and names them.")
-
-
 @app.command(cls=HelpCommand)
 def study(
     study_file: Path = typer.Argument(..., help=(
         "A shipped study by name (privacy-cpu-cifar10, ...; configs/studies/ in a checkout) or a study TOML file."
     )),
-    out: Path | None = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
+    out: Path | None = STUDY_OUT,
     report: bool = typer.Option(False, "--report", help="Run nothing: write the tables and plots of the runs recorded so far."),
-    reuse_stale: bool = typer.Option(False, "--reuse-stale", help=REUSE_STALE_HELP),
-    dataset: str | None = typer.Option(None, "--dataset", help=STUDY_DATASET_HELP),
-    data_dir: str | None = typer.Option(None, "--data-dir", help="Where torchvision datasets live. [default: the study's]"),
-    download: bool | None = typer.Option(None, "--download/--no-download", help=STUDY_DOWNLOAD_HELP, show_default=False),
+    reuse_stale: bool = STUDY_REUSE_STALE,
+    dataset: str | None = STUDY_DATASET,
+    data_dir: str | None = STUDY_DATA_DIR,
+    download: bool | None = STUDY_DOWNLOAD,
 ) -> None:
     """Run every cell of a study (train, evaluate, attack), skipping finished ones; write results.csv and results.md."""
     overrides = _study_overrides(dataset, data_dir, download)
@@ -368,11 +375,11 @@ def tune(
         "A study by name or TOML file whose grid holds the candidates, e.g. lr and ema_decay "
         "(tune-cpu-cifar10)."
     )),
-    out: Path | None = typer.Option(None, "--out", help="The study directory. [default: studies/<file name>]"),
-    reuse_stale: bool = typer.Option(False, "--reuse-stale", help=REUSE_STALE_HELP),
-    dataset: str | None = typer.Option(None, "--dataset", help=STUDY_DATASET_HELP),
-    data_dir: str | None = typer.Option(None, "--data-dir", help="Where torchvision datasets live. [default: the study's]"),
-    download: bool | None = typer.Option(None, "--download/--no-download", help=STUDY_DOWNLOAD_HELP, show_default=False),
+    out: Path | None = STUDY_OUT,
+    reuse_stale: bool = STUDY_REUSE_STALE,
+    dataset: str | None = STUDY_DATASET,
+    data_dir: str | None = STUDY_DATA_DIR,
+    download: bool | None = STUDY_DOWNLOAD,
 ) -> None:
     """Rank hyperparameters without labels by Align + 0.2 Unif (paper §5), with the label-based accuracy beside it; writes tuning.md."""
     from privfed.studies.tables import tuning_ranking

@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from privfed.config import OPTION_PANELS, TrainConfig
+from tests.plugin_env import installed_env
+from tests.test_third_party_mechanism import ENTRY as PLUGIN_ENTRY
 from tests.test_third_party_mechanism import NAME as PLUGIN_MECHANISM
-from tests.test_third_party_mechanism import installed_env
 
 COMMANDS = ("train", "evaluate", "attack", "plot", "study", "tune", "attacks", "mechanisms", "datasets", "certs")
 
@@ -76,15 +77,14 @@ def test_arguments_have_their_help(command):
 
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory) -> dict[str, str]:
-    entry = f"{PLUGIN_MECHANISM} = fake_gaussian_mechanism:FakeGaussianMechanism"
-    return installed_env(tmp_path_factory.mktemp("site"), "fake-privfed-plugin", entry)
+    return installed_env(tmp_path_factory.mktemp("site"), "fake-privfed-plugin", PLUGIN_ENTRY)
 
 
 def test_a_plugin_mechanism_is_a_choice_and_a_dp_mechanism(plugin_env):
     text = " ".join(_help("train", env=plugin_env).split())
     assert f"kanon, ldp, ldp-sums, reps, {PLUGIN_MECHANISM}." not in text  # sorted by name, among the built-ins
-    assert "One of: ddp-sums, fakegauss, kanon, ldp, ldp-sums, reps." in text
-    assert "by ddp-sums, fakegauss, ldp, ldp-sums." in text
+    assert "One of: ddp-sums, gauss-cells, kanon, ldp, ldp-sums, reps." in text
+    assert "by ddp-sums, gauss-cells, ldp, ldp-sums." in text
 
 
 def test_a_bad_mechanism_is_refused_with_the_choices(plugin_env):
@@ -93,7 +93,7 @@ def test_a_bad_mechanism_is_refused_with_the_choices(plugin_env):
         capture_output=True, text=True, timeout=120, env=plugin_env,
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "unknown mechanism 'magic' (choose from ddp-sums, fakegauss, kanon, ldp, ldp-sums, reps)" in result.stderr
+    assert "unknown mechanism 'magic' (choose from ddp-sums, gauss-cells, kanon, ldp, ldp-sums, reps)" in result.stderr
 
 
 def test_help_does_not_import_torch():

@@ -1,6 +1,6 @@
 """A third-party DP mechanism, installed only through the entry point, is budgeted and described end to end.
 
-The plugin (``tests/plugins/fake_gaussian_mechanism.py``) is never imported
+The plugin (``examples/third_party_mechanism.py``) is never imported
 by privfed's code nor registered with ``@register_mechanism``: a fake
 installed distribution in ``tmp_path`` declares it in the
 ``privfed.mechanisms`` entry-point group, and the real ``privfed`` CLI runs
@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
 
-PLUGINS = Path(__file__).resolve().parent / "plugins"
-NAME = "fakegauss"
+from tests.plugin_env import PLUGIN_FOLDERS, installed_env, run_privfed
+
+NAME = "gauss-cells"
+ENTRY = f"{NAME} = third_party_mechanism:GaussianCellSums"
 EPSILON = 3.0
 ROUNDS = 2
 NUM_CLIENTS = 4
@@ -38,34 +36,16 @@ TRAIN_ARGS = (
 
 def _load_plugin():
     """The plugin module, loaded from its file (this process does not register it anywhere)."""
-    spec = importlib.util.spec_from_file_location("fake_gaussian_mechanism", PLUGINS / "fake_gaussian_mechanism.py")
+    spec = importlib.util.spec_from_file_location("third_party_mechanism", PLUGIN_FOLDERS[0] / "third_party_mechanism.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def installed_env(site: Path, distribution: str, entry_point: str) -> dict[str, str]:
-    """An environment in which ``entry_point`` is a ``privfed.mechanisms`` entry point of an installed distribution."""
-    dist_info = site / f"{distribution.replace('-', '_')}-0.1.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.1\n")
-    (dist_info / "entry_points.txt").write_text(f"[privfed.mechanisms]\n{entry_point}\n")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLUGINS), str(site), os.environ.get("PYTHONPATH")) if p)
-    return env
-
-
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory) -> dict[str, str]:
-    """An environment in which ``fakegauss`` is installed, as far as ``importlib.metadata`` can tell."""
-    entry = f"{NAME} = fake_gaussian_mechanism:FakeGaussianMechanism"
-    return installed_env(tmp_path_factory.mktemp("site"), "fake-privfed-plugin", entry)
-
-
-def _privfed(env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "privfed.cli", *args], capture_output=True, text=True, timeout=600, env=env, cwd=cwd
-    )
+    """An environment in which ``gauss-cells`` is installed, as far as ``importlib.metadata`` can tell."""
+    return installed_env(tmp_path_factory.mktemp("site"), "fake-privfed-plugin", ENTRY)
 
 
 def _independent_epsilon(events: list[dict], delta: float) -> float:
@@ -79,18 +59,18 @@ def _independent_epsilon(events: list[dict], delta: float) -> float:
 
 
 def test_plugin_is_listed_only_when_its_distribution_is_installed(plugin_env, tmp_path):
-    listed = _privfed(plugin_env, "mechanisms", cwd=tmp_path)
+    listed = run_privfed(plugin_env, "mechanisms", cwd=tmp_path)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     assert any(line.split()[:1] == [NAME] for line in listed.stdout.splitlines()), listed.stdout
     assert "ldp" in listed.stdout  # the built-ins are still there
-    without = _privfed({k: v for k, v in plugin_env.items() if k != "PYTHONPATH"}, "mechanisms", cwd=tmp_path)
+    without = run_privfed({k: v for k, v in plugin_env.items() if k != "PYTHONPATH"}, "mechanisms", cwd=tmp_path)
     assert without.returncode == 0 and NAME not in without.stdout  # it comes in through the entry point only
 
 
 def test_third_party_dp_mechanism_is_budgeted_and_described_end_to_end(plugin_env, tmp_path):
     plugin = _load_plugin()
     out = tmp_path / "run"
-    result = _privfed(plugin_env, *TRAIN_ARGS, "--epsilon", str(EPSILON), "--out", str(out), cwd=tmp_path)
+    result = run_privfed(plugin_env, *TRAIN_ARGS, "--epsilon", str(EPSILON), "--out", str(out), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
     config = json.loads((out / "config.json").read_text())
@@ -101,7 +81,7 @@ def test_third_party_dp_mechanism_is_budgeted_and_described_end_to_end(plugin_en
 
     # The budget was planned by asking the plugin's class, and respected.
     assert summary["mechanism"]["name"] == NAME
-    assert summary["mechanism"]["params"] == plugin.FakeGaussianMechanism.calibrate(
+    assert summary["mechanism"]["params"] == plugin.GaussianCellSums.calibrate(
         epsilon=EPSILON, delta=delta, num_releases=ROUNDS + 1
     )
     assert privacy["mechanism"] == NAME and privacy["budget"] == EPSILON and privacy["delta"] == delta
@@ -124,7 +104,7 @@ def test_third_party_dp_mechanism_is_budgeted_and_described_end_to_end(plugin_en
     ]
     expected_events = [
         {"name": e.name, "params": e.params}
-        for e in plugin.FakeGaussianMechanism(**summary["mechanism"]["params"]).privacy_events()
+        for e in plugin.GaussianCellSums(**summary["mechanism"]["params"]).privacy_events()
     ]
     for entry in ledger:
         assert entry["kind"] == "release" and entry["mechanism"] == NAME
@@ -146,7 +126,7 @@ def test_third_party_dp_mechanism_is_budgeted_and_described_end_to_end(plugin_en
 
 def test_run_certain_to_exceed_the_plugins_budget_is_refused(plugin_env, tmp_path):
     out = tmp_path / "refused"
-    result = _privfed(
+    result = run_privfed(
         plugin_env, *TRAIN_ARGS, "--epsilon", str(EPSILON), "--epsilon-per-release", "2.9", "--out", str(out),
         cwd=tmp_path,
     )
@@ -171,7 +151,7 @@ def test_a_third_party_aggregated_mechanism_runs_inside_secagg_like_a_built_in_o
     out = tmp_path / "run"
     args = [a for a in TRAIN_ARGS if a != "--no-secagg"]
     args[args.index(NAME)] = AGGREGATED
-    result = _privfed(aggregated_plugin_env, *args, "--out", str(out), cwd=tmp_path)
+    result = run_privfed(aggregated_plugin_env, *args, "--out", str(out), cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["secure_aggregation"]["enabled"] and summary["secure_aggregation"]["halted_rounds"] == 0

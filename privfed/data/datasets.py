@@ -52,14 +52,16 @@ def describe_datasets() -> dict[str, str]:
     }
 
 
+def _parts(spec: str) -> tuple[str, str | None]:
+    """A spec's lower-case name and its argument after ``:`` (None without a ``:``), both stripped."""
+    name, sep, arg = spec.strip().partition(":")
+    return name.strip().lower(), arg.strip() if sep else None
+
+
 def arrays_file(spec: str | None) -> Path | None:
     """The file an ``arrays:PATH`` spec names, resolved (None for any other dataset, or none)."""
-    if spec is None:
-        return None
-    name, _, arg = spec.strip().partition(":")
-    if name.strip().lower() != "arrays" or not arg.strip():
-        return None
-    return Path(arg.strip()).expanduser().resolve()
+    name, arg = _parts(spec or "")
+    return Path(arg).expanduser().resolve() if name == "arrays" and arg else None
 
 
 def evaluation_splits(train_spec: str | None, test_spec: str) -> tuple[Split, Split]:
@@ -105,19 +107,18 @@ def load_dataset(
     """
     if split not in ("train", "test", "all"):
         raise PrivfedError(f"unknown split {split!r}: expected 'train', 'test' or 'all'")
-    name, sep, arg = spec.strip().partition(":")
-    name = name.strip().lower()
+    name, arg = _parts(spec)
     if name == "arrays":
-        if not arg.strip():
+        if not arg:
             raise PrivfedError("dataset 'arrays' needs a path: arrays:PATH/TO/FILE.npz")
-        return load_npz(Path(arg.strip()).expanduser(), split=split)
+        return load_npz(Path(arg).expanduser(), split=split)
     if split == "all":
         raise PrivfedError(f"only an arrays:PATH file can be used whole, not {spec!r}")
     part: Literal["train", "test"] = split
     if name == "shapes":
-        return _load_shapes(arg if sep else None, part)
+        return _load_shapes(arg, part)
     if name in _CIFAR_DIRS:
-        size = _parse_size(arg, spec) if sep else None  # checked before anything is read
+        size = None if arg is None else _parse_size(arg, spec)  # checked before anything is read
         data = _load_cifar(name, part, Path(data_dir), download)
         return data if size is None or part == "test" else balanced_subset(data, size, seed=seed, spec=spec)
     valid = ", ".join(["shapes", "shapes:N", "cifar10[:N]", "cifar100[:N]", "arrays:PATH"])
@@ -183,10 +184,9 @@ def check_dataset_present(spec: str, *, data_dir: Path, download: bool) -> None:
     Raises:
         PrivfedError: naming both ways to get the data (``--download``, ``--dataset arrays:PATH``).
     """
-    name, _, arg = spec.strip().partition(":")
-    name = name.strip().lower()
-    if name == "arrays" and arg.strip() and not Path(arg.strip()).expanduser().exists():
-        load_npz(Path(arg.strip()).expanduser(), split="all")  # raises its not-found error, reading nothing
+    name, arg = _parts(spec)
+    if name == "arrays" and arg and not Path(arg).expanduser().exists():
+        load_npz(Path(arg).expanduser(), split="all")  # raises its not-found error, reading nothing
     if name in _CIFAR_DIRS and not download:
         _check_cifar_folder(name, Path(data_dir))
 

@@ -1,25 +1,18 @@
-"""TLS and SuperNode-authentication material for a Flower 1.41 deployment.
-
-A federation that leaves one machine needs two kinds of keys:
+"""TLS and SuperNode-authentication material for a Flower deployment.
 
 * **TLS.** The SuperLink serves the Fleet, Control and Runtime APIs on one
-  HTTPS port. Its certificate is signed by a private CA whose certificate
-  every SuperNode (``--root-certificates``) and the ``flwr`` CLI
-  (``root-certificates`` in ``config.toml``) use to recognise the SuperLink.
-  A private CA rather than a self-signed server certificate keeps the trust
-  anchor stable when the server certificate is reissued (new host names).
+  HTTPS port, with a certificate signed by a private CA. SuperNodes
+  (``--root-certificates``) and the ``flwr`` CLI (``root-certificates`` in
+  ``config.toml``) trust the CA, which stays the same when the server
+  certificate is reissued for new host names.
 * **SuperNode authentication.** With ``--enable-supernode-auth`` the
-  SuperLink only lets in SuperNodes whose public key an operator registered
-  beforehand (``flwr supernode register KEY.pub``). Every request a SuperNode
-  makes carries its public key and a signature over a fresh timestamp, made
-  with the private key given by ``--auth-supernode-private-key``. Flower 1.41
-  reads that private key with ``load_ssh_private_key`` and the public key with
-  ``load_ssh_public_key`` and accepts only NIST elliptic curves, so both halves
-  are written in OpenSSH format on P-384.
+  SuperLink admits only SuperNodes whose public key was registered
+  beforehand (``flwr supernode register KEY.pub``); each request carries a
+  signature made with ``--auth-supernode-private-key``. Flower reads both
+  halves in OpenSSH format and accepts only NIST curves, hence P-384.
 
-Everything is generated in memory by pure functions
-(:func:`generate_credentials`); :func:`write_credentials` is the only one that
-touches the disk.
+:func:`generate_credentials` makes everything in memory;
+:func:`write_credentials` is the only function that touches the disk.
 """
 
 from __future__ import annotations
@@ -28,7 +21,7 @@ import datetime as dt
 import ipaddress
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,53 +32,33 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from privfed.errors import PrivfedError
 
+#: Names always in the SuperLink certificate: the SuperLink starts its own ServerApp executor against
+#: ``127.0.0.1`` (or ``::1``) even when it listens on ``0.0.0.0``, so these must always verify.
 DEFAULT_HOSTS: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
-"""Names always put in the SuperLink certificate.
-
-The SuperLink starts its own ServerApp executor against ``127.0.0.1`` (or
-``::1``) even when it listens on ``0.0.0.0``, so these must always verify.
-"""
-
 DEFAULT_VALID_DAYS = 365
-CA_FILE = "ca.pem"
-CA_KEY_FILE = "ca.key"
-SUPERLINK_CERT_FILE = "superlink.pem"
-SUPERLINK_KEY_FILE = "superlink.key"
+#: Flower's own default for ``flower-superlink --port``.
 DEFAULT_SUPERLINK_PORT = 8000
-"""Flower's own default for ``flower-superlink --port`` (Fleet, Control and Runtime APIs)."""
 
-_CLOCK_SKEW = dt.timedelta(minutes=5)
+_CLOCK_SKEW = dt.timedelta(minutes=5)  # validity starts this early, for machines whose clocks lag
 _DNS_NAME = re.compile(r"(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
 
 
 def supernode_key_file(partition_id: int) -> str:
-    """Name of SuperNode ``partition_id``'s private key (its public key adds ``.pub``).
-
-    Keys are numbered like partitions so that the SuperNode started with
-    ``partition-id=I`` naturally uses ``supernode-I``.
-    """
+    """SuperNode ``partition_id``'s private key file (``.pub`` for its public key), numbered like partitions."""
     return f"supernode-{partition_id}"
 
 
-def new_private_key() -> ec.EllipticCurvePrivateKey:
-    """A fresh P-384 key: a NIST curve, as Flower's node authentication requires."""
-    return ec.generate_private_key(ec.SECP384R1())
-
-
 def subject_alternative_names(hosts: Iterable[str]) -> list[x509.GeneralName]:
-    """SAN entries for ``hosts``: IP addresses as such, everything else as DNS names.
+    """SAN entries for ``hosts``: IP addresses as such, everything else as DNS names, without duplicates.
 
-    Clients match the address they dialled against the SAN list (the common
-    name is ignored), so an IP must appear as an ``IPAddress`` entry, never as
-    a DNS name. Duplicates (e.g. a user repeating ``localhost``) are dropped.
+    Clients match the address they dialled against the SAN list (never the
+    common name), so an IP must be an ``IPAddress`` entry.
 
     Raises:
-        PrivfedError: A host that is neither an IP nor a DNS name, typically
-            ``host:port`` or a URL, which would yield a certificate no client
-            can match.
+        PrivfedError: A host that is neither an IP nor a DNS name (typically
+            ``host:port`` or a URL), which no client could match.
     """
-    names: list[x509.GeneralName] = []
-    seen: set[str] = set()
+    names: dict[object, x509.GeneralName] = {}
     for raw in hosts:
         host = raw.strip().strip("[]")
         if not host:
@@ -97,25 +70,10 @@ def subject_alternative_names(hosts: Iterable[str]) -> list[x509.GeneralName]:
                 raise PrivfedError(
                     f"{raw!r} is neither an IP address nor a host name (give the bare name, without scheme or port)"
                 ) from None
-            key = "dns:" + host.lower()
-            entry: x509.GeneralName = x509.DNSName(host)
+            names.setdefault(host.lower(), x509.DNSName(host))
         else:
-            key = "ip:" + str(ip)
-            entry = x509.IPAddress(ip)
-        if key not in seen:
-            seen.add(key)
-            names.append(entry)
-    return names
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "privfed"),
-            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-        ]
-    )
-
+            names.setdefault(ip, x509.IPAddress(ip))
+    return list(names.values())
 
 
 def _key_usage(**allowed: bool) -> x509.KeyUsage:
@@ -127,115 +85,50 @@ def _key_usage(**allowed: bool) -> x509.KeyUsage:
     )
     return x509.KeyUsage(digital_signature=True, **{**flags, **allowed})
 
-def make_ca(
-    *, valid_days: int = DEFAULT_VALID_DAYS, now: dt.datetime | None = None
-) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    """A self-signed CA that may only sign end-entity certificates.
 
-    ``path_length=0`` stops a leaked server key from being used to mint
-    further CAs. The validity starts a few minutes in the past so that
-    machines whose clocks lag slightly still accept it.
-    """
-    now = now or dt.datetime.now(dt.UTC)
-    key = new_private_key()
-    name = _name("privfed federation CA")
-    public = key.public_key()
-    cert = (
+def _certificate(
+    common_name: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: tuple[ec.EllipticCurvePrivateKey, x509.Name] | None,
+    extensions: list[tuple[x509.ExtensionType, bool]],
+    validity: tuple[dt.datetime, dt.datetime],
+) -> x509.Certificate:
+    """``key``'s certificate, signed by ``issuer`` (its key and name) or by itself, with ``(extension, critical)``."""
+    name = x509.Name([
+        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "privfed"), x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+    ])
+    issuer_key, issuer_name = issuer or (key, name)
+    builder = (
         x509.CertificateBuilder()
         .subject_name(name)
-        .issuer_name(name)
-        .public_key(public)
+        .issuer_name(issuer_name)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _CLOCK_SKEW)
-        .not_valid_after(now + dt.timedelta(days=valid_days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            _key_usage(key_cert_sign=True, crl_sign=True),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-        .sign(key, hashes.SHA384())
+        .not_valid_before(validity[0])
+        .not_valid_after(validity[1])
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
     )
-    return key, cert
-
-
-def make_server_certificate(
-    ca_key: ec.EllipticCurvePrivateKey,
-    ca_cert: x509.Certificate,
-    hosts: Sequence[str],
-    *,
-    valid_days: int = DEFAULT_VALID_DAYS,
-    now: dt.datetime | None = None,
-) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    """The SuperLink's key and a certificate for ``hosts``, signed by the CA.
-
-    The extensions are the ones strict verifiers insist on (SAN, server-auth
-    extended key usage, authority key identifier), so the same files work with
-    Python's ``ssl``, httpx and gRPC alike.
-
-    Raises:
-        PrivfedError: ``hosts`` yields no usable name.
-    """
-    sans = subject_alternative_names(hosts)
-    if not sans:
-        raise PrivfedError("the SuperLink certificate needs at least one host name or IP address")
-    now = now or dt.datetime.now(dt.UTC)
-    key = new_private_key()
-    public = key.public_key()
-    first = sans[0].value
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(f"privfed SuperLink {first}"))
-        .issuer_name(ca_cert.subject)
-        .public_key(public)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _CLOCK_SKEW)
-        .not_valid_after(now + dt.timedelta(days=valid_days))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            _key_usage(key_agreement=True),
-            critical=True,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA384())
-    )
-    return key, cert
+    for extension, critical in extensions:
+        builder = builder.add_extension(extension, critical=critical)
+    return builder.sign(issuer_key, hashes.SHA384())
 
 
 def supernode_key_pair(comment: str = "") -> tuple[bytes, bytes]:
-    """One SuperNode's authentication keys: (OpenSSH private key, OpenSSH public key line).
+    """One SuperNode's authentication keys: (OpenSSH private key, OpenSSH public key line ending in ``comment``).
 
-    The private key stays on the SuperNode; the public line is what the
-    operator registers with ``flwr supernode register``. The private key is
+    The public line is what the operator registers; the private key is
     unencrypted because ``flower-supernode`` loads it without a passphrase.
-    ``comment`` (e.g. the key's file name) is appended to the public line to
-    tell registered keys apart.
     """
-    key = new_private_key()
+    key = ec.generate_private_key(ec.SECP384R1())
     private = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.OpenSSH,
-        serialization.NoEncryption(),
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
     )
-    public = key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    )
-    if comment:
-        public += b" " + comment.encode("ascii")
-    return private, public + b"\n"
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return private, public + (b" " + comment.encode("ascii") if comment else b"") + b"\n"
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
 
 @dataclass(frozen=True)
@@ -250,15 +143,21 @@ class Credentials:
     supernode_public_keys: tuple[bytes, ...]
     hosts: tuple[str, ...]
 
+    def contents(self) -> tuple[bytes, ...]:
+        """The files' contents in :meth:`CredentialPaths.all_files`' order."""
+        pairs = [f for pair in zip(self.supernode_keys, self.supernode_public_keys) for f in pair]
+        return (self.ca_certificate, self.ca_key, self.superlink_certificate, self.superlink_key, *pairs)
+
 
 def generate_credentials(
-    num_supernodes: int,
-    hosts: Iterable[str] = (),
-    *,
-    valid_days: int = DEFAULT_VALID_DAYS,
-    now: dt.datetime | None = None,
+    num_supernodes: int, hosts: Iterable[str] = (), *, valid_days: int = DEFAULT_VALID_DAYS, now: dt.datetime | None = None
 ) -> Credentials:
-    """A CA, a SuperLink certificate for :data:`DEFAULT_HOSTS` + ``hosts``, and node keys.
+    """A CA, a SuperLink certificate for :data:`DEFAULT_HOSTS` + ``hosts``, and one key pair per SuperNode.
+
+    The CA may sign only end-entity certificates (``path_length=0``: a leaked
+    server key cannot mint CAs). The server certificate carries what strict
+    verifiers insist on (SAN, server-auth extended key usage, authority key
+    identifier), so Python's ``ssl``, httpx and gRPC all accept it.
 
     Args:
         num_supernodes: How many SuperNode key pairs to make (one per partition).
@@ -267,22 +166,33 @@ def generate_credentials(
         now: Start of validity (tests pin it; default: the current time).
 
     Raises:
-        PrivfedError: A count or lifetime that cannot be right.
+        PrivfedError: A count or lifetime that cannot be right, or a host that is not one.
     """
     if num_supernodes < 0:
         raise PrivfedError(f"the number of SuperNodes must be >= 0, got {num_supernodes}")
     if valid_days < 1:
         raise PrivfedError(f"certificates must be valid for at least one day, got {valid_days}")
     all_hosts = tuple(dict.fromkeys([*DEFAULT_HOSTS, *(h.strip() for h in hosts if h.strip())]))
-    ca_key, ca_cert = make_ca(valid_days=valid_days, now=now)
-    server_key, server_cert = make_server_certificate(
-        ca_key, ca_cert, all_hosts, valid_days=valid_days, now=now
-    )
+    sans = subject_alternative_names(all_hosts)
+    now = now or dt.datetime.now(dt.UTC)
+    validity = (now - _CLOCK_SKEW, now + dt.timedelta(days=valid_days))
+    ca_key, server_key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(ec.SECP384R1())
+    ca = _certificate("privfed federation CA", ca_key, None, [
+        (x509.BasicConstraints(ca=True, path_length=0), True),
+        (_key_usage(key_cert_sign=True, crl_sign=True), True),
+    ], validity)
+    server = _certificate(f"privfed SuperLink {sans[0].value}", server_key, (ca_key, ca.subject), [
+        (x509.BasicConstraints(ca=False, path_length=None), True),
+        (_key_usage(key_agreement=True), True),
+        (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False),
+        (x509.SubjectAlternativeName(sans), False),
+        (x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False),
+    ], validity)
     pairs = [supernode_key_pair(supernode_key_file(i)) for i in range(num_supernodes)]
     return Credentials(
-        ca_certificate=ca_cert.public_bytes(serialization.Encoding.PEM),
+        ca_certificate=ca.public_bytes(serialization.Encoding.PEM),
         ca_key=_pem_key(ca_key),
-        superlink_certificate=server_cert.public_bytes(serialization.Encoding.PEM),
+        superlink_certificate=server.public_bytes(serialization.Encoding.PEM),
         superlink_key=_pem_key(server_key),
         supernode_keys=tuple(private for private, _ in pairs),
         supernode_public_keys=tuple(public for _, public in pairs),
@@ -308,13 +218,8 @@ class CredentialPaths:
         directory = Path(directory).expanduser().resolve()
         keys = tuple(directory / supernode_key_file(i) for i in range(num_supernodes))
         return cls(
-            directory=directory,
-            ca_certificate=directory / CA_FILE,
-            ca_key=directory / CA_KEY_FILE,
-            superlink_certificate=directory / SUPERLINK_CERT_FILE,
-            superlink_key=directory / SUPERLINK_KEY_FILE,
-            supernode_keys=keys,
-            supernode_public_keys=tuple(k.with_name(k.name + ".pub") for k in keys),
+            directory, directory / "ca.pem", directory / "ca.key", directory / "superlink.pem",
+            directory / "superlink.key", keys, tuple(k.with_name(k.name + ".pub") for k in keys),
         )
 
     def private_files(self) -> tuple[Path, ...]:
@@ -323,13 +228,8 @@ class CredentialPaths:
 
     def all_files(self) -> tuple[Path, ...]:
         """Every file, in the order they are reported to the user."""
-        return (
-            self.ca_certificate,
-            self.ca_key,
-            self.superlink_certificate,
-            self.superlink_key,
-            *[f for pair in zip(self.supernode_keys, self.supernode_public_keys) for f in pair],
-        )
+        pairs = [f for pair in zip(self.supernode_keys, self.supernode_public_keys) for f in pair]
+        return (self.ca_certificate, self.ca_key, self.superlink_certificate, self.superlink_key, *pairs)
 
 
 def _write(path: Path, data: bytes, private: bool) -> None:
@@ -365,15 +265,9 @@ def write_credentials(credentials: Credentials, directory: Path, *, force: bool 
         names = ", ".join(str(p) for p in existing)
         raise PrivfedError(f"refusing to overwrite existing files ({names}); use --force to replace them")
     paths.directory.mkdir(parents=True, exist_ok=True)
-    _write(paths.ca_certificate, credentials.ca_certificate, private=False)
-    _write(paths.ca_key, credentials.ca_key, private=True)
-    _write(paths.superlink_certificate, credentials.superlink_certificate, private=False)
-    _write(paths.superlink_key, credentials.superlink_key, private=True)
-    for key_path, pub_path, key, pub in zip(
-        paths.supernode_keys, paths.supernode_public_keys, credentials.supernode_keys, credentials.supernode_public_keys
-    ):
-        _write(key_path, key, private=True)
-        _write(pub_path, pub, private=False)
+    private = set(paths.private_files())
+    for path, data in zip(paths.all_files(), credentials.contents(), strict=True):
+        _write(path, data, private=path in private)
     return paths
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,14 @@ from privfed.errors import PrivfedError
 from privfed.models.network import OrchestraNetwork, build_network
 
 CHECKPOINT_NAMES = ("initial", "final")
+
+
+def write_whole(path: Path, write: Callable[[Path], object]) -> Path:
+    """``write`` into a temporary file renamed over ``path``: a kill never leaves half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    tmp.replace(path)
+    return path
 
 
 def default_run_dir(config: TrainConfig) -> Path:
@@ -156,9 +164,7 @@ class RunDirectory:
         return records
 
     def write_json(self, name: str, payload: dict[str, Any]) -> None:
-        tmp = self.path / f".{name}.tmp"
-        tmp.write_text(json.dumps(payload, indent=2) + "\n")
-        tmp.replace(self.path / name)
+        write_whole(self.path / name, lambda tmp: tmp.write_text(json.dumps(payload, indent=2) + "\n"))
 
     def read_json(self, name: str) -> dict[str, Any]:
         """A JSON object the run wrote.
@@ -171,16 +177,12 @@ class RunDirectory:
     def save_checkpoint(
         self, name: str, network: OrchestraNetwork, centroids: torch.Tensor | None, round_index: int
     ) -> Path:
-        path = self.checkpoints / f"{name}.pt"
         payload = {
             "network": {k: v.detach().cpu() for k, v in network.state_dict().items()},
             "centroids": None if centroids is None else centroids.detach().cpu(),
             "round": round_index,
         }
-        tmp = path.with_suffix(".pt.tmp")
-        torch.save(payload, tmp)
-        tmp.replace(path)
-        return path
+        return write_whole(self.checkpoints / f"{name}.pt", lambda tmp: torch.save(payload, tmp))
 
     def checkpoint_path(self, which: str) -> Path:
         """``initial``/``final`` name a checkpoint of this run; anything else is a path."""

@@ -27,6 +27,7 @@ import torch
 from mechanisms.base import Release
 from privfed.errors import PrivfedError
 from privfed.orchestra.model_state import StateDict
+from privfed.run.directory import write_whole
 
 _ROUND_FILE = re.compile(r"round-(\d{4,})\.pt")
 
@@ -111,11 +112,7 @@ def write_round(directory: Path, recorded: RecordedRound) -> Path:
             for r in recorded.releases
         ],
     }
-    path = round_path(directory, recorded.round)
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
-    return path
+    return write_whole(round_path(directory, recorded.round), lambda tmp: torch.save(payload, tmp))
 
 
 def recorded_rounds(directory: Path) -> list[int]:

@@ -28,7 +28,7 @@ import torch
 from privfed.config import TrainConfig, read_text
 from privfed.errors import PrivfedError
 from privfed.privacy.ledger import LedgerEntry
-from privfed.run.directory import RunDirectory
+from privfed.run.directory import RunDirectory, write_whole
 
 RESUME_FILE = "resume.pt"
 #: Options a resumed run may change: more rounds (when the privacy calibration does not depend on them), and the
@@ -61,11 +61,7 @@ class ResumePoint:
 
 def write_resume_point(run_dir: RunDirectory, point: ResumePoint) -> Path:
     """Replaces the run's resume point whole (a crash mid-write leaves the previous one)."""
-    path = run_dir.checkpoints / RESUME_FILE
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(dataclasses.asdict(point), tmp)
-    tmp.replace(path)
-    return path
+    return write_whole(run_dir.checkpoints / RESUME_FILE, lambda tmp: torch.save(dataclasses.asdict(point), tmp))
 
 
 def read_resume_point(run_dir: RunDirectory) -> ResumePoint:

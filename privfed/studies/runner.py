@@ -20,7 +20,6 @@ refusing loses nothing, while redoing would throw results away.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from privfed.errors import PrivfedError
+from privfed.run.directory import write_whole
 from privfed.studies.grid import Cell, Study, settings_changes, settings_hash
 
 CELL_FILE = "cell.json"
@@ -131,9 +131,7 @@ def write_record(folder: Path, record: CellRecord) -> None:
 
 def _write_whole(path: Path, values: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(values, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_whole(path, lambda tmp: tmp.write_text(json.dumps(values, indent=2) + "\n"))
 
 
 def _attempt_hash(folder: Path, record: CellRecord | None) -> str | None:

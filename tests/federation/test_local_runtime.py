@@ -18,10 +18,10 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from privfed.config import build_config
 from privfed.errors import PrivfedError
-from privfed.federation.dropout_injection import InjectedDropout
 from privfed.federation.local_runtime import LocalGrid
 from privfed.federation.simulation import simulate
 from privfed.run.plan import plan_run
+from tests.federation.dropout_injection import InjectedDropout
 from tests.run_records import jsonl, same
 
 TINY = [

@@ -105,7 +105,7 @@ def test_a_broken_plugin_is_named(monkeypatch, value, message):
 
     plugin = EntryPoint(name="plugin", value=value, group=registry.ENTRY_POINT_GROUP)
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    monkeypatch.setattr(registry, "_loaded_groups", set())
     monkeypatch.setattr(registry, "entry_points", lambda group: [plugin] if group == registry.ENTRY_POINT_GROUP else [])
     with pytest.raises(MechanismRegistrationError, match=f"'plugin'.*{message}"):
         available_mechanisms()
