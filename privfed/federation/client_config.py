@@ -1,15 +1,14 @@
 """The part of a run's configuration a client reads, and nothing more.
 
-The server sends it with every fit instruction (as JSON). It is built from
-the run's :class:`privfed.config.TrainConfig`, so it cannot drift from what
-the server planned; the options only the server uses (rounds, privacy
-budgets, SecAgg+ parameters, evaluation, output) never reach a client.
+Each client builds it from its declared run (:class:`privfed.config.TrainConfig`),
+the same configuration the server planned from; nothing of it travels in a
+round. The options only the server uses (rounds, privacy budgets, SecAgg+
+parameters, evaluation, output) are not in it.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from privfed.config import TrainConfig
 from privfed.data.federated import FederatedSplit
@@ -30,19 +29,19 @@ class ClientConfig:
         cluster_head_outputs: SpecLoss's cluster head width (None for every other method).
         classifier_outputs: Supervised FedAvg's classifier width (None for every other method).
         dp_sgd: Whether clients train with DP-SGD (GroupNorm networks); the
-            DP-SGD settings themselves come from the server's plan.
+            DP-SGD settings themselves are the client's own calibration
+            (:mod:`privfed.privacy.client_guard`).
         local: Local training hyperparameters (without DP-SGD settings).
         mechanism: Release mechanism name (None when the method releases nothing).
         num_local_centroids: ``L``.
         device: ``auto``, ``cpu`` or ``cuda``.
         threads: CPU threads a client may use.
         report_client_metrics: Whether the client sends its training metrics
-            (``--report-client-metrics``). A declared client follows its declared
-            run's value and refuses instructions that carry another.
+            (``--report-client-metrics``).
         seed: The run's seed. Each round's augmentations, memory and release
-            draw from it, the round and the client, so within a declared run
-            the server cannot pick them (in deployment the declared run, seed
-            included, is the run config the server's operator submits).
+            draw from it, the round and the client, so the server cannot pick
+            them (in deployment the declared run, seed included, is the run
+            config the server's operator submits).
     """
 
     split: FederatedSplit
@@ -81,20 +80,6 @@ class ClientConfig:
             seed=config.seed,
         )
 
-    def differences(self, other: ClientConfig) -> list[str]:
-        """The fields whose values differ from ``other``'s (compared as the JSON both travel as)."""
-        mine, theirs = json.loads(self.to_json()), json.loads(other.to_json())
-        return sorted(k for k in mine if mine[k] != theirs.get(k))
-
     def build_network(self) -> OrchestraNetwork:
         """The run's network architecture (GroupNorm under DP-SGD), as the server built it."""
         return build_network(self)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> ClientConfig:
-        values = json.loads(text)
-        local = LocalTrainingConfig.from_dict(values.pop("local"))
-        return cls(split=FederatedSplit(**values.pop("split")), local=local, **values)
