@@ -43,7 +43,6 @@ from mechanisms import Mechanism, create_mechanism
 from privfed.config import TrainConfig
 from privfed.data.federated import FederatedSplit
 from privfed.device import resolve_device
-from privfed.federation.client_config import ClientConfig
 from privfed.federation.messages import (
     arrays_to_state,
     bytes_to_tensor,
@@ -54,7 +53,9 @@ from privfed.federation.partitions import PARTITION_KEY
 from privfed.federation.records import record_item
 from privfed.federation.reply_store import ReplyStore, instructions_digest
 from privfed.federation.secagg_masking import SHARE_KEY
+from privfed.models.network import build_network
 from privfed.orchestra.client_update import client_update
+from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_keys
 from privfed.privacy.client_guard import ClientGuard, RoundRefused, declared_budget
 from privfed.privacy.ledger import events_to_json
@@ -101,7 +102,9 @@ class DeclaredRun:
     """The run as its user declared it: the client computes every round from it, never from the server's word.
 
     Attributes:
-        config: The options a client reads.
+        config: The declared run's configuration (in deployment, the run config the server's operator submits).
+        split: Which images each client holds.
+        local: Local training hyperparameters (without DP-SGD settings: those are the guard's).
         secagg: The SecAgg+ settings the declared run plans (None: ``--no-secagg``);
             a training round must use SecAgg+ with exactly these encodings.
         guard: The client's own calibration and ledger (:mod:`privfed.privacy.client_guard`).
@@ -110,7 +113,9 @@ class DeclaredRun:
             (:mod:`privfed.federation.reply_store`).
     """
 
-    config: ClientConfig
+    config: TrainConfig
+    split: FederatedSplit
+    local: LocalTrainingConfig
     secagg: SecAggPlusSettings | None
     guard: ClientGuard
     run: int
@@ -122,9 +127,11 @@ class DeclaredRun:
         node_cap: tuple[float, float] | None = None,
     ) -> DeclaredRun:
         """Partition ``partition``'s view of the declared ``run``, charged to run ``key``; calibrated here, once."""
-        sizes = FederatedSplit.of(run).client_sizes()
+        split = FederatedSplit.of(run)
+        sizes = split.client_sizes()
         guard = ClientGuard(declared_budget(run, sizes[partition], node_cap=node_cap), ledger)
-        return cls(ClientConfig.of(run), secagg_settings(run, sizes), guard, key, ReplyStore(replies))
+        local = LocalTrainingConfig.from_run(run)
+        return cls(run, split, local, secagg_settings(run, sizes), guard, key, ReplyStore(replies))
 
     def accepted_keys(self) -> set[str]:
         """What a fit instruction may carry: what varies by round (and SecAgg+'s scales and encoding, checked)."""
@@ -174,14 +181,14 @@ class OrchestraClient(Client):
 
     def _fit(self, ins: FitIns, round_index: int, digest: str) -> FitRes:
         declared = self.declared
-        config, budget = declared.config, declared.guard.budget
-        if self.num_partitions is not None and self.num_partitions != config.split.num_clients:
+        config, budget, split = declared.config, declared.guard.budget, declared.split
+        if self.num_partitions is not None and self.num_partitions != config.num_clients:
             raise ValueError(
                 f"this federation has {self.num_partitions} partitions but the run expects "
-                f"num_clients={config.split.num_clients}; start as many SuperNodes as clients"
+                f"num_clients={config.num_clients}; start as many SuperNodes as clients"
             )
-        torch.set_num_threads(config.threads)
-        network = config.build_network()  # GroupNorm under DP-SGD
+        torch.set_num_threads(max(1, int(config.client_cpus)))
+        network = build_network(config)  # GroupNorm under DP-SGD
         keys = shared_keys(network)
         global_state = arrays_to_state(parameters_to_ndarrays(ins.parameters), keys)
         train = ins.config["task"] == "train"
@@ -193,8 +200,8 @@ class OrchestraClient(Client):
             return replayed
         # Before anything touches the data: the round is checked and charged, or refused.
         self._admit(ins.config, round_index, train, keys, digest)
-        images = config.split.client_images(self.client_id)
-        labels = config.split.client_labels(self.client_id) if config.local.objective.uses_labels else None
+        images = split.client_images(self.client_id)
+        labels = split.client_labels(self.client_id) if declared.local.objective.uses_labels else None
         if centroids is not None and mechanism is not None:
             mechanism.observe_global_centroids(centroids)
         try:
@@ -204,7 +211,7 @@ class OrchestraClient(Client):
                 centroids,
                 images,
                 train=train,
-                config=config.local.replace(dp_sgd=budget.dp_sgd),
+                config=declared.local.replace(dp_sgd=budget.dp_sgd),
                 mechanism=mechanism,
                 num_local_centroids=config.num_local_centroids,
                 seed=client_seed(config.seed, round_index, self.client_id),

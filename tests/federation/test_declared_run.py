@@ -153,3 +153,24 @@ def test_a_declared_run_is_built_once_for_the_partition(plan):
     declared = DeclaredRun.of(plan.config, PARTITION, key=7)
     assert declared.run == 7 and declared.secagg == plan.secagg
     assert declared.guard.budget.params == plan.privacy.params  # the client's calibration is the server's plan
+
+
+SECAGG_ENCODING = ("secagg_max_weight", "secagg_clipping_range", "secagg_quantization_range", "secagg_modulus_range")
+
+
+def test_the_fit_message_carries_only_the_rounds_values(tiny_config):
+    """The client reads its options from its declared run; the server sends no option at all."""
+    config = tiny_config.replace(mechanism="ldp", epsilon=1.0, rounds=7, out="/somewhere/secret", knn_k=17)
+    assert set(honest_round.instructions(config, train=False).config) == {"task", "round"}
+    assert set(honest_round.instructions(config).config) == {"task", "round", "centroids", "secagg_scales", *SECAGG_ENCODING}
+    assert set(honest_round.instructions(config.replace(secagg=False)).config) == {"task", "round", "centroids"}
+
+
+def test_the_declared_run_gives_the_clients_split_and_local_training(tiny_config):
+    config = tiny_config.replace(num_clients=3, alpha=0.5, seed=4, memory_size=64, device="cpu")
+    declared = DeclaredRun.of(config, 0, key=0)
+    assert (declared.split.dataset, declared.split.num_clients, declared.split.alpha, declared.split.seed) == (
+        "shapes:300", 3, 0.5, 4,
+    )
+    assert declared.local.memory_size == 64 and declared.local.dp_sgd is None  # DP-SGD's settings are the guard's
+    assert DeclaredRun.of(config.replace(method="rotpred", mechanism="reps"), 0, key=0).guard.budget.mechanism is None
