@@ -174,3 +174,15 @@ def test_the_declared_run_gives_the_clients_split_and_local_training(tiny_config
     )
     assert declared.local.memory_size == 64 and declared.local.dp_sgd is None  # DP-SGD's settings are the guard's
     assert DeclaredRun.of(config.replace(method="rotpred", mechanism="reps"), 0, key=0).guard.budget.mechanism is None
+
+
+def test_a_client_app_given_no_declared_run_reads_the_run_config_flower_hands_the_node(tiny_config):
+    """The `flwr run` path: the declared run is the submitted run config (dashes, "" for unset)."""
+    from flwr.app import Context, RecordDict
+
+    from privfed.federation.client_app import make_client_fn
+
+    run_config = {k.replace("_", "-"): "" if v is None else v for k, v in tiny_config.replace(seed=9).to_dict().items()}
+    node = {"partition-id": 0, "num-partitions": tiny_config.num_clients}
+    built = make_client_fn()(Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config=run_config))
+    assert built.declared.config.seed == 9 and built.declared.split == DeclaredRun.of(tiny_config.replace(seed=9), 0, key=1).split
