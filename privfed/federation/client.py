@@ -1,8 +1,11 @@
 """A client's side of every Orchestra round, as a Flower ``Client``.
 
-Between rounds the client keeps only its privacy ledger and its last reply
-(:mod:`privfed.federation.reply_store`, sent again if a resumed run replays
-that round): each ``fit`` rebuilds the network from the server's state, runs
+The client computes from its declared run (:class:`DeclaredRun`): the
+server sends only what varies by round (the task, the round index, the
+public centroids, the model and SecAgg+'s scales and encoding), and any
+other key is refused. Between rounds the client keeps only its privacy
+ledger and its last reply (:mod:`privfed.federation.reply_store`, sent again
+if a resumed run replays that round): each ``fit`` rebuilds the network from the server's state, runs
 :func:`privfed.orchestra.client_update`, and replies with the model delta
 and the mechanism's release. The memory of representations is dropped
 inside ``client_update`` and never reaches the reply.
@@ -16,9 +19,9 @@ metrics stay on the client unless the declared run reports them
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,9 +39,10 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 
-from mechanisms import Mechanism, create_mechanism, get_mechanism_class
+from mechanisms import Mechanism, create_mechanism
+from privfed.config import TrainConfig
+from privfed.data.federated import FederatedSplit
 from privfed.device import resolve_device
-from privfed.federation.client_config import ClientConfig
 from privfed.federation.messages import (
     arrays_to_state,
     bytes_to_tensor,
@@ -49,11 +53,11 @@ from privfed.federation.partitions import PARTITION_KEY
 from privfed.federation.records import record_item
 from privfed.federation.reply_store import ReplyStore, instructions_digest
 from privfed.federation.secagg_masking import SHARE_KEY
-from privfed.methods import get_method
+from privfed.models.network import build_network
 from privfed.orchestra.client_update import client_update
+from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_keys
-from privfed.privacy.client_guard import ClientGuard, RoundRefused
-from privfed.privacy.dp_sgd_plan import DpSgdSettings
+from privfed.privacy.client_guard import ClientGuard, RoundRefused, declared_budget
 from privfed.privacy.ledger import events_to_json
 from privfed.secagg.encoding import (
     SECURE_METRIC_SCALES,
@@ -62,7 +66,7 @@ from privfed.secagg.encoding import (
     initial_scales,
     secagg_weight_ratio,
 )
-from privfed.secagg.settings import SecAggPlusSettings
+from privfed.secagg.settings import SecAggPlusSettings, secagg_settings
 
 logger = logging.getLogger(__name__)
 
@@ -95,10 +99,12 @@ class SecureSumSetup:
 
 @dataclass
 class DeclaredRun:
-    """The run as its user declared it, which a client holds the server to.
+    """The run as its user declared it: the client computes every round from it, never from the server's word.
 
     Attributes:
-        client_config: What every fit instruction's client configuration must be.
+        config: The declared run's configuration (in deployment, the run config the server's operator submits).
+        split: Which images each client holds.
+        local: Local training hyperparameters (without DP-SGD settings: those are the guard's).
         secagg: The SecAgg+ settings the declared run plans (None: ``--no-secagg``);
             a training round must use SecAgg+ with exactly these encodings.
         guard: The client's own calibration and ledger (:mod:`privfed.privacy.client_guard`).
@@ -107,29 +113,50 @@ class DeclaredRun:
             (:mod:`privfed.federation.reply_store`).
     """
 
-    client_config: ClientConfig
+    config: TrainConfig
+    split: FederatedSplit
+    local: LocalTrainingConfig
     secagg: SecAggPlusSettings | None
     guard: ClientGuard
     run: int
     replies: ReplyStore = field(default_factory=ReplyStore)
 
+    @classmethod
+    def of(
+        cls, run: TrainConfig, partition: int, *, key: int, ledger: Path | None = None, replies: Path | None = None,
+        node_cap: tuple[float, float] | None = None,
+    ) -> DeclaredRun:
+        """Partition ``partition``'s view of the declared ``run``, charged to run ``key``; calibrated here, once."""
+        split = FederatedSplit.of(run)
+        sizes = split.client_sizes()
+        guard = ClientGuard(declared_budget(run, sizes[partition], node_cap=node_cap), ledger)
+        local = LocalTrainingConfig.from_run(run)
+        return cls(run, split, local, secagg_settings(run, sizes), guard, key, ReplyStore(replies))
+
+    def accepted_keys(self) -> set[str]:
+        """What a fit instruction may carry: what varies by round (and SecAgg+'s scales and encoding, checked)."""
+        return ROUND_KEYS | (set() if self.secagg is None else {"secagg_scales", *self.secagg.encoding_config()})
+
+
+#: The fit-config keys of every round: the task, the round index and the public centroids (absent in round 0).
+ROUND_KEYS = {"task", "round", "centroids"}
+
 
 class OrchestraClient(Client):
-    """Answers the server's fit instructions for one data partition.
+    """Answers the server's fit instructions for one data partition of its declared run.
 
     Args:
         client_id: The partition this client holds.
+        declared: The declared run the client computes from.
         num_partitions: How many the federation has (None: not checked).
-        declared: The declared run the client holds the server to (None
-            trusts the server, for library use without a declaration).
     """
 
     def __init__(
         self,
         client_id: int,
-        num_partitions: int | None = None,
+        declared: DeclaredRun,
         *,
-        declared: DeclaredRun | None = None,
+        num_partitions: int | None = None,
         secure_sum: SecureSumSetup | None = None,
     ) -> None:
         self.client_id = client_id
@@ -142,51 +169,39 @@ class OrchestraClient(Client):
         return GetPropertiesRes(status=Status(code=Code.OK, message="ok"), properties={PARTITION_KEY: self.client_id})
 
     def fit(self, ins: FitIns) -> FitRes:
-        if self.declared is None:
-            return self._fit(ins, None)
-        digest = instructions_digest(ins)
+        unexpected = sorted(set(ins.config) - self.declared.accepted_keys())
+        if unexpected:
+            raise RoundRefused(f"unexpected key {unexpected[0]!r}: the client reads all but the round's values from its declared run")
+        if ins.config.get("task") not in ("init", "train"):
+            raise RoundRefused(f"the task is 'init' or 'train', not {ins.config.get('task')!r}")
+        round_index, digest = int(ins.config["round"]), instructions_digest(ins)
         # One computation per partition at a time: a second message for the round waits, then gets the stored reply.
-        with self.declared.replies.computing(self.declared.run, int(ins.config["round"]), digest):
-            return self._fit(ins, digest)
+        with self.declared.replies.computing(self.declared.run, round_index, digest):
+            return self._fit(ins, round_index, digest)
 
-    def _fit(self, ins: FitIns, digest: str | None) -> FitRes:
-        config = ClientConfig.from_json(str(ins.config["client_config"]))
-        if self.num_partitions is not None and self.num_partitions != config.split.num_clients:
+    def _fit(self, ins: FitIns, round_index: int, digest: str) -> FitRes:
+        declared = self.declared
+        config, budget, split = declared.config, declared.guard.budget, declared.split
+        if self.num_partitions is not None and self.num_partitions != config.num_clients:
             raise ValueError(
                 f"this federation has {self.num_partitions} partitions but the run expects "
-                f"num_clients={config.split.num_clients}; start as many SuperNodes as clients"
+                f"num_clients={config.num_clients}; start as many SuperNodes as clients"
             )
-        torch.set_num_threads(config.threads)
-        network = config.build_network()  # GroupNorm under DP-SGD
+        torch.set_num_threads(max(1, int(config.client_cpus)))
+        network = build_network(config)  # GroupNorm under DP-SGD
         keys = shared_keys(network)
         global_state = arrays_to_state(parameters_to_ndarrays(ins.parameters), keys)
-        train = str(ins.config["task"]) == "train"
+        train = ins.config["task"] == "train"
         centroids = bytes_to_tensor(record_item(ins.config["centroids"], bytes)) if "centroids" in ins.config else None
-        mechanism: Mechanism | None = None
-        if get_method(config.method).releases != (config.mechanism is not None):
-            raise ValueError(f"method {config.method} and mechanism {config.mechanism} do not go together")
-        params = json.loads(str(ins.config.get("mechanism_params", "{}")))
-        dp_sgd = DpSgdSettings.from_json(str(ins.config["dp_sgd"])) if "dp_sgd" in ins.config else None
-        if config.dp_sgd and dp_sgd is None:
-            raise ValueError("the run trains with DP-SGD but the server sent no DP-SGD settings")
-        images = config.split.client_images(self.client_id)
-        shares = train and config.mechanism is not None and get_mechanism_class(config.mechanism).aggregated
-        if shares:
-            # Before anything is charged or computed: the sum must hold the noise the share leaves out.
-            own = params if self.declared is None else self.declared.guard.own_parameters()[0]
-            assert config.mechanism is not None  # shares implies a mechanism
-            mechanism = self._secure_sum_mechanism(config.mechanism, own)
-        if self.declared is not None and digest is not None:
-            replayed = self._replayed(int(ins.config["round"]), digest, shares=shares)
-            if replayed is not None:
-                return replayed
-            # Before anything touches the data: the round is checked and charged, or refused.
-            self._admit(ins.config, config, params, dp_sgd, int(images.shape[0]), train, keys, digest)
-            # What the server sent matched the client's own calibration; the client computes with its own.
-            params, dp_sgd = self.declared.guard.own_parameters()
-        labels = config.split.client_labels(self.client_id) if config.local.objective.uses_labels else None
-        if config.mechanism is not None and mechanism is None:
-            mechanism = create_mechanism(config.mechanism, **params)
+        # Before anything is charged: the client's own mechanism, and the sum that must hold an aggregated one's noise.
+        mechanism = self._mechanism(train)
+        replayed = self._replayed(round_index, digest, shares=train and mechanism is not None and mechanism.aggregated)
+        if replayed is not None:
+            return replayed
+        # Before anything touches the data: the round is checked and charged, or refused.
+        self._admit(ins.config, round_index, train, keys, digest)
+        images = split.client_images(self.client_id)
+        labels = split.client_labels(self.client_id) if declared.local.objective.uses_labels else None
         if centroids is not None and mechanism is not None:
             mechanism.observe_global_centroids(centroids)
         try:
@@ -196,10 +211,10 @@ class OrchestraClient(Client):
                 centroids,
                 images,
                 train=train,
-                config=config.local.replace(dp_sgd=dp_sgd),
+                config=declared.local.replace(dp_sgd=budget.dp_sgd),
                 mechanism=mechanism,
                 num_local_centroids=config.num_local_centroids,
-                seed=client_seed(config.seed, int(ins.config["round"]), self.client_id),
+                seed=client_seed(config.seed, round_index, self.client_id),
                 device=resolve_device(config.device),
                 labels=labels,
             )
@@ -208,7 +223,7 @@ class OrchestraClient(Client):
         except Exception as err:
             # Flower forwards an exception's text to the server in plaintext, and a failed
             # check can depend on the data (e.g. how many representations were NaN).
-            logger.error("client %d, round %s: update failed: %s", self.client_id, ins.config["round"], err)
+            logger.error("client %d, round %s: update failed: %s", self.client_id, round_index, err)
             raise ClientRoundFailed(ROUND_FAILED) from None
         arrays = [] if update.delta is None else state_to_arrays(update.delta, keys)
         share: dict[str, bytes] = {}
@@ -216,13 +231,14 @@ class OrchestraClient(Client):
             if "secagg_scales" not in ins.config:
                 raise RoundRefused("a share of the secure sum leaves this node only inside SecAgg+")
             share = {SHARE_KEY: ndarray_to_bytes(update.share)}  # the SecAgg+ mod masks it and takes it out
-        report = (config if self.declared is None else self.declared.client_config).report_client_metrics
+        report = config.report_client_metrics
         metrics = reported_metrics(update.metrics, report=report)
-        if arrays and "secagg_scales" in ins.config:
-            arrays = prepare_for_secagg(arrays, ins.config, update.num_samples)
+        if arrays and declared.secagg is not None:
+            scales = bytes_to_ndarray(record_item(ins.config["secagg_scales"], bytes))
+            arrays = prepare_for_secagg(arrays, scales, declared.secagg, update.num_samples)
             if report:
                 # The training metrics join the masked sum, which shows the server their round means.
-                arrays.append(encode_metrics(metrics, clipping_range=float(ins.config["secagg_clipping_range"])))
+                arrays.append(encode_metrics(metrics, clipping_range=declared.secagg.clipping_range))
                 metrics = {k: v for k, v in metrics.items() if k not in SECURE_METRIC_SCALES}
         res = FitRes(
             status=Status(code=Code.OK, message="ok"),
@@ -231,34 +247,41 @@ class OrchestraClient(Client):
             metrics={
                 **metrics,
                 "client_id": self.client_id,
-                "round": int(ins.config["round"]),  # the server refuses a reply for another round
+                "round": round_index,  # the server refuses a reply for another round
                 **({} if update.release is None else encode_release(update.release)),
                 "dp_sgd_events": events_to_json(update.privacy_events),
                 **share,
             },
         )
-        if self.declared is not None and digest is not None:
-            # Kept before it leaves: a reply that reached anyone can always be sent again instead of a new one.
-            # A share is not kept: it is never sent again (see _replayed), so it need not lie on disk.
-            kept = FitRes(res.status, res.parameters, res.num_examples, {k: v for k, v in res.metrics.items() if k != SHARE_KEY})
-            self.declared.replies.answer(self.declared.run, int(ins.config["round"]), digest, kept)
+        # Kept before it leaves: a reply that reached anyone can always be sent again instead of a new one.
+        # A share is not kept: it is never sent again (see _replayed), so it need not lie on disk.
+        kept = FitRes(res.status, res.parameters, res.num_examples, {k: v for k, v in res.metrics.items() if k != SHARE_KEY})
+        declared.replies.answer(declared.run, round_index, digest, kept)
         return res
 
-    def _secure_sum_mechanism(self, mechanism: str, params: dict) -> Mechanism:
-        """The aggregated mechanism, built from ``params``; refuses a round whose SecAgg+ setup would not hold its noise.
+    def _mechanism(self, train: bool) -> Mechanism | None:
+        """The declared mechanism, built from the client's own calibration; refuses a round it cannot serve.
 
-        ``params`` are the ones the client computes with (its own calibration
-        in a declared run), so the same instance serves the round.
+        An aggregated mechanism's training round is refused when its SecAgg+
+        setup would not hold the noise its share leaves out.
         """
+        name, params = self.declared.guard.budget.mechanism, self.declared.guard.budget.params
+        if name is None:
+            return None
+        try:
+            built = create_mechanism(name, **params)
+        except (TypeError, ValueError) as err:
+            raise RoundRefused(f"the declared {name} parameters do not build the mechanism: {err}") from None
+        if not (train and built.aggregated):
+            return built
         if self.secure_sum is None:
-            raise RoundRefused(f"{mechanism} trains only in SecAgg+ rounds, and this round set none up")
+            raise RoundRefused(f"{name} trains only in SecAgg+ rounds, and this round set none up")
         if self.secure_sum.threshold < self.secure_sum.node_min_shares:
             raise RoundRefused(
                 f"this round's SecAgg+ threshold {self.secure_sum.threshold} is below this node's "
                 f"secure-sum-min-shares {self.secure_sum.node_min_shares}"
             )
         try:
-            built = create_mechanism(mechanism, **params)
             built.check_secure_sum(threshold=self.secure_sum.threshold, modulus=self.secure_sum.modulus)
         except ValueError as err:
             raise RoundRefused(f"this round's secure sum: {err}") from None
@@ -276,7 +299,6 @@ class OrchestraClient(Client):
         client's share, which holds only part of the noise.
         """
         declared = self.declared
-        assert declared is not None
         stored = declared.replies.get(declared.run, round_index)
         if stored is None or (stored.reply is None and not stored.failed):
             return None
@@ -289,38 +311,22 @@ class OrchestraClient(Client):
         logger.info("client %d, round %d: sending the reply it sent before again", self.client_id, round_index)
         return stored.reply
 
-    def _admit(
-        self,
-        fit: dict,
-        config: ClientConfig,
-        params: dict,
-        dp_sgd: DpSgdSettings | None,
-        num_samples: int,
-        train: bool,
-        keys: list[str],
-        digest: str,
-    ) -> None:
-        """Refuses a round that departs from the declared run or its budget (:class:`RoundRefused`).
+    def _admit(self, fit: dict, round_index: int, train: bool, keys: list[str], digest: str) -> None:
+        """Refuses a round that departs from the declared SecAgg+ encoding or the budget (:class:`RoundRefused`).
 
         The round is recorded as begun as the guard charges it: a round begun,
         charged and never answered (a kill while the client computed) is
         admitted again without a second charge, since nothing of it left.
         """
         declared = self.declared
-        assert declared is not None
-        differing = declared.client_config.differences(config)
-        if differing:
-            raise RoundRefused(f"the server's client configuration differs from the declared run in {', '.join(differing)}")
         if train and declared.secagg is not None:
             check_secagg_encoding(fit, declared.secagg, keys)
-        round_index = int(fit["round"])
         begun = declared.replies.get(declared.run, round_index)
         # A begun record exists only for a round the guard charged (it is written as the charge is made).
         unreleased = begun is not None and begun.reply is None and not begun.failed and begun.digest == digest
         declared.guard.admit(
-            run=declared.run, round_index=round_index, mechanism=config.mechanism, params=params, dp_sgd=dp_sgd,
-            batch_size=config.local.batch_size, epochs=config.local.epochs, num_samples=num_samples, train=train,
-            unreleased=unreleased, on_charge=lambda: declared.replies.begin(declared.run, round_index, digest),
+            run=declared.run, round_index=round_index, train=train, unreleased=unreleased,
+            on_charge=lambda: declared.replies.begin(declared.run, round_index, digest),
         )
 
 
@@ -363,19 +369,15 @@ def check_secagg_encoding(fit: dict, declared: SecAggPlusSettings, keys: list[st
         raise RoundRefused("the server's SecAgg+ scales are not finite, or below the initial scales, or of another shape")
 
 
-def prepare_for_secagg(arrays: list[np.ndarray], config: dict, num_samples: int) -> list[np.ndarray]:
-    max_weight = float(config["secagg_max_weight"])
-    if num_samples > max_weight:
+def prepare_for_secagg(arrays: list[np.ndarray], scales: np.ndarray, settings: SecAggPlusSettings, num_samples: int) -> list[np.ndarray]:
+    """The update rescaled and encoded for SecAgg+ with the declared encoding and this round's public scales."""
+    if num_samples > settings.max_weight:
         raise ValueError(
-            f"this client holds {num_samples} samples but the server set SecAgg+'s max_weight to {max_weight:g}; "
+            f"this client holds {num_samples} samples but SecAgg+'s max_weight is {settings.max_weight:g}; "
             "client and server disagree on the data partition"
         )
-    quantization_range = int(config["secagg_quantization_range"])
-    weight_ratio = secagg_weight_ratio(num_samples, max_weight=max_weight, quantization_range=quantization_range)
+    quantization_range = settings.quantization_range
+    weight_ratio = secagg_weight_ratio(num_samples, max_weight=settings.max_weight, quantization_range=quantization_range)
     return encode_update(
-        arrays,
-        bytes_to_ndarray(config["secagg_scales"]),
-        weight_ratio=weight_ratio,
-        clipping_range=float(config["secagg_clipping_range"]),
-        quantization_range=quantization_range,
+        arrays, scales, weight_ratio=weight_ratio, clipping_range=settings.clipping_range, quantization_range=quantization_range,
     )

@@ -56,14 +56,11 @@ def make_client_fn(
         """Builds the client for this node's partition (``partition-id`` in the node config)."""
         from privfed.errors import PrivfedError
         from privfed.federation.client import DeclaredRun, OrchestraClient, SecureSumSetup
-        from privfed.federation.client_config import ClientConfig
-        from privfed.federation.reply_store import ReplyStore, reply_file
-        from privfed.privacy.client_guard import ClientGuard, declared_budget, node_cap_from
-        from privfed.secagg.settings import secagg_settings
+        from privfed.federation.reply_store import reply_file
+        from privfed.privacy.client_guard import node_cap_from
 
         node = context.node_config
         partition = int(node["partition-id"])
-        run = declared if declared is not None else _declared_by_run_config(context)
         folder = Path(str(node[STATE_DIR])) if node.get(STATE_DIR) else state_dir
         ledger = replies = None
         if folder is None:
@@ -72,16 +69,16 @@ def make_client_fn(
             folder.mkdir(parents=True, exist_ok=True)
             ledger = folder / f"privfed-ledger-partition-{partition}.jsonl"
             replies = reply_file(folder, partition)  # its last reply, for a replayed round
-        client_config = ClientConfig.of(run)
-        sizes = client_config.split.client_sizes()
+        key = int(context.run_id) if run_key is None else run_key
         try:
-            guard = ClientGuard(declared_budget(run, sizes[partition], node_cap=node_cap_from(node)), ledger)
+            run = DeclaredRun.of(
+                declared_config(declared, context), partition, key=key, ledger=ledger, replies=replies,
+                node_cap=node_cap_from(node),
+            )
         except (ValueError, PrivfedError) as err:
             # A cut-short ledger names the node's state path; a bad cap names the node's own cap.
             logger.error("partition %d cannot hold the server to its budget: %s", partition, err)
             raise NodeGuardFailed("this node cannot check its privacy budget; the reason is in its log") from None
-        key = int(context.run_id) if run_key is None else run_key
-        declared_run = DeclaredRun(client_config, secagg_settings(run, sizes), guard, key, ReplyStore(replies))
         setup = context.state.config_records.get(RECORD_KEY_STATE)  # this round's SecAgg+ setup, if it has one
         floor = int(node.get(SECURE_SUM_MIN_SHARES, 2))
         if floor < 2:
@@ -89,16 +86,20 @@ def make_client_fn(
         secure_sum = None if setup is None else SecureSumSetup(
             record_item(setup["threshold"], int), record_item(setup["mod_range"], int), node_min_shares=floor
         )
-        return OrchestraClient(partition, int(node["num-partitions"]), declared=declared_run, secure_sum=secure_sum)
-
-    def _declared_by_run_config(context: Context) -> TrainConfig:
-        from privfed.config import config_from_run_config
-
-        if not context.run_config:
-            raise RuntimeError("this ClientApp has no declared run: start it with `flwr run` or privfed train")
-        return config_from_run_config(dict(context.run_config))
+        return OrchestraClient(partition, run, num_partitions=int(node["num-partitions"]), secure_sum=secure_sum)
 
     return client_fn
+
+
+def declared_config(declared: TrainConfig | None, context: Context) -> TrainConfig:
+    """The node's declared run: ``declared``, or else the run config Flower hands the node."""
+    if declared is not None:
+        return declared
+    from privfed.config import config_from_run_config
+
+    if not context.run_config:
+        raise RuntimeError("this ClientApp has no declared run: start it with `flwr run` or privfed train")
+    return config_from_run_config(dict(context.run_config))
 
 
 Mod = Callable[[Message, Context, Callable[[Message, Context], Message]], Message]
@@ -228,8 +229,8 @@ def rounding_seed(run_seed: int, round_index: int, partition: int) -> int:
     return int(np.random.SeedSequence([run_seed, round_index, partition, 0x5EC]).generate_state(1)[0])
 
 
-def seeded_secagg_rounding(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
-    """Makes SecAgg+'s stochastic rounding reproducible from the run's seed.
+def seeded_secagg_rounding(declared: TrainConfig | None) -> Mod:
+    """A mod that makes SecAgg+'s stochastic rounding reproducible from the declared run's seed.
 
     SecAgg+'s quantisation (Flower's ``quantize``) rounds the client's update stochastically
     with NumPy's global generator right after the client replies, so the
@@ -241,12 +242,17 @@ def seeded_secagg_rounding(msg: Message, context: Context, call_next: Callable[[
     unbiased, not secret, and the masks do not use this generator
     (:mod:`privfed.secagg.masks`).
     """
-    reply = call_next(msg, context)
-    config = msg.content.config_records.get(FIT_CONFIG_RECORD)
-    if config is not None and RECORD_KEY_CONFIGS in msg.content.config_records and not reply.has_error():
-        partition = int(context.node_config["partition-id"])
-        np.random.seed(rounding_seed(record_item(config["seed"], int), record_item(config["round"], int), partition))
-    return reply
+
+    def mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+        reply = call_next(msg, context)
+        config = msg.content.config_records.get(FIT_CONFIG_RECORD)
+        if config is not None and RECORD_KEY_CONFIGS in msg.content.config_records and not reply.has_error():
+            partition = int(context.node_config["partition-id"])
+            seed = declared_config(declared, context).seed
+            np.random.seed(rounding_seed(seed, record_item(config["round"], int), partition))
+        return reply
+
+    return mod
 
 
 def make_client_app(
@@ -266,7 +272,7 @@ def make_client_app(
     """
     return ClientApp(
         client_fn=make_client_fn(declared, state_dir, run_key),
-        mods=[*outer_mods, secaggplus_when_requested, seeded_secagg_rounding, *inner_mods],
+        mods=[*outer_mods, secaggplus_when_requested, seeded_secagg_rounding(declared), *inner_mods],
     )
 
 

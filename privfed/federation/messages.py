@@ -3,17 +3,14 @@
 Server -> client (``FitIns``):
     parameters  the travelling network state, one array per key of
                 :func:`privfed.orchestra.model_state.shared_keys`
-    config      ``task`` ("init" or "train"), ``round``, ``seed``,
-                ``centroids`` (bytes; absent in round 0 and for methods
-                without centroids), ``client_config``
-                (JSON :class:`privfed.federation.client_config.ClientConfig`:
-                only the options a client reads) and ``mechanism_params``
-                (JSON keyword arguments of the release mechanism, calibrated
-                once by the server from the run's privacy budget); in SecAgg+
-                rounds also ``secagg_scales`` (bytes), ``secagg_max_weight``,
-                ``secagg_clipping_range`` and ``secagg_quantization_range``; with ``--dp-sgd`` also
-                ``dp_sgd`` (JSON :class:`privfed.privacy.dp_sgd_plan.DpSgdSettings`,
-                calibrated once by the server)
+    config      ``task`` ("init" or "train"), ``round`` and ``centroids``
+                (bytes; absent in round 0 and for methods without centroids);
+                in SecAgg+ rounds also ``secagg_scales`` (bytes) and the
+                declared encoding (``secagg_max_weight``, ``secagg_clipping_range``,
+                ``secagg_quantization_range``, ``secagg_modulus_range``), which the
+                client checks against its own. Nothing else: a client reads the
+                rest from its declared run (:class:`privfed.federation.client.DeclaredRun`)
+                and refuses any other key.
 
 Client -> server (``FitRes``):
     parameters  the client's model delta, same keys (empty in round 0);

@@ -20,7 +20,6 @@ from flwr.server import Grid, LegacyContext, ServerApp, ServerConfig
 from flwr.server.workflow import DefaultWorkflow
 
 from privfed.config import config_from_run_config
-from privfed.federation.client_config import ClientConfig
 from privfed.federation.partitions import discover_partitions
 from privfed.federation.reply_checks import ReplyRules
 from privfed.federation.secagg_workflow import OrchestraFitWorkflow
@@ -36,15 +35,12 @@ def build_strategy(plan: RunPlan, driver: RunDriver, partition_of: dict[int, int
     config = plan.config
     return OrchestraStrategy(
         driver.start(),
-        ClientConfig.of(config),
         driver.on_round_end,
         clients_per_round=config.clients_per_round,
         seed=config.seed,
         partition_of=partition_of,
         reply_rules=ReplyRules.of(plan, driver.mechanism_class),
-        mechanism_params=plan.privacy.params,
         secagg=plan.secagg,
-        dp_sgd=None if plan.privacy.dp_sgd is None else plan.privacy.dp_sgd.settings,
         first_round=0 if driver.resume is None else driver.resume.round + 1,
     )
 

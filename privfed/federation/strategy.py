@@ -17,7 +17,6 @@ workflow hands their sum over separately (:meth:`OrchestraStrategy.note_secure_s
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -40,7 +39,6 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from privfed.federation.client_config import ClientConfig
 from privfed.federation.messages import arrays_to_state, state_to_arrays, tensor_to_bytes
 from privfed.federation.reply_checks import (
     CheckedReply,
@@ -53,7 +51,6 @@ from privfed.federation.reply_checks import (
 from privfed.orchestra.model_state import StateDict, shared_keys, weighted_mean
 from privfed.orchestra.round_report import Rejection, RoundReport
 from privfed.orchestra.server import OrchestraServer, SecureSum
-from privfed.privacy.dp_sgd_plan import DpSgdSettings
 from privfed.secagg.encoding import (
     ImplausibleAggregate,
     decode_aggregate,
@@ -85,29 +82,21 @@ class OrchestraStrategy(Strategy):
     def __init__(
         self,
         server: OrchestraServer,
-        client_config: ClientConfig,
         on_round_end: RoundHook,
         *,
         clients_per_round: int,
         seed: int,
         partition_of: dict[int, int] | None = None,
         reply_rules: ReplyRules | None = None,
-        mechanism_params: dict[str, Any] | None = None,
         secagg: SecAggPlusSettings | None = None,
-        dp_sgd: DpSgdSettings | None = None,
         first_round: int = 0,
     ) -> None:
         self.server = server
         self.first_round = first_round
         self.secagg = secagg
-        self.client_config = client_config
         self.clients_per_round = clients_per_round
-        self.seed = seed
         self.on_round_end = on_round_end
         self._keys = shared_keys(server.network)
-        self._client_config = client_config.to_json()
-        self._mechanism_params = json.dumps(mechanism_params or {})
-        self._dp_sgd = None if dp_sgd is None else dp_sgd.to_json()
         self.stop_reason: str | None = None
         self._rng = np.random.default_rng(seed)
         self.partition_of = partition_of
@@ -124,9 +113,6 @@ class OrchestraStrategy(Strategy):
         self.overflow_rounds = 0
         self.rejected_tensor_updates = 0
         self._secure_sum: SecureSum | None = None
-
-    def __repr__(self) -> str:
-        return f"OrchestraStrategy(mechanism={self.client_config.mechanism!r})"
 
     def orchestra_round(self, server_round: int) -> int:
         """Flower counts from 1 in every run; a resumed run's first Flower round is Orchestra round ``first_round``."""
@@ -185,16 +171,14 @@ class OrchestraStrategy(Strategy):
         return [(proxies[node_of[p]], ins) for p in chosen]
 
     def fit_instructions(self, server_round: int, parameters: Parameters) -> FitIns:
-        """The message every sampled client receives (see :mod:`privfed.federation.messages`)."""
+        """The message every sampled client receives: only what varies by round (see :mod:`privfed.federation.messages`).
+
+        Clients read everything else from their declared run and refuse any other key.
+        """
         config: dict[str, Scalar] = {
             "task": "train" if self.server.initialised else "init",
             "round": self.orchestra_round(server_round),
-            "seed": self.seed,
-            "client_config": self._client_config,
-            "mechanism_params": self._mechanism_params,
         }
-        if self._dp_sgd is not None:
-            config["dp_sgd"] = self._dp_sgd
         if self.server.centroids is not None:
             config["centroids"] = tensor_to_bytes(self.server.centroids)
         if self.server.initialised and self.secagg is not None:
@@ -262,7 +246,7 @@ class OrchestraStrategy(Strategy):
 
     def masked_vector_shapes(self) -> list[tuple[int, ...]]:
         """A SecAgg+ masked vector's arrays: Flower's weight factor, the encoded update's (and metrics'), the share."""
-        shapes = [(1,), *secure_sum_shapes(self._shapes, metrics=self.client_config.report_client_metrics)]
+        shapes = [(1,), *secure_sum_shapes(self._shapes, metrics=self._rules.client_metrics)]
         aggregator = self.server.aggregator
         if aggregator is not None:
             assert self.server.centroids is not None  # drawn in round 0
@@ -367,7 +351,7 @@ class OrchestraStrategy(Strategy):
             for _, res, _ in results
         ]
         # With --report-client-metrics the last array is the clients' training metrics (encode_metrics).
-        metrics = self.client_config.report_client_metrics
+        metrics = self._rules.client_metrics
         decoded = decode_aggregate(
             first[:-1] if metrics else first, self.scales, weight_ratios=weight_ratios,
             clipping_range=self.secagg.clipping_range,

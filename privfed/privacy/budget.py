@@ -304,7 +304,11 @@ def _release_floor(mechanism: Mechanism, config: TrainConfig, client_sizes: list
 
 
 def check_dp_sgd_options(config: TrainConfig) -> None:
-    """Rejects DP-SGD options that contradict each other or come without ``--dp-sgd``."""
+    """Rejects DP-SGD options that contradict each other or come without ``--dp-sgd``.
+
+    Their ranges (epsilon, noise multiplier, clipping norm) are checked once, where the configuration is built
+    (:func:`privfed.config.validate`).
+    """
     given = [
         name
         for name, value in (
@@ -320,12 +324,6 @@ def check_dp_sgd_options(config: TrainConfig) -> None:
         return
     if config.dp_sgd_noise_multiplier is not None and config.dp_sgd_epsilon is not None:
         raise PrivfedError("give --dp-sgd-noise-multiplier or --dp-sgd-epsilon, not both")
-    if config.dp_sgd_noise_multiplier is not None and not config.dp_sgd_noise_multiplier > 0:
-        raise PrivfedError(f"--dp-sgd-noise-multiplier must be > 0, got {config.dp_sgd_noise_multiplier}")
-    if config.dp_sgd_epsilon is not None and not config.dp_sgd_epsilon > 0:
-        raise PrivfedError(f"--dp-sgd-epsilon must be > 0, got {config.dp_sgd_epsilon}")
-    if not config.max_grad_norm > 0:
-        raise PrivfedError(f"--max-grad-norm must be > 0, got {config.max_grad_norm}")
 
 
 def _plan_dp_sgd(config: TrainConfig, client_sizes: list[int], delta: float) -> DpSgdPlan | None:

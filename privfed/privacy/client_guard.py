@@ -1,16 +1,15 @@
 """A client's own defence against a server that would weaken its privacy.
 
-The server sends every round's mechanism parameters and DP-SGD settings, so
-a curious server could send a noise multiplier of 1e-6, ``min_k = 1``, the
-``reps`` mechanism instead of ``ldp``, or sample one client again and again.
-A client therefore never takes the server's word for its privacy:
+A curious server could ask for a noise multiplier of 1e-6, ``min_k = 1``,
+the ``reps`` mechanism instead of ``ldp``, or sample one client again and
+again. A client therefore never takes the server's word for its privacy:
 
-- it computes its own calibration from the run's *declared* configuration
-  (what the user declared: ``privfed train``'s options, or the run config of
-  ``flwr run``; a SuperNode may tighten it with its own cap), refuses a
-  round whose parameters are not that calibration, and then releases and
-  trains with its own (:func:`check_release_parameters`,
-  :func:`check_dp_sgd_settings`);
+- it computes its own calibration once, from the run's *declared*
+  configuration (what the user declared: ``privfed train``'s options, or the
+  run config of ``flwr run``; a SuperNode may tighten it with its own cap),
+  and releases and trains with it; the server sends no privacy parameter,
+  and a fit instruction that carries one is refused
+  (:class:`privfed.federation.client.OrchestraClient`);
 - it keeps its own ledger of every cost it pays (a
   :class:`~privfed.privacy.ledger.PrivacyLedger` with one client, in a file
   when the node has a state directory, so it survives restarts), charges a
@@ -44,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -71,9 +69,9 @@ LEGACY_DELTA = MIN_DELTA
 
 
 class RoundRefused(PrivfedError):
-    """The client refuses a round: its parameters are not the client's own calibration, or its budget is spent.
+    """The client refuses a round: it departs from the declared run, or its budget is spent.
 
-    The message names the parameter at fault. A budget refusal names only
+    The message names what is at fault. A budget refusal names only
     the budget: what the node spent, here or in other runs, and its own cap
     stay in the node's log.
     """
@@ -161,79 +159,6 @@ def _declared_budget(declared: TrainConfig, num_samples: int, node_cap: tuple[fl
     )
 
 
-def check_release_parameters(
-    budget: ClientBudget, mechanism: str | None, params: dict[str, Any]
-) -> tuple[PrivacyEvent, ...]:
-    """What one release costs, refusing any mechanism or parameters but the client's own calibration.
-
-    Noisier parameters are refused too (see the module docstring: a cap is
-    a valid filter only for the declared sequence). Numbers are compared to
-    :data:`TOLERANCE`, relative, since a server on another machine may
-    compute them in other last bits; the client releases with its own
-    parameters (:meth:`ClientGuard.own_parameters`) and is charged their events.
-
-    Returns:
-        The declared release's privacy events (empty unless the mechanism is DP).
-
-    Raises:
-        RoundRefused: naming what differs, or when the declared parameters do
-            not build the mechanism (e.g. noise its samplers cannot draw).
-    """
-    if mechanism != budget.mechanism:
-        raise RoundRefused(f"the run declared mechanism {budget.mechanism}, the server asked for {mechanism}")
-    if mechanism is None:
-        return ()
-    if set(params) != set(budget.params):
-        raise RoundRefused(
-            f"the server's {mechanism} parameters set {sorted(params)}, the client's own calibration {sorted(budget.params)}"
-        )
-    differing = [key for key in sorted(params) if not same_value(params[key], budget.params[key])]
-    if differing:
-        key = differing[0]
-        raise RoundRefused(
-            f"the server's {mechanism} {key} {params[key]!r} is not the declared {budget.params[key]!r} "
-            "(only the declared parameters are accepted, noisier ones included)"
-        )
-    try:
-        get_mechanism_class(mechanism)(**budget.params)
-    except (TypeError, ValueError) as err:
-        raise RoundRefused(f"the declared {mechanism} parameters do not build the mechanism: {err}") from None
-    return budget.release_events
-
-
-def same_value(sent: Any, own: Any) -> bool:
-    """Whether a parameter the server sent is the client's own: finite numbers to :data:`TOLERANCE`, others equal."""
-    numbers = (int, float)
-    if isinstance(sent, numbers) and isinstance(own, numbers) and not isinstance(sent, bool) and not isinstance(own, bool):
-        return math.isfinite(sent) and math.isclose(sent, own, rel_tol=TOLERANCE, abs_tol=0.0)
-    return type(sent) is type(own) and sent == own
-
-
-def check_dp_sgd_settings(budget: ClientBudget, settings: DpSgdSettings | None) -> None:
-    """Refuses DP-SGD settings other than the client's own: another noise multiplier or clipping norm, or none.
-
-    A larger noise multiplier is refused too, as in :func:`check_release_parameters`.
-    The batch size and the epochs, which fix the sampling rate and the step
-    count, are part of the client configuration, which must equal the
-    declared one.
-
-    Raises:
-        RoundRefused: naming what differs.
-    """
-    if budget.dp_sgd is None:
-        if settings is not None:
-            raise RoundRefused("the run declared no DP-SGD; the server asked for it")
-        return
-    if settings is None:
-        raise RoundRefused("the run declared DP-SGD; the server asked for training without it")
-    for name in ("noise_multiplier", "max_grad_norm"):
-        sent, own = getattr(settings, name), getattr(budget.dp_sgd, name)
-        if not same_value(sent, own):
-            raise RoundRefused(
-                f"the server's DP-SGD {name.replace('_', ' ')} {sent:.6g} is not the client's own calibration {own:.6g}"
-            )
-
-
 class ClientGuard:
     """Checks every round against the client's own budget and charges it to the client's own ledger.
 
@@ -254,19 +179,15 @@ class ClientGuard:
         *,
         run: int,
         round_index: int,
-        mechanism: str | None,
-        params: dict[str, Any],
-        dp_sgd: DpSgdSettings | None,
-        batch_size: int,
-        epochs: int,
-        num_samples: int,
         train: bool,
         unreleased: bool = False,
         on_charge: Callable[[], None] | None = None,
     ) -> None:
-        """Checks the round's parameters and budget, then charges the round before anything is computed.
+        """Checks the round against the budget, then charges it before anything is computed.
 
-        Charging first means a round that fails later is paid for anyway:
+        The round releases with the declared mechanism and trains with the
+        declared DP-SGD, so it costs the declared events. Charging first means
+        a round that fails later is paid for anyway:
         the client may overcount, never undercount. A round index past the
         declared rounds, or not after the last one charged in the same run, is
         refused: answering one round twice lets a server difference two
@@ -282,24 +203,16 @@ class ClientGuard:
         undercount).
 
         Raises:
-            RoundRefused: when the parameters are not the declared ones or the round would overrun a cap.
+            RoundRefused: when the round is outside the run or would overrun a cap.
         """
-        releases = check_release_parameters(self.budget, mechanism, params)
+        mechanism = self.budget.mechanism
         # An aggregated mechanism's round 0 has no secure sum, so nothing is released and nothing charged.
         releasing = mechanism is not None and (train or not get_mechanism_class(mechanism).aggregated)
-        if not releasing:
-            releases = ()
-        check_dp_sgd_settings(self.budget, dp_sgd)
+        releases = self.budget.release_events if releasing else ()
         if not 0 <= round_index <= self.budget.rounds:
             raise RoundRefused(f"round {round_index} is outside the declared run's rounds 0 to {self.budget.rounds}")
-        training: tuple[PrivacyEvent, ...] = ()
-        if train and dp_sgd is not None:
-            training = self.budget.training_events
-            assert self.budget.dp_sgd is not None  # check_dp_sgd_settings refused a round the run did not declare
-            own = self.budget.dp_sgd.noise_multiplier
-            if round_events(num_samples, batch_size=batch_size, epochs=epochs, noise_multiplier=own) != training:
-                raise RoundRefused("the round's DP-SGD steps are not the declared run's (size, batch size or epochs)")
-        self._check_node_cap_covers(mechanism, train, dp_sgd)
+        training = self.budget.training_events if train else ()
+        self._check_node_cap_covers(train)
         with self._locked():
             self.ledger = self._read()
             last = self.ledger.last_round(run)
@@ -315,10 +228,6 @@ class ClientGuard:
                 self.ledger.record(LedgerEntry.dp_sgd(SELF, round_index, training, run=run))
             if on_charge is not None:
                 on_charge()
-
-    def own_parameters(self) -> tuple[dict[str, Any], DpSgdSettings | None]:
-        """The mechanism parameters and DP-SGD settings the client computes an admitted round with: its own."""
-        return dict(self.budget.params), self.budget.dp_sgd
 
     def spent(self, part: str) -> float:
         """Epsilon the client's ledger holds for ``part`` (0 when nothing DP was charged)."""
@@ -343,13 +252,14 @@ class ClientGuard:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def _check_node_cap_covers(self, mechanism: str | None, train: bool, dp_sgd: DpSgdSettings | None) -> None:
+    def _check_node_cap_covers(self, train: bool) -> None:
         """Under a node cap, refuses what no per-image epsilon covers.
 
         That is a non-DP release, an update trained without DP-SGD, and any
         release of a run without DP-SGD: there BatchNorm mixes a batch, so a
         release's epsilon is per representation, not per image.
         """
+        mechanism, dp_sgd = self.budget.mechanism, self.budget.dp_sgd
         if self.budget.node_cap is None:
             return
         if mechanism is not None and not get_mechanism_class(mechanism).is_differentially_private():

@@ -21,9 +21,8 @@ PLD composition (``dp_accounting``) the ledger uses.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
 
 from dp_accounting import gaussian_mechanism
@@ -68,13 +67,6 @@ class DpSgdSettings:
     def __post_init__(self) -> None:
         if not (self.noise_multiplier > 0 and self.max_grad_norm > 0):
             raise ValueError(f"DP-SGD needs noise_multiplier > 0 and max_grad_norm > 0, got {self}")
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> DpSgdSettings:
-        return cls(**json.loads(text))
 
 
 def sampling_rate(num_samples: int, batch_size: int) -> float:

@@ -6,20 +6,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from flwr.common import FitRes, ndarrays_to_parameters
+import torch.nn.functional as F
+from flwr.app import Context, RecordDict
+from flwr.common import FitIns, FitRes, ndarrays_to_parameters
 
 from mechanisms import get_mechanism_class
 from privfed.config import TrainConfig, build_config
+from privfed.data.federated import FederatedSplit
 from privfed.federation.client import OrchestraClient
-from privfed.federation.client_config import ClientConfig
+from privfed.federation.client_app import make_client_fn
 from privfed.federation.reply_checks import ReplyRules
 from privfed.federation.strategy import OrchestraStrategy
 from privfed.methods import NO_CENTROIDS, get_method
 from privfed.models.network import build_network
-from privfed.orchestra.model_state import shared_keys
+from privfed.orchestra.model_state import StateDict, shared_keys
 from privfed.orchestra.round_report import RoundReport
 from privfed.orchestra.server import OrchestraServer
 from privfed.run.plan import RunPlan, plan_run
+from privfed.secagg.settings import SecAggPlusSettings, secagg_settings
 
 #: Node ids are not partition ids: the strategy must map one to the other.
 NODE_OFFSET = 100
@@ -55,7 +59,7 @@ class HonestRound:
         keys = shared_keys(self.strategy.server.network)
         state = ndarrays_to_parameters([self.strategy.server.global_state()[k].numpy() for k in keys])
         ins = self.strategy.fit_instructions(self.server_round, state)
-        return OrchestraClient(client_id=client).fit(ins)
+        return declared_client(self.plan.config, client).fit(ins)
 
     @staticmethod
     def node(client: int) -> Node:
@@ -77,16 +81,46 @@ def honest_round(config: TrainConfig, out: Path, *, train: bool = True, sampled:
     reports: list[RoundReport] = []
     strategy = OrchestraStrategy(
         server,
-        ClientConfig.of(plan.config),
         reports.append,
         clients_per_round=len(sampled),
         seed=config.seed,
         partition_of={NODE_OFFSET + p: p for p in range(config.num_clients)},
         reply_rules=ReplyRules.of(plan, mechanism_class),
-        mechanism_params=plan.privacy.params,
         secagg=plan.secagg,
-        dp_sgd=None if plan.privacy.dp_sgd is None else plan.privacy.dp_sgd.settings,
     )
     strategy._sampled_ids = sampled  # as configure_fit would have
     strategy._configured_round = server_round = 2 if train else 1
     return HonestRound(plan, strategy, server_round=server_round, reports=reports)
+
+
+def declared_client(config: TrainConfig, client: int = 1, state_dir: Path | None = None, *, run: int = 1) -> OrchestraClient:
+    """The client the ClientApp builds for partition ``client`` of the declared run ``config`` (Flower run ``run``)."""
+    node = {"partition-id": client, "num-partitions": config.num_clients}
+    client_fn = make_client_fn(config, state_dir)
+    built = client_fn(Context(run_id=run, node_id=1, node_config=node, state=RecordDict(), run_config={}))
+    assert isinstance(built, OrchestraClient)
+    return built
+
+
+def instructions(
+    config: TrainConfig, *, train: bool = True, secagg: SecAggPlusSettings | str | None = "declared",
+    state: StateDict | None = None,
+) -> FitIns:
+    """The real strategy's fit instructions for round 1 (``train``) or round 0 of ``config``, as an honest server
+    sends them (its own SecAgg+ settings if ``secagg`` names some, its own ``state`` if given)."""
+    torch.manual_seed(0)
+    method = get_method(config.method)
+    server = OrchestraServer(build_network(config), num_global_centroids=config.num_global_centroids, seed=0, method=method)
+    if train:
+        server.initialised = True
+        if method.centroids != NO_CENTROIDS:
+            server.centroids = F.normalize(torch.randn(config.num_global_centroids, config.projection_dim), dim=1)
+    if secagg == "declared":
+        secagg = secagg_settings(config, FederatedSplit.of(config).client_sizes())
+    assert not isinstance(secagg, str)
+    strategy = OrchestraStrategy(
+        server, lambda report: None, clients_per_round=config.clients_per_round, seed=config.seed, secagg=secagg
+    )
+    state = server.global_state() if state is None else state
+    arrays = [state[k].numpy() for k in shared_keys(server.network)]
+    return strategy.fit_instructions(server_round=2 if train else 1, parameters=ndarrays_to_parameters(arrays))

@@ -1,8 +1,8 @@
 """Under Flower's simulation, a node refuses a server's weakened parameters and the run goes on without it.
 
-The "malicious server" is an outer mod that halves the ``ldp`` sum noise in
-every fit message to one node, exactly as a server would send it; nothing
-inside the client is patched. The other nodes' own ledgers must agree with
+The "malicious server" is an outer mod that adds a halved ``ldp`` sum noise
+to every fit message to one node, as a server that sent parameters would;
+nothing inside the client is patched. The other nodes' own ledgers must agree with
 the server's ledger.
 """
 
@@ -27,10 +27,8 @@ def halve_the_noise_for_one_node(msg, context, call_next):
     """Outer mod: what a server that weakens one node's noise would send it."""
     fit = msg.content.config_records.get(FIT_CONFIG_RECORD)
     tampered = int(context.node_config["partition-id"]) == TAMPERED
-    if msg.metadata.message_type == MessageType.TRAIN and fit is not None and "mechanism_params" in fit and tampered:
-        params = json.loads(str(fit["mechanism_params"]))
-        params["sum_noise_multiplier"] /= 2
-        fit["mechanism_params"] = json.dumps(params)
+    if msg.metadata.message_type == MessageType.TRAIN and fit is not None and tampered:
+        fit["mechanism_params"] = json.dumps({"sum_noise_multiplier": 0.5})
     return call_next(msg, context)
 
 

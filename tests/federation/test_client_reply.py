@@ -8,24 +8,17 @@ its memory on purpose, shows the check can fail.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from flwr.common import FitRes, bytes_to_ndarray, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitRes, bytes_to_ndarray, parameters_to_ndarrays
 
 from mechanisms import registry
-from privfed.federation.client import OrchestraClient
-from privfed.federation.client_config import ClientConfig
 from privfed.federation.messages import RELEASE_KEYS, decode_release, has_release
-from privfed.federation.strategy import OrchestraStrategy
-from privfed.methods import NO_CENTROIDS, get_method
-from privfed.models import OrchestraNetwork
+from privfed.methods import get_method
+from privfed.models import OrchestraNetwork, build_network
 from privfed.orchestra.model_state import shared_keys
-from privfed.orchestra.server import OrchestraServer
-from privfed.privacy.budget import plan_privacy
+from tests.federation.honest_round import declared_client, instructions
 
 
 def reply_vectors(res: FitRes, dim: int) -> list[np.ndarray]:
@@ -65,24 +58,11 @@ def client_round(config, mechanism_name: str, monkeypatch, task: str) -> tuple[F
         return original(self, reps, **kwargs)
 
     monkeypatch.setattr(cls, "release", spy)
-    torch.manual_seed(0)
-    method = get_method(config.method)
-    network = OrchestraNetwork(config.backbone, config.projection_dim)
-    server = OrchestraServer(network, num_global_centroids=8, seed=0, method=method)
-    if task == "train":
-        server.initialised = True
-        if method.centroids != NO_CENTROIDS:
-            server.centroids = F.normalize(torch.randn(8, config.projection_dim), dim=1)
-    plan = plan_privacy(config, [100] * config.num_clients)
-    strategy = OrchestraStrategy(
-        server, ClientConfig.of(config), on_round_end=lambda report: None,
-        clients_per_round=config.clients_per_round, seed=config.seed, mechanism_params=plan.params,
-    )
-    state = ndarrays_to_parameters([server.global_state()[k].numpy() for k in shared_keys(server.network)])
-    ins = strategy.fit_instructions(server_round=1 if task == "init" else 2, parameters=state)
-    res = OrchestraClient(client_id=1).fit(ins)
+    config = config.replace(secagg=False)  # the plain reply: every array is the client's own
+    ins = instructions(config, train=task == "train")
+    res = declared_client(config).fit(ins)
     assert ins.config["task"] == task
-    assert len(seen) == (1 if method.releases else 0)
+    assert len(seen) == (1 if get_method(config.method).releases else 0)
     return res, seen[0] if seen else None
 
 
@@ -133,35 +113,16 @@ def test_a_method_that_does_not_cluster_sends_no_release(tiny_config, monkeypatc
     assert (len(parameters_to_ndarrays(res.parameters)) > 0) == (task == "train")
 
 
-def test_a_client_refuses_a_method_and_mechanism_that_do_not_go_together(tiny_config):
-    config = tiny_config.replace(method="rotpred")
-    server = OrchestraServer(OrchestraNetwork(config.backbone, config.projection_dim), num_global_centroids=8, seed=0)
-    strategy = OrchestraStrategy(
-        server, dataclasses.replace(ClientConfig.of(config), mechanism="reps"), on_round_end=lambda report: None,
-        clients_per_round=config.clients_per_round, seed=config.seed,
-    )
-    state = ndarrays_to_parameters([server.global_state()[k].numpy() for k in shared_keys(server.network)])
-    with pytest.raises(ValueError, match="method rotpred and mechanism reps do not go together"):
-        OrchestraClient(client_id=1).fit(strategy.fit_instructions(server_round=1, parameters=state))
-
-
 def test_a_failed_round_tells_the_server_nothing_about_the_clients_data(tiny_config, caplog):
     """Flower sends an exception's text to the server: a NaN count must stay on the client."""
     from privfed.federation.client import ClientRoundFailed
 
-    torch.manual_seed(0)
-    network = OrchestraNetwork(tiny_config.backbone, tiny_config.projection_dim)
-    server = OrchestraServer(network, num_global_centroids=8, seed=0)
-    strategy = OrchestraStrategy(
-        server, ClientConfig.of(tiny_config), on_round_end=lambda report: None,
-        clients_per_round=tiny_config.clients_per_round, seed=tiny_config.seed,
-    )
+    state = build_network(tiny_config).state_dict()
     poisoned = {k: (torch.full_like(v, float("nan")) if k.startswith("target.") and v.is_floating_point() else v)
-                for k, v in server.global_state().items()}
-    state = ndarrays_to_parameters([poisoned[k].numpy() for k in shared_keys(network)])
-    ins = strategy.fit_instructions(server_round=1, parameters=state)
+                for k, v in state.items()}
+    ins = instructions(tiny_config, train=False, state=poisoned)
     with pytest.raises(ClientRoundFailed) as failure:
-        OrchestraClient(client_id=1).fit(ins)
+        declared_client(tiny_config).fit(ins)
     assert not any(ch.isdigit() for ch in str(failure.value))
     assert "NaN or Inf" in caplog.text  # the reason is in the client's own log
 
@@ -169,22 +130,8 @@ def test_a_failed_round_tells_the_server_nothing_about_the_clients_data(tiny_con
 
 def reply_to(config, task: str = "train") -> tuple[FitRes, int]:
     """The real client's reply to the real strategy's instructions, and how many tensors the update has."""
-    from privfed.secagg.settings import secagg_settings
-
-    torch.manual_seed(0)
-    network = OrchestraNetwork(config.backbone, config.projection_dim)
-    server = OrchestraServer(network, num_global_centroids=8, seed=0)
-    if task == "train":
-        server.initialised = True
-        server.centroids = F.normalize(torch.randn(8, config.projection_dim), dim=1)
-    strategy = OrchestraStrategy(
-        server, ClientConfig.of(config), on_round_end=lambda report: None,
-        clients_per_round=config.clients_per_round, seed=config.seed,
-        secagg=secagg_settings(config, [100] * config.num_clients) if config.secagg else None,
-    )
-    state = ndarrays_to_parameters([server.global_state()[k].numpy() for k in shared_keys(network)])
-    ins = strategy.fit_instructions(server_round=2 if task == "train" else 1, parameters=state)
-    return OrchestraClient(client_id=1).fit(ins), len(shared_keys(network))
+    res = declared_client(config).fit(instructions(config, train=task == "train"))
+    return res, len(shared_keys(build_network(config)))
 
 
 #: What every reply's metrics hold besides the release: who answers, which round, and the DP-SGD cost (none here).

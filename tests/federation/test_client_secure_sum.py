@@ -43,10 +43,8 @@ def ledger_lines(tmp_path) -> int:
     return sum(len(f.read_text().splitlines()) for f in tmp_path.glob("privfed-ledger-*.jsonl"))
 
 
-def test_the_plan_takes_k_min_from_the_secagg_threshold(instructions):
-    import json
-
-    params = json.loads(instructions.config["mechanism_params"])
+def test_the_clients_own_calibration_takes_k_min_from_the_secagg_threshold(tmp_path):
+    params = client(tmp_path, None).declared.guard.budget.params
     assert params["min_shares"] == 3 and params["modulus"] == 2**32
 
 

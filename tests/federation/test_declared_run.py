@@ -1,4 +1,4 @@
-"""The ClientApp's client holds the server to the declared run: configuration, SecAgg+ encoding, budget.
+"""The ClientApp's client computes from its declared run and holds the server to it: round keys, SecAgg+, budget.
 
 Each test builds the client with the ClientApp's own ``client_fn`` and
 hands it fit instructions from the real strategy, honest or with one thing
@@ -10,47 +10,34 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
-from flwr.app import Context, RecordDict
-from flwr.common import ndarrays_to_parameters
+from flwr.common import FitIns, bytes_to_ndarray, ndarray_to_bytes
 
-from privfed.federation.client_app import make_client_fn
-from privfed.federation.client_config import ClientConfig
-from privfed.federation.strategy import OrchestraStrategy
+from privfed.federation.client import DeclaredRun, OrchestraClient
+from privfed.federation.client_app import NodeGuardFailed
+from privfed.federation.messages import decode_release
 from privfed.models import OrchestraNetwork
 from privfed.orchestra.model_state import shared_keys
-from privfed.orchestra.server import OrchestraServer
-from privfed.privacy.client_guard import RoundRefused
+from privfed.privacy.client_guard import ClientGuard, RoundRefused
 from privfed.run.plan import plan_run
+from tests.federation import honest_round
+from tests.federation.honest_round import declared_client
 
 PARTITION = 1
 
 
-def instructions(plan, *, client_config=None, secagg="planned", params=None, task="train"):
-    """A fit instruction from the real strategy, for the planned run unless told otherwise."""
-    config = plan.config
-    torch.manual_seed(0)
-    network = OrchestraNetwork(config.backbone, config.projection_dim)
-    server = OrchestraServer(network, num_global_centroids=config.num_global_centroids, seed=0)
-    if task == "train":
-        server.initialised = True
-        server.centroids = F.normalize(torch.randn(config.num_global_centroids, config.projection_dim), dim=1)
-    strategy = OrchestraStrategy(
-        server, client_config or ClientConfig.of(config), on_round_end=lambda report: None,
-        clients_per_round=config.clients_per_round, seed=config.seed,
-        mechanism_params=plan.privacy.params if params is None else params,
-        secagg=plan.secagg if secagg == "planned" else secagg,
-    )
-    state = ndarrays_to_parameters([server.global_state()[k].numpy() for k in shared_keys(network)])
-    return strategy.fit_instructions(server_round=2 if task == "train" else 1, parameters=state)
+def instructions(plan, *, secagg="declared", task="train") -> FitIns:
+    """A fit instruction from the real strategy for the planned run."""
+    return honest_round.instructions(plan.config, train=task == "train", secagg=secagg)
 
 
-def client(plan, tmp_path):
-    node = {"partition-id": PARTITION, "num-partitions": plan.config.num_clients}
-    context = Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config={})
-    return make_client_fn(plan.config, tmp_path / "state")(context)
+def client(plan, tmp_path) -> OrchestraClient:
+    return declared_client(plan.config, PARTITION, tmp_path / "state")
+
+
+def ledger(tmp_path):
+    return tmp_path / "state" / f"privfed-ledger-partition-{PARTITION}.jsonl"
 
 
 @pytest.fixture
@@ -58,30 +45,54 @@ def plan(tiny_config, tmp_path):
     return plan_run(tiny_config.replace(mechanism="ldp", epsilon=2.0, out=str(tmp_path / "run")))
 
 
-def test_the_honest_servers_round_is_answered_and_charged(plan, tmp_path):
-    res = client(plan, tmp_path).fit(instructions(plan))
+def test_the_honest_servers_round_is_answered_with_the_clients_own_calibration_and_charged(plan, tmp_path):
+    own = client(plan, tmp_path)
+    res = own.fit(instructions(plan))
     assert res.num_examples > 0
-    ledger = (tmp_path / "state" / f"privfed-ledger-partition-{PARTITION}.jsonl").read_text().splitlines()
-    assert [json.loads(line)["round"] for line in ledger] == [1]
+    assert decode_release(res.metrics).events == own.declared.guard.budget.release_events
+    assert [json.loads(line)["round"] for line in ledger(tmp_path).read_text().splitlines()] == [1]
 
 
 @pytest.mark.parametrize(
-    "change, named",
+    "key, value",
     [
-        (lambda c: dataclasses.replace(c, mechanism="reps"), "mechanism"),
-        (lambda c: dataclasses.replace(c, local=dataclasses.replace(c.local, epochs=c.local.epochs + 5)), "local"),
-        (lambda c: dataclasses.replace(c, split=dataclasses.replace(c.split, alpha=100.0)), "split"),
-        # a server that turns metrics on behind the client's back: the declared run's value holds
-        (lambda c: dataclasses.replace(c, report_client_metrics=True), "report_client_metrics"),
+        # what the server used to send: its calibration, weakened here, and the client configuration
+        ("mechanism_params", json.dumps({"sum_noise_multiplier": 1e-6})),
+        ("client_config", json.dumps({"local": {"epochs": 50}, "split": {"alpha": 100.0}})),
+        ("dp_sgd", json.dumps({"noise_multiplier": 1e-6, "max_grad_norm": 100.0})),
         # a server that picks the seed would pick a round's augmentations, memory and release draws
-        (lambda c: dataclasses.replace(c, seed=c.seed + 1), "seed"),
+        ("seed", 12345),
+        ("report_client_metrics", True),
     ],
 )
-def test_a_client_configuration_other_than_the_declared_one_is_refused(plan, tmp_path, change, named):
-    tampered = change(ClientConfig.of(plan.config))
-    with pytest.raises(RoundRefused, match=f"differs from the declared run in .*{named}"):
-        client(plan, tmp_path).fit(instructions(plan, client_config=tampered))
-    assert not (tmp_path / "state" / f"privfed-ledger-partition-{PARTITION}.jsonl").exists()
+def test_any_key_but_the_rounds_values_is_refused_before_anything_is_charged(plan, tmp_path, key, value):
+    ins = instructions(plan)
+    with pytest.raises(RoundRefused, match=f"unexpected key '{key}'"):
+        client(plan, tmp_path).fit(FitIns(ins.parameters, {**ins.config, key: value}))
+    assert not ledger(tmp_path).exists()
+
+
+def test_secagg_values_are_refused_in_a_run_that_declared_no_secagg(plan, tmp_path):
+    plain = dataclasses.replace(plan, config=plan.config.replace(secagg=False))
+    sent = instructions(plan)  # the server runs SecAgg+ anyway
+    with pytest.raises(RoundRefused, match="unexpected key 'secagg_"):
+        client(plain, tmp_path).fit(sent)
+
+
+def test_a_task_other_than_init_or_train_is_refused(plan, tmp_path):
+    ins = instructions(plan)
+    with pytest.raises(RoundRefused, match="the task is"):
+        client(plan, tmp_path).fit(FitIns(ins.parameters, {**ins.config, "task": "release"}))
+
+
+def test_own_parameters_the_sampler_cannot_draw_are_refused_before_anything_is_charged(plan, tmp_path):
+    own = client(plan, tmp_path)
+    budget = own.declared.guard.budget
+    undrawable = dataclasses.replace(budget, params={**budget.params, "tree_count_parameter": 1e-9})
+    declared = dataclasses.replace(own.declared, guard=ClientGuard(undrawable, ledger(tmp_path)))
+    with pytest.raises(RoundRefused, match="do not build the mechanism"):
+        OrchestraClient(PARTITION, declared).fit(instructions(plan))
+    assert not ledger(tmp_path).exists()
 
 
 @pytest.mark.parametrize("report", [False, True])
@@ -92,21 +103,13 @@ def test_the_client_sends_training_metrics_as_its_declared_run_says(plan, tmp_pa
     assert arrays == (3 if report else 2)  # under SecAgg+ the metrics are one more array of the masked sum
 
 
-@pytest.mark.parametrize("factor", [1 / 100, 2.0])
-def test_weakened_or_noisier_noise_is_refused_with_a_clear_error(plan, tmp_path, factor):
-    params = {**plan.privacy.params, "sum_noise_multiplier": plan.privacy.params["sum_noise_multiplier"] * factor}
-    with pytest.raises(RoundRefused, match=r"sum_noise_multiplier .* is not the declared"):
-        client(plan, tmp_path).fit(instructions(plan, params=params))
-    assert not (tmp_path / "state" / f"privfed-ledger-partition-{PARTITION}.jsonl").exists()
-
-
 @pytest.mark.parametrize("field", ["max_weight", "modulus_range"])
 def test_a_secagg_encoding_other_than_the_declared_one_is_refused(plan, tmp_path, field):
     """A larger modulus would overflow the client's int64 masking after it trained and was charged."""
     doubled = dataclasses.replace(plan.secagg, **{field: 2 * getattr(plan.secagg, field)})
     with pytest.raises(RoundRefused, match="SecAgg\\+ encoding"):
         client(plan, tmp_path).fit(instructions(plan, secagg=doubled))
-    assert not (tmp_path / "state" / f"privfed-ledger-partition-{PARTITION}.jsonl").exists()
+    assert not ledger(tmp_path).exists()
 
 
 def test_a_training_round_without_secagg_is_refused_when_the_run_declared_it(plan, tmp_path):
@@ -129,9 +132,6 @@ def test_the_same_round_is_not_answered_twice(plan, tmp_path):
 def test_secagg_scales_that_could_turn_an_update_into_inf_are_refused(plan, tmp_path, scale):
     """A tiny scale would make a finite update Inf, and the client's failure would tell the server it passed a
     threshold the server chose."""
-    import numpy as np
-    from flwr.common import bytes_to_ndarray, ndarray_to_bytes
-
     ins = instructions(plan)
     scales = bytes_to_ndarray(ins.config["secagg_scales"]).copy()
     scales[0] = scale
@@ -141,24 +141,48 @@ def test_secagg_scales_that_could_turn_an_update_into_inf_are_refused(plan, tmp_
 
 
 def test_a_node_whose_ledger_is_unreadable_says_nothing_about_it_to_the_server(plan, tmp_path):
-    from privfed.federation.client_app import NodeGuardFailed
-
     folder = tmp_path / "state"
     folder.mkdir()
-    (folder / f"privfed-ledger-partition-{PARTITION}.jsonl").write_text('{"client": 0, "rou')
+    ledger(tmp_path).write_text('{"client": 0, "rou')
     with pytest.raises(NodeGuardFailed) as failure:
         client(plan, tmp_path)
     assert "state" not in str(failure.value) and "line" not in str(failure.value)
 
 
-def test_the_round_draws_from_the_declared_seed_whatever_seed_the_fit_config_names(plan, tmp_path):
-    """A deviating server that names another seed gets the same augmentations, memory and release."""
-    import numpy as np
-    from flwr.common import parameters_to_ndarrays
+def test_a_declared_run_is_built_once_for_the_partition(plan):
+    declared = DeclaredRun.of(plan.config, PARTITION, key=7)
+    assert declared.run == 7 and declared.secagg == plan.secagg
+    assert declared.guard.budget.params == plan.privacy.params  # the client's calibration is the server's plan
 
-    honest = instructions(plan)
-    renamed = instructions(plan)
-    renamed.config["seed"] = int(renamed.config["seed"]) + 12345
-    first = client(plan, tmp_path / "a").fit(honest)
-    second = client(plan, tmp_path / "b").fit(renamed)
-    assert all(np.array_equal(a, b) for a, b in zip(parameters_to_ndarrays(first.parameters), parameters_to_ndarrays(second.parameters)))
+
+SECAGG_ENCODING = ("secagg_max_weight", "secagg_clipping_range", "secagg_quantization_range", "secagg_modulus_range")
+
+
+def test_the_fit_message_carries_only_the_rounds_values(tiny_config):
+    """The client reads its options from its declared run; the server sends no option at all."""
+    config = tiny_config.replace(mechanism="ldp", epsilon=1.0, rounds=7, out="/somewhere/secret", knn_k=17)
+    assert set(honest_round.instructions(config, train=False).config) == {"task", "round"}
+    assert set(honest_round.instructions(config).config) == {"task", "round", "centroids", "secagg_scales", *SECAGG_ENCODING}
+    assert set(honest_round.instructions(config.replace(secagg=False)).config) == {"task", "round", "centroids"}
+
+
+def test_the_declared_run_gives_the_clients_split_and_local_training(tiny_config):
+    config = tiny_config.replace(num_clients=3, alpha=0.5, seed=4, memory_size=64, device="cpu")
+    declared = DeclaredRun.of(config, 0, key=0)
+    assert (declared.split.dataset, declared.split.num_clients, declared.split.alpha, declared.split.seed) == (
+        "shapes:300", 3, 0.5, 4,
+    )
+    assert declared.local.memory_size == 64 and declared.local.dp_sgd is None  # DP-SGD's settings are the guard's
+    assert DeclaredRun.of(config.replace(method="rotpred", mechanism="reps"), 0, key=0).guard.budget.mechanism is None
+
+
+def test_a_client_app_given_no_declared_run_reads_the_run_config_flower_hands_the_node(tiny_config):
+    """The `flwr run` path: the declared run is the submitted run config (dashes, "" for unset)."""
+    from flwr.app import Context, RecordDict
+
+    from privfed.federation.client_app import make_client_fn
+
+    run_config = {k.replace("_", "-"): "" if v is None else v for k, v in tiny_config.replace(seed=9).to_dict().items()}
+    node = {"partition-id": 0, "num-partitions": tiny_config.num_clients}
+    built = make_client_fn()(Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config=run_config))
+    assert built.declared.config.seed == 9 and built.declared.split == DeclaredRun.of(tiny_config.replace(seed=9), 0, key=1).split

@@ -59,10 +59,7 @@ def test_a_round_charged_but_killed_before_its_reply_is_computed_again_without_a
     ReplyStore(state / f"privfed-reply-partition-{PARTITION}.npz").begin(RUN, 1, instructions_digest(ins))
     size = plan.client_sizes[PARTITION]
     guard = ClientGuard(declared_budget(plan.config, size), state / f"privfed-ledger-partition-{PARTITION}.jsonl")
-    guard.admit(
-        run=RUN, round_index=1, mechanism="ldp", params=json.loads(str(ins.config["mechanism_params"])), dp_sgd=None,
-        batch_size=plan.config.batch_size, epochs=plan.config.local_epochs, num_samples=size, train=True,
-    )
+    guard.admit(run=RUN, round_index=1, train=True)
     res = client(plan, tmp_path).fit(ins)
     assert res.metrics["round"] == 1 and "release_vectors" in res.metrics
     assert ledger_rounds(tmp_path) == [1]

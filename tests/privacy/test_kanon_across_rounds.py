@@ -25,8 +25,9 @@ from mechanisms import create_mechanism
 from privfed.config import build_config
 from privfed.data import FederatedSplit
 from privfed.federation.client import client_seed
-from privfed.federation.client_config import ClientConfig
+from privfed.models import build_network
 from privfed.orchestra.client_update import PrivateRoundState, run_client_round
+from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_state
 from tests.mechanisms.test_kanon_differencing import recover_added
 
@@ -42,17 +43,17 @@ def two_rounds():
         local_epochs=1, batch_size=16, memory_size=128, num_local_centroids=4, num_global_centroids=8, rounds=2,
         mechanism="kanon",
     )  # memory_size above the client's size: the memory holds every image, and the added one too
-    client = ClientConfig.of(config)
+    local = LocalTrainingConfig.from_run(config)
     split = FederatedSplit.of(config)
     images = split.client_images(CLIENT)
     added = torch.cat([images, split.client_images(CLIENT + 1)[:1]])
     torch.manual_seed(0)
-    network = client.build_network()
+    network = build_network(config)
     centroids = F.normalize(torch.randn(8, config.projection_dim, generator=torch.Generator().manual_seed(3)), dim=1)
 
     def round_(state, data, index):
         return run_client_round(
-            network, state, centroids, data, train=True, config=client.local, mechanism=create_mechanism("kanon"),
+            network, state, centroids, data, train=True, config=local, mechanism=create_mechanism("kanon"),
             num_local_centroids=config.num_local_centroids, seed=client_seed(RUN_SEED, index, CLIENT),
             device=torch.device("cpu"),
         )

@@ -24,8 +24,9 @@ import privfed.orchestra.client_update as client_update_module
 import privfed.orchestra.dp_sgd_training as dp_sgd_training
 from mechanisms import create_mechanism
 from privfed.data import FederatedSplit
-from privfed.federation.client_config import ClientConfig
+from privfed.models import build_network
 from privfed.orchestra.client_update import ClientUpdate, client_update
+from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_state
 from privfed.privacy.budget import plan_privacy
 
@@ -83,15 +84,15 @@ def run(config, images: torch.Tensor, spy: Spy, *, train: bool) -> tuple[ClientU
     """One client round with the round seed and every secret seed fixed."""
     spy.reset()
     plan = plan_privacy(config, [images.shape[0]] * config.num_clients)
-    client = ClientConfig.of(config)
+    local = LocalTrainingConfig.from_run(config)
     torch.manual_seed(0)
-    network = client.build_network()
+    network = build_network(config)
     centroids = F.normalize(torch.randn(8, config.projection_dim, generator=torch.Generator().manual_seed(3)), dim=1)
     mechanism = create_mechanism("ldp", **plan.params, noise_source=random.Random(7))
     mechanism.observe_global_centroids(centroids)
     update = client_update(
         network, shared_state(network), centroids if train else None, images, train=train,
-        config=client.local.replace(dp_sgd=None if plan.dp_sgd is None else plan.dp_sgd.settings), mechanism=mechanism,
+        config=local.replace(dp_sgd=None if plan.dp_sgd is None else plan.dp_sgd.settings), mechanism=mechanism,
         num_local_centroids=config.num_local_centroids, seed=11, device=torch.device("cpu"), secret_seed=5,
     )
     return update, Seen(spy.memory, spy.hyperplanes, [b.tolist() for b in spy.batches])
