@@ -184,7 +184,7 @@ class OrchestraClient(Client):
             self._admit(ins.config, config, params, dp_sgd, int(images.shape[0]), train, keys, digest)
             # What the server sent matched the client's own calibration; the client computes with its own.
             params, dp_sgd = self.declared.guard.own_parameters()
-        labels = config.split.client_labels(self.client_id) if config.local.objective.uses_labels else None
+        labels = config.split.client_labels(self.client_id) if get_method(config.method).reads_labels else None
         if config.mechanism is not None and mechanism is None:
             mechanism = create_mechanism(config.mechanism, **params)
         if centroids is not None and mechanism is not None:

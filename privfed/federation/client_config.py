@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 
 from privfed.config import TrainConfig
 from privfed.data.federated import FederatedSplit
-from privfed.models.network import OrchestraNetwork, build_network
+from privfed.methods import build_network
+from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.local_training import LocalTrainingConfig
 
 

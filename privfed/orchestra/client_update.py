@@ -16,19 +16,15 @@ data: training losses would be outside the guarantee, so they stay here.
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from mechanisms.base import Mechanism, PrivacyEvent, Release, checked_release
-from privfed.methods import ORCHESTRA_LOSS
 from privfed.models.network import OrchestraNetwork
-from privfed.orchestra.baseline_training import train_baseline_locally
-from privfed.orchestra.local_training import LocalTrainingConfig, LocalTrainingResult, train_locally
+from privfed.orchestra.local_training import LocalTrainingConfig, train_locally
 from privfed.orchestra.memory_sampling import every_representation, initial_representations, poisson_memory
 from privfed.orchestra.model_state import StateDict, load_shared_state, shared_state, state_delta
 
@@ -154,8 +150,9 @@ def run_client_round(
         delta = None
         metrics: dict[str, float] = {}
     else:
-        trainer = _trainer(config, secret_seed, labels)
-        result = trainer(network, images, centroids, config, generator=generator, device=device)
+        result = train_locally(
+            network, images, centroids, config, generator=generator, device=device, labels=labels, secret_seed=secret_seed
+        )
         memory, examples = result.memory, result.memory_examples
         delta = state_delta(shared_state(network), global_state)
         events = result.privacy_events
@@ -190,22 +187,3 @@ def run_client_round(
     )
     return update, private
 
-
-def _trainer(
-    config: LocalTrainingConfig, secret_seed: int | None, labels: torch.Tensor | None
-) -> Callable[..., LocalTrainingResult]:
-    """Orchestra's local training, a baseline's (given the labels if it learns from them), or DP-SGD."""
-    if (labels is not None) != config.objective.uses_labels:
-        raise ValueError(f"the {config.objective.loss} loss {'needs' if config.objective.uses_labels else 'takes no'} labels")
-    if config.objective.loss != ORCHESTRA_LOSS:
-        return functools.partial(train_baseline_locally, labels=labels)
-    if config.dp_sgd is None:
-        return train_locally
-    # Imported here: Opacus takes seconds to import, and most runs never need it (nor install it).
-    from privfed.extras import require
-
-    require("opacus", feature="DP-SGD (--dp-sgd)")
-
-    from privfed.orchestra.dp_sgd_training import train_with_dp_sgd
-
-    return functools.partial(train_with_dp_sgd, secret_seed=secret_seed)

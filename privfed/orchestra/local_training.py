@@ -1,8 +1,9 @@
-"""Client side: one round of plain Orchestra local training.
+"""Client side: one round of local training, the one loop every method and DP-SGD run through.
 
-Its DP-SGD counterpart is :mod:`privfed.orchestra.dp_sgd_training`; which of
-the two runs is :func:`privfed.orchestra.client_update.client_update`'s
-choice. The objective both minimise is in :mod:`privfed.orchestra.objective`.
+Three parts vary: the method's step (:meth:`privfed.methods.Method.step`:
+what it computes from a batch), the batches (shuffled, or DP-SGD's secret
+Poisson sample) and the optimizer step (SGD, or Opacus' clip-and-noise
+step: :mod:`privfed.orchestra.dp_sgd_training`, imported only for DP-SGD).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,15 +20,16 @@ import torch
 import torch.nn.functional as F
 
 from mechanisms.base import PrivacyEvent
-from privfed.data.augment import orchestra_views
-from privfed.methods import Objective, get_method
+from privfed.methods import Batch, Method, get_method
 from privfed.models.network import OrchestraNetwork, ema_update
 from privfed.orchestra.memory import RepresentationMemory
-from privfed.orchestra.objective import STEP_VALUES, augmentation_generator, orchestra_losses
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
 
 if TYPE_CHECKING:
     from privfed.config import TrainConfig
+
+#: The round's batches (index tensors; an empty one still steps) and the optimizer step on a batch's loss (None: empty).
+TrainingParts = tuple[Iterator[torch.Tensor], Callable[[torch.Tensor | None], None]]
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ class LocalTrainingConfig:
 
     ``dp_sgd`` switches local training to DP-SGD with those settings; the
     network must then use GroupNorm (``OrchestraNetwork(..., norm="group")``).
-    ``objective`` is the run's method's (:mod:`privfed.methods`).
+    ``method`` names the run's method (:mod:`privfed.methods`).
     """
 
     epochs: int
@@ -49,7 +53,7 @@ class LocalTrainingConfig:
     temperature: float
     ema_decay: float
     memory_size: int
-    objective: Objective
+    method: str
     dp_sgd: DpSgdSettings | None
 
     @classmethod
@@ -64,7 +68,7 @@ class LocalTrainingConfig:
             temperature=config.temperature,
             ema_decay=config.ema_decay,
             memory_size=config.memory_size,
-            objective=get_method(config.method).objective,
+            method=config.method,
             dp_sgd=dp_sgd,
         )
 
@@ -73,7 +77,7 @@ class LocalTrainingConfig:
         """The inverse of :meth:`to_dict` for a configuration without DP-SGD settings (those travel apart)."""
         if values.get("dp_sgd") is not None:
             raise ValueError("DP-SGD settings travel separately from the local training configuration")
-        return cls(**{**values, "objective": Objective(**values["objective"]), "dp_sgd": None})
+        return cls(**{**values, "dp_sgd": None})
 
     def replace(self, **changes: Any) -> LocalTrainingConfig:
         return dataclasses.replace(self, **changes)
@@ -101,23 +105,27 @@ class LocalTrainingResult:
     privacy_events: tuple[PrivacyEvent, ...] = ()
 
 
-def step_means(totals: torch.Tensor, steps: int) -> dict[str, float]:
-    """The :data:`~privfed.orchestra.objective.STEP_VALUES` averaged over ``steps``.
+def step_means(totals: dict[str, torch.Tensor], steps: int) -> dict[str, float]:
+    """The per-step values averaged over ``steps`` (a client that took no step, with fewer than two images, has none).
 
-    A client that took no step (fewer than two images) has no means, so it
-    adds nothing to the round's averages rather than zeros. A value the
-    method does not compute (NaN: no centroids, no target entropy) is left
-    out.
+    A value the method does not compute (NaN) is left out.
     """
     if steps == 0:
         return {}
-    means = zip(STEP_VALUES, (totals / steps).tolist())
-    return {name: value for name, value in means if not math.isnan(value)}
+    means = {name: float(total / steps) for name, total in totals.items()}
+    return {name: value for name, value in means.items() if not math.isnan(value)}
 
 
 def normalised_centroids(centroids: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     """The global centroids on ``device``, L2-normalised (None stays None: a method without centroids)."""
     return None if centroids is None else F.normalize(centroids.to(device).float(), dim=1)
+
+
+def augmentation_generator(generator: torch.Generator, device: torch.device) -> torch.Generator:
+    """A generator on ``device`` for the views, seeded from the round's ``generator``."""
+    aug_generator = torch.Generator(device=device)
+    aug_generator.manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
+    return aug_generator
 
 
 def shuffled_batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -129,6 +137,22 @@ def shuffled_batches(n: int, batch_size: int, generator: torch.Generator) -> lis
     return batches
 
 
+@contextmanager
+def sgd_parts(network: OrchestraNetwork, n: int, config: LocalTrainingConfig, *, generator: torch.Generator) -> Iterator[TrainingParts]:
+    """Every epoch's shuffled batches, and plain SGD with momentum and weight decay."""
+    optimizer = torch.optim.SGD(
+        network.trainable_parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+    )
+
+    def step(loss: torch.Tensor | None) -> None:
+        assert loss is not None  # shuffled batches are never empty
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    yield (index for _ in range(config.epochs) for index in shuffled_batches(n, config.batch_size, generator)), step
+
+
 def train_locally(
     network: OrchestraNetwork,
     images: torch.Tensor,
@@ -137,59 +161,87 @@ def train_locally(
     *,
     generator: torch.Generator,
     device: torch.device,
+    labels: torch.Tensor | None = None,
+    secret_seed: int | None = None,
 ) -> LocalTrainingResult:
-    """Runs ``config.epochs`` epochs of Orchestra (or an ablation) on one client's images.
+    """Runs one client's round of its method (``config.epochs`` epochs, or DP-SGD's steps when ``config.dp_sgd`` is set).
 
-    Per batch at most three encoder passes run: target on view 1, online on
-    view 2 (cluster loss) and online on the rotated view 3 (rotation loss).
-    The target follows the online encoder by EMA after every step. The
-    memory holds the last batches' target representations, the latest view
-    of each image only (empty when the method has no cluster loss).
+    The target encoder, if any, follows the online encoder by EMA after
+    every step. The memory holds the target representations of the last
+    batches, the latest view of each image only (empty when the method keeps
+    none); under DP-SGD it is :func:`~privfed.orchestra.memory_sampling.poisson_memory`
+    instead, and the result carries the round's DP-SGD cost.
 
     Args:
-        network: Global network, trained in place.
+        network: Global network of the method's shape (GroupNorm under DP-SGD), trained in place.
         images: ``[n, 3, H, W]`` uint8 images of this client.
-        centroids: ``[G, D]`` global centroids, fixed during local training
-            (None for a method without centroids).
+        centroids: ``[G, D]`` global centroids, fixed during local training (None for a method without them).
         config: Local hyperparameters.
-        generator: CPU generator for shuffling; augmentation randomness is
-            drawn from a generator on ``device`` seeded from it.
+        generator: The round's generator: shuffling, and the seed of the augmentations' generator on ``device``.
         device: Where to train.
+        labels: ``[n]`` labels of ``images``, for a method that reads them.
+        secret_seed: DP-SGD, tests only: seeds batch sampling and noise.
     """
-    if config.dp_sgd is not None:
-        raise ValueError("config.dp_sgd is set: DP-SGD training is privfed.orchestra.dp_sgd_training.train_with_dp_sgd")
     start = time.perf_counter()
+    method = get_method(config.method)
+    n = int(images.shape[0])
     network.to(device).train()
     centroids = normalised_centroids(centroids, device)
     aug_generator = augmentation_generator(generator, device)
-    optimizer = torch.optim.SGD(
-        network.trainable_parameters(),
-        lr=config.lr,
-        momentum=config.momentum,
-        weight_decay=config.weight_decay,
-    )
     memory = RepresentationMemory(config.memory_size, network.projection_dim)
-    images = images.to(device)
-    totals = torch.zeros(len(STEP_VALUES), device=device)
-    steps = 0
-    for _ in range(config.epochs):
-        for index in shuffled_batches(images.shape[0], config.batch_size, generator):
-            views = orchestra_views(images[index.to(device)], generator=aug_generator)
-            losses = orchestra_losses(network, views, centroids, config.temperature, config.objective)
-            optimizer.zero_grad(set_to_none=True)
-            losses.total.backward()
-            optimizer.step()
-            assert network.target is not None  # Orchestra's network always has one
-            ema_update(network.target, network.online, config.ema_decay)
-            if losses.target_reps is not None:
-                memory.push(losses.target_reps, index)
-            totals += losses.detached()
+    totals: dict[str, torch.Tensor] = {}
+    steps = stepped_batches = 0
+    with _parts(network, n, config, method, generator=generator, device=device, secret_seed=secret_seed) as (batches, step):
+        images = images.to(device)
+        for index in batches:
+            out = None
+            if index.numel():
+                batch_labels = None if labels is None else labels[index].to(device)
+                batch = Batch(images[index.to(device)], batch_labels, centroids, config.temperature, aug_generator)
+                out = method.step(network, batch)
+            step(None if out is None else out.loss)
+            if network.target is not None:
+                ema_update(network.target, network.online, config.ema_decay)
             steps += 1
+            if out is not None:
+                if out.target_reps is not None:
+                    memory.push(out.target_reps, index)
+                for name, value in out.values.items():
+                    totals[name] = totals[name] + value.detach() if name in totals else value.detach()
+                stepped_batches += 1
+    kept, examples = memory.contents(), memory.examples()
+    events: tuple[PrivacyEvent, ...] = ()
+    if config.dp_sgd is not None:
+        from privfed.orchestra.dp_sgd_training import private_memory_and_cost
+
+        kept, examples, events = private_memory_and_cost(network, images, config, generator=generator, device=device)
     return LocalTrainingResult(
-        memory=memory.contents(),
-        memory_examples=memory.examples(),
-        num_samples=int(images.shape[0]),
+        memory=kept,
+        memory_examples=examples,
+        num_samples=n,
         num_steps=steps,
-        step_means=step_means(totals, steps),
+        step_means=step_means(totals, stepped_batches),
         seconds=time.perf_counter() - start,
+        privacy_events=events,
     )
+
+
+def _parts(
+    network: OrchestraNetwork,
+    n: int,
+    config: LocalTrainingConfig,
+    method: Method,
+    *,
+    generator: torch.Generator,
+    device: torch.device,
+    secret_seed: int | None,
+) -> AbstractContextManager[TrainingParts]:
+    if config.dp_sgd is None:
+        return sgd_parts(network, n, config, generator=generator)
+    # Imported here: Opacus takes seconds to import, and most runs never need it (nor install it).
+    from privfed.extras import require
+
+    require("opacus", feature="DP-SGD (--dp-sgd)")
+    from privfed.orchestra.dp_sgd_training import dp_sgd_parts
+
+    return dp_sgd_parts(network, n, config, method, device=device, secret_seed=secret_seed)
