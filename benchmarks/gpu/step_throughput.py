@@ -78,7 +78,7 @@ def sgd(network: OrchestraNetwork, config: Any) -> torch.optim.Optimizer:
 def privfed_step(
     network: OrchestraNetwork, config: Any, images: torch.Tensor, centroids: torch.Tensor, case: Case
 ) -> Step:
-    """privfed's local step (:func:`privfed.orchestra.local_training.train_locally`'s loop body) on one batch."""
+    """privfed's local step (:func:`privfed.orchestra.client_update.train_locally`'s loop body) on one batch."""
     optimizer = sgd(network, config)
     generator = torch.Generator(device=images.device).manual_seed(0)
     method = get_method(config.method)

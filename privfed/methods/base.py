@@ -1,16 +1,10 @@
 """The interface every training method implements: what it declares, and its step.
 
-A method declares the heads its network carries (:class:`~privfed.models.heads.Heads`,
-built by the network), where the global centroids come from (so whether its
-clients release), whether its targets come from an EMA target encoder,
-whether it reads labels and whether it couples a batch (then DP-SGD, whose
-per-sample clipping bounds one example's influence only on per-sample
-losses, refuses it). Its :meth:`Method.step` is what it computes from one
-batch; the one local-training loop
-(:func:`privfed.orchestra.local_training.train_locally`) does the rest, the
-same for every method. Everything else (data, rounds, sampling, secure
-aggregation, evaluation, the summary) is the same pipeline too, so their kNN
-accuracies compare like for like.
+Its :meth:`Method.step` is what a method computes from one batch; the one
+local-training loop (:func:`privfed.orchestra.client_update.train_locally`)
+and the rest of the pipeline (data, rounds, secure aggregation, evaluation,
+the summary) are the same for every method, so their kNN accuracies compare
+like for like.
 """
 
 from __future__ import annotations
@@ -38,15 +32,9 @@ STEP_VALUES = ("loss", "cluster_loss", "rotation_loss", "target_entropy", "centr
 
 @dataclass(frozen=True)
 class Batch:
-    """One training batch, as a method's step sees it.
-
-    Attributes:
-        images: ``[B, 3, H, W]`` uint8 images on the training device.
-        labels: ``[B]`` their labels (None unless the method reads labels).
-        centroids: ``[G, D]`` L2-normalised global centroids (None: the method has none).
-        temperature: The run's softmax temperature.
-        generator: Augmentation randomness, on the images' device.
-    """
+    """One training batch as a step sees it: ``[B, 3, H, W]`` uint8 images on the training device, their labels (for a
+    method that reads them), the L2-normalised global centroids (if any), the run's temperature, and the generator the
+    augmentations draw from (on the images' device)."""
 
     images: torch.Tensor
     labels: torch.Tensor | None
@@ -70,13 +58,12 @@ class Method(abc.ABC):
     """A named training method: its declarations and its step.
 
     Attributes:
-        name: The ``--method`` name.
-        description: One line for ``privfed methods`` and the summary.
-        heads: What its network carries beside the backbone.
+        heads: What its network carries beside the backbone (the network builds them).
         centroids: One of :data:`CENTROID_SOURCES`; only :data:`CLUSTERED` releases.
         ema_targets: Its targets (and the representations it clusters) come from the EMA target encoder.
         reads_labels: Clients train on their labels.
-        couples_batch: One sample's loss depends on the rest of its batch (DP-SGD refuses it).
+        couples_batch: One sample's loss depends on the rest of its batch: DP-SGD's per-sample clipping
+            would not bound one example's influence, so the configuration refuses DP-SGD.
     """
 
     name: str

@@ -29,6 +29,9 @@ from privfed.models.network import OrchestraNetwork
 #: Smallest crop fraction of supervised FedAvg's augmentation (crop and flip only).
 SUPERVISED_CROP_SCALE = (0.5, 1.0)
 
+NEEDS_CLUSTERS = "SpecLoss's cluster head needs num_clusters (the run's number of global centroids)"
+NEEDS_CLASSES = "supervised FedAvg's classifier needs num_classes"
+
 PairLoss = Callable[[OrchestraNetwork, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
 
@@ -88,56 +91,22 @@ def _predictor(width: int) -> Callable[[HeadShape], nn.Module]:
     return lambda s: mlp_head(s.dim, s.dim, hidden_dim=width * s.hidden, norm=s.norm)
 
 
-SPECLOSS_NEEDS = "SpecLoss's cluster head needs num_clusters (the run's number of global centroids)"
-SUPERVISED_NEEDS = "supervised FedAvg's classifier needs num_classes"
-SIMSIAM_HEADS = Heads(
-    projector=lambda s: simsiam_projector(s.features, s.dim, hidden_dim=s.hidden, norm=s.norm),
-    others=(("predictor", _predictor(1)),),
-)
-BYOL_HEADS = Heads(
-    projector=lambda s: mlp_head(s.features, s.dim, hidden_dim=2 * s.hidden, norm=s.norm, bias=False),
-    target=True,
-    others=(("predictor", _predictor(2)),),
-)
-SPECLOSS_HEADS = Heads(
-    others=(("cluster_head", lambda s: _linear(s.dim, s.num_clusters, SPECLOSS_NEEDS)),), clusters=True
-)
-SUPERVISED_HEADS = Heads(
-    projector=lambda s: nn.Identity(),
-    others=(("classifier", lambda s: _linear(s.features, s.num_classes, SUPERVISED_NEEDS)),),
-    classes=True,
-)
-
 BASELINES = (
-    TwoViews(
-        name="simclr",
-        description="f-SimCLR: NT-Xent contrast of two views against the batch's other images (FedAvg, nothing released)",
-        pair_loss=_simclr,
-        couples_batch=True,
-    ),
-    TwoViews(
-        name="simsiam",
-        description="f-SimSiam: a predictor chases the other view's stop-gradient projection (FedAvg, nothing released)",
-        pair_loss=_predictor_loss,
-        heads=SIMSIAM_HEADS,
-    ),
-    TwoViews(
-        name="byol",
-        description="f-BYOL: a predictor chases an EMA target network's projection of the other view (FedAvg, nothing released)",
-        pair_loss=_predictor_loss,
-        heads=BYOL_HEADS,
-        ema_targets=True,
-    ),
-    TwoViews(
-        name="specloss",
-        description="f-SpecLoss: spectral contrastive loss on a linear cluster head (FedAvg, nothing released)",
-        pair_loss=_specloss,
-        heads=SPECLOSS_HEADS,
-        couples_batch=True,
-    ),
-    Supervised(
-        name="supervised",
-        description="supervised FedAvg: cross-entropy on the clients' own labels, the upper reference (nothing released)",
-        heads=SUPERVISED_HEADS,
-    ),
+    TwoViews(name="simclr", pair_loss=_simclr, couples_batch=True,
+             description="f-SimCLR: NT-Xent contrast of two views against the batch's other images (FedAvg, nothing released)"),
+    TwoViews(name="simsiam", pair_loss=_predictor_loss,
+             description="f-SimSiam: a predictor chases the other view's stop-gradient projection (FedAvg, nothing released)",
+             heads=Heads(projector=lambda s: simsiam_projector(s.features, s.dim, hidden_dim=s.hidden, norm=s.norm),
+                         others=(("predictor", _predictor(1)),))),
+    TwoViews(name="byol", pair_loss=_predictor_loss, ema_targets=True,
+             description="f-BYOL: a predictor chases an EMA target network's projection of the other view (FedAvg, nothing released)",
+             heads=Heads(projector=lambda s: mlp_head(s.features, s.dim, hidden_dim=2 * s.hidden, norm=s.norm, bias=False),
+                         target=True, others=(("predictor", _predictor(2)),))),
+    TwoViews(name="specloss", pair_loss=_specloss, couples_batch=True,
+             description="f-SpecLoss: spectral contrastive loss on a linear cluster head (FedAvg, nothing released)",
+             heads=Heads(others=(("cluster_head", lambda s: _linear(s.dim, s.num_clusters, NEEDS_CLUSTERS)),), clusters=True)),
+    Supervised(name="supervised",
+               description="supervised FedAvg: cross-entropy on the clients' own labels, the upper reference (nothing released)",
+               heads=Heads(projector=lambda s: nn.Identity(), classes=True,
+                           others=(("classifier", lambda s: _linear(s.features, s.num_classes, NEEDS_CLASSES)),))),
 )

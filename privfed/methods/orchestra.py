@@ -91,21 +91,11 @@ class Orchestra(Method):
 ORCHESTRA = Orchestra(name="orchestra", description="Orchestra: clustering-based federated self-supervised learning")
 ORCHESTRA_METHODS = (
     ORCHESTRA,
-    Orchestra(
-        name="rotpred",
-        description="ablation: rotation prediction only, no centroids, nothing released (the paper's RotPred)",
-        cluster_loss=False,
-        centroids=NO_CENTROIDS,
-    ),
+    Orchestra(name="rotpred", description="ablation: rotation prediction only, no centroids, nothing released (the paper's RotPred)",
+              cluster_loss=False, centroids=NO_CENTROIDS),
     Orchestra(name="orchestra-no-rotation", description="ablation: Orchestra without the rotation head's loss", rotation_loss=False),
-    Orchestra(
-        name="orchestra-no-target",
-        description="ablation: Orchestra without the target network (the online encoder makes the cluster targets)",
-        ema_targets=False,
-    ),
-    Orchestra(
-        name="orchestra-fixed-centroids",
-        description="control: Orchestra against global centroids drawn at random once (clustering off, nothing released)",
-        centroids=FIXED_RANDOM,
-    ),
+    Orchestra(name="orchestra-no-target", ema_targets=False,
+              description="ablation: Orchestra without the target network (the online encoder makes the cluster targets)"),
+    Orchestra(name="orchestra-fixed-centroids", centroids=FIXED_RANDOM,
+              description="control: Orchestra against global centroids drawn at random once (clustering off, nothing released)"),
 )

@@ -2,8 +2,8 @@
 
 Built-in methods are registered here; third-party packages add theirs
 without editing privfed, by calling :func:`register_method` or through the
-``privfed.methods`` entry-point group (a :class:`~privfed.methods.base.Method`
-instance, or a class built without arguments)::
+``privfed.methods`` entry-point group (naming a :class:`~privfed.methods.base.Method`
+instance)::
 
     [project.entry-points."privfed.methods"]
     mymethod = "mypkg.mymethod:METHOD"
@@ -44,10 +44,9 @@ def _load_entry_points() -> None:
         if ep.name in _METHODS:
             continue
         try:
-            loaded = ep.load()
+            method = ep.load()
         except Exception as err:
             raise ValueError(f"method plugin {ep.name!r} ({ep.value}) cannot be loaded: {err}") from err
-        method = loaded() if isinstance(loaded, type) else loaded
         if getattr(method, "name", None) != ep.name:
             raise ValueError(f"entry point {ep.name!r} points to {ep.value}, whose name is {getattr(method, 'name', None)!r}")
         register_method(method)
@@ -75,13 +74,9 @@ def build_network(config: NetworkSpec) -> OrchestraNetwork:
     run's configuration describes.
     """
     return OrchestraNetwork(
-        config.backbone,
-        config.projection_dim,
-        projection_hidden_dim=config.projection_hidden_dim,
-        norm=network_norm(dp_sgd=config.dp_sgd),
-        heads=get_method(config.method).heads,
-        num_clusters=config.cluster_head_outputs,
-        num_classes=config.classifier_outputs,
+        config.backbone, config.projection_dim, projection_hidden_dim=config.projection_hidden_dim,
+        norm=network_norm(dp_sgd=config.dp_sgd), heads=get_method(config.method).heads,
+        num_clusters=config.cluster_head_outputs, num_classes=config.classifier_outputs,
     )
 
 

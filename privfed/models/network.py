@@ -77,10 +77,6 @@ class OrchestraNetwork(nn.Module):
             raise PrivfedError(f"this network has no {name} head (it has: {', '.join(self.head_names) or 'none'})")
         return self.get_submodule(name)
 
-    def online_embedding(self, x: torch.Tensor) -> torch.Tensor:
-        """Unnormalised online projector output (fed to the rotation head)."""
-        return self.online(x)
-
     @torch.no_grad()
     def target_representation(self, x: torch.Tensor) -> torch.Tensor:
         """L2-normalised target projector output: what clients cluster."""

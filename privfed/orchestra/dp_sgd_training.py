@@ -1,4 +1,4 @@
-"""The DP-SGD parts of the local-training loop (:func:`privfed.orchestra.local_training.train_locally`), with Opacus.
+"""The DP-SGD parts of the local-training loop (:func:`privfed.orchestra.client_update.train_locally`), with Opacus.
 
 Each of the round's ``local_epochs * ceil(n / batch_size)`` steps:
 
@@ -44,24 +44,6 @@ from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.local_training import LocalTrainingConfig, TrainingParts
 from privfed.orchestra.memory_sampling import poisson_memory, poisson_sample
 from privfed.privacy.dp_sgd_plan import DpSgdSettings, round_events, sampling_rate, steps_per_round
-
-
-class TrainedModules(nn.Module):
-    """The modules DP-SGD updates (online encoder, the heads the method trains), as one Opacus-wrappable module.
-
-    Only used to install Opacus' hooks and to validate: the training step
-    calls the network's own modules.
-    """
-
-    def __init__(self, network: OrchestraNetwork, method: Method) -> None:
-        super().__init__()
-        self.online = network.online
-        for name in network.head_names:
-            if name not in method.untrained_heads:
-                self.add_module(name, network.head(name))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.online(x)
 
 
 def check_private_network(network: OrchestraNetwork) -> None:
@@ -145,7 +127,9 @@ def per_sample_gradients(network: OrchestraNetwork, method: Method) -> Iterator[
     passes of a step add up per example).
     """
     check_private_network(network)
-    hooks = GradSampleModule(TrainedModules(network, method), batch_first=True, loss_reduction="mean", strict=True)
+    # The modules DP-SGD updates, as one module for Opacus (the step calls the network's own modules).
+    trained = {"online": network.online} | {h: network.head(h) for h in network.head_names if h not in method.untrained_heads}
+    hooks = GradSampleModule(nn.ModuleDict(trained), batch_first=True, loss_reduction="mean", strict=True)
     try:
         with warnings.catch_warnings():
             # The stem's input needs no gradient; Opacus only uses the output gradients.
@@ -185,42 +169,27 @@ def dp_step(optimizer: DPOptimizer, loss: torch.Tensor | None) -> None:
 
 @contextmanager
 def dp_sgd_parts(
-    network: OrchestraNetwork,
-    n: int,
-    config: LocalTrainingConfig,
-    method: Method,
-    *,
-    device: torch.device,
-    secret_seed: int | None = None,
+    network: OrchestraNetwork, n: int, config: LocalTrainingConfig, method: Method, *, device: torch.device, secret_seed: int | None = None
 ) -> Iterator[TrainingParts]:
     """The round's ``local_epochs * ceil(n / batch_size)`` secret Poisson batches, and the clip-and-noise step.
 
     Batch sampling and noise come from :func:`secret_generators`
     (``secret_seed``: tests only). An empty batch still steps (noise alone).
     """
-    settings = config.dp_sgd
-    if settings is None:
-        raise ValueError("config.dp_sgd is not set")
+    assert config.dp_sgd is not None
     rate = sampling_rate(n, config.batch_size)
     sampling, noise = secret_generators(device, secret_seed)
     with per_sample_gradients(network, method):
-        optimizer = dp_optimizer(network, config, settings, method, expected_batch_size=rate * n, noise_generator=noise)
-
+        optimizer = dp_optimizer(network, config, config.dp_sgd, method, expected_batch_size=rate * n, noise_generator=noise)
         num_steps = steps_per_round(n, batch_size=config.batch_size, epochs=config.epochs)
         yield (poisson_sample(n, rate, sampling) for _ in range(num_steps)), functools.partial(dp_step, optimizer)
 
 
 def private_memory_and_cost(
-    network: OrchestraNetwork,
-    images: torch.Tensor,
-    config: LocalTrainingConfig,
-    *,
-    generator: torch.Generator,
-    device: torch.device,
+    network: OrchestraNetwork, images: torch.Tensor, config: LocalTrainingConfig, *, generator: torch.Generator, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[PrivacyEvent, ...]]:
-    """After a DP-SGD round: the memory, a Poisson sample (not the last batches, whose membership is secret), and the cost."""
+    """After a round: the memory, a Poisson sample (not the last batches, whose membership is secret), and the round's cost."""
     assert config.dp_sgd is not None
     memory, examples = poisson_memory(network, images, config, generator=generator, device=device)
-    n = int(images.shape[0])
-    events = round_events(n, batch_size=config.batch_size, epochs=config.epochs, noise_multiplier=config.dp_sgd.noise_multiplier)
-    return memory, examples, events
+    n, noise = int(images.shape[0]), config.dp_sgd.noise_multiplier
+    return memory, examples, round_events(n, batch_size=config.batch_size, epochs=config.epochs, noise_multiplier=noise)

@@ -1,18 +1,15 @@
-"""Client side: one round of local training, the one loop every method and DP-SGD run through.
+"""Client side: the plain parts of the one local-training loop (:func:`privfed.orchestra.client_update.train_locally`).
 
-Three parts vary: the method's step (:meth:`privfed.methods.Method.step`:
-what it computes from a batch), the batches (shuffled, or DP-SGD's secret
-Poisson sample) and the optimizer step (SGD, or Opacus' clip-and-noise
-step: :mod:`privfed.orchestra.dp_sgd_training`, imported only for DP-SGD).
+Its configuration and result, shuffled batches and SGD; the DP-SGD parts
+are in :mod:`privfed.orchestra.dp_sgd_training`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from mechanisms.base import PrivacyEvent
-from privfed.methods import Batch, Method, get_method
-from privfed.models.network import OrchestraNetwork, ema_update
-from privfed.orchestra.memory import RepresentationMemory
+from privfed.models.network import OrchestraNetwork
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
 
 if TYPE_CHECKING:
@@ -106,14 +101,9 @@ class LocalTrainingResult:
 
 
 def step_means(totals: dict[str, torch.Tensor], steps: int) -> dict[str, float]:
-    """The per-step values averaged over ``steps`` (a client that took no step, with fewer than two images, has none).
-
-    A value the method does not compute (NaN) is left out.
-    """
-    if steps == 0:
-        return {}
-    means = {name: float(total / steps) for name, total in totals.items()}
-    return {name: value for name, value in means.items() if not math.isnan(value)}
+    """The per-step values averaged over ``steps``, NaNs left out (none for a client that took no step: fewer than two images)."""
+    means = {name: float(total / steps) for name, total in totals.items()} if steps else {}
+    return {name: mean for name, mean in means.items() if not math.isnan(mean)}
 
 
 def normalised_centroids(centroids: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
@@ -151,97 +141,3 @@ def sgd_parts(network: OrchestraNetwork, n: int, config: LocalTrainingConfig, *,
         optimizer.step()
 
     yield (index for _ in range(config.epochs) for index in shuffled_batches(n, config.batch_size, generator)), step
-
-
-def train_locally(
-    network: OrchestraNetwork,
-    images: torch.Tensor,
-    centroids: torch.Tensor | None,
-    config: LocalTrainingConfig,
-    *,
-    generator: torch.Generator,
-    device: torch.device,
-    labels: torch.Tensor | None = None,
-    secret_seed: int | None = None,
-) -> LocalTrainingResult:
-    """Runs one client's round of its method (``config.epochs`` epochs, or DP-SGD's steps when ``config.dp_sgd`` is set).
-
-    The target encoder, if any, follows the online encoder by EMA after
-    every step. The memory holds the target representations of the last
-    batches, the latest view of each image only (empty when the method keeps
-    none); under DP-SGD it is :func:`~privfed.orchestra.memory_sampling.poisson_memory`
-    instead, and the result carries the round's DP-SGD cost.
-
-    Args:
-        network: Global network of the method's shape (GroupNorm under DP-SGD), trained in place.
-        images: ``[n, 3, H, W]`` uint8 images of this client.
-        centroids: ``[G, D]`` global centroids, fixed during local training (None for a method without them).
-        config: Local hyperparameters.
-        generator: The round's generator: shuffling, and the seed of the augmentations' generator on ``device``.
-        device: Where to train.
-        labels: ``[n]`` labels of ``images``, for a method that reads them.
-        secret_seed: DP-SGD, tests only: seeds batch sampling and noise.
-    """
-    start = time.perf_counter()
-    method = get_method(config.method)
-    n = int(images.shape[0])
-    network.to(device).train()
-    centroids = normalised_centroids(centroids, device)
-    aug_generator = augmentation_generator(generator, device)
-    memory = RepresentationMemory(config.memory_size, network.projection_dim)
-    totals: dict[str, torch.Tensor] = {}
-    steps = stepped_batches = 0
-    with _parts(network, n, config, method, generator=generator, device=device, secret_seed=secret_seed) as (batches, step):
-        images = images.to(device)
-        for index in batches:
-            out = None
-            if index.numel():
-                batch_labels = None if labels is None else labels[index].to(device)
-                batch = Batch(images[index.to(device)], batch_labels, centroids, config.temperature, aug_generator)
-                out = method.step(network, batch)
-            step(None if out is None else out.loss)
-            if network.target is not None:
-                ema_update(network.target, network.online, config.ema_decay)
-            steps += 1
-            if out is not None:
-                if out.target_reps is not None:
-                    memory.push(out.target_reps, index)
-                for name, value in out.values.items():
-                    totals[name] = totals[name] + value.detach() if name in totals else value.detach()
-                stepped_batches += 1
-    kept, examples = memory.contents(), memory.examples()
-    events: tuple[PrivacyEvent, ...] = ()
-    if config.dp_sgd is not None:
-        from privfed.orchestra.dp_sgd_training import private_memory_and_cost
-
-        kept, examples, events = private_memory_and_cost(network, images, config, generator=generator, device=device)
-    return LocalTrainingResult(
-        memory=kept,
-        memory_examples=examples,
-        num_samples=n,
-        num_steps=steps,
-        step_means=step_means(totals, stepped_batches),
-        seconds=time.perf_counter() - start,
-        privacy_events=events,
-    )
-
-
-def _parts(
-    network: OrchestraNetwork,
-    n: int,
-    config: LocalTrainingConfig,
-    method: Method,
-    *,
-    generator: torch.Generator,
-    device: torch.device,
-    secret_seed: int | None,
-) -> AbstractContextManager[TrainingParts]:
-    if config.dp_sgd is None:
-        return sgd_parts(network, n, config, generator=generator)
-    # Imported here: Opacus takes seconds to import, and most runs never need it (nor install it).
-    from privfed.extras import require
-
-    require("opacus", feature="DP-SGD (--dp-sgd)")
-    from privfed.orchestra.dp_sgd_training import dp_sgd_parts
-
-    return dp_sgd_parts(network, n, config, method, device=device, secret_seed=secret_seed)

@@ -14,9 +14,9 @@ from privfed.data import FederatedSplit
 from privfed.data.augment import OrchestraViews, orchestra_views
 from privfed.methods import ORCHESTRA, get_method
 from privfed.models import OrchestraNetwork
-from privfed.orchestra.client_update import DP_SGD_METRICS, client_update
+from privfed.orchestra.client_update import DP_SGD_METRICS, client_update, train_locally
 from privfed.orchestra.dp_sgd_training import dp_optimizer, dp_step, per_sample_gradients
-from privfed.orchestra.local_training import LocalTrainingConfig, train_locally
+from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.memory_sampling import poisson_memory
 from privfed.orchestra.model_state import shared_state
 from privfed.privacy.dp_sgd_plan import DpSgdSettings

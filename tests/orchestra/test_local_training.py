@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from privfed.data import FederatedSplit
 from privfed.methods import Batch, build_network, get_method
 from privfed.models import ema_update
-from privfed.orchestra.local_training import LocalTrainingConfig, train_locally
+from privfed.orchestra.client_update import train_locally
+from privfed.orchestra.local_training import LocalTrainingConfig
 
 
 @pytest.mark.parametrize("method", ["byol", "orchestra"])
