@@ -251,7 +251,7 @@ def train_locally(
                 ema_update(network.target, network.online, config.ema_decay)
             steps += 1
             if out is not None:
-                if out.target_reps is not None:
+                if out.target_reps is not None and dp is None:  # DP-SGD's memory is a Poisson sample, after training
                     memory.push(out.target_reps, index)
                 for name, value in out.values.items():
                     totals[name] = totals[name] + value.detach() if name in totals else value.detach()
