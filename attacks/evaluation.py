@@ -36,8 +36,7 @@ from privfed.data import cached_dataset
 from privfed.data.augment import to_float
 from privfed.device import resolve_device
 from privfed.errors import PrivfedError
-from privfed.methods import get_method
-from privfed.models.network import build_network
+from privfed.methods import build_network, get_method
 from privfed.orchestra.model_state import load_shared_state
 from privfed.run.directory import RunDirectory
 from privfed.run.recording import RecordedRound, read_round, recorded_rounds
@@ -84,7 +83,7 @@ def attack_target(
     """The round as the server knows it (another mechanism may stand in for a comparison)."""
     network = build_network(config)
     load_shared_state(network, recorded.model_state)
-    encoder = network.target if get_method(config.method).objective.ema_targets else network.online
+    encoder = network.target if get_method(config.method).ema_targets else network.online
     assert encoder is not None  # a method with EMA targets builds a target encoder
     return AttackTarget(
         round=recorded.round,

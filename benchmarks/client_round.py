@@ -20,7 +20,7 @@ from mechanisms import create_mechanism
 from privfed.config import build_config
 from privfed.data import make_shapes
 from privfed.device import resolve_device
-from privfed.models import build_network
+from privfed.methods import build_network
 from privfed.orchestra.client_update import client_update
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_state

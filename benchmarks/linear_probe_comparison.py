@@ -51,7 +51,7 @@ from privfed.data.arrays import load_npz
 from privfed.device import resolve_device
 from privfed.evaluation.features import extract_features
 from privfed.evaluation.linear_probe import DEFAULT_C, linear_probe_predictions
-from privfed.models.network import build_network
+from privfed.methods import build_network
 from privfed.run.directory import RunDirectory, load_network
 
 CS = (0.01, 0.1, 1.0, 10.0)

@@ -48,7 +48,7 @@ from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
 from privfed.config import build_config
 from privfed.federation import secagg_masking
 from privfed.federation.simulation import simulate
-from privfed.models.network import build_network
+from privfed.methods import build_network
 from privfed.orchestra.model_state import shared_state
 from privfed.run.directory import RunDirectory
 from privfed.run.plan import plan_run

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from privfed.errors import PrivfedError
-from privfed.methods import ORCHESTRA_LOSS, available_methods, get_method
 
 DEVICES = ("auto", "cpu", "cuda")
 #: How ``privfed train`` carries Flower's messages (:func:`privfed.federation.simulation.simulate`).
@@ -216,17 +215,23 @@ class TrainConfig:
     @property
     def release_mechanism(self) -> str | None:
         """The mechanism clients release with; None when the method releases nothing (``mechanism`` does not apply)."""
+        from privfed.methods import get_method  # loads torch: only when asked
+
         return self.mechanism if get_method(self.method).releases else None
 
     @property
     def cluster_head_outputs(self) -> int | None:
         """SpecLoss's cluster head width (one output per global centroid, as in the authors' code); None for other methods."""
-        return self.num_global_centroids if get_method(self.method).objective.loss == "specloss" else None
+        from privfed.methods import get_method
+
+        return self.num_global_centroids if get_method(self.method).heads.clusters else None
 
     @property
     def classifier_outputs(self) -> int | None:
         """Supervised FedAvg's classifier width: the classes of the training data; None for other methods."""
-        if not get_method(self.method).objective.uses_labels:
+        from privfed.methods import get_method
+
+        if not get_method(self.method).heads.classes:
             return None
         from privfed.data.federated import FederatedSplit  # loads torch: only when a method needs it
 
@@ -514,17 +519,18 @@ def validate(config: TrainConfig) -> None:
         raise PrivfedError("batch_size must be at least 2 (BatchNorm needs two samples)")
     if config.checkpoint_every < 0:
         raise PrivfedError(f"checkpoint_every must be 0 or more, got {config.checkpoint_every}")
+    from privfed.methods import available_methods
+
     methods = available_methods()
     if config.method not in methods:
         raise PrivfedError(f"unknown method {config.method!r} (choose from {', '.join(methods)})")
-    objective = methods[config.method].objective
-    if config.dp_sgd and objective.couples_batch:
+    if config.dp_sgd and methods[config.method].couples_batch:
         raise PrivfedError(
             f"method {config.method} cannot train with DP-SGD: its loss compares every image with the rest of "
             "its batch, so per-sample clipping does not bound one image's influence"
         )
-    if config.dp_sgd and objective.loss != ORCHESTRA_LOSS:
-        raise PrivfedError(f"privfed's DP-SGD trainer covers Orchestra and its ablations, not method {config.method}")
+    if config.dp_sgd and methods[config.method].loss != "orchestra":
+        raise PrivfedError(f"privfed's DP-SGD covers Orchestra and its ablations, not method {config.method}")
     if config.projection_hidden_dim is not None and config.projection_hidden_dim < 1:
         raise PrivfedError(f"projection_hidden_dim must be at least 1, got {config.projection_hidden_dim}")
     from mechanisms import MechanismRegistrationError, UnknownMechanismError, get_mechanism_class

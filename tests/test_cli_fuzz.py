@@ -25,7 +25,7 @@ import torch
 from mechanisms.base import K_ANONYMITY, Guarantee
 from privfed.cli import main
 from privfed.config import FLOAT_RANGES, INT_MAXIMA, MAX_INT, build_config, field_types
-from privfed.models.network import build_network
+from privfed.methods import build_network
 from privfed.privacy.ledger import LedgerEntry
 from privfed.run.directory import RunDirectory
 from privfed.run.resume import ResumePoint, write_resume_point

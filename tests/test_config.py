@@ -64,7 +64,7 @@ def test_local_training_config_copies_the_runs_values():
     assert local.to_dict() == {
         "epochs": 3, "batch_size": 8, "lr": 0.5, "momentum": 0.1, "weight_decay": 0.2, "temperature": 0.7,
         "ema_decay": 0.5, "memory_size": 64, "dp_sgd": {"noise_multiplier": 1.0, "max_grad_norm": 2.0},
-        "objective": {"loss": "orchestra", "cluster_loss": True, "rotation_loss": True, "ema_targets": False},
+        "method": "orchestra-no-target",
     }
     assert LocalTrainingConfig.from_run(DEFAULTS).lr == TrainConfig().lr
 

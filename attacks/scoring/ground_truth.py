@@ -21,7 +21,7 @@ from privfed.config import TrainConfig
 from privfed.data.federated import FederatedSplit
 from privfed.device import resolve_device
 from privfed.federation.client import client_seed
-from privfed.models.network import build_network
+from privfed.methods import build_network
 from privfed.orchestra.client_update import run_client_round
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.privacy.budget import plan_privacy

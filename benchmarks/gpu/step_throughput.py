@@ -2,7 +2,7 @@
 
 privfed's step augments the batch on the device (:func:`privfed.data.augment.orchestra_views`)
 and runs three encoder passes; it is timed in fp32 and under bf16 autocast, with the
-network and views in channels_last or not. The reference is written after the paper and
+network in channels_last or not. The reference is written after the paper and
 DESIGN.md §4 (not the authors' code): torchvision-style augmentation image by image on the
 CPU (PIL), then four encoder passes (online on view 1, unused, as the official code does),
 fp32, contiguous. It is timed twice: with its augmentation in the step, as a loader without
@@ -34,11 +34,10 @@ from PIL import Image
 from torchvision import transforms as T
 
 from privfed.config import build_config
-from privfed.data.augment import NORM_MEAN, NORM_STD, orchestra_views
-from privfed.methods import get_method
-from privfed.models import OrchestraNetwork, build_network, ema_update
-from privfed.orchestra.loss import cluster_consistency_loss, rotation_loss
-from privfed.orchestra.objective import orchestra_losses
+from privfed.data.augment import NORM_MEAN, NORM_STD
+from privfed.methods import Batch, build_network, get_method
+from privfed.methods.losses import cluster_consistency_loss, rotation_loss
+from privfed.models import OrchestraNetwork, ema_update
 
 PAPER_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "paper-cifar10-cross-device.toml"
 Step = Callable[[], None]
@@ -79,22 +78,18 @@ def sgd(network: OrchestraNetwork, config: Any) -> torch.optim.Optimizer:
 def privfed_step(
     network: OrchestraNetwork, config: Any, images: torch.Tensor, centroids: torch.Tensor, case: Case
 ) -> Step:
-    """privfed's local step (:func:`privfed.orchestra.local_training.train_locally`'s loop body) on one batch."""
+    """privfed's local step (:func:`privfed.orchestra.client_update.train_locally`'s loop body) on one batch."""
     optimizer = sgd(network, config)
     generator = torch.Generator(device=images.device).manual_seed(0)
-    objective = get_method(config.method).objective
+    method = get_method(config.method)
     memory_format = torch.channels_last if case.channels_last else torch.contiguous_format
     network.to(memory_format=memory_format)
 
     def step() -> None:
-        views = orchestra_views(images, generator=generator)
-        if case.channels_last:
-            for name in ("view1", "view2", "view3"):
-                setattr(views, name, getattr(views, name).contiguous(memory_format=torch.channels_last))
         with _autocast(images.device, case.dtype):
-            losses = orchestra_losses(network, views, centroids, config.temperature, objective)
+            losses = method.step(network, Batch(images, None, centroids, config.temperature, generator))
         optimizer.zero_grad(set_to_none=True)
-        losses.total.backward()
+        losses.loss.backward()
         optimizer.step()
         ema_update(network.target, network.online, config.ema_decay)
 
@@ -151,7 +146,7 @@ def reference_step(
         online2 = F.normalize(network.online(x2), dim=1)
         target1 = network.target_representation(x1)
         loss = cluster_consistency_loss(target1, online2, centroids, config.temperature)
-        loss = loss + rotation_loss(network.rotation(network.online(x3)), turns)
+        loss = loss + rotation_loss(network.head("rotation")(network.online(x3)), turns)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -53,7 +53,7 @@ from privfed.federation.partitions import PARTITION_KEY
 from privfed.federation.records import record_item
 from privfed.federation.reply_store import ReplyStore, instructions_digest
 from privfed.federation.secagg_masking import SHARE_KEY
-from privfed.models.network import build_network
+from privfed.methods import build_network, get_method
 from privfed.orchestra.client_update import client_update
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_keys
@@ -201,7 +201,7 @@ class OrchestraClient(Client):
         # Before anything touches the data: the round is checked and charged, or refused.
         self._admit(ins.config, round_index, train, keys, digest)
         images = split.client_images(self.client_id)
-        labels = split.client_labels(self.client_id) if declared.local.objective.uses_labels else None
+        labels = split.client_labels(self.client_id) if get_method(config.method).reads_labels else None
         if centroids is not None and mechanism is not None:
             mechanism.observe_global_centroids(centroids)
         try:

@@ -33,7 +33,7 @@ from flwr.common import FitRes, bytes_to_ndarray, parameters_to_ndarrays
 
 from mechanisms.base import K_ANONYMITY, Guarantee, Mechanism, PrivacyEvent, Release
 from privfed.federation.messages import RELEASE_KEYS, has_release
-from privfed.orchestra.objective import STEP_VALUES
+from privfed.methods import STEP_VALUES
 from privfed.orchestra.round_report import Rejection
 from privfed.privacy.ledger import check_event
 

@@ -1,6 +1,7 @@
-"""Backbones, heads and the Orchestra online/target network."""
+"""Backbones, heads and the network that carries the heads a method declares."""
 
-from privfed.models.network import Encoder, OrchestraNetwork, build_network, ema_update, network_norm
+from privfed.models.heads import Heads, HeadShape
+from privfed.models.network import Encoder, OrchestraNetwork, ema_update, network_norm
 from privfed.models.norms import NORMS
 from privfed.models.resnet import BACKBONES, CifarResNet
 
@@ -9,8 +10,9 @@ __all__ = [
     "NORMS",
     "CifarResNet",
     "Encoder",
+    "HeadShape",
+    "Heads",
     "OrchestraNetwork",
-    "build_network",
     "ema_update",
     "network_norm",
 ]

@@ -1,6 +1,9 @@
-"""The heads on top of a backbone: projectors, the rotation head, the baselines' predictors."""
+"""The heads on top of a backbone (projectors, the rotation head, the baselines' predictors), and how a method declares them."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch.nn as nn
 
@@ -52,3 +55,46 @@ def mlp_head(in_dim: int, dim: int, *, hidden_dim: int, norm: str = "batch", bia
 def rotation_head(dim: int) -> nn.Linear:
     """Predicts which of the four quarter turns was applied to a view."""
     return nn.Linear(dim, 4)
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    """The sizes a head is built for: the backbone's feature width, D, the hidden width H, the run's counts."""
+
+    features: int
+    dim: int
+    hidden: int
+    norm: str
+    num_clusters: int | None = None
+    num_classes: int | None = None
+
+
+HeadBuilder = Callable[[HeadShape], nn.Module]
+
+
+def standard_projector(shape: HeadShape) -> nn.Module:
+    return projector(shape.features, shape.dim, hidden_dim=shape.hidden, norm=shape.norm)
+
+
+@dataclass(frozen=True)
+class Heads:
+    """What a method's network carries beside the backbone, as the method declares it and the network builds it.
+
+    Attributes:
+        projector: The online encoder's projector.
+        target: An EMA copy of the online encoder (moved only by :func:`privfed.models.network.ema_update`).
+        others: Named heads trained with the online encoder, built in this order (their names are the
+            checkpoint's state-dict prefixes).
+        clusters: A head is sized by the run's number of global centroids (``HeadShape.num_clusters``).
+        classes: A head is sized by the number of classes of the training data (``HeadShape.num_classes``).
+    """
+
+    projector: HeadBuilder = standard_projector
+    target: bool = False
+    others: tuple[tuple[str, HeadBuilder], ...] = ()
+    clusters: bool = False
+    classes: bool = False
+
+
+#: Orchestra's (and its ablations'): the projector, the EMA target and the rotation head.
+ORCHESTRA_HEADS = Heads(target=True, others=(("rotation", lambda shape: rotation_head(shape.dim)),))

@@ -1,4 +1,4 @@
-"""The network a method trains and ships every round: Orchestra's online/target pair, or a baseline's."""
+"""The network a method trains and ships every round: a backbone with the heads its method declares."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from privfed.errors import PrivfedError
-from privfed.methods import ORCHESTRA_LOSS, SUPERVISED_LOSS, get_method
-from privfed.models.heads import mlp_head, projector, rotation_head, simsiam_projector
+from privfed.models.heads import ORCHESTRA_HEADS, Heads, HeadShape
 from privfed.models.norms import check_norm
 from privfed.models.resnet import BACKBONES
 
@@ -29,28 +28,19 @@ class Encoder(nn.Module):
 
 
 class OrchestraNetwork(nn.Module):
-    """Online encoder, its EMA target copy and the rotation head; or a baseline's heads instead.
+    """The online encoder and the heads a method declares (:class:`~privfed.models.heads.Heads`; Orchestra's by default).
 
-    The target encoder never receives gradients: its parameters have
-    ``requires_grad=False`` and are only changed by :func:`ema_update`.
+    The target encoder, if declared, never receives gradients: its
+    parameters have ``requires_grad=False`` and are only changed by
+    :func:`ema_update`.
 
     ``norm="group"`` replaces every BatchNorm (backbone and projector, online
     and therefore target) by GroupNorm, which DP-SGD requires: see
     :mod:`privfed.models.norms`. The projector's hidden layer is
     ``projection_hidden_dim`` wide (default: the output dimension D; the
-    authors' code uses 512).
-
-    ``loss`` (a :class:`privfed.methods.Objective`'s) chooses the heads, with
-    the shapes of the authors' code scaled to D and the hidden width H:
-    Orchestra and its ablations have the target and the rotation head;
-    SimSiam a three-layer projector and a predictor (H wide); BYOL an MLP
-    projector and predictor (2H wide) and the target; SpecLoss a linear layer
-    with ``num_clusters`` outputs after the normalised projection; SimCLR
-    the projector alone; supervised FedAvg no projector, and a linear
-    classifier with ``num_classes`` outputs on the backbone's features. A
-    baseline's network holds only what its loss uses, so only that travels;
-    Orchestra's ablations keep Orchestra's parts (e.g. ``rotpred`` ships a
-    target encoder it moves only by EMA).
+    authors' code uses 512). ``num_clusters`` and ``num_classes`` size the
+    heads that declare them. A network holds only what its method declares,
+    so only that travels.
     """
 
     def __init__(
@@ -60,7 +50,7 @@ class OrchestraNetwork(nn.Module):
         *,
         projection_hidden_dim: int | None = None,
         norm: str = "batch",
-        loss: str = ORCHESTRA_LOSS,
+        heads: Heads = ORCHESTRA_HEADS,
         num_clusters: int | None = None,
         num_classes: int | None = None,
     ) -> None:
@@ -69,56 +59,35 @@ class OrchestraNetwork(nn.Module):
             raise PrivfedError(f"unknown backbone {backbone!r} (choose from {', '.join(BACKBONES)})")
         self.norm = check_norm(norm)
         self.projection_dim = projection_dim
-        self.loss = loss
         net = BACKBONES[backbone](norm=norm)
-        dim, hidden = projection_dim, projection_hidden_dim or projection_dim
-        self.online = Encoder(net, _projector_for(loss, net.feature_dim, dim, hidden=hidden, norm=norm))
+        shape = HeadShape(net.feature_dim, projection_dim, projection_hidden_dim or projection_dim, norm, num_clusters, num_classes)
+        self.online = Encoder(net, heads.projector(shape))
         self.target: Encoder | None = None
-        if loss in (ORCHESTRA_LOSS, "byol"):
+        if heads.target:
             self.target = copy.deepcopy(self.online)
             for p in self.target.parameters():
                 p.requires_grad_(False)
-        self.rotation = rotation_head(dim) if loss == ORCHESTRA_LOSS else None
-        self.predictor: nn.Module | None = None
-        if loss in ("simsiam", "byol"):
-            self.predictor = mlp_head(dim, dim, hidden_dim=hidden if loss == "simsiam" else 2 * hidden, norm=norm)
-        self.cluster_head: nn.Linear | None = None
-        if loss == "specloss":
-            if num_clusters is None:
-                raise PrivfedError("SpecLoss's cluster head needs num_clusters (the run's number of global centroids)")
-            self.cluster_head = nn.Linear(dim, num_clusters)
-        self.classifier: nn.Linear | None = None
-        if loss == SUPERVISED_LOSS:
-            if num_classes is None:
-                raise PrivfedError("supervised FedAvg's classifier needs num_classes")
-            self.classifier = nn.Linear(net.feature_dim, num_classes)
+        self.head_names = tuple(name for name, _ in heads.others)
+        for name, build in heads.others:
+            self.add_module(name, build(shape))
 
-    def online_embedding(self, x: torch.Tensor) -> torch.Tensor:
-        """Unnormalised online projector output (fed to the rotation head)."""
-        return self.online(x)
+    def head(self, name: str) -> nn.Module:
+        """The declared head called ``name``."""
+        if name not in self.head_names:
+            raise PrivfedError(f"this network has no {name} head (it has: {', '.join(self.head_names) or 'none'})")
+        return self.get_submodule(name)
 
     @torch.no_grad()
     def target_representation(self, x: torch.Tensor) -> torch.Tensor:
         """L2-normalised target projector output: what clients cluster."""
         if self.target is None:
-            raise PrivfedError(f"a {self.loss} network has no target encoder")
+            raise PrivfedError("this network has no target encoder")
         return F.normalize(self.target(x), dim=1)
 
-    def trainable_parameters(self, *, rotation: bool = True) -> list[nn.Parameter]:
-        """Every parameter the method trains: the online encoder and the heads (the rotation head's unless ``rotation`` is False)."""
-        heads = [self.predictor, self.cluster_head, self.classifier, self.rotation if rotation else None]
-        return [*self.online.parameters(), *(p for head in heads if head is not None for p in head.parameters())]
-
-
-def _projector_for(loss: str, in_dim: int, dim: int, *, hidden: int, norm: str) -> nn.Module:
-    """The projector of the method whose loss is ``loss`` (none for supervised FedAvg: its head reads the backbone)."""
-    if loss == "simsiam":
-        return simsiam_projector(in_dim, dim, hidden_dim=hidden, norm=norm)
-    if loss == "byol":
-        return mlp_head(in_dim, dim, hidden_dim=2 * hidden, norm=norm, bias=False)
-    if loss == SUPERVISED_LOSS:
-        return nn.Identity()
-    return projector(in_dim, dim, hidden_dim=hidden, norm=norm)
+    def trainable_parameters(self, *, skip: tuple[str, ...] = ()) -> list[nn.Parameter]:
+        """Every parameter the method trains: the online encoder's and the heads' (but those named in ``skip``)."""
+        heads = [self.head(name) for name in self.head_names if name not in skip]
+        return [*self.online.parameters(), *(p for head in heads for p in head.parameters())]
 
 
 def network_norm(*, dp_sgd: bool) -> str:
@@ -143,24 +112,6 @@ class NetworkSpec(Protocol):
     def classifier_outputs(self) -> int | None: ...
     @property
     def dp_sgd(self) -> bool: ...
-
-
-def build_network(config: NetworkSpec) -> OrchestraNetwork:
-    """The run's network, as server, clients and checkpoint loading must all build it.
-
-    The heads follow the method and the normalisation follows
-    ``config.dp_sgd``, so a checkpoint always loads into the architecture its
-    run's configuration describes.
-    """
-    return OrchestraNetwork(
-        config.backbone,
-        config.projection_dim,
-        projection_hidden_dim=config.projection_hidden_dim,
-        norm=network_norm(dp_sgd=config.dp_sgd),
-        loss=get_method(config.method).objective.loss,
-        num_clusters=config.cluster_head_outputs,
-        num_classes=config.classifier_outputs,
-    )
 
 
 @torch.no_grad()

@@ -9,6 +9,12 @@ The memory of representations is dropped here and never returned. A method
 that does not cluster (:mod:`privfed.methods`) has no mechanism:
 its clients release nothing, and its round 0 does nothing.
 
+Training is :func:`train_locally`, the one loop every method and DP-SGD run
+through. Three parts vary: the method's step (:meth:`privfed.methods.Method.step`),
+the batches (shuffled, or DP-SGD's secret Poisson sample) and the optimizer
+step (SGD, or Opacus' clip-and-noise step, :mod:`privfed.orchestra.dp_sgd_training`,
+imported only for DP-SGD).
+
 Under DP-SGD (``config.dp_sgd``) the reply also carries the round's DP-SGD
 cost (``privacy_events``), and its metrics hold nothing computed from the
 data: training losses would be outside the guarantee, so they stay here.
@@ -16,19 +22,25 @@ data: training losses would be outside the guarantee, so they stay here.
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import numpy as np
 import torch
 
 from mechanisms.base import Mechanism, PrivacyEvent, Release, checked_release
-from privfed.methods import ORCHESTRA_LOSS
-from privfed.models.network import OrchestraNetwork
-from privfed.orchestra.baseline_training import train_baseline_locally
-from privfed.orchestra.local_training import LocalTrainingConfig, LocalTrainingResult, train_locally
+from privfed.methods import Batch, get_method
+from privfed.models.network import OrchestraNetwork, ema_update
+from privfed.orchestra.local_training import (
+    LocalTrainingConfig,
+    LocalTrainingResult,
+    augmentation_generator,
+    normalised_centroids,
+    sgd_parts,
+    step_means,
+)
+from privfed.orchestra.memory import RepresentationMemory
 from privfed.orchestra.memory_sampling import every_representation, initial_representations, poisson_memory
 from privfed.orchestra.model_state import StateDict, load_shared_state, shared_state, state_delta
 
@@ -154,8 +166,9 @@ def run_client_round(
         delta = None
         metrics: dict[str, float] = {}
     else:
-        trainer = _trainer(config, secret_seed, labels)
-        result = trainer(network, images, centroids, config, generator=generator, device=device)
+        result = train_locally(
+            network, images, centroids, config, generator=generator, device=device, labels=labels, secret_seed=secret_seed
+        )
         memory, examples = result.memory, result.memory_examples
         delta = state_delta(shared_state(network), global_state)
         events = result.privacy_events
@@ -191,21 +204,74 @@ def run_client_round(
     return update, private
 
 
-def _trainer(
-    config: LocalTrainingConfig, secret_seed: int | None, labels: torch.Tensor | None
-) -> Callable[..., LocalTrainingResult]:
-    """Orchestra's local training, a baseline's (given the labels if it learns from them), or DP-SGD."""
-    if (labels is not None) != config.objective.uses_labels:
-        raise ValueError(f"the {config.objective.loss} loss {'needs' if config.objective.uses_labels else 'takes no'} labels")
-    if config.objective.loss != ORCHESTRA_LOSS:
-        return functools.partial(train_baseline_locally, labels=labels)
-    if config.dp_sgd is None:
-        return train_locally
-    # Imported here: Opacus takes seconds to import, and most runs never need it (nor install it).
+def train_locally(
+    network: OrchestraNetwork,
+    images: torch.Tensor,
+    centroids: torch.Tensor | None,
+    config: LocalTrainingConfig,
+    *,
+    generator: torch.Generator,
+    device: torch.device,
+    labels: torch.Tensor | None = None,
+    secret_seed: int | None = None,
+) -> LocalTrainingResult:
+    """One client's round of its method: ``config.epochs`` epochs, or DP-SGD's steps when ``config.dp_sgd`` is set.
+
+    ``network`` (GroupNorm under DP-SGD) is trained in place on the uint8
+    ``images`` (and ``labels``, for a method that reads them) against the
+    fixed global ``centroids``. ``generator`` shuffles and seeds the
+    augmentations; ``secret_seed`` (DP-SGD, tests only) seeds batch sampling
+    and noise. The target encoder, if any, follows the online encoder by EMA
+    after every step. The memory holds the target representations of the
+    last batches, the latest view of each image only; under DP-SGD it is a
+    Poisson sample instead, and the result carries the round's DP-SGD cost.
+    """
+    start = time.perf_counter()
+    method = get_method(config.method)
+    n = int(images.shape[0])
+    network.to(device).train()
+    centroids = normalised_centroids(centroids, device)
+    aug_generator = augmentation_generator(generator, device)
+    dp = None if config.dp_sgd is None else _dp_sgd_training()
+    parts = sgd_parts(network, n, config, generator=generator) if dp is None else dp.dp_sgd_parts(
+        network, n, config, method, device=device, secret_seed=secret_seed
+    )
+    memory = RepresentationMemory(config.memory_size, network.projection_dim)
+    totals: dict[str, torch.Tensor] = {}
+    steps = stepped_batches = 0
+    with parts as (batches, step):
+        images = images.to(device)
+        for index in batches:
+            out = None
+            if index.numel():
+                batch_labels = None if labels is None else labels[index].to(device)
+                out = method.step(network, Batch(images[index.to(device)], batch_labels, centroids, config.temperature, aug_generator))
+            step(None if out is None else out.loss)
+            if network.target is not None:
+                ema_update(network.target, network.online, config.ema_decay)
+            steps += 1
+            if out is not None:
+                if out.target_reps is not None and dp is None:  # DP-SGD's memory is a Poisson sample, after training
+                    memory.push(out.target_reps, index)
+                for name, value in out.values.items():
+                    totals[name] = totals[name] + value.detach() if name in totals else value.detach()
+                stepped_batches += 1
+    kept, examples = memory.contents(), memory.examples()
+    events: tuple[PrivacyEvent, ...] = ()
+    if dp is not None:
+        kept, examples, events = dp.private_memory_and_cost(network, images, config, generator=generator, device=device)
+    return LocalTrainingResult(
+        memory=kept, memory_examples=examples, num_samples=n, num_steps=steps,
+        step_means=step_means(totals, stepped_batches), seconds=time.perf_counter() - start, privacy_events=events,
+    )
+
+
+def _dp_sgd_training() -> ModuleType:
+    """:mod:`privfed.orchestra.dp_sgd_training`, imported only for DP-SGD: Opacus takes seconds to import, and most
+    runs never need it (nor install it)."""
     from privfed.extras import require
 
     require("opacus", feature="DP-SGD (--dp-sgd)")
+    from privfed.orchestra import dp_sgd_training
 
-    from privfed.orchestra.dp_sgd_training import train_with_dp_sgd
-
-    return functools.partial(train_with_dp_sgd, secret_seed=secret_seed)
+    return dp_sgd_training

@@ -1,4 +1,4 @@
-"""Orchestra local training as DP-SGD, with Opacus.
+"""The DP-SGD parts of the local-training loop (:func:`privfed.orchestra.client_update.train_locally`), with Opacus.
 
 Each of the round's ``local_epochs * ceil(n / batch_size)`` steps:
 
@@ -8,13 +8,14 @@ Each of the round's ``local_epochs * ceil(n / batch_size)`` steps:
    per-sample gradient hooks), clips it to ``max_grad_norm`` and adds
    Gaussian noise of standard deviation ``noise_multiplier * max_grad_norm``
    to their sum (Opacus' ``DPOptimizer``, "secure mode" noise);
-3. updates the online encoder and rotation head (SGD on the noisy mean),
-   then the target encoder by EMA, which is post-processing.
+3. updates the online encoder and the heads the method trains (SGD on the
+   noisy mean), then the target encoder by EMA, which is post-processing.
 
 Per-sample gradients are exact only if nothing in a step mixes examples:
 the network must use GroupNorm (checked with Opacus' ``ModuleValidator``),
-the cluster loss's targets are per-sample softmaxes, and the two online
-passes (views 2 and 3) of one example add up in that example's gradient.
+the method must not couple its batch (the configuration refuses one that
+does), and the online passes of one example (Orchestra's views 2 and 3) add
+up in that example's gradient.
 
 The amplification by subsampling that the accountant credits requires that
 the server cannot tell which examples each batch held. The round's seed is
@@ -25,8 +26,8 @@ tests only). Augmentation randomness needs no secrecy and stays seeded.
 
 from __future__ import annotations
 
+import functools
 import secrets
-import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,29 +38,12 @@ from opacus import GradSampleModule
 from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
 
-from privfed.data.augment import OrchestraViews, orchestra_views
-from privfed.models.network import OrchestraNetwork, ema_update
-from privfed.orchestra.local_training import LocalTrainingConfig, LocalTrainingResult, normalised_centroids, step_means
+from mechanisms.base import PrivacyEvent
+from privfed.methods import Method
+from privfed.models.network import OrchestraNetwork
+from privfed.orchestra.local_training import LocalTrainingConfig, TrainingParts
 from privfed.orchestra.memory_sampling import poisson_memory, poisson_sample
-from privfed.orchestra.objective import STEP_VALUES, StepLosses, augmentation_generator, orchestra_losses
 from privfed.privacy.dp_sgd_plan import DpSgdSettings, round_events, sampling_rate, steps_per_round
-
-
-class TrainedModules(nn.Module):
-    """The modules DP-SGD updates (online encoder, rotation head), as one Opacus-wrappable module.
-
-    Only used to install Opacus' hooks and to validate: the training step
-    calls the network's own methods, which run these very modules.
-    """
-
-    def __init__(self, network: OrchestraNetwork) -> None:
-        super().__init__()
-        self.online = network.online
-        self.rotation = network.rotation
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = self.online(x)
-        return z if self.rotation is None else self.rotation(z)
 
 
 def check_private_network(network: OrchestraNetwork) -> None:
@@ -94,6 +78,7 @@ def dp_optimizer(
     network: OrchestraNetwork,
     config: LocalTrainingConfig,
     settings: DpSgdSettings,
+    method: Method,
     *,
     expected_batch_size: float,
     noise_generator: torch.Generator,
@@ -103,11 +88,11 @@ def dp_optimizer(
     Weight decay and momentum act on the noisy gradient, so they are
     post-processing. ``loss_reduction="mean"`` divides the noisy sum by the
     *expected* batch size, as Poisson sampling requires. Only the parameters
-    the objective trains are stepped: without the rotation loss the rotation
-    head has no per-sample gradients (and so stays as it is).
+    the method trains are stepped: a head it never trains (Orchestra's
+    rotation head without the rotation loss) has no per-sample gradients.
     """
     optimizer = torch.optim.SGD(
-        network.trainable_parameters(rotation=config.objective.rotation_loss),
+        network.trainable_parameters(skip=method.untrained_heads),
         lr=config.lr,
         momentum=config.momentum,
         weight_decay=config.weight_decay,
@@ -134,15 +119,17 @@ def set_empty_grad_samples(optimizer: DPOptimizer) -> None:
 
 
 @contextmanager
-def per_sample_gradients(network: OrchestraNetwork) -> Iterator[GradSampleModule]:
-    """Opacus' per-sample gradient hooks on the online encoder and rotation head, removed on exit.
+def per_sample_gradients(network: OrchestraNetwork, method: Method) -> Iterator[GradSampleModule]:
+    """Opacus' per-sample gradient hooks on the online encoder and the trained heads, removed on exit.
 
     While active, every backward pass through those modules leaves each
-    parameter's per-example gradients in ``p.grad_sample`` (the two online
+    parameter's per-example gradients in ``p.grad_sample`` (the online
     passes of a step add up per example).
     """
     check_private_network(network)
-    hooks = GradSampleModule(TrainedModules(network), batch_first=True, loss_reduction="mean", strict=True)
+    # The modules DP-SGD updates, as one module for Opacus (the step calls the network's own modules).
+    trained = {"online": network.online} | {h: network.head(h) for h in network.head_names if h not in method.untrained_heads}
+    hooks = GradSampleModule(nn.ModuleDict(trained), batch_first=True, loss_reduction="mean", strict=True)
     try:
         with warnings.catch_warnings():
             # The stem's input needs no gradient; Opacus only uses the output gradients.
@@ -166,88 +153,43 @@ def _drop_opacus_attributes(network: OrchestraNetwork) -> None:
                 delattr(module, name)
 
 
-def dp_step(
-    network: OrchestraNetwork,
-    optimizer: DPOptimizer,
-    views: OrchestraViews | None,
-    centroids: torch.Tensor | None,
-    config: LocalTrainingConfig,
-) -> StepLosses | None:
-    """One DP-SGD step on a batch's views (``None``: an empty batch), inside :func:`per_sample_gradients`.
+def dp_step(optimizer: DPOptimizer, loss: torch.Tensor | None) -> None:
+    """One DP-SGD step on a batch's loss (None: an empty batch), inside :func:`per_sample_gradients`.
 
     Clipping, noise and the SGD update happen in ``optimizer.step()``; the
-    caller updates the target encoder afterwards.
+    loop updates the target encoder afterwards.
     """
     optimizer.zero_grad(set_to_none=True)
-    losses = None
-    if views is None:
+    if loss is None:
         set_empty_grad_samples(optimizer)
     else:
-        losses = orchestra_losses(network, views, centroids, config.temperature, config.objective)
-        losses.total.backward()
+        loss.backward()
     optimizer.step()
-    return losses
 
 
-def train_with_dp_sgd(
-    network: OrchestraNetwork,
-    images: torch.Tensor,
-    centroids: torch.Tensor | None,
-    config: LocalTrainingConfig,
-    *,
-    generator: torch.Generator,
-    device: torch.device,
-    secret_seed: int | None = None,
-) -> LocalTrainingResult:
-    """One client's round of Orchestra under DP-SGD (see the module docstring).
+@contextmanager
+def dp_sgd_parts(
+    network: OrchestraNetwork, n: int, config: LocalTrainingConfig, method: Method, *, device: torch.device, secret_seed: int | None = None
+) -> Iterator[TrainingParts]:
+    """The round's ``local_epochs * ceil(n / batch_size)`` secret Poisson batches, and the clip-and-noise step.
 
-    Args:
-        network: Global network with GroupNorm, trained in place.
-        images: ``[n, 3, H, W]`` uint8 images of this client.
-        centroids: ``[G, D]`` global centroids, fixed during local training.
-        config: Local hyperparameters; ``config.dp_sgd`` must be set.
-        generator: The round's generator: augmentations and the memory sample.
-        device: Where to train.
-        secret_seed: Tests only: seeds batch sampling and noise.
-
-    Returns:
-        The result, with the memory of :func:`poisson_memory` and this
-        round's DP-SGD cost as ``privacy_events``.
+    Batch sampling and noise come from :func:`secret_generators`
+    (``secret_seed``: tests only). An empty batch still steps (noise alone).
     """
-    settings = config.dp_sgd
-    if settings is None:
-        raise ValueError("config.dp_sgd is not set")
-    start = time.perf_counter()
-    n = int(images.shape[0])
+    assert config.dp_sgd is not None
     rate = sampling_rate(n, config.batch_size)
-    num_steps = steps_per_round(n, batch_size=config.batch_size, epochs=config.epochs)
-    network.to(device).train()
-    centroids = normalised_centroids(centroids, device)
-    aug_generator = augmentation_generator(generator, device)
     sampling, noise = secret_generators(device, secret_seed)
-    images = images.to(device)
-    totals = torch.zeros(len(STEP_VALUES), device=device)
-    nonempty = 0
-    with per_sample_gradients(network):
-        optimizer = dp_optimizer(network, config, settings, expected_batch_size=rate * n, noise_generator=noise)
-        for _ in range(num_steps):
-            index = poisson_sample(n, rate, sampling)
-            views = orchestra_views(images[index.to(device)], generator=aug_generator) if index.numel() else None
-            losses = dp_step(network, optimizer, views, centroids, config)
-            assert network.target is not None  # DP-SGD trains only Orchestra (config refuses others), which has one
-            ema_update(network.target, network.online, config.ema_decay)
-            if losses is not None:
-                totals += losses.detached()
-                nonempty += 1
+    with per_sample_gradients(network, method):
+        optimizer = dp_optimizer(network, config, config.dp_sgd, method, expected_batch_size=rate * n, noise_generator=noise)
+        num_steps = steps_per_round(n, batch_size=config.batch_size, epochs=config.epochs)
+        yield (poisson_sample(n, rate, sampling) for _ in range(num_steps)), functools.partial(dp_step, optimizer)
+
+
+def private_memory_and_cost(
+    network: OrchestraNetwork, images: torch.Tensor, config: LocalTrainingConfig, *, generator: torch.Generator, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, tuple[PrivacyEvent, ...]]:
+    """After a round: the memory, a Poisson sample (not the last batches, whose membership is secret), and the round's cost."""
+    assert config.dp_sgd is not None
     memory, examples = poisson_memory(network, images, config, generator=generator, device=device)
-    return LocalTrainingResult(
-        memory=memory,
-        memory_examples=examples,
-        num_samples=n,
-        num_steps=num_steps,
-        step_means=step_means(totals, nonempty),
-        seconds=time.perf_counter() - start,
-        privacy_events=round_events(
-            n, batch_size=config.batch_size, epochs=config.epochs, noise_multiplier=settings.noise_multiplier
-        ),
-    )
+    n, noise = int(images.shape[0]), config.dp_sgd.noise_multiplier
+    return memory, examples, round_events(n, batch_size=config.batch_size, epochs=config.epochs, noise_multiplier=noise)

@@ -1,15 +1,15 @@
-"""Client side: one round of plain Orchestra local training.
+"""Client side: the plain parts of the one local-training loop (:func:`privfed.orchestra.client_update.train_locally`).
 
-Its DP-SGD counterpart is :mod:`privfed.orchestra.dp_sgd_training`; which of
-the two runs is :func:`privfed.orchestra.client_update.client_update`'s
-choice. The objective both minimise is in :mod:`privfed.orchestra.objective`.
+Its configuration and result, shuffled batches and SGD; the DP-SGD parts
+are in :mod:`privfed.orchestra.dp_sgd_training`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,15 +17,14 @@ import torch
 import torch.nn.functional as F
 
 from mechanisms.base import PrivacyEvent
-from privfed.data.augment import orchestra_views
-from privfed.methods import Objective, get_method
-from privfed.models.network import OrchestraNetwork, ema_update
-from privfed.orchestra.memory import RepresentationMemory
-from privfed.orchestra.objective import STEP_VALUES, augmentation_generator, orchestra_losses
+from privfed.models.network import OrchestraNetwork
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
 
 if TYPE_CHECKING:
     from privfed.config import TrainConfig
+
+#: The round's batches (index tensors; an empty one still steps) and the optimizer step on a batch's loss (None: empty).
+TrainingParts = tuple[Iterator[torch.Tensor], Callable[[torch.Tensor | None], None]]
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class LocalTrainingConfig:
 
     ``dp_sgd`` switches local training to DP-SGD with those settings; the
     network must then use GroupNorm (``OrchestraNetwork(..., norm="group")``).
-    ``objective`` is the run's method's (:mod:`privfed.methods`).
+    ``method`` names the run's method (:mod:`privfed.methods`).
     """
 
     epochs: int
@@ -49,7 +48,7 @@ class LocalTrainingConfig:
     temperature: float
     ema_decay: float
     memory_size: int
-    objective: Objective
+    method: str
     dp_sgd: DpSgdSettings | None
 
     @classmethod
@@ -64,7 +63,7 @@ class LocalTrainingConfig:
             temperature=config.temperature,
             ema_decay=config.ema_decay,
             memory_size=config.memory_size,
-            objective=get_method(config.method).objective,
+            method=config.method,
             dp_sgd=dp_sgd,
         )
 
@@ -73,7 +72,7 @@ class LocalTrainingConfig:
         """The inverse of :meth:`to_dict` for a configuration without DP-SGD settings (those travel apart)."""
         if values.get("dp_sgd") is not None:
             raise ValueError("DP-SGD settings travel separately from the local training configuration")
-        return cls(**{**values, "objective": Objective(**values["objective"]), "dp_sgd": None})
+        return cls(**{**values, "dp_sgd": None})
 
     def replace(self, **changes: Any) -> LocalTrainingConfig:
         return dataclasses.replace(self, **changes)
@@ -101,23 +100,22 @@ class LocalTrainingResult:
     privacy_events: tuple[PrivacyEvent, ...] = ()
 
 
-def step_means(totals: torch.Tensor, steps: int) -> dict[str, float]:
-    """The :data:`~privfed.orchestra.objective.STEP_VALUES` averaged over ``steps``.
-
-    A client that took no step (fewer than two images) has no means, so it
-    adds nothing to the round's averages rather than zeros. A value the
-    method does not compute (NaN: no centroids, no target entropy) is left
-    out.
-    """
-    if steps == 0:
-        return {}
-    means = zip(STEP_VALUES, (totals / steps).tolist())
-    return {name: value for name, value in means if not math.isnan(value)}
+def step_means(totals: dict[str, torch.Tensor], steps: int) -> dict[str, float]:
+    """The per-step values averaged over ``steps``, NaNs left out (none for a client that took no step: fewer than two images)."""
+    means = {name: float(total / steps) for name, total in totals.items()} if steps else {}
+    return {name: mean for name, mean in means.items() if not math.isnan(mean)}
 
 
 def normalised_centroids(centroids: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     """The global centroids on ``device``, L2-normalised (None stays None: a method without centroids)."""
     return None if centroids is None else F.normalize(centroids.to(device).float(), dim=1)
+
+
+def augmentation_generator(generator: torch.Generator, device: torch.device) -> torch.Generator:
+    """A generator on ``device`` for the views, seeded from the round's ``generator``."""
+    aug_generator = torch.Generator(device=device)
+    aug_generator.manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
+    return aug_generator
 
 
 def shuffled_batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -129,67 +127,17 @@ def shuffled_batches(n: int, batch_size: int, generator: torch.Generator) -> lis
     return batches
 
 
-def train_locally(
-    network: OrchestraNetwork,
-    images: torch.Tensor,
-    centroids: torch.Tensor | None,
-    config: LocalTrainingConfig,
-    *,
-    generator: torch.Generator,
-    device: torch.device,
-) -> LocalTrainingResult:
-    """Runs ``config.epochs`` epochs of Orchestra (or an ablation) on one client's images.
-
-    Per batch at most three encoder passes run: target on view 1, online on
-    view 2 (cluster loss) and online on the rotated view 3 (rotation loss).
-    The target follows the online encoder by EMA after every step. The
-    memory holds the last batches' target representations, the latest view
-    of each image only (empty when the method has no cluster loss).
-
-    Args:
-        network: Global network, trained in place.
-        images: ``[n, 3, H, W]`` uint8 images of this client.
-        centroids: ``[G, D]`` global centroids, fixed during local training
-            (None for a method without centroids).
-        config: Local hyperparameters.
-        generator: CPU generator for shuffling; augmentation randomness is
-            drawn from a generator on ``device`` seeded from it.
-        device: Where to train.
-    """
-    if config.dp_sgd is not None:
-        raise ValueError("config.dp_sgd is set: DP-SGD training is privfed.orchestra.dp_sgd_training.train_with_dp_sgd")
-    start = time.perf_counter()
-    network.to(device).train()
-    centroids = normalised_centroids(centroids, device)
-    aug_generator = augmentation_generator(generator, device)
+@contextmanager
+def sgd_parts(network: OrchestraNetwork, n: int, config: LocalTrainingConfig, *, generator: torch.Generator) -> Iterator[TrainingParts]:
+    """Every epoch's shuffled batches, and plain SGD with momentum and weight decay."""
     optimizer = torch.optim.SGD(
-        network.trainable_parameters(),
-        lr=config.lr,
-        momentum=config.momentum,
-        weight_decay=config.weight_decay,
+        network.trainable_parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
     )
-    memory = RepresentationMemory(config.memory_size, network.projection_dim)
-    images = images.to(device)
-    totals = torch.zeros(len(STEP_VALUES), device=device)
-    steps = 0
-    for _ in range(config.epochs):
-        for index in shuffled_batches(images.shape[0], config.batch_size, generator):
-            views = orchestra_views(images[index.to(device)], generator=aug_generator)
-            losses = orchestra_losses(network, views, centroids, config.temperature, config.objective)
-            optimizer.zero_grad(set_to_none=True)
-            losses.total.backward()
-            optimizer.step()
-            assert network.target is not None  # Orchestra's network always has one
-            ema_update(network.target, network.online, config.ema_decay)
-            if losses.target_reps is not None:
-                memory.push(losses.target_reps, index)
-            totals += losses.detached()
-            steps += 1
-    return LocalTrainingResult(
-        memory=memory.contents(),
-        memory_examples=memory.examples(),
-        num_samples=int(images.shape[0]),
-        num_steps=steps,
-        step_means=step_means(totals, steps),
-        seconds=time.perf_counter() - start,
-    )
+
+    def step(loss: torch.Tensor | None) -> None:
+        assert loss is not None  # shuffled batches are never empty
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    yield (index for _ in range(config.epochs) for index in shuffled_batches(n, config.batch_size, generator)), step

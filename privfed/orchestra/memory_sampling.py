@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 
 from privfed.data.augment import orchestra_views
+from privfed.methods import get_method
 from privfed.models.network import OrchestraNetwork
-from privfed.orchestra.local_training import LocalTrainingConfig
-from privfed.orchestra.objective import augmentation_generator, cluster_targets
+from privfed.orchestra.local_training import LocalTrainingConfig, augmentation_generator
 
 
 @torch.no_grad()
@@ -56,8 +56,9 @@ def _target_representations(
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Target representations of view 1 of the images in ``batches``, on the CPU (``[0, D]`` if none), and their indices."""
+    method = get_method(config.method)
     reps = [
-        cluster_targets(network, orchestra_views(images[index].to(device), generator=aug_generator).view1, config.objective)
+        method.representations(network, orchestra_views(images[index].to(device), generator=aug_generator).view1)
         for index in batches
     ]
     if not reps:

@@ -21,7 +21,7 @@ from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from mechanisms.base import K_ANONYMITY, Mechanism
-from privfed.methods import ORCHESTRA_LOSS, Objective
+from privfed.methods import ORCHESTRA, Method
 from privfed.privacy.ledger import WorstCase
 from privfed.secagg.masks import MASK_PRG
 
@@ -312,23 +312,23 @@ LABELS = Item(
 
 
 def _public_facts(
-    *, dp_sgd: bool, secagg: bool, releases: bool, objective: Objective, report_metrics: bool
+    *, dp_sgd: bool, secagg: bool, releases: bool, method: Method, report_metrics: bool
 ) -> list[Item]:
     """What no part of the run protects: sizes and participation, overflow counts, and any metrics clients report."""
     facts = [PUBLIC_FACTS]
     if report_metrics:
-        facts.append(_metrics_fact(dp_sgd=dp_sgd, secagg=secagg, releases=releases, objective=objective))
+        facts.append(_metrics_fact(dp_sgd=dp_sgd, secagg=secagg, releases=releases, method=method))
     if secagg:
         facts.append(OVERFLOW_COUNTS)
     return facts
 
 
-def _metrics_fact(*, dp_sgd: bool, secagg: bool, releases: bool, objective: Objective) -> Item:
+def _metrics_fact(*, dp_sgd: bool, secagg: bool, releases: bool, method: Method) -> Item:
     """What the training metrics of ``--report-client-metrics`` reveal."""
     reported = (
         "step counts and wall-clock timings (their losses are not reported)"
         if dp_sgd
-        else f"training metrics ({_data_metrics(objective)}: averages computed from their data; step counts and "
+        else f"training metrics ({_data_metrics(method)}: averages computed from their data; step counts and "
         "timings)"
     )
     if not secagg:
@@ -351,11 +351,12 @@ def _metrics_fact(*, dp_sgd: bool, secagg: bool, releases: bool, objective: Obje
     )
 
 
-def _data_metrics(objective: Objective) -> str:
+def _data_metrics(method: Method) -> str:
     """The metrics a method's clients compute from their data (:func:`privfed.orchestra.local_training.step_means`)."""
-    if objective.loss != ORCHESTRA_LOSS:
+    values = method.step_values
+    if values == ("loss",):
         return "the loss"
-    return "losses, target entropy, centroid cosine" if objective.cluster_loss else "losses"
+    return "losses, target entropy, centroid cosine" if "target_entropy" in values else "losses"
 
 
 def _lead(
@@ -528,7 +529,7 @@ def privacy_statement(
     worst: WorstCase | None,
     k: int | None,
     secagg: bool = True,
-    objective: Objective = Objective(),
+    method: Method = ORCHESTRA,
     report_metrics: bool = False,
     release_sampling_rate: float = 1.0,
     min_shares: int | None = None,
@@ -544,8 +545,8 @@ def privacy_statement(
             (None when nothing in the run is DP).
         k: Smallest anonymity-set size of k-anonymous releases, if any.
         secagg: Whether encoder updates went through secure aggregation.
-        objective: The run's method's objective: which metrics its clients
-            compute, and whether they train on their labels.
+        method: The run's method: which metrics its clients compute, and
+            whether they train on their labels.
         report_metrics: Whether clients send those metrics (``--report-client-metrics``).
         release_sampling_rate: Rate of the releases' secret Poisson sample (1: none).
         min_shares: An aggregated mechanism's ``K_min``: the fewest clients' shares in each secure sum.
@@ -562,10 +563,10 @@ def privacy_statement(
     ):
         covered += part_covers
         uncovered += part_not_covered
-    if objective.uses_labels and not dp_sgd:
+    if method.reads_labels and not dp_sgd:
         uncovered.append(LABELS)
     uncovered += _public_facts(
-        dp_sgd=dp_sgd, secagg=secagg, releases=mechanism is not None, objective=objective, report_metrics=report_metrics
+        dp_sgd=dp_sgd, secagg=secagg, releases=mechanism is not None, method=method, report_metrics=report_metrics
     )
     if mechanism is not None and mechanism.aggregated:
         uncovered.append(SECURE_SUM_TRUST)

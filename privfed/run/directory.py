@@ -25,7 +25,8 @@ import torch
 
 from privfed.config import TrainConfig, load_saved_config, read_json_object, read_text, save_config
 from privfed.errors import PrivfedError
-from privfed.models.network import OrchestraNetwork, build_network
+from privfed.methods import build_network
+from privfed.models.network import OrchestraNetwork
 
 CHECKPOINT_NAMES = ("initial", "final")
 

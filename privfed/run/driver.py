@@ -23,9 +23,7 @@ from mechanisms.base import DIFFERENTIAL_PRIVACY, K_ANONYMITY, NO_GUARANTEE, Gua
 from privfed.data import cached_dataset, heterogeneity_stats
 from privfed.device import resolve_device
 from privfed.evaluation.monitor import KnnMonitor
-from privfed.methods import get_method
-from privfed.models.network import build_network
-from privfed.orchestra.objective import STEP_VALUES
+from privfed.methods import STEP_VALUES, build_network, get_method
 from privfed.orchestra.round_report import RoundReport
 from privfed.orchestra.server import OrchestraServer
 from privfed.privacy import PrivacyLedger
@@ -436,7 +434,7 @@ class RunDriver:
             worst=worst,
             k=self.ledger.min_k,
             secagg=self.plan.secagg is not None,
-            objective=self.method.objective,
+            method=self.method,
             report_metrics=self.config.report_client_metrics,
             release_sampling_rate=plan.sampling_rate,
             min_shares=plan.params.get("min_shares"),  # set for an aggregated mechanism only
@@ -479,7 +477,7 @@ class RunDriver:
             "method": {
                 "name": self.method.name,
                 "description": self.method.description,
-                "loss": self.method.objective.loss,
+                "loss": self.method.loss,
                 "releases": self.method.releases,
             },
             "mechanism": {"name": self.mechanism_name, "params": self.plan.privacy.params},  # its guarantee: ``privacy``

@@ -17,8 +17,7 @@ from privfed.federation.client import OrchestraClient
 from privfed.federation.client_app import make_client_fn
 from privfed.federation.reply_checks import ReplyRules
 from privfed.federation.strategy import OrchestraStrategy
-from privfed.methods import NO_CENTROIDS, get_method
-from privfed.models.network import build_network
+from privfed.methods import NO_CENTROIDS, build_network, get_method
 from privfed.orchestra.model_state import StateDict, shared_keys
 from privfed.orchestra.round_report import RoundReport
 from privfed.orchestra.server import OrchestraServer

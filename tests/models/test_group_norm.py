@@ -7,7 +7,8 @@ from opacus.validators import ModuleValidator
 
 from privfed.config import build_config
 from privfed.errors import PrivfedError
-from privfed.models import OrchestraNetwork, build_network, network_norm
+from privfed.methods import build_network
+from privfed.models import OrchestraNetwork, network_norm
 from privfed.models.norms import group_count
 from privfed.run.directory import load_network
 

@@ -12,18 +12,16 @@ from mechanisms import create_mechanism
 from privfed.config import DEFAULTS
 from privfed.data import FederatedSplit
 from privfed.data.augment import OrchestraViews, orchestra_views
-from privfed.methods import get_method
+from privfed.methods import ORCHESTRA, get_method
 from privfed.models import OrchestraNetwork
-from privfed.orchestra.client_update import DP_SGD_METRICS, client_update
-from privfed.orchestra.dp_sgd_training import dp_optimizer, dp_step, per_sample_gradients, train_with_dp_sgd
+from privfed.orchestra.client_update import DP_SGD_METRICS, client_update, train_locally
+from privfed.orchestra.dp_sgd_training import dp_optimizer, dp_step, per_sample_gradients
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.memory_sampling import poisson_memory
 from privfed.orchestra.model_state import shared_state
-from privfed.orchestra.objective import orchestra_losses
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
 
 TEMPERATURE = 0.3
-LOCAL = LocalTrainingConfig.from_run(DEFAULTS).replace(temperature=TEMPERATURE)
 
 
 @pytest.fixture(scope="module")
@@ -45,21 +43,21 @@ def subset(views: OrchestraViews, index: list[int]) -> OrchestraViews:
 
 
 def named_trainable(network):
-    return [*network.online.named_parameters(), *(("rotation." + n, p) for n, p in network.rotation.named_parameters())]
+    return [*network.online.named_parameters(), *(("rotation." + n, p) for n, p in network.head("rotation").named_parameters())]
 
 
 @pytest.mark.parametrize("method", ["orchestra", "orchestra-no-target", "rotpred"])
 def test_per_sample_gradients_equal_each_example_trained_alone(batch, method):
     network, views, centroids = batch
     network = copy.deepcopy(network)
-    objective = get_method(method).objective
-    with per_sample_gradients(network):
-        orchestra_losses(network, views, centroids, TEMPERATURE, objective).total.backward()
+    method = get_method(method)
+    with per_sample_gradients(network, method):
+        method.on_views(network, views, centroids, TEMPERATURE).loss.backward()
         per_sample = {name: p.grad_sample.clone() for name, p in named_trainable(network)}
     assert all(not hasattr(p, "grad_sample") for p in network.parameters())  # hooks and attributes gone
     for i in range(4):
         network.zero_grad(set_to_none=True)
-        orchestra_losses(network, subset(views, [i]), centroids, TEMPERATURE, objective).total.backward()
+        method.on_views(network, subset(views, [i]), centroids, TEMPERATURE).loss.backward()
         for name, p in named_trainable(network):
             assert torch.allclose(per_sample[name][i], p.grad, rtol=1e-4, atol=1e-6), (name, i)
 
@@ -76,14 +74,14 @@ def summed_clipped_gradient(network, views, centroids, clip):
     """One real DP-SGD step with no noise, lr 1 and no averaging: minus the update is the clipped sum."""
     network = copy.deepcopy(network)
     before = [p.detach().clone() for p in network.trainable_parameters()]
-    with per_sample_gradients(network):
+    with per_sample_gradients(network, ORCHESTRA):
         optimizer = DPOptimizer(
             torch.optim.SGD(network.trainable_parameters(), lr=1.0),
             noise_multiplier=0.0,
             max_grad_norm=clip,
             expected_batch_size=1,
         )
-        dp_step(network, optimizer, views, centroids, LOCAL)
+        dp_step(optimizer, ORCHESTRA.on_views(network, views, centroids, TEMPERATURE).loss)
     return torch.cat([(b - p.detach()).flatten() for b, p in zip(before, network.trainable_parameters())])
 
 
@@ -104,16 +102,16 @@ def test_clipping_bounds_what_one_example_can_change(batch):
 
 
 def test_an_empty_poisson_batch_still_adds_calibrated_noise(batch):
-    network, _, centroids = batch
+    network, _, _ = batch
     network = copy.deepcopy(network)
     before = torch.cat([p.detach().flatten().clone() for p in network.trainable_parameters()])
     config = LocalTrainingConfig.from_run(DEFAULTS).replace(lr=0.1, momentum=0.0, weight_decay=0.0)
     settings = DpSgdSettings(noise_multiplier=2.0, max_grad_norm=0.5)
-    with per_sample_gradients(network):
+    with per_sample_gradients(network, ORCHESTRA):
         optimizer = dp_optimizer(
-            network, config, settings, expected_batch_size=4.0, noise_generator=torch.Generator().manual_seed(0)
+            network, config, settings, ORCHESTRA, expected_batch_size=4.0, noise_generator=torch.Generator().manual_seed(0)
         )
-        assert dp_step(network, optimizer, None, centroids, LOCAL) is None
+        dp_step(optimizer, None)
     change = torch.cat([p.detach().flatten() for p in network.trainable_parameters()]) - before
     assert change.std().item() == pytest.approx(0.1 * 2.0 * 0.5 / 4.0, rel=0.03)
     assert abs(change.mean().item()) < 1e-3
@@ -123,7 +121,7 @@ def test_dp_sgd_refuses_a_batch_norm_network(batch):
     _, _, centroids = batch
     config = LocalTrainingConfig.from_run(DEFAULTS, DpSgdSettings(1.0, 1.0))
     with pytest.raises(ValueError, match='norm="group"'):
-        train_with_dp_sgd(
+        train_locally(
             OrchestraNetwork("resnet8", 16), torch.zeros(4, 3, 32, 32, dtype=torch.uint8), centroids, config,
             generator=torch.Generator(), device=torch.device("cpu"),
         )

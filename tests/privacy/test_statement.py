@@ -179,13 +179,13 @@ def test_supervised_fedavg_names_the_labels_and_each_method_only_the_metrics_it_
     from privfed.methods import get_method
 
     supervised = privacy_statement(mechanism=None, dp_sgd=False, worst=None, k=None,
-                                   objective=get_method("supervised").objective)
+                                   method=get_method("supervised"))
     assert any("labels" in n and "label distribution" in n for n in supervised.long_not_covered)
     for method in ("simclr", "byol", "rotpred"):
-        other = privacy_statement(mechanism=None, dp_sgd=False, worst=None, k=None, objective=get_method(method).objective)
+        other = privacy_statement(mechanism=None, dp_sgd=False, worst=None, k=None, method=get_method(method))
         assert not any("labels" in n for n in other.long_not_covered)
         reported = privacy_statement(mechanism=None, dp_sgd=False, worst=None, k=None, report_metrics=True,
-                                     objective=get_method(method).objective)
+                                     method=get_method(method))
         assert not any("target entropy" in n for n in reported.long_not_covered)  # no centroids, no such metric
     orchestra = privacy_statement(mechanism=get_mechanism_class("kanon"), dp_sgd=False, worst=None, k=4,
                                   report_metrics=True)

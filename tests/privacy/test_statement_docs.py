@@ -56,7 +56,7 @@ def statement_of(config: TrainConfig, *, report_metrics: bool, k: int = 12345, m
     is_dp = config.dp_sgd or (cls is not None and cls.is_differentially_private())
     return privacy_statement(
         mechanism=cls, dp_sgd=config.dp_sgd, worst=LONG_NUMBERS if is_dp else None, k=k, secagg=config.secagg,
-        objective=available_methods()[config.method].objective, report_metrics=report_metrics,
+        method=available_methods()[config.method], report_metrics=report_metrics,
         release_sampling_rate=secret_sample_rate(config, SIZES),
         min_shares=min_shares if cls is not None and cls.aggregated else None,
     )

@@ -1,0 +1,112 @@
+"""The interface every training method implements: what it declares, and its step.
+
+Its :meth:`Method.step` is what a method computes from one batch; the one
+local-training loop (:func:`privfed.orchestra.client_update.train_locally`)
+and the rest of the pipeline (data, rounds, secure aggregation, evaluation,
+the summary) are the same for every method, so their kNN accuracies compare
+like for like.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from privfed.models.heads import Heads
+from privfed.models.network import OrchestraNetwork
+
+#: Global centroids from clustering the clients' releases every round (Orchestra).
+CLUSTERED = "clustered"
+#: Global centroids drawn at random on the unit sphere once, then fixed; no releases.
+FIXED_RANDOM = "fixed-random"
+#: No centroids and no releases: the cluster loss is off.
+NO_CENTROIDS = "none"
+CENTROID_SOURCES = (CLUSTERED, FIXED_RANDOM, NO_CENTROIDS)
+
+#: The per-step values a method may report (the names local training averages and clients may send).
+STEP_VALUES = ("loss", "cluster_loss", "rotation_loss", "target_entropy", "centroid_cosine")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One training batch as a step sees it: ``[B, 3, H, W]`` uint8 images on the training device, their labels (for a
+    method that reads them), the L2-normalised global centroids (if any), the run's temperature, and the generator the
+    augmentations draw from (on the images' device)."""
+
+    images: torch.Tensor
+    labels: torch.Tensor | None
+    centroids: torch.Tensor | None
+    temperature: float
+    generator: torch.Generator
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What a step computed: the loss to minimise, the values it reports (of :data:`STEP_VALUES`), and
+    the target representations to keep in the memory (None: the method keeps none)."""
+
+    loss: torch.Tensor
+    values: dict[str, torch.Tensor]
+    target_reps: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Method(abc.ABC):
+    """A named training method: its declarations and its step.
+
+    Attributes:
+        heads: What its network carries beside the backbone (the network builds them).
+        centroids: One of :data:`CENTROID_SOURCES`; only :data:`CLUSTERED` releases.
+        ema_targets: Its targets (and the representations it clusters) come from the EMA target encoder.
+        reads_labels: Clients train on their labels.
+        couples_batch: One sample's loss depends on the rest of its batch: DP-SGD's per-sample clipping
+            would not bound one example's influence, so the configuration refuses DP-SGD.
+    """
+
+    name: str
+    description: str
+    heads: Heads = Heads()
+    centroids: str = NO_CENTROIDS
+    ema_targets: bool = False
+    reads_labels: bool = False
+    couples_batch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.centroids not in CENTROID_SOURCES:
+            raise ValueError(f"unknown centroid source {self.centroids!r} (choose from {', '.join(CENTROID_SOURCES)})")
+        if self.ema_targets and not self.heads.target:
+            raise ValueError(f"method {self.name!r} takes EMA targets but declares no target encoder")
+
+    @property
+    def releases(self) -> bool:
+        """Whether clients release anything about their representations (only to cluster them)."""
+        return self.centroids == CLUSTERED
+
+    @property
+    def loss(self) -> str:
+        """The loss it trains, as the summary names it (Orchestra's ablations share Orchestra's)."""
+        return self.name
+
+    @property
+    def step_values(self) -> tuple[str, ...]:
+        """The :data:`STEP_VALUES` its step reports."""
+        return ("loss",)
+
+    @property
+    def untrained_heads(self) -> tuple[str, ...]:
+        """Heads its network carries but its step never trains (DP-SGD steps only what is trained)."""
+        return ()
+
+    @abc.abstractmethod
+    def step(self, network: OrchestraNetwork, batch: Batch) -> StepOutput:
+        """The encoder passes and the loss of one training step."""
+
+    @torch.no_grad()
+    def representations(self, network: OrchestraNetwork, images: torch.Tensor) -> torch.Tensor:
+        """L2-normalised representations of ``images`` that a client clusters: the EMA target's, or the online encoder's."""
+        encoder = network.target if self.ema_targets else network.online
+        assert encoder is not None  # __post_init__: EMA targets come with a target encoder
+        return F.normalize(encoder(images), dim=1)

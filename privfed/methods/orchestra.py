@@ -1,0 +1,101 @@
+"""Orchestra and its ablations: the cluster and/or the rotation term, on three views of each image.
+
+The ablations answer "does the clustering matter?": ``rotpred`` learns from
+rotation prediction alone (the paper's RotPred baseline), and
+``orchestra-fixed-centroids`` trains against centroids drawn at random once
+and never updated, which keeps the cluster loss but switches the clustering
+off. Methods that do not cluster release nothing: their clients send model
+updates only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from privfed.data.augment import OrchestraViews, orchestra_views
+from privfed.methods.base import CLUSTERED, FIXED_RANDOM, NO_CENTROIDS, Batch, Method, StepOutput
+from privfed.methods.losses import cluster_consistency_loss, mean_best_cosine, normalised_target_entropy, rotation_loss
+from privfed.models.heads import ORCHESTRA_HEADS, Heads
+from privfed.models.network import OrchestraNetwork
+
+
+@dataclass(frozen=True, kw_only=True)
+class Orchestra(Method):
+    """Orchestra's objective: the cluster term, the rotation term, or both (every variant keeps Orchestra's heads).
+
+    Attributes:
+        cluster_loss: Train the online encoder to predict the target's cluster assignment.
+        rotation_loss: Train it to predict the quarter turn of a rotated view.
+    """
+
+    heads: Heads = ORCHESTRA_HEADS
+    centroids: str = CLUSTERED
+    ema_targets: bool = True
+    cluster_loss: bool = True
+    rotation_loss: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (self.cluster_loss or self.rotation_loss):
+            raise ValueError("an objective needs the cluster loss, the rotation loss or both")
+        if self.cluster_loss != (self.centroids != NO_CENTROIDS):
+            raise ValueError("the cluster loss needs global centroids, and global centroids need the cluster loss")
+
+    @property
+    def loss(self) -> str:
+        return "orchestra"
+
+    @property
+    def step_values(self) -> tuple[str, ...]:
+        return ("loss", "cluster_loss", "rotation_loss") + (("target_entropy", "centroid_cosine") if self.cluster_loss else ())
+
+    @property
+    def untrained_heads(self) -> tuple[str, ...]:
+        return () if self.rotation_loss else ("rotation",)
+
+    def step(self, network: OrchestraNetwork, batch: Batch) -> StepOutput:
+        views = orchestra_views(batch.images, generator=batch.generator)
+        return self.on_views(network, views, batch.centroids, batch.temperature)
+
+    def on_views(
+        self, network: OrchestraNetwork, views: OrchestraViews, centroids: torch.Tensor | None, temperature: float
+    ) -> StepOutput:
+        """At most three encoder passes: target on view 1, online on view 2 (cluster term), online on the rotated view 3.
+
+        A term that is off is reported as 0. Each sample's loss depends on
+        that sample alone once the network has no BatchNorm, which is what
+        DP-SGD's per-sample gradients need.
+        """
+        zero = torch.zeros((), device=views.view1.device)
+        l_cluster = l_rotation = zero
+        target_reps, diagnostics = None, {}
+        if self.cluster_loss:
+            if centroids is None:
+                raise ValueError("the cluster loss needs global centroids")
+            target_reps = self.representations(network, views.view1)
+            online_reps = F.normalize(network.online(views.view2), dim=1)
+            l_cluster = cluster_consistency_loss(target_reps, online_reps, centroids, temperature)
+            diagnostics = {
+                "target_entropy": normalised_target_entropy(target_reps, centroids, temperature),
+                "centroid_cosine": mean_best_cosine(target_reps, centroids),
+            }
+        if self.rotation_loss:
+            l_rotation = rotation_loss(network.head("rotation")(network.online(views.view3)), views.rotation_labels)
+        total = l_cluster + l_rotation
+        return StepOutput(total, {"loss": total, "cluster_loss": l_cluster, "rotation_loss": l_rotation, **diagnostics}, target_reps)
+
+
+ORCHESTRA = Orchestra(name="orchestra", description="Orchestra: clustering-based federated self-supervised learning")
+ORCHESTRA_METHODS = (
+    ORCHESTRA,
+    Orchestra(name="rotpred", description="ablation: rotation prediction only, no centroids, nothing released (the paper's RotPred)",
+              cluster_loss=False, centroids=NO_CENTROIDS),
+    Orchestra(name="orchestra-no-rotation", description="ablation: Orchestra without the rotation head's loss", rotation_loss=False),
+    Orchestra(name="orchestra-no-target", ema_targets=False,
+              description="ablation: Orchestra without the target network (the online encoder makes the cluster targets)"),
+    Orchestra(name="orchestra-fixed-centroids", centroids=FIXED_RANDOM,
+              description="control: Orchestra against global centroids drawn at random once (clustering off, nothing released)"),
+)

@@ -1,0 +1,68 @@
+"""Name → method registry, and the network a run's method declares.
+
+Built-in methods are registered here; third-party packages add theirs
+without editing privfed, by calling :func:`register_method` or through the
+``privfed.methods`` entry-point group (naming a :class:`~privfed.methods.base.Method`
+instance)::
+
+    [project.entry-points."privfed.methods"]
+    mymethod = "mypkg.mymethod:METHOD"
+"""
+
+from __future__ import annotations
+
+from mechanisms.registry import load_plugins
+from privfed.methods.base import Method
+from privfed.methods.baselines import BASELINES
+from privfed.methods.orchestra import ORCHESTRA_METHODS
+from privfed.models.network import NetworkSpec, OrchestraNetwork, network_norm
+
+ENTRY_POINT_GROUP = "privfed.methods"
+
+_METHODS: dict[str, Method] = {}
+
+
+def register_method(method: Method) -> Method:
+    """Adds a method under its name; a name is registered once."""
+    if not isinstance(method, Method):
+        raise TypeError(f"{method!r} is not a privfed.methods.Method")
+    if _METHODS.get(method.name, method) is not method:
+        raise ValueError(f"method {method.name!r} is already registered")
+    _METHODS[method.name] = method
+    return method
+
+
+def _load_entry_points() -> None:
+    load_plugins(ENTRY_POINT_GROUP, _METHODS, register_method, ValueError)
+
+
+def get_method(name: str) -> Method:
+    _load_entry_points()
+    try:
+        return _METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown method {name!r} (choose from {', '.join(_METHODS)})") from None
+
+
+def available_methods() -> dict[str, Method]:
+    """Installed methods, built-ins first, in registration order."""
+    _load_entry_points()
+    return dict(_METHODS)
+
+
+def build_network(config: NetworkSpec) -> OrchestraNetwork:
+    """The run's network, as server, clients and checkpoint loading must all build it.
+
+    The heads follow the method and the normalisation follows
+    ``config.dp_sgd``, so a checkpoint always loads into the architecture its
+    run's configuration describes.
+    """
+    return OrchestraNetwork(
+        config.backbone, config.projection_dim, projection_hidden_dim=config.projection_hidden_dim,
+        norm=network_norm(dp_sgd=config.dp_sgd), heads=get_method(config.method).heads,
+        num_clusters=config.cluster_head_outputs, num_classes=config.classifier_outputs,
+    )
+
+
+for _method in (*ORCHESTRA_METHODS, *BASELINES):
+    register_method(_method)
