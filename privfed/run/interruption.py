@@ -1,18 +1,9 @@
-"""Ctrl-C for a training run: the first asks it to stop after the current round, the second stops it now.
+"""Ctrl-C for a training run: the first asks it to stop after the current round, the second stops it now (docs/flower.md, "Stopping a run").
 
-The first SIGINT or SIGTERM only sets a :class:`StopRequest`; the server-side
-driver (:mod:`privfed.run.driver`) reads it when a round ends and stops the
-run there, so ``summary.json`` and the final checkpoint are written as for
-any early stop. A second signal ends the process at once (exit status
-128 + the signal), leaving the run directory as the last finished round
-left it: raising in the main thread would not do, since Flower's ServerApp
-thread would go on waiting for replies. Before it exits, the block's
-``on_exit_now`` callback runs (the simulation uses it to end Ray's
-processes, which would otherwise outlive the process for a while).
-
-Only the command line installs these handlers (:func:`signals_stop_runs`):
-a run started from Python leaves the process's handlers alone, and a
-Ctrl-C there raises ``KeyboardInterrupt`` as usual.
+A second signal ends the process at once (``os._exit``, after the block's
+``on_exit_now``): raising in the main thread would not do, since Flower's
+ServerApp thread would go on waiting for replies. Only the command line
+installs these handlers (:func:`signals_stop_runs`).
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Runs a study cell by cell into one directory; a finished cell is not run again while its configuration stands.
 
-Each cell (a setting at a seed, :mod:`privfed.studies.grid`) gets its own
-folder, ``cells/<setting>-seed<seed>/``. When the cell's work returns, its
-row is written to ``cell.json`` there, whole or not at all: that file is
-what marks a cell finished. A cell that raised is recorded with its error
-in the same file and the study goes on; a later run of the study tries it
-again, and skips every finished one. What a cell does (train, evaluate,
-attack) is the caller's :data:`CellWork`, so this module stays free of the
-runtime and the attacks; it must cope with what a stopped attempt left in
-the folder (resume the run, or start it again).
-
-``cell.json`` also keeps the cell's settings (:meth:`Study.cell_settings`)
-and their hash. When the study file changed since a cell finished (its
-hash differs, or it was recorded before hashes were kept), the study
-refuses to run and names the changes, unless told to reuse stale cells:
-refusing loses nothing, while redoing would throw results away.
+``cells/<setting>-seed<seed>/cell.json``, written whole, marks a cell
+finished; a changed study file makes it stale (docs/studies.md, "Stopping
+and failures"). What a cell does is the caller's :data:`CellWork`, so this
+module stays free of the runtime and the attacks.
 """
 
 from __future__ import annotations
