@@ -1,13 +1,7 @@
 """A study's pictures: accuracy per setting, against the privacy budget, and against the attack's advantage.
 
 Each point is a setting's mean over its finished seeds, with the standard
-deviation over seeds as error bars; a picture the study has no data for is
-not drawn. Settings are named for a person (``ldp, ε=0.8``), not by their
-folder names. On the ε plot, the settings that differ only in ε share a
-colour and marker (markers only: the settings are separate runs, not a
-measured curve), and every ``reps`` or ``kanon`` setting is its own
-reference line, so a study that also varies, say, the method never pools
-two methods into one series. Figures are drawn on a
+deviation as error bars. Figures are drawn on a
 :class:`matplotlib.figure.Figure`, never through pyplot, so the caller's
 matplotlib backend (a notebook's) is left alone.
 """
