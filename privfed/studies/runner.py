@@ -136,12 +136,9 @@ def run_study(
 ) -> list[CellRecord]:
     """Runs every cell that has not finished, in the study's order; returns every cell's record.
 
-    A finished cell whose configuration changed is refused (:func:`check_stale`)
-    before anything runs, or kept as it is with ``reuse_stale``. What a
-    stopped attempt left under another (or an unknown) configuration is
-    removed before the cell runs, so its run is not resumed with old
-    settings; ``reuse_stale`` resumes it. Progress lines name the cell, how
-    many are done and left, and an estimate of the time left from the
+    Stale cells are refused (:func:`check_stale`) unless ``reuse_stale``, and a
+    stopped attempt under another configuration starts again (docs/studies.md,
+    "Stopping and failures"). Progress lines estimate the time left from the
     cells timed in this run.
     """
     cells = study.cells()
