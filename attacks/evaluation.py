@@ -154,7 +154,7 @@ def selected_vectors(
 def null_vectors(
     target: AttackTarget, aux_images: torch.Tensor, count: int, generator: torch.Generator
 ) -> torch.Tensor:
-    """``count`` vectors drawn from the mechanism's releases of auxiliary memories (see the module docstring).
+    """``count`` vectors drawn from the mechanism's releases of auxiliary memories (the null of docs/attacks.md).
 
     When every auxiliary release is padding (weight 0), a random auxiliary
     representation stands in.
