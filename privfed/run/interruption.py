@@ -41,15 +41,11 @@ class StopRequest:
 
 @contextmanager
 def stop_on_signals(notice: bool = True, on_exit_now: Callable[[], None] | None = None) -> Iterator[StopRequest]:
-    """Handles SIGINT/SIGTERM inside the block as described above; the previous handlers come back after it.
+    """Handles SIGINT/SIGTERM inside the block; the previous handlers come back after it.
 
-    Enter the block after anything that installs its own handlers (Ray's
-    driver aborts on SIGTERM once ``ray.init`` has run); entering it
-    afterwards puts these handlers back on top.
-
-    Outside the main thread (where Python cannot install handlers) the block
-    runs with the handlers as they are, and the request is only ever set by
-    hand.
+    Enter it after anything that installs its own handlers (Ray's driver aborts
+    on SIGTERM once ``ray.init`` has run). Outside the main thread the block runs
+    with the handlers as they are, and the request is only ever set by hand.
     """
     stop = StopRequest()
     if threading.current_thread() is not threading.main_thread():
