@@ -1,14 +1,7 @@
 """``privfed attack``: run an attack on recorded rounds and score it against the recomputed truth.
 
-The attacker side (:mod:`attacks.attackers`) gets each round's
-:class:`attacks.base.AttackTarget` and auxiliary images; the scoring side
-(:mod:`attacks.scoring`) replays the clients to know which images stand
-behind each released vector. This module is the only place both meet.
-
-The null reconstruction of a vector is the same attack applied to a random
-vector the same mechanism released from auxiliary memories: something the
-server could make without any client's release, scored against the same
-candidates. Best-of-n matching inflates with n; the null shows by how much.
+The only module that imports both the attackers and the scoring; the null
+reconstruction is docs/attacks.md's ("Scores").
 """
 
 from __future__ import annotations
@@ -160,7 +153,7 @@ def selected_vectors(
 def null_vectors(
     target: AttackTarget, aux_images: torch.Tensor, count: int, generator: torch.Generator
 ) -> torch.Tensor:
-    """``count`` vectors drawn from the mechanism's releases of auxiliary memories (see the module docstring).
+    """``count`` vectors drawn from the mechanism's releases of auxiliary memories (the null of docs/attacks.md).
 
     When every auxiliary release is padding (weight 0), a random auxiliary
     representation stands in.

@@ -4,17 +4,10 @@ Epsilons are never added up: every cost is a :class:`~mechanisms.base.PrivacyEve
 record, turned into a privacy-loss distribution (PLD) and composed, which is
 both correct under adaptive composition and much tighter than summing.
 
-The neighbouring relation is **replace-one**: two datasets of a client are
-neighbours when one example is replaced by another, so both have the same
-size. A client's size is public in privfed (it weighs FedAvg, sets DP-SGD's
-sampling rate and the memory's), and its randomness is drawn by position
-from a round seed the server knows, so adding or removing an example moves
-far more than that example's own representation: add/remove-one would not
-hold. Under DP-SGD, replacing one example, under the same seed, changes
-only that example's representation and its DP-SGD gradient
-(``tests/privacy/test_neighbouring_datasets.py``). Without DP-SGD the unit
-is one representation of the memory. The price is the doubled sensitivity
-of replacement:
+The neighbouring relation is **replace-one**: one example replaced by
+another, the client's size unchanged (why not add/remove-one:
+docs/privacy.md, "The neighbouring relation: replace-one"). The price is the
+doubled sensitivity of replacement:
 
 * ``"gaussian"`` (``noise_multiplier`` = noise std / the clip radius): a
   replaced representation moves a sum by up to twice the radius (both in
@@ -29,9 +22,7 @@ of replacement:
 * ``"poisson_gaussian"`` (DP-SGD steps): the Poisson-subsampled Gaussian
   under ``REPLACE_ONE``, whose analysis ``dp_accounting`` implements.
 
-For the release mechanisms the unit is one representation of the memory,
-which holds at most one per image; under DP-SGD the memory is a Poisson
-sample of the examples, and both kinds of event compose in one PLD.
+Release events and DP-SGD steps compose in one PLD.
 
 Approximation, stated once: the leaf sums of the ``ldp`` mechanism use the
 *discrete* Gaussian on an integer grid, but are accounted as a continuous

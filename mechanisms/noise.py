@@ -372,10 +372,3 @@ def discrete_gaussian(
         missing -= int(accept.sum())
     return np.concatenate(chunks)[:size] if chunks else np.zeros(0, dtype=np.int64)
 
-
-def discrete_gaussian_variance(sigma: float, *, tail: int | None = None) -> float:
-    """Exact variance of the discrete Gaussian (numerical sum over the support)."""
-    tail = tail if tail is not None else int(12 * sigma) + 10
-    k = np.arange(-tail, tail + 1, dtype=np.float64)
-    w = np.exp(-(k**2) / (2 * sigma**2))
-    return float((w * k**2).sum() / w.sum())

@@ -344,11 +344,6 @@ STUDY_DOWNLOAD = typer.Option(None, "--download/--no-download", show_default=Fal
 ))
 
 
-def _study_overrides(dataset: str | None, data_dir: str | None, download: bool | None) -> dict[str, Any]:
-    """Options set on top of a study's ``[base]`` from the command line (None: not given)."""
-    return {"dataset": dataset, "data_dir": data_dir, "download": download}
-
-
 @app.command(cls=HelpCommand)
 def study(
     study_file: Path = typer.Argument(..., help=(
@@ -362,7 +357,7 @@ def study(
     download: bool | None = STUDY_DOWNLOAD,
 ) -> None:
     """Run every cell of a study (train, evaluate, attack), skipping finished ones; write results.csv and results.md."""
-    overrides = _study_overrides(dataset, data_dir, download)
+    overrides = {"dataset": dataset, "data_dir": data_dir, "download": download}  # on top of [base]; None: not given
     if report:
         _report_study_file(study_file, out, overrides)
     else:
@@ -384,7 +379,7 @@ def tune(
     """Rank hyperparameters without labels by Align + 0.2 Unif (paper §5), with the label-based accuracy beside it; writes tuning.md."""
     from privfed.studies.tables import tuning_ranking
 
-    overrides = _study_overrides(dataset, data_dir, download)
+    overrides = {"dataset": dataset, "data_dir": data_dir, "download": download}
     records, folder = _run_study_file(study_file, out, overrides, reuse_stale=reuse_stale)
     ranking = tuning_ranking(records)
     (folder / "tuning.md").write_text(

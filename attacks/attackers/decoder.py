@@ -1,12 +1,8 @@
 """Learned inversion (He, Zhang and Lee, 2019): a decoder from released vectors back to images.
 
-:class:`DecoderAttack` trains on pairs the server can make itself: the
-representation of an augmented auxiliary image, and that image. It decodes
-what a client releases as if it were one representation, which is exactly
-what ``reps`` sends. :class:`ReleaseDecoderAttack` is the mechanism-aware
-variant: it runs the round's mechanism on auxiliary memories and learns to
-map each released vector (a centroid, a noisy coreset centre) to the mean
-image of the auxiliary images behind it.
+:class:`DecoderAttack` learns from (auxiliary representation, image) pairs;
+:class:`ReleaseDecoderAttack` from the round's mechanism run on auxiliary
+memories (docs/attacks.md, "The attacks").
 """
 
 from __future__ import annotations

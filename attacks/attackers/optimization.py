@@ -1,11 +1,8 @@
 """Optimisation inversion (Mahendran and Vedaldi, 2015): find an image the encoder maps onto the released vector.
 
-For each released vector ``c`` it maximises ``cos(g(x), c) - tv_weight * TV(x)``
-over images ``x`` in [0, 1] (a sigmoid of free logits), from several random
-starts, with a fixed number of Adam steps, and keeps the start whose image
-matches ``c`` best. ``g`` is the round's released-representation encoder in
-training mode, as clients ran it; every image of a batch is optimised at
-once.
+Maximises ``cos(g(x), c) - tv_weight * TV(x)`` over sigmoid image logits
+from several starts, keeping the best (docs/attacks.md, "The attacks"); ``g``
+runs in training mode, as clients ran it.
 """
 
 from __future__ import annotations

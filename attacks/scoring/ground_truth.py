@@ -1,12 +1,8 @@
 """Which images stand behind each released vector, recomputed from the run, never read from the recording.
 
-A run's dataset, seed and partition say which images each client held. A
-client's round is deterministic given the state it started from (recorded),
-its seed and its data, so replaying it gives back its memory, which example
-each memory row is a view of, and, where the mechanism knows it, which
-released vector each row fed. The replay is checked against the recorded
-release; DP noise comes from the operating system, so a DP mechanism's
-release cannot be replayed and its members stay unknown.
+A client's round is replayed from its recorded starting state, seed and
+data, and checked against the recorded release; a DP release's OS noise
+cannot be replayed, so its members stay unknown (docs/attacks.md).
 """
 
 from __future__ import annotations

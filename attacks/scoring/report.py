@@ -33,18 +33,9 @@ def wilson_interval(hits: list[float]) -> tuple[float, list[float]]:
 
 
 def summarize(rows: list[dict[str, float | None]]) -> dict[str, Any]:
-    """The round's figures over its attacked vectors.
+    """The round's figures over its attacked vectors, as docs/attacks.md ("Scores", per round attacked) lists them.
 
-    For each score ``s`` present: ``s`` (mean), ``s_ci95``, ``null_s``,
-    ``null_s_ci95`` (so "above the null with non-overlapping intervals" can
-    be read off), ``advantage_s`` (mean of ``s - null_s`` per vector),
-    ``advantage_s_ci95`` and ``n_s`` (the vectors it averages: those whose
-    members are known, for member scores). Re-identification is reported as
-    ``reid_rate`` (with a Wilson interval), ``null_reid_rate`` and
-    ``reid_chance`` (the rate a random ranking would hit). A score absent
-    from every row (members unknown) is left out. The intervals treat the
-    vectors as independent; vectors of one client share its data, so they
-    are somewhat optimistic.
+    A score absent from every row (members unknown) is left out.
     """
     out: dict[str, Any] = {"vectors": len(rows)}
     for name in SCORES:

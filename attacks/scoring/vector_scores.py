@@ -1,14 +1,4 @@
-"""Each attacked vector's scores, and its null's, over the same candidate sets.
-
-For a vector whose members are known: PSNR/SSIM against the source image
-(a mechanism that releases representations themselves, ``reps``), or the
-best and the mean over its members (every other mechanism, whatever the
-number of members); always the best over the client's whole dataset; and whether
-its most similar image among the client's images plus auxiliary
-distractors is a member (re-identification), with that event's chance
-level ``members / candidates``. Every score is computed the same way for the
-null reconstruction, so ``score - null`` is what the release gave away.
-"""
+"""Each attacked vector's scores, and its null's, over the same candidate sets (docs/attacks.md, "Scores")."""
 
 from __future__ import annotations
 

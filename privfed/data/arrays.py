@@ -60,15 +60,9 @@ class ImageArrays:
 
 
 def load_npz(path: Path, *, split: Split) -> ImageArrays:
-    """Load an image-arrays ``.npz`` file (keys ``x``, ``y``, optional ``classes``).
+    """Load an image-arrays ``.npz`` file (format: docs/usage.md, "Data"); without ``x_test`` a fixed seeded 80/20 split.
 
-    ``x`` is uint8 N×H×W×3 and ``y`` integer class indices. If the file also
-    holds ``x_test``/``y_test``, those form the test split; otherwise a fixed
-    seeded 80/20 split of ``x`` is used, so every command sees the same split.
-
-    Args:
-        path: The ``.npz`` file.
-        split: "train", "test", or "all" (every sample in the file).
+    ``split``: "train", "test", or "all" (every sample in the file).
 
     Raises:
         PrivfedError: If the file is missing, unreadable or malformed.

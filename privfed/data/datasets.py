@@ -1,10 +1,7 @@
-"""Dataset specs: one string names every dataset privfed can train on.
+"""Dataset specs: one string names every dataset privfed can train on (docs/usage.md, "Data").
 
-A spec is what users type after ``--dataset`` and write in configs:
-``shapes`` (embedded, no files), ``shapes:N``, ``cifar10``, ``cifar100``
-(``cifar10:N``: a class-balanced subset of N training images) or
-``arrays:PATH``. Resolving it here keeps the CLI, configs and tests in
-agreement and turns every problem into a one-line :class:`PrivfedError`.
+Resolving it here keeps the CLI, configs and tests in agreement and turns
+every problem into a one-line :class:`PrivfedError`.
 """
 
 from __future__ import annotations
@@ -65,12 +62,8 @@ def arrays_file(spec: str | None) -> Path | None:
 
 
 def evaluation_splits(train_spec: str | None, test_spec: str) -> tuple[Split, Split]:
-    """The splits a probe learns from and is scored on, when the user names the two datasets.
+    """The splits a probe learns from and is scored on, when the user names the two datasets (docs/usage.md, "Evaluate a saved encoder").
 
-    The same source named twice keeps its train/test split, so the probe
-    never learns from a test image; so does a built-in dataset (shapes,
-    CIFAR), and an ``.npz`` with its own ``x_test``. An ``.npz`` without one,
-    named for one role only, is used whole: the user means "test on this file".
     ``train_spec`` None: only test data is named (a picture needs no probe).
     """
     train_file, test_file = arrays_file(train_spec), arrays_file(test_spec)

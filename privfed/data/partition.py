@@ -27,24 +27,17 @@ def dirichlet_partition(
     seed: int,
     min_size: int = 1,
 ) -> list[np.ndarray]:
-    """Split sample indices across clients with Dirichlet(α) label proportions.
+    """Split sample indices across clients with Dirichlet(α) label proportions (smaller α: more skew).
 
     For each class, proportions over clients are drawn from Dirichlet(α) and
-    the class's (shuffled) samples are cut accordingly. The whole draw is
-    repeated (up to :data:`MAX_ATTEMPTS` times) until every client holds at
-    least ``min_size`` samples; if that never happens, samples are moved from
-    the largest clients to the deficient ones, deterministically, so the
-    guarantee always holds.
-
-    Args:
-        labels: 1-D integer class labels, one per sample.
-        num_clients: Number of clients K.
-        alpha: Dirichlet concentration; smaller means more skew.
-        seed: Seed for ``np.random.default_rng``; same seed, same partition.
-        min_size: Minimum samples per client.
+    the class's shuffled samples are cut accordingly. The draw is repeated (up
+    to :data:`MAX_ATTEMPTS` times) until every client holds at least
+    ``min_size`` samples; failing that, samples move from the largest clients
+    to the deficient ones, deterministically, so the guarantee always holds.
 
     Returns:
-        K sorted int64 index arrays; every sample appears in exactly one.
+        ``num_clients`` sorted int64 index arrays; every sample appears in exactly
+        one, and the same ``seed`` gives the same partition.
 
     Raises:
         PrivfedError: For α ≤ 0, K < 1, or more clients than samples allow.
@@ -64,16 +57,7 @@ def dirichlet_partition(
 
 @dataclass(frozen=True)
 class HeterogeneityStats:
-    """How non-IID a partition is, for logs and run reports.
-
-    Attributes:
-        mean_classes_present: Mean number of classes per client with ≥ 1 sample.
-        mean_classes_above_1pct: Mean number of classes per client making up
-            ≥ 1 % of that client's samples (ignores stray samples).
-        min_client_size: Smallest client.
-        max_client_size: Largest client.
-        mean_client_size: Mean client size.
-    """
+    """How non-IID a partition is, for logs and run reports (``above_1pct``: classes making up at least 1 % of a client's samples)."""
 
     mean_classes_present: float
     mean_classes_above_1pct: float

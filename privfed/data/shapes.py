@@ -22,16 +22,7 @@ import numpy as np
 from privfed.data.arrays import ImageArrays
 
 SHAPE_CLASSES: tuple[str, ...] = (
-    "triangle",
-    "arrow",
-    "letter_t",
-    "letter_l",
-    "house",
-    "dome",
-    "cup",
-    "tree",
-    "cross",
-    "flag",
+    "triangle", "arrow", "letter_t", "letter_l", "house", "dome", "cup", "tree", "cross", "flag",
 )
 IMAGE_SIZE = 32
 _SUPERSAMPLE = 2  # _box_downsample assumes 2
@@ -100,7 +91,7 @@ def _render_mask(cls: int, p: dict[str, np.ndarray]) -> np.ndarray:
     gx = coords[None, None, :]
     gy = coords[None, :, None]
     u, v = _local_coords(gx, gy, p)
-    return _box_downsample(_SHAPE_MASKS[SHAPE_CLASSES[cls]](u, v))
+    return _box_downsample(_SHAPE_MASKS[cls](u, v))
 
 
 def _box_downsample(mask: np.ndarray) -> np.ndarray:
@@ -180,18 +171,8 @@ def _flag(u: np.ndarray, v: np.ndarray) -> np.ndarray:
     return pole | cloth
 
 
-_SHAPE_MASKS = {
-    "triangle": _triangle,
-    "arrow": _arrow,
-    "letter_t": _letter_t,
-    "letter_l": _letter_l,
-    "house": _house,
-    "dome": _dome,
-    "cup": _cup,
-    "tree": _tree,
-    "cross": _cross,
-    "flag": _flag,
-}
+_SHAPE_MASKS = (_triangle, _arrow, _letter_t, _letter_l, _house, _dome, _cup, _tree, _cross, _flag)
+assert tuple(mask.__name__[1:] for mask in _SHAPE_MASKS) == SHAPE_CLASSES
 
 
 def _composite(alpha: np.ndarray, p: dict[str, np.ndarray], rng: np.random.Generator) -> np.ndarray:
@@ -202,11 +183,7 @@ def _composite(alpha: np.ndarray, p: dict[str, np.ndarray], rng: np.random.Gener
     img += bg
     ramp = (np.arange(IMAGE_SIZE, dtype=np.float32) - (IMAGE_SIZE - 1) / 2) / IMAGE_SIZE
     grad = p["gradient"].astype(np.float32)
-    light = (
-        1.0
-        + grad[:, 0, None, None] * ramp[None, None, :]
-        + grad[:, 1, None, None] * ramp[None, :, None]
-    )
+    light = 1.0 + grad[:, 0, None, None] * ramp[None, None, :] + grad[:, 1, None, None] * ramp[None, :, None]
     img *= light[..., None]
     # Uniform noise with standard deviation _NOISE_STD (much cheaper than Gaussian).
     noise = rng.random((*img.shape[:3], 1), dtype=np.float32)  # grey noise

@@ -1,18 +1,7 @@
-"""TLS and SuperNode-authentication material for a Flower deployment.
+"""TLS and SuperNode-authentication material for a Flower deployment (docs/deployment.md, step 1).
 
-* **TLS.** The SuperLink serves the Fleet, Control and Runtime APIs on one
-  HTTPS port, with a certificate signed by a private CA. SuperNodes
-  (``--root-certificates``) and the ``flwr`` CLI (``root-certificates`` in
-  ``config.toml``) trust the CA, which stays the same when the server
-  certificate is reissued for new host names.
-* **SuperNode authentication.** With ``--enable-supernode-auth`` the
-  SuperLink admits only SuperNodes whose public key was registered
-  beforehand (``flwr supernode register KEY.pub``); each request carries a
-  signature made with ``--auth-supernode-private-key``. Flower reads both
-  halves in OpenSSH format and accepts only NIST curves, hence P-384.
-
-:func:`generate_credentials` makes everything in memory;
-:func:`write_credentials` is the only function that touches the disk.
+Flower reads SuperNode keys in OpenSSH format and accepts only NIST curves,
+hence P-384. :func:`write_credentials` is the only function that touches the disk.
 """
 
 from __future__ import annotations
@@ -154,16 +143,10 @@ def generate_credentials(
 ) -> Credentials:
     """A CA, a SuperLink certificate for :data:`DEFAULT_HOSTS` + ``hosts``, and one key pair per SuperNode.
 
-    The CA may sign only end-entity certificates (``path_length=0``: a leaked
-    server key cannot mint CAs). The server certificate carries what strict
-    verifiers insist on (SAN, server-auth extended key usage, authority key
-    identifier), so Python's ``ssl``, httpx and gRPC all accept it.
-
-    Args:
-        num_supernodes: How many SuperNode key pairs to make (one per partition).
-        hosts: Extra names or IPs the SuperNodes and the ``flwr`` CLI will dial.
-        valid_days: Lifetime of both certificates.
-        now: Start of validity (tests pin it; default: the current time).
+    The CA signs only end-entity certificates (``path_length=0``: a leaked
+    server key cannot mint CAs); the server certificate carries SAN, server-auth
+    usage and the authority key identifier, which strict verifiers (``ssl``,
+    httpx, gRPC) insist on. ``now`` pins the start of validity (tests).
 
     Raises:
         PrivfedError: A count or lifetime that cannot be right, or a host that is not one.
@@ -233,13 +216,7 @@ class CredentialPaths:
 
 
 def _write(path: Path, data: bytes, private: bool) -> None:
-    """Create ``path`` with its final permissions from the start.
-
-    Opening with mode 0600 (instead of chmod after writing) means a private
-    key is never readable by others, not even for an instant. An existing
-    file (only reached with ``force``) is removed first so that the new
-    file's mode, not the old one's, applies.
-    """
+    """Creates ``path`` with its final mode from the start (0600 for a private key: never readable by others, not even for an instant)."""
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o644)
     with os.fdopen(fd, "wb") as handle:
@@ -249,12 +226,7 @@ def _write(path: Path, data: bytes, private: bool) -> None:
 
 
 def write_credentials(credentials: Credentials, directory: Path, *, force: bool = False) -> CredentialPaths:
-    """Write ``credentials`` into ``directory``; private keys with mode 0600.
-
-    Nothing is written unless every file can be: with existing files and no
-    ``force`` the call fails before touching the disk, so a half-replaced set
-    (a new CA next to a server certificate signed by the old one) cannot
-    happen by accident.
+    """Writes ``credentials`` into ``directory``, or nothing: existing files without ``force`` fail before any write.
 
     Raises:
         PrivfedError: Some files exist and ``force`` is false.
@@ -272,11 +244,7 @@ def write_credentials(credentials: Credentials, directory: Path, *, force: bool 
 
 
 def next_steps(paths: CredentialPaths, *, superlink_host: str = "127.0.0.1", port: int = DEFAULT_SUPERLINK_PORT) -> str:
-    """The commands that use the files just written, for the user to copy.
-
-    They are the ones docs/deployment.md walks through; printing them with
-    the real paths filled in saves a round of editing.
-    """
+    """The commands of docs/deployment.md with the files just written filled in, for the user to copy."""
     address = f"[{superlink_host}]:{port}" if ":" in superlink_host else f"{superlink_host}:{port}"
     num = len(paths.supernode_keys)
     lines = [

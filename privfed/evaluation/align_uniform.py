@@ -1,20 +1,9 @@
 """The unsupervised tuning score of the paper's §5: alignment and uniformity of two views' representations.
 
-After Wang & Isola (ICML 2020), as the Orchestra authors' tuning code
-measures them on L2-normalised projector outputs of two augmented views:
-
-- **alignment**: the mean cosine similarity of the two views of an image
-  (1 when every pair coincides). Higher is better.
-- **uniformity**: ``-log(mean over pairs of different images of
-  exp(t (cos - 1))) / (2 t)``, i.e. ``-log E[exp(-t/2 ||a - b||^2)] / (2t)``
-  on the unit sphere: 0 when every representation is the same point
-  (collapse) and larger the more evenly they spread. Higher is better.
-
-The score is ``alignment + weight * uniformity`` (the paper's weight 0.2),
-computed per client on its own images and averaged over clients, so no
-labels and no pooled data are needed; hyperparameters that score higher
-are preferred. ``t`` is 0.2 by default (the value the paper states; the
-authors' released code uses t = 1).
+After Wang & Isola (ICML 2020): ``alignment + 0.2 * uniformity`` per client,
+averaged over clients, no labels needed (formulas, and how ``t`` and the
+averaging differ from the authors' code: docs/studies.md, "Methods and
+evaluation protocols"). Higher is better for both parts.
 """
 
 from __future__ import annotations

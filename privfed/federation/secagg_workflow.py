@@ -233,15 +233,10 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         return proceed
 
     def _collect_masked_vectors(self, grid: Grid, context: LegacyContext, state: Any, *, rejected: list[int]) -> bool:
-        """Flower's stage, summing each masked vector as its reply arrives instead of once all have.
+        """Flower's stage, summing each masked vector as its reply arrives (:meth:`_take_masked_reply`) instead of once all have.
 
-        Sends each live node the key shares its neighbours encrypted for it
-        (with its fit instructions) and screens each reply
-        (:func:`screen_masked_reply`). An accepted reply's vector joins the
-        running sum and its fit result (without the vector) the legacy
-        results; then the reply is dropped. Flower's stage held every reply
-        until all had arrived: clients x update size (9 GB for 50 clients of
-        ResNet-18's online and target networks).
+        Flower's stage held every reply until all had arrived: clients x update
+        size (9 GB for 50 clients of ResNet-18's online and target networks).
         """
         server_round = record_item(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND], int)
         requests = [_masked_vector_request(node, state, server_round) for node in state.active_node_ids]

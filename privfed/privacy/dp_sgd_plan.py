@@ -1,22 +1,11 @@
-"""DP-SGD on clients: its schedule, its privacy events and its noise calibration.
+"""DP-SGD on clients: its schedule, its privacy events and its noise calibration (docs/architecture.md, "DP-SGD").
 
-Privacy unit: one training example of one client, replaced by another
-(replace-one neighbouring, :mod:`mechanisms.accounting`; the size is public).
-Every local step draws a Poisson sample of the client's examples with rate
-``q = min(1, batch_size / n)``, clips each example's gradient to
-``max_grad_norm`` and adds Gaussian noise of standard deviation
-``noise_multiplier * max_grad_norm`` (Opacus, see
-:mod:`privfed.orchestra.dp_sgd_training`). A round is ``local_epochs * ceil(n /
-batch_size)`` such steps, so its cost is one ``"poisson_gaussian"`` event,
-and a client's dataset size ``n`` (public: it is the FedAvg weight) fixes
-both ``q`` and the step count.
-
-Calibration: ``--dp-sgd-epsilon`` is what the encoder updates of ONE client
-may spend over the whole run, at the run's delta, in the worst case of
-taking part in every training round (round 0 does not train). Clients of
-different sizes need different noise; the run uses the largest, so every
-client stays within the target. Epsilons come from the same replace-one
-PLD composition (``dp_accounting``) the ledger uses.
+A round is ``local_epochs * ceil(n / batch_size)`` Poisson steps of rate
+``min(1, batch_size / n)``: one ``"poisson_gaussian"`` event, fixed by the
+client's public size ``n``. ``--dp-sgd-epsilon`` is what ONE client's
+encoder updates may spend over the run, at the run's delta, if it takes part
+in every training round (round 0 does not train); the run uses the noise
+the neediest client size needs, so every client stays within it.
 """
 
 from __future__ import annotations

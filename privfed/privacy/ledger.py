@@ -1,21 +1,16 @@
 """The run's privacy ledger: every DP cost, per client, composed with a real accountant.
 
-Two kinds of entry: a client's *release* (what the mechanism sent) and, with
-``--dp-sgd``, its *training* cost (the round's DP-SGD steps). Both are
-charged to the same privacy unit, one example of the client, replaced by
-another (:mod:`mechanisms.accounting`), so they compose in one PLD; the
-ledger can also say what each part alone costs.
-DP costs compose across rounds with the PLD accountant (never by adding
-epsilons); k-anonymity is reported as k and never folded into epsilon. No
-subsampling amplification is claimed for releases: a client's memory is not
-a secret Poisson sample of its data. (DP-SGD's steps are secret Poisson
-samples, and their events say so.)
+Two kinds of entry, a client's *release* and, with ``--dp-sgd``, its round's
+*training*, are charged to one replace-one unit (:mod:`mechanisms.accounting`)
+and compose in one PLD, never by adding epsilons; the ledger can also say
+what each part alone costs. k-anonymity is reported as k, never folded into
+epsilon. Sampling amplification is credited only where an event says so
+(DP-SGD's Poisson steps, ``ldp-sums``' secret sample).
 
-Every entry records the delta its run quoted it at. An epsilon is never
-computed at a delta larger than that of any entry it composes (see
-:meth:`PrivacyLedger.pricing_delta`): a later run that allows a larger
-delta would otherwise price the old entries lower and find room the first
-run never had.
+Every entry records the delta its run quoted it at, and an epsilon is never
+computed at a larger delta than any entry it composes
+(:meth:`PrivacyLedger.pricing_delta`): a later run allowing a larger delta
+would otherwise find room the first run never had.
 """
 
 from __future__ import annotations

@@ -407,7 +407,6 @@ def _lead(
             )
         else:
             release_note = f"What the {name} mechanism releases is NOT covered."
-        assert worst is not None  # privacy_statement refuses a DP run without it
         return (
             f"Encoder updates are ({_eps(worst.epsilon)}, {_delta(worst.delta)})-differentially private with respect to "
             f"{EXAMPLE_UNIT} (DP-SGD, PLD accountant, worst-off client). {release_note}"

@@ -1,15 +1,4 @@
-"""The run directory: what a training run leaves behind, and reading it back.
-
-Layout::
-
-    RUN_DIR/config.json          resolved configuration
-    RUN_DIR/metrics.jsonl        one JSON object per round
-    RUN_DIR/summary.json         final figures (written at the end, or on a clean stop)
-    RUN_DIR/checkpoints/initial.pt, final.pt   network state + global centroids
-    RUN_DIR/evaluation.json      results of ``privfed evaluate`` (appended per call)
-    RUN_DIR/releases/round-XXXX.pt   what the server received per round (``--record-releases``)
-    RUN_DIR/attack.json, attack.png  results of ``privfed attack``
-"""
+"""The run directory: what a training run leaves behind (docs/usage.md's table), and reading it back."""
 
 from __future__ import annotations
 

@@ -47,16 +47,10 @@ def evaluate_run(
     knn_temperature: float = DEFAULTS.knn_temperature,
     progress: StepProgress | None = None,
 ) -> dict[str, Any]:
-    """Evaluates one checkpoint of a run and appends the result to ``evaluation.json``.
+    """Evaluates one checkpoint of a run and appends the result to ``evaluation.json`` (docs/usage.md, "Evaluate a saved encoder").
 
     Features come from the frozen online backbone, as in the paper's probes;
-    ``finetune`` trains a copy of that backbone with a linear head on
-    ``label_fraction`` of the train labels (class-balanced, seeded by
-    ``seed``) and scores it. ``tsne`` scores nothing: it draws the test
-    representations coloured by class into
-    ``RUN_DIR/embedding-tsne-<checkpoint>.png``. Options it shares with
-    training default to ``privfed train``'s defaults. ``progress`` hears of
-    the linear probe's and the fine-tuning's epochs.
+    options it shares with training default to ``privfed train``'s.
     """
     if protocol not in PROTOCOLS:
         raise PrivfedError(f"unknown protocol {protocol!r} (choose from {', '.join(PROTOCOLS)})")

@@ -1,18 +1,9 @@
-"""Ctrl-C for a training run: the first asks it to stop after the current round, the second stops it now.
+"""Ctrl-C for a training run: the first asks it to stop after the current round, the second stops it now (docs/flower.md, "Stopping a run").
 
-The first SIGINT or SIGTERM only sets a :class:`StopRequest`; the server-side
-driver (:mod:`privfed.run.driver`) reads it when a round ends and stops the
-run there, so ``summary.json`` and the final checkpoint are written as for
-any early stop. A second signal ends the process at once (exit status
-128 + the signal), leaving the run directory as the last finished round
-left it: raising in the main thread would not do, since Flower's ServerApp
-thread would go on waiting for replies. Before it exits, the block's
-``on_exit_now`` callback runs (the simulation uses it to end Ray's
-processes, which would otherwise outlive the process for a while).
-
-Only the command line installs these handlers (:func:`signals_stop_runs`):
-a run started from Python leaves the process's handlers alone, and a
-Ctrl-C there raises ``KeyboardInterrupt`` as usual.
+A second signal ends the process at once (``os._exit``, after the block's
+``on_exit_now``): raising in the main thread would not do, since Flower's
+ServerApp thread would go on waiting for replies. Only the command line
+installs these handlers (:func:`signals_stop_runs`).
 """
 
 from __future__ import annotations
@@ -50,15 +41,11 @@ class StopRequest:
 
 @contextmanager
 def stop_on_signals(notice: bool = True, on_exit_now: Callable[[], None] | None = None) -> Iterator[StopRequest]:
-    """Handles SIGINT/SIGTERM inside the block as described above; the previous handlers come back after it.
+    """Handles SIGINT/SIGTERM inside the block; the previous handlers come back after it.
 
-    Enter the block after anything that installs its own handlers (Ray's
-    driver aborts on SIGTERM once ``ray.init`` has run); entering it
-    afterwards puts these handlers back on top.
-
-    Outside the main thread (where Python cannot install handlers) the block
-    runs with the handlers as they are, and the request is only ever set by
-    hand.
+    Enter it after anything that installs its own handlers (Ray's driver aborts
+    on SIGTERM once ``ray.init`` has run). Outside the main thread the block runs
+    with the handlers as they are, and the request is only ever set by hand.
     """
     stop = StopRequest()
     if threading.current_thread() is not threading.main_thread():

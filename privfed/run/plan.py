@@ -99,12 +99,7 @@ def _test_data_warnings(config: TrainConfig, split: FederatedSplit) -> tuple[str
 
 
 def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, ResumePoint]:
-    """Plans the rest of a stopped run from its resume point (:mod:`privfed.run.resume`).
-
-    Only more rounds may be asked for, and only when the privacy
-    calibration does not depend on them (a budget spread over the planned
-    rounds cannot stretch). A run that logged rounds after its resume point
-    is refused (:func:`privfed.run.resume.check_resumable`).
+    """Plans the rest of a stopped run from its resume point, under the rules of docs/flower.md, "Resuming a run".
 
     Raises:
         PrivfedError: naming why the run cannot be resumed so.

@@ -1,17 +1,8 @@
 """What a semi-honest server keeps of a run (``privfed train --record-releases``), round by round.
 
-One file per round, ``RUN_DIR/releases/round-XXXX.pt``, holds exactly what
-the server had in that round: the model state and global centroids it sent,
-the mechanism and parameters it told clients to release with, and each
-client's decoded release (vectors, weights, guarantee). That is enough to
-attack any round after the run (:mod:`attacks`). Nothing here comes from a
-client's data beyond what the client sent: no images, labels, example
-indices or memories. Scoring an attack needs those; it recomputes them
-apart (:mod:`attacks.scoring`), never from this file.
-
-Cost per round: one model state (online and target encoders; 0.65 MB for
-resnet8 at D = 32, about 90 MB for resnet18) plus 4·D bytes per released
-vector (a ``reps`` client sends its whole memory; ``kanon``/``ldp`` send L).
+One file per round, ``RUN_DIR/releases/round-XXXX.pt``: what the server had
+in that round, nothing more from a client's data (docs/attacks.md, "What is
+recorded").
 """
 
 from __future__ import annotations

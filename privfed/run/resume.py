@@ -1,18 +1,8 @@
-"""Resumable runs: what the server saves to continue a run, and the rules for continuing one.
+"""Resumable runs: what the server saves to continue a run, and the rules for continuing one (docs/flower.md, "Resuming a run").
 
-``RUN_DIR/checkpoints/resume.pt`` holds a :class:`ResumePoint`: the state at
-the end of one finished round, every piece the server needs for the next
-one. The server-side driver (:mod:`privfed.run.driver`) writes it every
-``--checkpoint-every`` rounds, at an early stop (a Ctrl-C, the privacy
-budget) and at the end; ``privfed train --resume RUN_DIR`` reads it.
-
-The ledger is not copied into it: ``ledger.jsonl`` already holds every
-charge, on disk before the round ends, and a resumed run goes on from it.
-Charges of rounds after the resume point (a run killed between two resume
-points) stay in the ledger and the redone rounds are charged again: those
-releases did reach the server, so forgetting them would understate what it
-saw. A run stopped with Ctrl-C has a resume point at its last round, so
-nothing is redone.
+The ledger is not copied into ``checkpoints/resume.pt``: ``ledger.jsonl``
+holds every charge before the round ends, and charges of rounds redone after
+a kill stay there, since those releases did reach the server.
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """How a client's model delta is written into SecAgg+'s fixed-point sum, and read back.
 
-SecAgg+ multiplies every value by the client's weight ratio ``n / max_weight``
-(rounded to its fixed-point grid, :func:`secagg_weight_ratio`), clips it to
-``±clipping_range`` and quantises it; whatever falls outside the range is
-silently saturated. Model deltas do not respect a fixed range: in the
-first training rounds BatchNorm ``running_var`` deltas reach 10-20 while
-weight deltas stay below 0.5. So each tensor travels divided by a public
-scale, and the vector carries two extra indicators per tensor, summed
-securely like everything else:
-
-* ``overflow``: this client's scaled tensor left the clipping range;
-* ``high``: it used more than half of the range.
-
-Each client divides its indicators by its own weight ratio, so a raised
-indicator adds exactly one to the sum whoever raised it. In one round the
-server learns how many clients raised each indicator, not which: client
-sizes are public, and had the indicators been weighted like the update,
-their sum would be a subset sum of known sizes that usually names the
-clients. Across rounds the counts are sums over known cohorts, so they can
-still be attributed to clients (a count of 0 or of the whole cohort names
-every member's flag; see docs/privacy.md). When a
-tensor overflowed the server applies none of the round's update, and it
-grows the scales of tensors that overflowed or ran high, so the next rounds fit (see
-:func:`next_scales`).
+Each tensor travels divided by a public scale, with two indicators per
+tensor (``overflow``: it left the clipping range; ``high``: it used over
+half of it), each divided by the client's own weight ratio so that the sum
+counts the clients that raised it, not which (docs/architecture.md,
+"Secure aggregation"; across rounds, docs/privacy.md, "SecAgg+ side
+channels"). An overflow drops the round's update and grows the scales
+(:func:`next_scales`).
 """
 
 from __future__ import annotations

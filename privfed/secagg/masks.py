@@ -1,15 +1,9 @@
-"""SecAgg+ masks: expanding a secret seed into a uniform integer vector with a cryptographic PRG.
+"""SecAgg+ masks: expanding a secret seed into a uniform integer vector with a cryptographic PRG (docs/privacy.md, "SecAgg+ masks").
 
-A mask hides a client's quantised update only if nobody without the seed
-can predict it. Flower 1.41 folds every seed to 32 bits and expands it with
-NumPy's Mersenne Twister (flwrlabs/flower#7522), so a server can search all
-2^32 seeds offline. Here the whole seed keys the stream: HKDF-SHA256 turns
-it into an AES-256 key, and AES in counter mode from a zero counter is the
-keystream. A key is only ever used for this one stream, so the fixed
-counter start is safe. Both ends of the protocol (the client's masking in
-:mod:`privfed.federation.secagg_client`, the server's unmasking in
-:mod:`privfed.federation.secagg_workflow`) call :func:`expand_mask`, and
-the two agree on :data:`PROTOCOL_VERSION` before any key is made.
+Flower 1.41 folds every seed to 32 bits (flwrlabs/flower#7522); here the
+whole seed keys an AES-256-CTR stream through HKDF-SHA256. A key is only
+ever used for this one stream, so the fixed counter start is safe. Client
+and server both call :func:`expand_mask`, after agreeing on :data:`PROTOCOL_VERSION`.
 """
 
 from __future__ import annotations
@@ -44,20 +38,10 @@ def mask_key(seed: bytes) -> bytes:
 
 
 def expand_mask(seed: bytes, modulus: int, shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
-    """One mask per shape, every entry uniform over ``[0, modulus)``, from ``seed`` alone.
+    """One int64 mask per shape, every entry uniform over ``[0, modulus)`` (at most 2^63), from ``seed`` alone.
 
-    For a power-of-two modulus each entry keeps the low bits of a 32-bit (or
-    64-bit) keystream word, which is exactly uniform; any other modulus is
-    drawn by rejection from 64-bit words, so no value is more likely than
-    another.
-
-    Args:
-        seed: The secret: a client's private mask seed or a pairwise shared key.
-        modulus: The protocol's modulus, at most 2^63 (the masks are int64).
-        shapes: The shape of each array of the masked update.
-
-    Returns:
-        int64 arrays with the given shapes.
+    A power-of-two modulus keeps the low bits of keystream words (exactly
+    uniform); any other is drawn by rejection from 64-bit words.
     """
     if not isinstance(modulus, int) or not 2 <= modulus <= 2**63:
         raise ValueError(f"the mask modulus must be an integer in [2, 2^63], got {modulus!r}")

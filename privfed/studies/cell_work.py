@@ -54,11 +54,8 @@ def train_cell(
 ) -> dict[str, Any]:
     """The summary of the cell's run: read when it finished, resumed when it stopped, trained otherwise.
 
-    A run that cannot be resumed (e.g. killed between logging a round and
-    saving its resume point) is trained again from nothing, and so is a
-    killed run whose resumed round did not go as it would have
-    (:func:`replayed_exactly`): a study never keeps a run that differs from
-    the run left alone.
+    A run that cannot be resumed, or whose resumed round went otherwise than
+    the run left alone (:func:`replayed_exactly`), is trained again from nothing.
     """
     from privfed.federation.simulation import simulate
     from privfed.run.directory import RunDirectory
@@ -87,13 +84,9 @@ def train_cell(
 
 
 def replayed_exactly(run: Any, round_index: int) -> bool:
-    """Whether ``round_index``, the round a kill interrupted, went in the resumed run as in the run left alone.
+    """Whether ``round_index``, the round a kill interrupted, went as in the run left alone.
 
-    It did when every sampled client answered it (each client that had
-    answered before the kill sends the same reply again,
-    :mod:`privfed.federation.reply_store`). A client that did not (a
-    failure, or its stored reply missing) was charged as one that may have
-    released before the kill, and the round and all after it differ.
+    It did when every sampled client answered it, none charged as one that may have released before the kill.
     """
     from privfed.run.driver import IN_PROGRESS_STATEMENT
 

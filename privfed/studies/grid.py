@@ -1,29 +1,6 @@
 """A study's cells: a base preset, grids over training options, and seeds, from one TOML file.
 
-A study file names a preset, the seeds, and one or more ``[[grid]]``
-tables. Each table is a product over the values it lists; the tables are
-concatenated, so options that only make sense together (ldp and its ε)
-go in their own table::
-
-    preset = "cpu-cifar10"                # a shipped preset, or a path relative to the study file
-    seeds = [0, 1, 2]
-
-    [base]                                # options every cell shares
-    rounds = 40
-
-    [[grid]]
-    mechanism = ["reps", "kanon"]
-
-    [[grid]]
-    mechanism = ["ldp"]
-    epsilon = [10.0, 1.0, 0.8]
-
-A top-level ``finetune = [0.01, 0.1]`` also fine-tunes every cell's
-encoder on those fractions of the labels (the paper's semi-supervised
-protocol); ``attack = "decoder"`` (with an ``[attack_settings]`` table)
-attacks every cell that releases something.
-
-Every option is a :class:`privfed.config.TrainConfig` field; each cell's
+The file's format is in docs/studies.md ("The study file"). Every cell's
 configuration is built, and so checked, when the study is read, so a typo
 fails before the first cell trains.
 """

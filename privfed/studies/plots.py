@@ -1,13 +1,7 @@
 """A study's pictures: accuracy per setting, against the privacy budget, and against the attack's advantage.
 
 Each point is a setting's mean over its finished seeds, with the standard
-deviation over seeds as error bars; a picture the study has no data for is
-not drawn. Settings are named for a person (``ldp, ε=0.8``), not by their
-folder names. On the ε plot, the settings that differ only in ε share a
-colour and marker (markers only: the settings are separate runs, not a
-measured curve), and every ``reps`` or ``kanon`` setting is its own
-reference line, so a study that also varies, say, the method never pools
-two methods into one series. Figures are drawn on a
+deviation as error bars. Figures are drawn on a
 :class:`matplotlib.figure.Figure`, never through pyplot, so the caller's
 matplotlib backend (a notebook's) is left alone.
 """
@@ -95,10 +89,8 @@ def accuracy_column(records: list[CellRecord]) -> str:
 
 
 def plot_accuracy_vs_epsilon(records: list[CellRecord], path: Path) -> Path | None:
-    """Accuracy against the total ε budget per mechanism, with ``reps`` and ``kanon`` as reference lines.
+    """Accuracy against the total ε budget per mechanism, ``reps`` and ``kanon`` as reference lines (docs/studies.md).
 
-    Ticks sit at the study's ε values; each setting is a marker with its
-    seeds' spread, not joined by a line (the settings are separate runs).
     Series sharing an ε are nudged apart a little so their bars stay apart.
     """
     accuracy = accuracy_column(records)
@@ -138,11 +130,10 @@ ATTACK_AXES = {
 
 
 def plot_accuracy_vs_attack(records: list[CellRecord], path: Path) -> Path | None:
-    """One point per setting: the attack's advantage over its null against accuracy, seed spread as error bars.
+    """One point per setting: the attack's advantage over its null against accuracy, a panel per attack column (docs/studies.md).
 
-    A panel per attack column with any setting in it: the member figure is
-    the sharper one but is unknown for DP releases (their members cannot be
-    replayed), so the client figure puts every mechanism on one axis.
+    The member figure is sharper but unknown for DP releases (their members
+    cannot be replayed), so the client figure puts every mechanism on one axis.
     """
     accuracy = accuracy_column(records)
     panels = [(column, points) for column in ATTACK_AXES if (points := setting_points(records, column, accuracy))]
@@ -162,12 +153,7 @@ def plot_accuracy_vs_attack(records: list[CellRecord], path: Path) -> Path | Non
 
 
 def plot_accuracy_by_setting(records: list[CellRecord], path: Path) -> Path | None:
-    """Each setting's kNN and linear accuracy as bars (mean ± std over seeds), the untrained network's as lines.
-
-    The picture of a comparison with no ε and no attack (the method study);
-    the untrained network's accuracies (``knn_init``, ``linear_init``) mark
-    what training added at all.
-    """
+    """Each setting's kNN and linear accuracy as bars (mean ± std over seeds), the untrained network's as lines (docs/studies.md)."""
     bars = {column: {p.name: p for p in setting_points(records, column, column)} for column in ACCURACY_BARS}
     names = [name for name in dict.fromkeys(r.name for r in records) if any(name in points for points in bars.values())]
     if not names:

@@ -1,20 +1,9 @@
 """Runs a study cell by cell into one directory; a finished cell is not run again while its configuration stands.
 
-Each cell (a setting at a seed, :mod:`privfed.studies.grid`) gets its own
-folder, ``cells/<setting>-seed<seed>/``. When the cell's work returns, its
-row is written to ``cell.json`` there, whole or not at all: that file is
-what marks a cell finished. A cell that raised is recorded with its error
-in the same file and the study goes on; a later run of the study tries it
-again, and skips every finished one. What a cell does (train, evaluate,
-attack) is the caller's :data:`CellWork`, so this module stays free of the
-runtime and the attacks; it must cope with what a stopped attempt left in
-the folder (resume the run, or start it again).
-
-``cell.json`` also keeps the cell's settings (:meth:`Study.cell_settings`)
-and their hash. When the study file changed since a cell finished (its
-hash differs, or it was recorded before hashes were kept), the study
-refuses to run and names the changes, unless told to reuse stale cells:
-refusing loses nothing, while redoing would throw results away.
+``cells/<setting>-seed<seed>/cell.json``, written whole, marks a cell
+finished; a changed study file makes it stale (docs/studies.md, "Stopping
+and failures"). What a cell does is the caller's :data:`CellWork`, so this
+module stays free of the runtime and the attacks.
 """
 
 from __future__ import annotations
@@ -147,12 +136,9 @@ def run_study(
 ) -> list[CellRecord]:
     """Runs every cell that has not finished, in the study's order; returns every cell's record.
 
-    A finished cell whose configuration changed is refused (:func:`check_stale`)
-    before anything runs, or kept as it is with ``reuse_stale``. What a
-    stopped attempt left under another (or an unknown) configuration is
-    removed before the cell runs, so its run is not resumed with old
-    settings; ``reuse_stale`` resumes it. Progress lines name the cell, how
-    many are done and left, and an estimate of the time left from the
+    Stale cells are refused (:func:`check_stale`) unless ``reuse_stale``, and a
+    stopped attempt under another configuration starts again (docs/studies.md,
+    "Stopping and failures"). Progress lines estimate the time left from the
     cells timed in this run.
     """
     cells = study.cells()

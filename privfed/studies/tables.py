@@ -66,12 +66,7 @@ def markdown_table(records: list[CellRecord]) -> str:
 
 
 def prose_sections(records: list[CellRecord]) -> str:
-    """Each distinct privacy statement once, with the settings (and seeds, where a setting has several) it applies to.
-
-    A statement is its headline (``statement``; a study recorded before headlines existed keeps the long text
-    there), its ``covers`` and ``not_covered`` lists and its ``privacy_details`` link: runs that share all
-    four share one entry, however many there are.
-    """
+    """Each distinct privacy statement once (headline, covers, not covered, details), with the settings and seeds it applies to."""
     groups: dict[tuple[Any, ...], dict[str, list[int]]] = {}
     per_setting: dict[str, set[tuple[Any, ...]]] = {}
     for r in records:
@@ -117,14 +112,9 @@ def write_markdown(records: list[CellRecord], path: Path, *, title: str, cells: 
 
 
 def tuning_ranking(records: list[CellRecord], *, accuracy: str = "linear") -> str:
-    """Settings ranked by their mean label-free tuning score, with the label-based accuracy beside it.
+    """Settings ranked by their mean label-free tuning score, with its two parts, the label-based accuracy and their Spearman correlation.
 
-    A line after the table gives the Spearman rank correlation of the two
-    over the settings: how far ranking by the score agrees with ranking by
-    labels. The score's two parts stand beside it, because a collapsed
-    encoder (alignment 1, uniformity 0) scores 1.0, above most encoders
-    that spread their images. A setting without a finite score (a diverged
-    run) is listed as not scored instead of ranked.
+    A setting without a finite score (a diverged run) is listed as not scored instead of ranked.
     """
     from scipy.stats import spearmanr
 
