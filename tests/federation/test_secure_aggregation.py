@@ -24,6 +24,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.compat.common import recorddict_compat
 
 from privfed.config import build_config
+from privfed.federation.messages import RELEASE_KEYS
 from privfed.federation.simulation import simulate
 from privfed.federation.strategy import OrchestraStrategy
 from privfed.run.plan import plan_run
@@ -98,6 +99,7 @@ def secagg_run(tmp_path_factory):
             "parameters": [parameters_to_ndarrays(res.parameters) for _, res in results],
             "weights": [res.num_examples for _, res in results],
             "clients": [int(res.metrics["client_id"]) for _, res in results],
+            "plaintext_keys": [sorted(res.metrics) for _, res in results],
             "scales": self.scales.copy(),
         }
         out = original(self, server_round, results, failures)
@@ -160,6 +162,15 @@ def test_the_strategy_receives_only_the_secure_aggregate(secagg_run):
         bound = quantisation_bound(list(clients.values()), secagg_run["summary"]["secure_aggregation"])
         for arrays, _ in clients.values():
             assert max(float(np.abs(a - b).max()) for a, b in zip(first, arrays)) > 100 * bound
+
+
+def test_a_secagg_reply_shows_the_server_only_its_ids_release_and_dp_sgd_events_in_plaintext(secagg_run):
+    """Pins what reaches the strategy beside the masked sum (default kanon, no --report-client-metrics):
+    a new plaintext key (a loss, a timing, a share) fails here before it leaks."""
+    expected = sorted(["client_id", "round", "dp_sgd_events", *RELEASE_KEYS])
+    for round_index in (1, 2):
+        keys = secagg_run["seen"][round_index]["plaintext_keys"]
+        assert keys and all(k == expected for k in keys), keys
 
 
 def test_secure_aggregate_equals_fedavg_within_the_quantisation_error(secagg_run):

@@ -24,7 +24,7 @@ import privfed.orchestra.client_update as client_update_module
 import privfed.orchestra.dp_sgd_training as dp_sgd_training
 from mechanisms import create_mechanism
 from privfed.data import FederatedSplit
-from privfed.models import build_network
+from privfed.methods import build_network
 from privfed.orchestra.client_update import ClientUpdate, client_update
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_state
