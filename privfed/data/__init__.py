@@ -9,6 +9,7 @@ from privfed.data.arrays import ImageArrays, load_npz
 from privfed.data.augment import (
     OrchestraViews,
     color_jitter,
+    gaussian_blur,
     normalize,
     orchestra_views,
     random_grayscale,
@@ -33,6 +34,7 @@ __all__ = [
     "color_jitter",
     "describe_datasets",
     "dirichlet_partition",
+    "gaussian_blur",
     "heterogeneity_stats",
     "load_dataset",
     "load_npz",

@@ -41,7 +41,7 @@ class OrchestraViews:
     Attributes:
         view1: BYOL view 1 (target-encoder input for the clustering loss).
         view2: BYOL view 2, with solarisation (online-encoder input).
-        view3: Crop/flip view rotated by ``rotation_labels`` quarter turns.
+        view3: A third view-1 augmentation, rotated by ``rotation_labels`` quarter turns.
         rotation_labels: int64 in 0..3, targets of the rotation head.
     """
 
@@ -75,7 +75,8 @@ def random_resized_crop_flip(
     The box covers a ``scale`` fraction of the image with aspect ``ratio``
     (log-uniform), like torchvision's RandomResizedCrop; sides are clamped to
     the image instead of resampled. One affine grid per sample does crop,
-    resize and horizontal flip in a single bilinear ``grid_sample``.
+    resize and horizontal flip in a single bicubic ``grid_sample`` (the
+    official code resizes bicubically), clamped back to [0, 1].
     """
     _check_batch(x, generator)
     n = x.shape[0]
@@ -94,7 +95,8 @@ def random_resized_crop_flip(
     theta[:, 1, 1] = half_h
     theta[:, 1, 2] = cy
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
-    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    out = F.grid_sample(x, grid, mode="bicubic", padding_mode="border", align_corners=False)
+    return out.clamp(0.0, 1.0)  # bicubic overshoots at edges
 
 
 def color_jitter(
@@ -139,6 +141,27 @@ def random_grayscale(
     return torch.where(_per_sample(apply), _luma(x).expand_as(x), x)
 
 
+def gaussian_blur(
+    x: torch.Tensor, *, generator: torch.Generator, p: float, sigma: tuple[float, float] = (0.1, 2.0)
+) -> torch.Tensor:
+    """Blur a random fraction p of the samples with a 3×3 Gaussian, its sigma uniform in ``sigma`` per sample.
+
+    The official code's kernel (3×3, reflect padding): at 32×32 a 3×3 kernel
+    softens edges without erasing the object. Separable, so two 3-tap passes.
+    """
+    _check_batch(x, generator)
+    n = x.shape[0]
+    apply = _uniform(n, 0.0, 1.0, x, generator) < p
+    s = _uniform(n, sigma[0], sigma[1], x, generator)
+    outer = torch.exp(-0.5 / s**2)  # weight of the taps at ±1 relative to the centre
+    edge, centre = _per_sample(outer / (1 + 2 * outer)), _per_sample(1 / (1 + 2 * outer))
+    padded = F.pad(x, (1, 1, 0, 0), mode="reflect")
+    out = centre * x + edge * (padded[..., :-2] + padded[..., 2:])
+    padded = F.pad(out, (0, 0, 1, 1), mode="reflect")
+    out = centre * out + edge * (padded[..., :-2, :] + padded[..., 2:, :])
+    return torch.where(_per_sample(apply), out, x)
+
+
 def solarize(
     x: torch.Tensor, *, generator: torch.Generator, p: float, threshold: float = 0.5
 ) -> torch.Tensor:
@@ -171,16 +194,15 @@ def rotate_quarter_turns(
 def orchestra_views(x_uint8: torch.Tensor, *, generator: torch.Generator) -> OrchestraViews:
     """Make Orchestra's three normalised views of a uint8 B×3×H×W batch.
 
-    view1: crop/flip, colour jitter (p 0.8), grayscale (p 0.2).
-    view2: the same recipe plus solarisation (p 0.2), drawn independently.
-    view3: crop/flip, then a random quarter turn (labels returned).
+    As the official ``OrchestraTransform``:
+    view1: crop/flip, colour jitter (p 0.8), grayscale (p 0.2), blur (p 0.5).
+    view2: the same with blur p 0.1, plus solarisation (p 0.2), drawn independently.
+    view3: a third view-1 augmentation, then a random quarter turn (labels returned).
     The generator must be on the batch's device.
     """
     x = to_float(x_uint8)
     view1, view2 = _byol_pair(x, generator)
-    view3, labels = rotate_quarter_turns(
-        random_resized_crop_flip(x, generator=generator), generator=generator
-    )
+    view3, labels = rotate_quarter_turns(_byol_view(x, generator), generator=generator)
     return OrchestraViews(normalize(view1), normalize(view2), normalize(view3), labels)
 
 
@@ -195,15 +217,18 @@ def two_views(x_uint8: torch.Tensor, *, generator: torch.Generator) -> tuple[tor
 
 
 def _byol_pair(x: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """View 1 (no solarisation) and view 2 (solarisation p 0.2) of float images, in that order of draws."""
-    return _byol_view(x, generator, solarize_p=0.0), _byol_view(x, generator, solarize_p=0.2)
+    """View 1 and view 2 of float images, in that order of draws."""
+    return _byol_view(x, generator), _byol_view(x, generator, blur_p=0.1, solarize_p=0.2)
 
 
-def _byol_view(x: torch.Tensor, generator: torch.Generator, *, solarize_p: float) -> torch.Tensor:
-    """One BYOL-style view of float images (no blur: pointless at 32×32)."""
+def _byol_view(
+    x: torch.Tensor, generator: torch.Generator, *, blur_p: float = 0.5, solarize_p: float = 0.0
+) -> torch.Tensor:
+    """One BYOL-style view of float images; the defaults are the official view 1's."""
     out = random_resized_crop_flip(x, generator=generator)
     out = color_jitter(out, generator=generator)
     out = random_grayscale(out, generator=generator, p=0.2)
+    out = gaussian_blur(out, generator=generator, p=blur_p)
     if solarize_p > 0:
         out = solarize(out, generator=generator, p=solarize_p)
     return out

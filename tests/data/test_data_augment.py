@@ -2,10 +2,12 @@
 
 import pytest
 import torch
+import torchvision.transforms.functional as TF
 
 from privfed.data.augment import (
     NORM_MEAN,
     color_jitter,
+    gaussian_blur,
     normalize,
     orchestra_views,
     random_grayscale,
@@ -39,6 +41,7 @@ OPS = {
     "crop": lambda x, g: random_resized_crop_flip(x, generator=g),
     "jitter": lambda x, g: color_jitter(x, generator=g, p=1.0),
     "grayscale": lambda x, g: random_grayscale(x, generator=g, p=0.5),
+    "blur": lambda x, g: gaussian_blur(x, generator=g, p=1.0),
     "solarize": lambda x, g: solarize(x, generator=g, p=0.5),
     "rotate": lambda x, g: rotate_quarter_turns(x, generator=g)[0],
 }
@@ -51,7 +54,7 @@ def test_ops_keep_shape_dtype_and_range(images, name):
     assert out.min() >= 0.0 and out.max() <= 1.0
 
 
-@pytest.mark.parametrize("name", ["crop", "jitter"])
+@pytest.mark.parametrize("name", ["crop", "jitter", "blur"])
 def test_per_sample_randomness(images, name):
     same = images[:1].expand(16, -1, -1, -1).contiguous()
     out = OPS[name](same, _gen())
@@ -119,6 +122,13 @@ def test_hue_only_jitter_preserves_luma(images):
     assert (out - images).abs().max() > 0.1
 
 
+def test_blur_is_torchvisions_3x3_gaussian_and_p0_is_identity(images):
+    for sigma in (0.3, 2.0):
+        out = gaussian_blur(images, generator=_gen(), p=1.0, sigma=(sigma, sigma))
+        torch.testing.assert_close(out, TF.gaussian_blur(images, [3, 3], [sigma, sigma]), atol=1e-5, rtol=0)
+    assert torch.equal(gaussian_blur(images, generator=_gen(), p=0.0), images)
+
+
 def test_solarize_inverts_bright_pixels():
     x = torch.tensor([0.1, 0.5, 0.9]).view(1, 3, 1, 1).repeat(2, 1, 1, 1)
     out = solarize(x, generator=_gen(), p=1.0)
@@ -163,8 +173,8 @@ def test_orchestra_views_shapes_and_determinism(images_uint8):
 
 
 def test_orchestra_view3_rotated_back_is_upright():
-    # Brightness grows downwards in every row; crops and horizontal flips keep
-    # that, so rotating view3 back by -k must restore a downward gradient.
+    # Brightness grows downwards in every row; crops, horizontal flips, jitter and
+    # blur keep that, so rotating view3 back by -k must restore a downward gradient.
     ramp = torch.linspace(0, 255, 32).round().to(torch.uint8)
     x = ramp.view(1, 1, 32, 1).expand(64, 3, 32, 32).contiguous()
     views = orchestra_views(x, generator=_gen())
@@ -173,6 +183,17 @@ def test_orchestra_view3_rotated_back_is_upright():
         upright = torch.rot90(view, -turns, dims=(-2, -1))[0]
         assert upright[-1].mean() > upright[0].mean() + 0.1
         torch.testing.assert_close(upright[:, 0], upright[:, -1], atol=1e-5, rtol=0)
+
+
+def test_orchestra_view3_is_colour_augmented_like_view1():
+    # Crops, flips, blur and quarter turns leave a one-colour image as it is;
+    # only view 1's colour jitter (p 0.8) and greyscale (p 0.2) change it.
+    x = torch.tensor([200, 60, 30], dtype=torch.uint8).view(1, 3, 1, 1).expand(64, 3, 32, 32).contiguous()
+    assert torch.allclose(random_resized_crop_flip(to_float(x), generator=_gen()), to_float(x), atol=1e-5)
+    colour = orchestra_views(x, generator=_gen()).view3.mean(dim=(2, 3))
+    changed = (colour - normalize(to_float(x[:, :, 0, 0]))).abs().amax(dim=1) > 0.05
+    assert changed.float().mean() > 0.6
+    assert (colour.std(dim=1) < 1e-4).any()  # some are greyscale
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
