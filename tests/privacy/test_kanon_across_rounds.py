@@ -25,7 +25,7 @@ from mechanisms import create_mechanism
 from privfed.config import build_config
 from privfed.data import FederatedSplit
 from privfed.federation.client import client_seed
-from privfed.models import build_network
+from privfed.methods import build_network
 from privfed.orchestra.client_update import PrivateRoundState, run_client_round
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_state
