@@ -15,8 +15,8 @@ from flwr.common import FitRes, bytes_to_ndarray, parameters_to_ndarrays
 
 from mechanisms import registry
 from privfed.federation.messages import RELEASE_KEYS, decode_release, has_release
-from privfed.methods import get_method
-from privfed.models import OrchestraNetwork, build_network
+from privfed.methods import build_network, get_method
+from privfed.models import OrchestraNetwork
 from privfed.orchestra.model_state import shared_keys
 from tests.federation.honest_round import declared_client, instructions
 
