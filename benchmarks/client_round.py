@@ -21,7 +21,7 @@ from privfed.config import build_config
 from privfed.data import make_shapes
 from privfed.device import resolve_device
 from privfed.methods import build_network
-from privfed.orchestra.client_update import client_update
+from privfed.orchestra.client_update import run_client_round
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_state
 
@@ -45,7 +45,7 @@ def measure(backbone: str, *, device: torch.device, images: int | None, mechanis
     config = LocalTrainingConfig.from_run(run)
     train, release = [], []
     for repeat in range(repeats + 1):  # the first repeat warms up
-        update = client_update(
+        update, _ = run_client_round(
             build_network(run), state, centroids, data, train=True,
             config=config, mechanism=create_mechanism(mechanism), num_local_centroids=run.num_local_centroids,
             seed=repeat, device=device,

@@ -33,17 +33,10 @@ number of representations: a client with zero representations runs the same
 code and releases ``L`` vectors, so ``n = 0`` is indistinguishable from
 ``n = 1`` up to the guarantee.
 
-Utility depends on the client's sample size above all. A coreset point of
-``m`` representations carries noise of norm about ``z * r * sqrt(D) / m``
-(``z`` the sum noise multiplier), so a point needs ``m`` well above
-``z * sqrt(D)`` to say anything; at D = 512 and a per-release epsilon of 1
-that is a few hundred representations per point. Measured on synthetic data
-(10 clusters, L = 10, mean over true centres of the best cosine to a
-released centre; random centres score ~0.07 at D = 512): at D = 512,
-epsilon = 1 per release gives 0.07 / 0.23 / 0.50 for n = 128 / 512 / 2000
-(coreset 0 / 2 / 7 points), epsilon = 10 gives 0.36 / 0.63 / 0.88. At
-D = 128: 0.15 / 0.40 / 0.68 (epsilon = 1) and 0.56 / 0.85 / 0.95
-(epsilon = 10). One release takes 20-120 ms on one core.
+Utility depends on the client's sample size above all: a coreset point of
+``m`` representations carries noise of norm about ``z * r * sqrt(D) / m``.
+Measured floors and coverage: docs/privacy.md, "Where local DP stops
+carrying signal".
 
 What the guarantee covers: the released centroids and weights (and the
 metrics, which are functions of noisy values). It does not cover the

@@ -44,22 +44,14 @@ multiplier ``z = sigma / s``, charged as a ``"gaussian"`` event, which
 shift of twice the per-row bound (``tests/mechanisms/test_ldp_sums.py``
 measures it).
 
-Secret sample (``sampling_rate`` q < 1). The release then uses a Poisson
-sample of its input rows, each kept with probability q by coins from the
-noise source (the OS CSPRNG), never from the round's ``generator``. A kept
-row adds ``r`` to its cell's sum and ``res`` to its count: a vector of norm
-at most ``Delta = sqrt(s^2 + res^2) <= sqrt(2) s`` away from the table
-without it. That is the per-record bound of ``dp_accounting``'s
-Poisson-subsampled Gaussian under replace-one (rows of norm at most
-``Delta``, each kept with probability q), so ``sigma = z * Delta`` and the
-release is charged as a ``"poisson_gaussian"`` event of rate q and
-multiplier z. At the same epsilon the noise falls to 0.35-0.7 times the
-unsampled release's for q of 0.25-0.5
-(``tests/mechanisms/test_ldp_sums_sampling.py``). The sample's size is not
-released, the table holds only noisy values, and every row is added to
-it (a dropped one as zeros), so the release takes as long whatever the
-sample's size. (The amplification needs that size hidden: known exactly,
-it would turn the pair into add/remove at distance sqrt(2) Delta.)
+Secret sample (``sampling_rate`` q < 1): each input row is kept with
+probability q by coins from the noise source (the OS CSPRNG), never from the
+round's ``generator``. A kept row moves the table by at most
+``Delta = sqrt(s^2 + res^2) <= sqrt(2) s``, so ``sigma = z * Delta`` and the
+release is charged as a ``"poisson_gaussian"`` event of rate q and multiplier
+z. Every row is added (a dropped one as zeros), so neither the table nor the
+timing shows the sample's size; why that matters, and measured gains:
+docs/privacy.md, "The secret sample (ldp-sums)".
 
 In data units every sum coordinate and every count carries noise of std
 ``z * s / res <= 1.01 z`` (sampled: ``z * Delta / res <= 1.43 z``, which

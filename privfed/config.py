@@ -541,14 +541,9 @@ def validate(config: TrainConfig) -> None:
         raise PrivfedError(str(err)) from None
     if config.kanon_min_k < 2:
         raise PrivfedError(f"kanon_min_k must be at least 2 (a centroid of one image is that image), got {config.kanon_min_k}")
-    if config.global_clustering not in GLOBAL_CLUSTERINGS:
-        raise PrivfedError(
-            f"unknown global clustering {config.global_clustering!r} (choose from {', '.join(GLOBAL_CLUSTERINGS)})"
-        )
-    if config.runtime not in RUNTIMES:
-        raise PrivfedError(f"unknown runtime {config.runtime!r} (choose from {', '.join(RUNTIMES)})")
-    if config.device not in DEVICES:
-        raise PrivfedError(f"unknown device {config.device!r} (choose from {', '.join(DEVICES)})")
+    for name, choices in (("global_clustering", GLOBAL_CLUSTERINGS), ("runtime", RUNTIMES), ("device", DEVICES)):
+        if getattr(config, name) not in choices:
+            raise PrivfedError(f"unknown {name.replace('_', ' ')} {getattr(config, name)!r} (choose from {', '.join(choices)})")
     if config.num_local_centroids > config.memory_size:
         raise PrivfedError(
             f"num_local_centroids ({config.num_local_centroids}) cannot exceed memory_size ({config.memory_size})"

@@ -61,7 +61,7 @@ def test_local_training_config_copies_the_runs_values():
                        ema_decay=0.5, memory_size=64, method="orchestra-no-target")
     settings = DpSgdSettings(noise_multiplier=1.0, max_grad_norm=2.0)
     local = LocalTrainingConfig.from_run(run, settings)
-    assert local.to_dict() == {
+    assert dataclasses.asdict(local) == {
         "epochs": 3, "batch_size": 8, "lr": 0.5, "momentum": 0.1, "weight_decay": 0.2, "temperature": 0.7,
         "ema_decay": 0.5, "memory_size": 64, "dp_sgd": {"noise_multiplier": 1.0, "max_grad_norm": 2.0},
         "method": "orchestra-no-target",

@@ -6,9 +6,9 @@ public centroids, the model and SecAgg+'s scales and encoding), and any
 other key is refused. Between rounds the client keeps only its privacy
 ledger and its last reply (:mod:`privfed.federation.reply_store`, sent again
 if a resumed run replays that round): each ``fit`` rebuilds the network from the server's state, runs
-:func:`privfed.orchestra.client_update`, and replies with the model delta
-and the mechanism's release. The memory of representations is dropped
-inside ``client_update`` and never reaches the reply.
+:func:`privfed.orchestra.client_update.run_client_round`, and replies with the model delta
+and the mechanism's release. The memory of representations stays in that function's
+private state and never reaches the reply.
 
 When the server runs SecAgg+, privfed's SecAgg+ mod (:mod:`privfed.federation.secagg_client`) masks the delta
 before it leaves the node; the client first rescales it so that nothing is
@@ -54,7 +54,7 @@ from privfed.federation.records import record_item
 from privfed.federation.reply_store import ReplyStore, instructions_digest
 from privfed.federation.secagg_masking import SHARE_KEY
 from privfed.methods import build_network, get_method
-from privfed.orchestra.client_update import client_update
+from privfed.orchestra.client_update import run_client_round
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_keys
 from privfed.privacy.client_guard import ClientGuard, RoundRefused, declared_budget
@@ -205,7 +205,7 @@ class OrchestraClient(Client):
         if centroids is not None and mechanism is not None:
             mechanism.observe_global_centroids(centroids)
         try:
-            update = client_update(
+            update, _ = run_client_round(
                 network,
                 global_state,
                 centroids,

@@ -151,7 +151,8 @@ def secaggplus_when_requested(msg: Message, context: Context, call_next: Callabl
         return reply
     fit = msg.content.config_records.get(FIT_CONFIG_RECORD, {})
     trains = fit.get("task") == "train"
-    if trains and ("secagg_scales" in fit or _node_requires_secagg(context)):
+    required = str(context.node_config.get(REQUIRE_SECAGG, False)).lower() in ("true", "1", "yes")
+    if trains and ("secagg_scales" in fit or required):
         raise UnmaskedRoundRefused("this node sends training updates only through SecAgg+, and the round has none")
     reply = call_next(msg, context)
     if not reply.has_error() and SHARE_KEY in reply.content.config_records.get(FITRES_METRICS, {}):
@@ -213,11 +214,6 @@ def check_encoding_matches_setup(fit: Mapping[str, Any], state: Mapping[str, Any
                 f"privfed's SecAgg+ {fit_key} {fit.get(fit_key)!r} differs from the {setup_key} "
                 f"{state.get(setup_key)!r} SecAgg+ was set up with"
             )
-
-
-def _node_requires_secagg(context: Context) -> bool:
-    value = context.node_config.get(REQUIRE_SECAGG, False)
-    return value is True or str(value).lower() in ("true", "1", "yes")
 
 
 #: Config record of a legacy fit message (Flower's compat encoding of ``FitIns.config``).

@@ -40,8 +40,9 @@ import numpy as np
 import torch
 from flwr.common import Scalar, bytes_to_ndarray, ndarray_to_bytes
 
-from mechanisms.base import Guarantee, PrivacyEvent, Release
+from mechanisms.base import Guarantee, Release
 from privfed.orchestra.model_state import StateDict
+from privfed.privacy.ledger import events_from_json, events_to_json
 
 RELEASE_KEYS = ("release_vectors", "release_weights", "release_guarantee", "release_events")
 
@@ -70,7 +71,7 @@ def encode_release(release: Release) -> dict[str, Scalar]:
         "release_vectors": tensor_to_bytes(release.vectors.float()),
         "release_weights": tensor_to_bytes(release.weights.float()),
         "release_guarantee": json.dumps(release.guarantee.to_dict()),
-        "release_events": json.dumps([{"name": e.name, "params": e.params} for e in release.events]),
+        "release_events": events_to_json(release.events),
     }
 
 
@@ -87,5 +88,5 @@ def decode_release(metrics: dict[str, Any]) -> Release:
         vectors=bytes_to_tensor(metrics["release_vectors"]),
         weights=bytes_to_tensor(metrics["release_weights"]),
         guarantee=Guarantee(**json.loads(metrics["release_guarantee"])),
-        events=tuple(PrivacyEvent(e["name"], e["params"]) for e in json.loads(metrics["release_events"])),
+        events=events_from_json(metrics["release_events"]),
     )

@@ -180,34 +180,28 @@ def check_reply(
     try:
         if round_index is not None:
             check_round(dict(res.metrics), round_index)
-        return _check_reply(res, client=client, rules=rules, train=train, delta_shapes=delta_shapes)
+        try:
+            metrics = dict(res.metrics)
+        except (TypeError, ValueError) as err:
+            raise RejectedReply(f"metrics are not a mapping: {err}") from None
+        claimed = metrics.get("client_id")
+        if not _is_int(claimed):
+            raise RejectedReply(f"client_id is missing or not an integer ({claimed!r})")
+        if claimed != client:
+            raise RejectedReply(f"client_id {claimed} is not the partition {client} this node was asked for")
+        size = rules.client_sizes[client]
+        if not _is_int(res.num_examples) or res.num_examples != size:
+            raise RejectedReply(f"num_examples {res.num_examples!r} is not the client's {size} examples")
+        numeric = _numeric_metrics(metrics, reported=rules.client_metrics)
+        training_events = _training_events(metrics, rules=rules, size=size, train=train)
+        release = _release(metrics, rules=rules, size=size)
+        delta = None if delta_shapes is None else _delta(res, delta_shapes, train=train)
+        return CheckedReply(client, size, release, numeric, training_events, delta)
     except RejectedReply as err:
         reason = str(err)  # may quote the client's value: kept short, as it goes into logs and run files
         raise RejectedReply(reason if len(reason) <= MAX_REASON_CHARS else reason[: MAX_REASON_CHARS - 1] + "…") from None
     except Exception as err:  # e.g. JSON nested too deep, numbers too long: still a rejection, never a crash
         raise RejectedReply(f"unreadable reply ({type(err).__name__})") from None
-
-
-def _check_reply(
-    res: FitRes, *, client: int, rules: ReplyRules, train: bool, delta_shapes: Sequence[tuple[int, ...]] | None
-) -> CheckedReply:
-    try:
-        metrics = dict(res.metrics)
-    except (TypeError, ValueError) as err:
-        raise RejectedReply(f"metrics are not a mapping: {err}") from None
-    claimed = metrics.get("client_id")
-    if not _is_int(claimed):
-        raise RejectedReply(f"client_id is missing or not an integer ({claimed!r})")
-    if claimed != client:
-        raise RejectedReply(f"client_id {claimed} is not the partition {client} this node was asked for")
-    size = rules.client_sizes[client]
-    if not _is_int(res.num_examples) or res.num_examples != size:
-        raise RejectedReply(f"num_examples {res.num_examples!r} is not the client's {size} examples")
-    numeric = _numeric_metrics(metrics, reported=rules.client_metrics)
-    training_events = _training_events(metrics, rules=rules, size=size, train=train)
-    release = _release(metrics, rules=rules, size=size)
-    delta = None if delta_shapes is None else _delta(res, delta_shapes, train=train)
-    return CheckedReply(client, size, release, numeric, training_events, delta)
 
 
 def _is_int(value: Any) -> TypeGuard[int | np.integer]:

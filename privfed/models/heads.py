@@ -52,11 +52,6 @@ def mlp_head(in_dim: int, dim: int, *, hidden_dim: int, norm: str = "batch", bia
     )
 
 
-def rotation_head(dim: int) -> nn.Linear:
-    """Predicts which of the four quarter turns was applied to a view."""
-    return nn.Linear(dim, 4)
-
-
 @dataclass(frozen=True)
 class HeadShape:
     """The sizes a head is built for: the backbone's feature width, D, the hidden width H, the run's counts."""
@@ -96,5 +91,5 @@ class Heads:
     classes: bool = False
 
 
-#: Orchestra's (and its ablations'): the projector, the EMA target and the rotation head.
-ORCHESTRA_HEADS = Heads(target=True, others=(("rotation", lambda shape: rotation_head(shape.dim)),))
+#: Orchestra's (and its ablations'): the projector, the EMA target and the rotation head (which of four quarter turns).
+ORCHESTRA_HEADS = Heads(target=True, others=(("rotation", lambda shape: nn.Linear(shape.dim, 4)),))

@@ -9,11 +9,7 @@ The memory of representations is dropped here and never returned. A method
 that does not cluster (:mod:`privfed.methods`) has no mechanism:
 its clients release nothing, and its round 0 does nothing.
 
-Training is :func:`train_locally`, the one loop every method and DP-SGD run
-through. Three parts vary: the method's step (:meth:`privfed.methods.Method.step`),
-the batches (shuffled, or DP-SGD's secret Poisson sample) and the optimizer
-step (SGD, or Opacus' clip-and-noise step, :mod:`privfed.orchestra.dp_sgd_training`,
-imported only for DP-SGD).
+Training is :func:`train_locally`, the one loop every method and DP-SGD run through.
 
 Under DP-SGD (``config.dp_sgd``) the reply also carries the round's DP-SGD
 cost (``privacy_events``), and its metrics hold nothing computed from the
@@ -89,29 +85,6 @@ class PrivateRoundState:
     memory: torch.Tensor | None
     memory_examples: torch.Tensor | None
     release_generator_state: torch.Tensor | None
-
-
-def client_update(
-    network: OrchestraNetwork,
-    global_state: StateDict,
-    centroids: torch.Tensor | None,
-    images: torch.Tensor,
-    *,
-    train: bool,
-    config: LocalTrainingConfig,
-    mechanism: Mechanism | None,
-    num_local_centroids: int,
-    seed: int,
-    device: torch.device,
-    secret_seed: int | None = None,
-    labels: torch.Tensor | None = None,
-) -> ClientUpdate:
-    """Runs a client's round (:func:`run_client_round`) and returns only what is sent."""
-    update, _ = run_client_round(
-        network, global_state, centroids, images, train=train, config=config, mechanism=mechanism,
-        num_local_centroids=num_local_centroids, seed=seed, device=device, secret_seed=secret_seed, labels=labels,
-    )
-    return update
 
 
 def run_client_round(

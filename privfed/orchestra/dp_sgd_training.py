@@ -46,34 +46,6 @@ from privfed.orchestra.memory_sampling import poisson_memory, poisson_sample
 from privfed.privacy.dp_sgd_plan import DpSgdSettings, round_events, sampling_rate, steps_per_round
 
 
-def check_private_network(network: OrchestraNetwork) -> None:
-    """Refuses a network whose layers would make per-sample gradients wrong.
-
-    Both encoders are checked: the target's outputs are the online encoder's
-    training targets, so a BatchNorm there would mix examples too.
-    """
-    errors = ModuleValidator.validate(network, strict=False)
-    if errors:
-        raise ValueError(
-            f"network cannot train with DP-SGD ({len(errors)} problems, e.g. {errors[0]}); "
-            'build it with norm="group"'
-        )
-
-
-def secret_generators(device: torch.device, seed: int | None = None) -> tuple[torch.Generator, torch.Generator]:
-    """CPU generator for batch sampling and one on ``device`` for the noise.
-
-    Seeded from the operating system's randomness unless ``seed`` is given
-    (tests only). Torch's generators are not cryptographic, but their seeds
-    (63 bits each) never leave the client.
-    """
-    seeds = (secrets.randbits(63), secrets.randbits(63)) if seed is None else (seed, seed + 1)
-    sampling = torch.Generator().manual_seed(seeds[0])
-    noise = torch.Generator(device=device)
-    noise.manual_seed(seeds[1])
-    return sampling, noise
-
-
 def dp_optimizer(
     network: OrchestraNetwork,
     config: LocalTrainingConfig,
@@ -108,16 +80,6 @@ def dp_optimizer(
     )
 
 
-def set_empty_grad_samples(optimizer: DPOptimizer) -> None:
-    """Per-sample gradients of an empty batch, so the step still adds noise.
-
-    Skipping the step instead would reveal that the batch was empty, which
-    depends on whether an example was sampled.
-    """
-    for p in optimizer.params:
-        p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
-
-
 @contextmanager
 def per_sample_gradients(network: OrchestraNetwork, method: Method) -> Iterator[GradSampleModule]:
     """Opacus' per-sample gradient hooks on the online encoder and the trained heads, removed on exit.
@@ -126,7 +88,10 @@ def per_sample_gradients(network: OrchestraNetwork, method: Method) -> Iterator[
     parameter's per-example gradients in ``p.grad_sample`` (the online
     passes of a step add up per example).
     """
-    check_private_network(network)
+    # Both encoders: the target's outputs are the online encoder's targets, so a BatchNorm there would mix examples too.
+    errors = ModuleValidator.validate(network, strict=False)
+    if errors:
+        raise ValueError(f'network cannot train with DP-SGD ({len(errors)} problems, e.g. {errors[0]}); build it with norm="group"')
     # The modules DP-SGD updates, as one module for Opacus (the step calls the network's own modules).
     trained = {"online": network.online} | {h: network.head(h) for h in network.head_names if h not in method.untrained_heads}
     hooks = GradSampleModule(nn.ModuleDict(trained), batch_first=True, loss_reduction="mean", strict=True)
@@ -161,7 +126,9 @@ def dp_step(optimizer: DPOptimizer, loss: torch.Tensor | None) -> None:
     """
     optimizer.zero_grad(set_to_none=True)
     if loss is None:
-        set_empty_grad_samples(optimizer)
+        # Empty per-sample gradients, so the step still adds noise: skipping it would reveal the empty batch.
+        for p in optimizer.params:
+            p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
     else:
         loss.backward()
     optimizer.step()
@@ -173,12 +140,15 @@ def dp_sgd_parts(
 ) -> Iterator[TrainingParts]:
     """The round's ``local_epochs * ceil(n / batch_size)`` secret Poisson batches, and the clip-and-noise step.
 
-    Batch sampling and noise come from :func:`secret_generators`
-    (``secret_seed``: tests only). An empty batch still steps (noise alone).
+    Batch sampling and noise are seeded from the operating system's randomness unless ``secret_seed`` is given
+    (tests only): torch's generators are not cryptographic, but their 63-bit seeds never leave the client. An
+    empty batch still steps (noise alone).
     """
     assert config.dp_sgd is not None
     rate = sampling_rate(n, config.batch_size)
-    sampling, noise = secret_generators(device, secret_seed)
+    seeds = (secrets.randbits(63), secrets.randbits(63)) if secret_seed is None else (secret_seed, secret_seed + 1)
+    sampling, noise = torch.Generator().manual_seed(seeds[0]), torch.Generator(device=device)
+    noise.manual_seed(seeds[1])
     with per_sample_gradients(network, method):
         optimizer = dp_optimizer(network, config, config.dp_sgd, method, expected_batch_size=rate * n, noise_generator=noise)
         num_steps = steps_per_round(n, batch_size=config.batch_size, epochs=config.epochs)

@@ -67,18 +67,8 @@ class LocalTrainingConfig:
             dp_sgd=dp_sgd,
         )
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> LocalTrainingConfig:
-        """The inverse of :meth:`to_dict` for a configuration without DP-SGD settings (those travel apart)."""
-        if values.get("dp_sgd") is not None:
-            raise ValueError("DP-SGD settings travel separately from the local training configuration")
-        return cls(**{**values, "dp_sgd": None})
-
     def replace(self, **changes: Any) -> LocalTrainingConfig:
         return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.local_training import LocalTrainingConfig, augmentation_generator
 
 
-@torch.no_grad()
 def initial_representations(
     network: OrchestraNetwork,
     images: torch.Tensor,
@@ -39,13 +38,13 @@ def initial_representations(
     apart from the target's BatchNorm statistics, which the caller discards.
     (Under DP-SGD round 0 uses :func:`poisson_memory`, as after training.)
     """
-    network.to(device).train()
     aug_generator = augmentation_generator(generator, device)
     chosen = torch.randperm(images.shape[0], generator=generator)[: config.memory_size]
     batches = [index for index in chosen.split(max(config.batch_size, 2)) if len(index) >= 2]  # BatchNorm needs two
     return _target_representations(network, images, batches, config, aug_generator=aug_generator, device=device)
 
 
+@torch.no_grad()
 def _target_representations(
     network: OrchestraNetwork,
     images: torch.Tensor,
@@ -56,6 +55,7 @@ def _target_representations(
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Target representations of view 1 of the images in ``batches``, on the CPU (``[0, D]`` if none), and their indices."""
+    network.to(device).train()
     method = get_method(config.method)
     reps = [
         method.representations(network, orchestra_views(images[index].to(device), generator=aug_generator).view1)
@@ -66,7 +66,6 @@ def _target_representations(
     return torch.cat(reps).cpu(), torch.cat(batches).cpu()
 
 
-@torch.no_grad()
 def every_representation(
     network: OrchestraNetwork,
     images: torch.Tensor,
@@ -83,7 +82,6 @@ def every_representation(
     """
     if config.dp_sgd is not None and network.norm != "group":
         raise ValueError("under DP-SGD a release's rows need a GroupNorm network: BatchNorm mixes examples")
-    network.to(device).train()
     aug_generator = augmentation_generator(generator, device)
     n = images.shape[0]
     order = torch.randperm(n, generator=generator)
@@ -98,12 +96,6 @@ def poisson_sample(num_samples: int, rate: float, generator: torch.Generator) ->
     return torch.nonzero(torch.rand(num_samples, generator=generator) < rate).squeeze(1)
 
 
-def memory_sampling_rate(num_samples: int, memory_size: int) -> float:
-    """Rate of :func:`poisson_memory`'s sample: ``memory_size`` examples expected."""
-    return min(1.0, memory_size / max(num_samples, 1))
-
-
-@torch.no_grad()
 def poisson_memory(
     network: OrchestraNetwork,
     images: torch.Tensor,
@@ -133,9 +125,8 @@ def poisson_memory(
     """
     if network.norm != "group":
         raise ValueError("a Poisson memory needs a GroupNorm network: BatchNorm mixes examples")
-    network.to(device).train()
     n = images.shape[0]
     aug_generator = augmentation_generator(generator, device)
-    chosen = poisson_sample(n, memory_sampling_rate(n, config.memory_size), generator)
+    chosen = poisson_sample(n, min(1.0, config.memory_size / max(n, 1)), generator)
     batches = list(chosen.split(max(config.batch_size, 1)))
     return _target_representations(network, images, batches, config, aug_generator=aug_generator, device=device)

@@ -117,10 +117,7 @@ class OrchestraServer:
             cluster_temperature=self.cluster_temperature,
         )
         released = sum(r.num_vectors for r in releases)
-        stats = {
-            "clients": float(len(releases)),
-            "released_vectors": float(released),
-        }
+        stats = {"clients": float(len(releases)), "released_vectors": float(released)}
         if released:
             # Padding (weight 0) stands for no representation: a low fraction means the DP noise drowned the releases.
             stats["weighted_vector_fraction"] = sum(int((r.weights > 0).sum()) for r in releases) / released
@@ -128,7 +125,6 @@ class OrchestraServer:
         if usage is not None:
             stats["centroid_usage"] = usage
         return stats
-
 
     def _apply_secure_sum(
         self, mean_delta: StateDict | None, releases: list[Release], secure_sum: SecureSum | None

@@ -28,12 +28,6 @@ from privfed.privacy.dp_sgd_plan import DpSgdPlan, plan_dp_sgd
 from privfed.privacy.ledger import composed_epsilon
 from privfed.secagg.settings import secagg_settings
 
-
-def dp_mechanisms() -> list[str]:
-    """Names of the installed differentially private mechanisms (built-in or third-party)."""
-    return [name for name in available_mechanisms() if get_mechanism_class(name).is_differentially_private()]
-
-
 #: Largest default delta, whatever the client sizes.
 MAX_DEFAULT_DELTA = 1e-6
 
@@ -177,8 +171,9 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
     if not mechanism_class.is_differentially_private():
         if config.epsilon is not None or config.epsilon_per_release is not None:
             hint = "; for DP-SGD's budget use --dp-sgd-epsilon" if config.dp_sgd else ""
+            dp = ", ".join(name for name in available_mechanisms() if get_mechanism_class(name).is_differentially_private())
             raise PrivfedError(
-                f"--epsilon applies to differentially private mechanisms ({', '.join(dp_mechanisms())}), "
+                f"--epsilon applies to differentially private mechanisms ({dp}), "
                 f"not {config.mechanism}{hint}"
             )
         # A k-anonymous mechanism takes the run's smallest anonymity set as its min_k.

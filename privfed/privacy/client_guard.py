@@ -16,16 +16,9 @@ again. A client therefore never takes the server's word for its privacy:
   round *before* it computes anything, and refuses a round that would take it
   past its budget (:class:`ClientGuard`).
 
-Why only the declared parameters, not any that are no weaker: the caps are
-checked with exact PLD composition, which is proven for a sequence of
-mechanisms fixed in advance. A server free to pick noisier parameters round
-by round could choose each from what it saw before (11 releases at twice
-the noise fit where 3 declared ones do), and a PLD filter is not proven to
-hold under such choices. With every charged event the declared one, a
-client's releases are a prefix, of a length the server chooses, of the
-declared sequence, and so are its DP-SGD rounds. Still composed as if fixed
-in advance (``docs/privacy.md`` says so): the runs that share a ledger, and,
-under a node cap, the mix of release-only and training rounds.
+Why only the declared parameters, not any that are no weaker (PLD caps hold for a sequence fixed in advance):
+docs/privacy.md, "What clients check for themselves"; what is still composed as if fixed: its "Choose the
+sequence the caps compose".
 
 Every entry is charged at the run's delta, and no cap prices an entry at a
 larger delta than its own (:meth:`PrivacyLedger.pricing_delta`): a later

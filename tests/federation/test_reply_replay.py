@@ -140,14 +140,14 @@ def test_a_second_message_for_a_round_in_progress_waits_and_gets_the_same_reply(
     import privfed.federation.client as client_module
 
     started, go = threading.Event(), threading.Event()
-    real_update = client_module.client_update
+    real_update = client_module.run_client_round
 
     def slow_update(*args, **kwargs):
         started.set()
         assert go.wait(30)
         return real_update(*args, **kwargs)
 
-    monkeypatch.setattr(client_module, "client_update", slow_update)
+    monkeypatch.setattr(client_module, "run_client_round", slow_update)
     ins = instructions(plan)
     replies: dict[str, object] = {}
     first = threading.Thread(target=lambda: replies.setdefault("first", client(plan, tmp_path).fit(ins)))

@@ -7,7 +7,7 @@ import torch
 
 from privfed.data import FederatedSplit
 from privfed.methods import build_network
-from privfed.orchestra.client_update import client_update
+from privfed.orchestra.client_update import run_client_round
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_keys, shared_state
 
@@ -17,7 +17,7 @@ BASELINE_LOSSES = ("simclr", "simsiam", "byol", "specloss")
 def round_of(config, *, seed=0):
     torch.manual_seed(0)
     start = shared_state(build_network(config))
-    update = client_update(
+    update, _ = run_client_round(
         build_network(config), start, None, FederatedSplit.of(config).client_images(0), train=True,
         config=LocalTrainingConfig.from_run(config), mechanism=None, num_local_centroids=config.num_local_centroids,
         seed=seed, device=torch.device("cpu"),
@@ -83,7 +83,7 @@ def test_supervised_fedavg_learns_a_clients_labels(tiny_config):
         return float((predicted == labels).float().mean())
 
     local = LocalTrainingConfig.from_run(config)
-    update = client_update(network, start, None, images, train=True, config=local, mechanism=None,
+    update, _ = run_client_round(network, start, None, images, train=True, config=local, mechanism=None,
                            num_local_centroids=4, seed=0, device=torch.device("cpu"), labels=labels)
     trained = {k: start[k] + update.delta[k] for k in start}
     assert update.release is None and set(update.metrics) == {"loss", "train_seconds", "steps"}

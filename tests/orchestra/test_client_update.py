@@ -6,7 +6,7 @@ import torch
 from mechanisms import create_mechanism
 from privfed.data import FederatedSplit
 from privfed.models import OrchestraNetwork
-from privfed.orchestra.client_update import client_update
+from privfed.orchestra.client_update import run_client_round
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_keys, shared_state
 
@@ -14,7 +14,7 @@ from privfed.orchestra.model_state import shared_keys, shared_state
 def run(config, centroids, seed=0, mechanism="kanon", **params):
     torch.manual_seed(0)
     network = OrchestraNetwork(config.backbone, config.projection_dim)
-    return client_update(
+    return run_client_round(
         OrchestraNetwork(config.backbone, config.projection_dim),
         shared_state(network),
         centroids,
@@ -25,7 +25,7 @@ def run(config, centroids, seed=0, mechanism="kanon", **params):
         num_local_centroids=config.num_local_centroids,
         seed=seed,
         device=torch.device("cpu"),
-    ), network
+    )[0], network
 
 
 def test_round_zero_releases_centroids_without_training(tiny_config):
@@ -77,7 +77,7 @@ def test_without_dp_sgd_the_update_carries_an_average_of_the_clients_representat
     batch_means: list[torch.Tensor] = []
     last_norm = network.online.projector[4]  # BatchNorm1d(affine=False) on the online projector's output
     last_norm.register_forward_hook(lambda module, inputs, output: batch_means.append(inputs[0].detach().mean(0)))
-    update = client_update(
+    update, _ = run_client_round(
         network, start, None, FederatedSplit.of(tiny_config).client_images(0), train=True,
         config=LocalTrainingConfig.from_run(tiny_config.replace(method="rotpred")), mechanism=None,
         num_local_centroids=4, seed=0, device=torch.device("cpu"),
@@ -98,7 +98,7 @@ def test_a_client_whose_representations_are_not_finite_sends_nothing(tiny_config
     poisoned = {k: torch.full_like(v, float("nan")) if k.startswith("target.projector") and v.is_floating_point() else v
                 for k, v in shared_state(network).items()}
     with pytest.raises(ValueError, match="representations hold NaN or Inf; nothing is released"):
-        client_update(
+        run_client_round(
             network, poisoned, None, FederatedSplit.of(tiny_config).client_images(0), train=False,
             config=LocalTrainingConfig.from_run(tiny_config), mechanism=create_mechanism("kanon"),
             num_local_centroids=4, seed=0, device=torch.device("cpu"),
@@ -109,7 +109,7 @@ def test_a_client_too_small_to_take_a_step_reports_no_losses(tiny_config):
     torch.manual_seed(0)
     network = OrchestraNetwork(tiny_config.backbone, tiny_config.projection_dim)
     one_image = FederatedSplit.of(tiny_config).client_images(0)[:1]  # BatchNorm needs two: no batch at all
-    update = client_update(
+    update, _ = run_client_round(
         network, shared_state(network), torch.nn.functional.normalize(torch.randn(8, 16), dim=1), one_image,
         train=True, config=LocalTrainingConfig.from_run(tiny_config), mechanism=None, num_local_centroids=4,
         seed=0, device=torch.device("cpu"),
@@ -125,7 +125,7 @@ def test_k_counts_images_not_the_views_a_long_run_leaves_in_the_memory(tiny_conf
     network = OrchestraNetwork(tiny_config.backbone, tiny_config.projection_dim)
     centroids = torch.nn.functional.normalize(torch.randn(8, tiny_config.projection_dim), dim=1)
     config = LocalTrainingConfig.from_run(tiny_config.replace(local_epochs=10, batch_size=2, memory_size=40))
-    update = client_update(
+    update, _ = run_client_round(
         network, shared_state(network), centroids, FederatedSplit.of(tiny_config).client_images(0)[:4], train=True,
         config=config, mechanism=create_mechanism("kanon", min_k=min_k), num_local_centroids=8, seed=0,
         device=torch.device("cpu"),
@@ -140,7 +140,6 @@ def test_k_counts_images_not_the_views_a_long_run_leaves_in_the_memory(tiny_conf
 @pytest.mark.parametrize("train", [False, True])
 def test_a_mechanism_that_samples_in_secret_is_handed_one_row_per_image_and_keeps_about_its_rate(tiny_config, train):
     """The client hands every image's representation over; the mechanism, not the round's seed, picks the sample."""
-    from privfed.orchestra.client_update import run_client_round
 
     images = FederatedSplit.of(tiny_config).client_images(0)
     network = OrchestraNetwork(tiny_config.backbone, tiny_config.projection_dim)

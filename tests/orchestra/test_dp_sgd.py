@@ -14,7 +14,7 @@ from privfed.data import FederatedSplit
 from privfed.data.augment import OrchestraViews, orchestra_views
 from privfed.methods import ORCHESTRA, get_method
 from privfed.models import OrchestraNetwork
-from privfed.orchestra.client_update import DP_SGD_METRICS, client_update, train_locally
+from privfed.orchestra.client_update import DP_SGD_METRICS, run_client_round, train_locally
 from privfed.orchestra.dp_sgd_training import dp_optimizer, dp_step, per_sample_gradients
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.memory_sampling import poisson_memory
@@ -132,7 +132,7 @@ def dp_round(config, centroids, *, secret_seed):
     network = OrchestraNetwork(config.backbone, config.projection_dim, norm="group")
     settings = DpSgdSettings(noise_multiplier=0.8, max_grad_norm=1.0)
     local = LocalTrainingConfig.from_run(config, settings)
-    update = client_update(
+    update, _ = run_client_round(
         copy.deepcopy(network),
         shared_state(network),
         centroids,
@@ -173,7 +173,7 @@ def test_round_zero_under_dp_sgd_releases_from_a_poisson_memory(tiny_config):
     torch.manual_seed(0)
     network = OrchestraNetwork(tiny_config.backbone, tiny_config.projection_dim, norm="group")
     local = LocalTrainingConfig.from_run(tiny_config, DpSgdSettings(1.0, 1.0))
-    update = client_update(
+    update, _ = run_client_round(
         network, shared_state(network), None, FederatedSplit.of(tiny_config).client_images(2), train=False, config=local,
         mechanism=create_mechanism("reps"), num_local_centroids=4, seed=0, device=torch.device("cpu"),
     )

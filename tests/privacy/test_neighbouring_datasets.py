@@ -25,7 +25,7 @@ import privfed.orchestra.dp_sgd_training as dp_sgd_training
 from mechanisms import create_mechanism
 from privfed.data import FederatedSplit
 from privfed.methods import build_network
-from privfed.orchestra.client_update import ClientUpdate, client_update
+from privfed.orchestra.client_update import ClientUpdate, run_client_round
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_state
 from privfed.privacy.budget import plan_privacy
@@ -90,7 +90,7 @@ def run(config, images: torch.Tensor, spy: Spy, *, train: bool) -> tuple[ClientU
     centroids = F.normalize(torch.randn(8, config.projection_dim, generator=torch.Generator().manual_seed(3)), dim=1)
     mechanism = create_mechanism("ldp", **plan.params, noise_source=random.Random(7))
     mechanism.observe_global_centroids(centroids)
-    update = client_update(
+    update, _ = run_client_round(
         network, shared_state(network), centroids if train else None, images, train=train,
         config=local.replace(dp_sgd=None if plan.dp_sgd is None else plan.dp_sgd.settings), mechanism=mechanism,
         num_local_centroids=config.num_local_centroids, seed=11, device=torch.device("cpu"), secret_seed=5,
