@@ -130,3 +130,15 @@ def test_the_client_draws_dp_sgd_batches_and_noise_from_no_value_the_server_know
         if dp_sgd:
             plain = {k for k, v in a.metrics.items() if not k.startswith("release_")} - {"client_id", "round", "dp_sgd_events"}
             assert plain <= set(DP_SGD_METRICS) and json.loads(a.metrics["dp_sgd_events"])
+
+
+def test_a_new_run_id_gets_a_new_release_only_for_a_new_charge_and_no_more_than_the_budget(plan, tmp_path):
+    """The stored reply answers its own run only: the same round under another run id is computed again and charged
+    again, and the budget (two releases here) spans the runs."""
+    ins = instructions(plan)
+    client(plan, tmp_path).fit(ins)
+    declared_client(plan.config, PARTITION, tmp_path / "state", run=2).fit(ins)
+    assert charged(tmp_path) == [(1, "release"), (1, "release")]
+    with pytest.raises(RoundRefused, match="budget"):
+        declared_client(plan.config, PARTITION, tmp_path / "state", run=3).fit(ins)
+    assert len(charged(tmp_path)) == 2
