@@ -64,11 +64,8 @@ def simulate(
 
         require("opacus", feature="DP-SGD (--dp-sgd)")
 
-    if plan.config.runtime == "ray":
-        return simulate_on_ray(
-            plan, progress, verbose=verbose, outer_mods=outer_mods, inner_mods=inner_mods, resume=resume
-        )
-    return run_locally(plan, progress, verbose=verbose, outer_mods=outer_mods, inner_mods=inner_mods, resume=resume)
+    runner = simulate_on_ray if plan.config.runtime == "ray" else run_locally
+    return runner(plan, progress, verbose=verbose, outer_mods=outer_mods, inner_mods=inner_mods, resume=resume)
 
 
 def require_ray() -> None:
