@@ -17,7 +17,7 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -236,10 +236,8 @@ def end_ray_now(temp_dir: str) -> None:
     here, none outlives the process.
     """
     for pid in descendants(os.getpid()):
-        try:
+        with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
