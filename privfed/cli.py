@@ -542,8 +542,7 @@ def certs(
     typer.echo(f"wrote {len(paths.all_files())} files to {paths.directory}:")
     for path in paths.all_files():
         typer.echo(f"  {path.name}{'  (private key, mode 600)' if path in private else ''}")
-    typer.echo(f"the SuperLink certificate is valid for {', '.join(credentials.hosts)} for {days} days")
-    typer.echo("")
+    typer.echo(f"the SuperLink certificate is valid for {', '.join(credentials.hosts)} for {days} days\n")
     typer.echo(next_steps(paths, superlink_host=hosts[0] if hosts else "127.0.0.1", port=port))
 
 
@@ -576,7 +575,7 @@ def main(argv: list[str] | None = None) -> None:
     except PrivfedError as err:
         typer.echo(f"error: {_one_line(str(err))}", err=True)
         sys.exit(USAGE_EXIT_CODE)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, click.exceptions.Abort):  # Abort: click's own Ctrl-C
         typer.echo("interrupted", err=True)
         sys.exit(INTERRUPTED_EXIT_CODE)
     except typer.Exit as exit_:
@@ -585,9 +584,6 @@ def main(argv: list[str] | None = None) -> None:
         command = err.ctx.command_path if isinstance(err, click.UsageError) and err.ctx is not None else "privfed"
         typer.echo(f"error: {_one_line(err.format_message())} (see {command} --help)", err=True)
         sys.exit(err.exit_code)
-    except click.exceptions.Abort:
-        typer.echo("interrupted", err=True)
-        sys.exit(INTERRUPTED_EXIT_CODE)
     except Exception:
         traceback.print_exc()
         _exit_after_a_bug(1)

@@ -17,16 +17,10 @@ PROCESS_START = time.perf_counter()
 
 def _round_line(event: dict[str, Any]) -> str:
     """One training round as the plain log shows it."""
-    parts = [
-        f"round {event['round']:>3}",
-        f"clients {event['clients_completed']}/{event['clients_sampled']}",
-    ]
-    if event.get("loss") is not None:
-        parts.append(f"loss {event['loss']:.4f}")
-    if event.get("knn_accuracy") is not None:
-        parts.append(f"kNN {event['knn_accuracy']:.4f}")
-    if event.get("privacy_epsilon") is not None:
-        parts.append(f"eps {event['privacy_epsilon']:.3f}")
+    parts = [f"round {event['round']:>3}", f"clients {event['clients_completed']}/{event['clients_sampled']}"]
+    for key, label, digits in (("loss", "loss", 4), ("knn_accuracy", "kNN", 4), ("privacy_epsilon", "eps", 3)):
+        if event.get(key) is not None:
+            parts.append(f"{label} {event[key]:.{digits}f}")
     parts.append(f"{event['round_seconds']:.1f}s")
     return "  ".join(parts)
 

@@ -510,10 +510,10 @@ def validate(config: TrainConfig) -> None:
             raise PrivfedError(f"{flags} set{'s' if len(given) == 1 else ''} up SecAgg+, which --no-secagg turns off")
     positive_ints = (
         "num_clients", "rounds", "local_epochs", "batch_size", "memory_size",
-        "num_local_centroids", "num_global_centroids", "projection_dim", "eval_every", "knn_k",
+        "num_local_centroids", "num_global_centroids", "projection_dim", "projection_hidden_dim", "eval_every", "knn_k",
     )
     for name in positive_ints:
-        if getattr(config, name) < 1:
+        if getattr(config, name) is not None and getattr(config, name) < 1:  # projection_hidden_dim may be unset
             raise PrivfedError(f"{name} must be at least 1, got {getattr(config, name)}")
     if config.batch_size < 2:
         raise PrivfedError("batch_size must be at least 2 (BatchNorm needs two samples)")
@@ -531,8 +531,6 @@ def validate(config: TrainConfig) -> None:
         )
     if config.dp_sgd and methods[config.method].loss != "orchestra":
         raise PrivfedError(f"privfed's DP-SGD covers Orchestra and its ablations, not method {config.method}")
-    if config.projection_hidden_dim is not None and config.projection_hidden_dim < 1:
-        raise PrivfedError(f"projection_hidden_dim must be at least 1, got {config.projection_hidden_dim}")
     from mechanisms import MechanismRegistrationError, UnknownMechanismError, get_mechanism_class
 
     try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any, Protocol
@@ -426,13 +427,8 @@ _REPLY_HANDLING = {__name__, secagg_masking.__name__, secagg_masks.__name__}
 
 def _raised_by_privfed(err: BaseException) -> bool:
     """Whether privfed's server code (other than the reply handling here) is on the error's traceback."""
-    frame = err.__traceback__
-    while frame is not None:
-        module = str(frame.tb_frame.f_globals.get("__name__", ""))
-        if module.split(".")[0] in ("privfed", "mechanisms") and module not in _REPLY_HANDLING:
-            return True
-        frame = frame.tb_next
-    return False
+    modules = (str(frame.f_globals.get("__name__", "")) for frame, _ in traceback.walk_tb(err.__traceback__))
+    return any(m.split(".")[0] in ("privfed", "mechanisms") and m not in _REPLY_HANDLING for m in modules)
 
 
 class OrchestraFitWorkflow:

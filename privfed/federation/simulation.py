@@ -17,7 +17,7 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +64,8 @@ def simulate(
 
         require("opacus", feature="DP-SGD (--dp-sgd)")
 
-    if plan.config.runtime == "ray":
-        return simulate_on_ray(
-            plan, progress, verbose=verbose, outer_mods=outer_mods, inner_mods=inner_mods, resume=resume
-        )
-    return run_locally(plan, progress, verbose=verbose, outer_mods=outer_mods, inner_mods=inner_mods, resume=resume)
+    runner = simulate_on_ray if plan.config.runtime == "ray" else run_locally
+    return runner(plan, progress, verbose=verbose, outer_mods=outer_mods, inner_mods=inner_mods, resume=resume)
 
 
 def require_ray() -> None:
@@ -239,10 +236,8 @@ def end_ray_now(temp_dir: str) -> None:
     here, none outlives the process.
     """
     for pid in descendants(os.getpid()):
-        try:
+        with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 

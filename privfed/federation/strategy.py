@@ -97,7 +97,7 @@ class OrchestraStrategy(Strategy):
         self.clients_per_round = clients_per_round
         self.on_round_end = on_round_end
         self._keys = shared_keys(server.network)
-        self.stop_reason: str | None = None
+        self.stop_reason: str | None = None  # once set, no further round is configured: training ends cleanly
         self._rng = np.random.default_rng(seed)
         self.partition_of = partition_of
         self.reply_rules = reply_rules
@@ -201,7 +201,7 @@ class OrchestraStrategy(Strategy):
             logger.warning("%s", reason)
             self._close_round(server_round, [], None, {}, unusable=reason)
             if self.stop_reason is None:
-                self.stop(reason)
+                self.stop_reason = reason
             return ndarrays_to_parameters(state_to_arrays(self.server.global_state(), self._keys)), {}
         try:
             mean_delta, aggregation_stats = self._mean_delta(server_round, accepted)
@@ -282,10 +282,6 @@ class OrchestraStrategy(Strategy):
         accepted, rejected = self._screen(server_round, self._pending, secure=True)
         self._rejected.extend(rejected)
         self._close_round(server_round, accepted, None, {"secagg_halted": 1.0})
-
-    def stop(self, reason: str) -> None:
-        """Ends training cleanly: no further round is configured."""
-        self.stop_reason = reason
 
     def secure_aggregation_summary(self) -> dict[str, Any]:
         """Whether the server saw only sums of encoder updates, and the protocol's parameters (for ``summary.json``)."""
@@ -409,7 +405,7 @@ class OrchestraStrategy(Strategy):
             )
         )
         if stop_reason is not None:
-            self.stop(stop_reason)
+            self.stop_reason = stop_reason
         self._closed_round = server_round
 
     # Evaluation happens on the server, in the training driver's round hook.

@@ -20,9 +20,6 @@ class Rejection:
     client: int | None
     reason: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"client": self.client, "reason": self.reason}
-
 
 @dataclass(frozen=True)
 class RoundReport:

@@ -160,22 +160,16 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
     releases = max_releases(config)
     delta = config.delta if config.delta is not None else default_delta(client_sizes)
     dp_sgd = _plan_dp_sgd(config, client_sizes, delta)
+    hint = "; for DP-SGD's budget use --dp-sgd-epsilon" if config.dp_sgd else ""
     if config.release_mechanism is None:
         if config.epsilon is not None or config.epsilon_per_release is not None:
-            raise PrivfedError(
-                f"method {config.method} releases nothing, so --epsilon and --epsilon-per-release do not apply"
-                + ("; for DP-SGD's budget use --dp-sgd-epsilon" if config.dp_sgd else "")
-            )
+            raise PrivfedError(f"method {config.method} releases nothing, so --epsilon and --epsilon-per-release do not apply{hint}")
         return PrivacyPlan(mechanism=None, delta=delta if dp_sgd else None, dp_sgd=dp_sgd)
     mechanism_class = get_mechanism_class(config.mechanism)
     if not mechanism_class.is_differentially_private():
         if config.epsilon is not None or config.epsilon_per_release is not None:
-            hint = "; for DP-SGD's budget use --dp-sgd-epsilon" if config.dp_sgd else ""
             dp = ", ".join(name for name in available_mechanisms() if get_mechanism_class(name).is_differentially_private())
-            raise PrivfedError(
-                f"--epsilon applies to differentially private mechanisms ({dp}), "
-                f"not {config.mechanism}{hint}"
-            )
+            raise PrivfedError(f"--epsilon applies to differentially private mechanisms ({dp}), not {config.mechanism}{hint}")
         # A k-anonymous mechanism takes the run's smallest anonymity set as its min_k.
         params = {"min_k": config.kanon_min_k} if mechanism_class.guarantee_kind == K_ANONYMITY else {}
         params.update(secure_sum_parameters(config, client_sizes))
@@ -185,15 +179,10 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
     if config.epsilon is None and config.epsilon_per_release is None:
         raise PrivfedError(f"mechanism {config.mechanism} needs --epsilon (total budget per client) or --epsilon-per-release")
     sample = {"sampling_rate": rate} if (rate := secret_sample_rate(config, client_sizes)) < 1 else {}
-    if config.epsilon_per_release is None:
-        assert config.epsilon is not None  # refused above when both are unset
-        params = calibrated_parameters(
-            mechanism_class, epsilon=config.epsilon, delta=delta, num_releases=releases, **sample
-        )
-    else:
-        params = calibrated_parameters(
-            mechanism_class, epsilon=config.epsilon_per_release, delta=delta, num_releases=1, **sample
-        )
+    total = config.epsilon_per_release is None  # --epsilon alone: the budget covers every release
+    epsilon = config.epsilon if total else config.epsilon_per_release
+    assert epsilon is not None  # refused above when both are unset
+    params = calibrated_parameters(mechanism_class, epsilon=epsilon, delta=delta, num_releases=releases if total else 1, **sample)
     params.update(secure_sum_parameters(config, client_sizes))
     try:  # the mechanism refuses noise its samplers cannot draw: better now than after a round was charged
         mechanism = mechanism_class(**params)

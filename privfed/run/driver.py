@@ -14,6 +14,7 @@ import math
 import re
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -235,7 +236,7 @@ class RunDriver:
             "clients_completed": report.completed,
             "client_failures": report.failures,
             "rejected_replies": len(report.rejected),
-            "rejection_reasons": [r.to_dict() for r in report.rejected],
+            "rejection_reasons": [asdict(r) for r in report.rejected],
             "round_seconds": report.seconds,
             **report.server_stats,
         }
