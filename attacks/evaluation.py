@@ -76,11 +76,9 @@ def attack_target(
     """The round as the server knows it (another mechanism may stand in for a comparison)."""
     network = build_network(config)
     load_shared_state(network, recorded.model_state)
-    encoder = network.target if get_method(config.method).ema_targets else network.online
-    assert encoder is not None  # a method with EMA targets builds a target encoder
     return AttackTarget(
         round=recorded.round,
-        encoder=encoder,
+        encoder=get_method(config.method).encoder(network),
         mechanism=mechanism or recorded.mechanism,
         mechanism_params=recorded.mechanism_params if mechanism_params is None else mechanism_params,
         centroids=recorded.centroids,

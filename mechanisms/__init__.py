@@ -15,6 +15,7 @@ from mechanisms.registry import (
     UnknownMechanismError,
     available_mechanisms,
     create_mechanism,
+    dp_mechanisms,
     get_mechanism_class,
     register_mechanism,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "UnknownMechanismError",
     "available_mechanisms",
     "create_mechanism",
+    "dp_mechanisms",
     "get_mechanism_class",
     "register_mechanism",
 ]

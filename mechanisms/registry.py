@@ -107,6 +107,11 @@ def available_mechanisms() -> dict[str, str]:
     return {name: _REGISTRY[name].description for name in sorted(_REGISTRY)}
 
 
+def dp_mechanisms() -> list[str]:
+    """The installed mechanisms whose releases are differentially private (those ``--epsilon`` calibrates), by name."""
+    return [name for name in available_mechanisms() if _REGISTRY[name].is_differentially_private()]
+
+
 def get_mechanism_class(name: str) -> type[Mechanism]:
     _load_entry_points()
     try:

@@ -30,9 +30,12 @@ def _mechanism_names() -> list[str]:
 
 
 def _dp_mechanism_names() -> list[str]:
-    from mechanisms import get_mechanism_class
+    from mechanisms import MechanismRegistrationError, dp_mechanisms
 
-    return [name for name in _mechanism_names() if get_mechanism_class(name).is_differentially_private()]
+    try:
+        return dp_mechanisms()
+    except MechanismRegistrationError as err:
+        raise PrivfedError(str(err)) from None
 
 
 def _backbone_names() -> list[str]:

@@ -13,6 +13,7 @@ import abc
 from dataclasses import dataclass
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from privfed.models.heads import Heads
@@ -104,9 +105,13 @@ class Method(abc.ABC):
     def step(self, network: OrchestraNetwork, batch: Batch) -> StepOutput:
         """The encoder passes and the loss of one training step."""
 
-    @torch.no_grad()
-    def representations(self, network: OrchestraNetwork, images: torch.Tensor) -> torch.Tensor:
-        """L2-normalised representations of ``images`` that a client clusters: the EMA target's, or the online encoder's."""
+    def encoder(self, network: OrchestraNetwork) -> nn.Module:
+        """The encoder whose representations a client clusters: the EMA target, or the online encoder."""
         encoder = network.target if self.ema_targets else network.online
         assert encoder is not None  # __post_init__: EMA targets come with a target encoder
-        return F.normalize(encoder(images), dim=1)
+        return encoder
+
+    @torch.no_grad()
+    def representations(self, network: OrchestraNetwork, images: torch.Tensor) -> torch.Tensor:
+        """L2-normalised representations of ``images`` that a client clusters (see :meth:`encoder`)."""
+        return F.normalize(self.encoder(network)(images), dim=1)

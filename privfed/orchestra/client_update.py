@@ -214,11 +214,13 @@ def train_locally(
     steps = stepped_batches = 0
     with parts as (batches, step):
         images = images.to(device)
+        labels = None if labels is None else labels.to(device)
         for index in batches:
             out = None
             if index.numel():
-                batch_labels = None if labels is None else labels[index].to(device)
-                out = method.step(network, Batch(images[index.to(device)], batch_labels, centroids, config.temperature, aug_generator))
+                on_device = index.to(device)
+                batch_labels = None if labels is None else labels[on_device]
+                out = method.step(network, Batch(images[on_device], batch_labels, centroids, config.temperature, aug_generator))
             step(None if out is None else out.loss)
             if network.target is not None:
                 ema_update(network.target, network.online, config.ema_decay)

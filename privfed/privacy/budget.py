@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from mechanisms import Mechanism, available_mechanisms, get_mechanism_class
+from mechanisms import Mechanism, dp_mechanisms, get_mechanism_class
 from mechanisms.base import K_ANONYMITY, PrivacyEvent
 from privfed.config import DEFAULTS, TrainConfig
 from privfed.errors import PrivfedError
@@ -168,7 +168,7 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
     mechanism_class = get_mechanism_class(config.mechanism)
     if not mechanism_class.is_differentially_private():
         if config.epsilon is not None or config.epsilon_per_release is not None:
-            dp = ", ".join(name for name in available_mechanisms() if get_mechanism_class(name).is_differentially_private())
+            dp = ", ".join(dp_mechanisms())
             raise PrivfedError(f"--epsilon applies to differentially private mechanisms ({dp}), not {config.mechanism}{hint}")
         # A k-anonymous mechanism takes the run's smallest anonymity set as its min_k.
         params = {"min_k": config.kanon_min_k} if mechanism_class.guarantee_kind == K_ANONYMITY else {}

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from privfed.config import TrainConfig
+from privfed.data.datasets import arrays_file
 from privfed.errors import PrivfedError
 from privfed.run.directory import RunDirectory
 
@@ -79,7 +80,8 @@ class RunCurves:
 
 def dataset_name(dataset: str) -> str:
     """``cifar10-dev`` for ``arrays:../data/cifar10-dev.npz``; a named dataset as it is."""
-    return f"{Path(dataset[len('arrays:'):]).stem} (arrays)" if dataset.startswith("arrays:") else dataset
+    file = arrays_file(dataset)
+    return dataset if file is None else f"{file.stem} (arrays)"
 
 
 def mechanism_text(config: TrainConfig) -> str:

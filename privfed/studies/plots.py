@@ -24,7 +24,6 @@ ATTACK_PLOT = "accuracy-vs-attack.png"
 SETTINGS_PLOT = "accuracy-by-setting.png"
 #: The accuracy columns of the per-setting picture, and how its legend names them.
 ACCURACY_BARS = {"knn": "kNN monitor", "linear": "linear probe"}
-ACCURACY_NAMES = ACCURACY_BARS
 
 
 @dataclass(frozen=True)
@@ -116,7 +115,7 @@ def plot_accuracy_vs_epsilon(records: list[CellRecord], path: Path) -> Path | No
     if len(budgets) == 1:
         ax.set_xlim(budgets[0] / 2, budgets[0] * 2)
     ax.set_xlabel("total ε per client (budget, log scale)")
-    ax.set_ylabel(f"{ACCURACY_NAMES[accuracy]} accuracy")
+    ax.set_ylabel(f"{ACCURACY_BARS[accuracy]} accuracy")
     ax.legend(fontsize=8)
     ax.set_title(_title("Accuracy against the privacy budget, mean ± std over seeds", records), fontsize=9)
     return _save(fig, path)
@@ -146,7 +145,7 @@ def plot_accuracy_vs_attack(records: list[CellRecord], path: Path) -> Path | Non
             ax.errorbar(p.x, p.y, xerr=p.x_std, yerr=p.y_std, marker="o", capsize=3, color=colours[p.name], label=p.label)
         ax.axvline(0.0, color="grey", linewidth=0.8)
         ax.set_xlabel(ATTACK_AXES[column], fontsize=9)
-        ax.set_ylabel(f"{ACCURACY_NAMES[accuracy]} accuracy")
+        ax.set_ylabel(f"{ACCURACY_BARS[accuracy]} accuracy")
         ax.legend(fontsize=7)
     fig.suptitle(_title("Accuracy against what the attacker recovers, mean ± std over seeds", records), fontsize=10)
     return _save(fig, path)
