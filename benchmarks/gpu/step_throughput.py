@@ -144,7 +144,8 @@ def reference_step(
         x1, x2, x3, turns = views
         network.online(x1)  # the official code's unused online pass on view 1
         online2 = F.normalize(network.online(x2), dim=1)
-        target1 = network.target_representation(x1)
+        with torch.no_grad():
+            target1 = F.normalize(network.target(x1), dim=1)
         loss = cluster_consistency_loss(target1, online2, centroids, config.temperature)
         loss = loss + rotation_loss(network.head("rotation")(network.online(x3)), turns)
         optimizer.zero_grad(set_to_none=True)

@@ -40,9 +40,9 @@ import numpy as np
 import torch
 from flwr.common import Scalar, bytes_to_ndarray, ndarray_to_bytes
 
-from mechanisms.base import Guarantee, Release
+from mechanisms.base import Release
 from privfed.orchestra.model_state import StateDict
-from privfed.privacy.ledger import events_from_json, events_to_json
+from privfed.privacy.ledger import events_to_json
 
 RELEASE_KEYS = ("release_vectors", "release_weights", "release_guarantee", "release_events")
 
@@ -78,15 +78,3 @@ def encode_release(release: Release) -> dict[str, Scalar]:
 def has_release(metrics: dict[str, Any]) -> bool:
     """Whether a reply carries a release at all (a method that does not cluster sends none)."""
     return any(k in metrics for k in RELEASE_KEYS)
-
-
-def decode_release(metrics: dict[str, Any]) -> Release:
-    missing = [k for k in RELEASE_KEYS if k not in metrics]
-    if missing:
-        raise ValueError(f"client reply lacks {', '.join(missing)}")
-    return Release(
-        vectors=bytes_to_tensor(metrics["release_vectors"]),
-        weights=bytes_to_tensor(metrics["release_weights"]),
-        guarantee=Guarantee(**json.loads(metrics["release_guarantee"])),
-        events=events_from_json(metrics["release_events"]),
-    )

@@ -7,7 +7,6 @@ from typing import Protocol
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from privfed.errors import PrivfedError
 from privfed.models.heads import ORCHESTRA_HEADS, Heads, HeadShape
@@ -76,13 +75,6 @@ class OrchestraNetwork(nn.Module):
         if name not in self.head_names:
             raise PrivfedError(f"this network has no {name} head (it has: {', '.join(self.head_names) or 'none'})")
         return self.get_submodule(name)
-
-    @torch.no_grad()
-    def target_representation(self, x: torch.Tensor) -> torch.Tensor:
-        """L2-normalised target projector output: what clients cluster."""
-        if self.target is None:
-            raise PrivfedError("this network has no target encoder")
-        return F.normalize(self.target(x), dim=1)
 
     def trainable_parameters(self, *, skip: tuple[str, ...] = ()) -> list[nn.Parameter]:
         """Every parameter the method trains: the online encoder's and the heads' (but those named in ``skip``)."""

@@ -106,11 +106,6 @@ class PrivacyPlan:
         """True when the release mechanism is differentially private (DP-SGD aside)."""
         return self.planned_epsilon is not None
 
-    @property
-    def has_dp_part(self) -> bool:
-        """True when anything in the run is DP, releases or DP-SGD: the ledger then has a delta."""
-        return self.delta is not None
-
     def describe(self) -> list[str]:
         """What the plan promises, one line each, for the CLI."""
         lines = []

@@ -74,10 +74,6 @@ class PrivacyStatement:
         return tuple(item.short for item in self.uncovered)
 
     @property
-    def long_covers(self) -> tuple[str, ...]:
-        return tuple(item.long for item in self.covered)
-
-    @property
     def long_not_covered(self) -> tuple[str, ...]:
         return tuple(item.long for item in self.uncovered)
 

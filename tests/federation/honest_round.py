@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,16 +12,19 @@ from flwr.app import Context, RecordDict
 from flwr.common import FitIns, FitRes, ndarrays_to_parameters
 
 from mechanisms import get_mechanism_class
+from mechanisms.base import Guarantee, Release
 from privfed.config import TrainConfig, build_config
 from privfed.data.federated import FederatedSplit
 from privfed.federation.client import OrchestraClient
 from privfed.federation.client_app import make_client_fn
+from privfed.federation.messages import RELEASE_KEYS, bytes_to_tensor
 from privfed.federation.reply_checks import ReplyRules
 from privfed.federation.strategy import OrchestraStrategy
 from privfed.methods import NO_CENTROIDS, build_network, get_method
 from privfed.orchestra.model_state import StateDict, shared_keys
 from privfed.orchestra.round_report import RoundReport
 from privfed.orchestra.server import OrchestraServer
+from privfed.privacy.ledger import events_from_json
 from privfed.run.plan import RunPlan, plan_run
 from privfed.secagg.settings import SecAggPlusSettings, secagg_settings
 
@@ -123,3 +127,15 @@ def instructions(
     state = server.global_state() if state is None else state
     arrays = [state[k].numpy() for k in shared_keys(server.network)]
     return strategy.fit_instructions(server_round=2 if train else 1, parameters=ndarrays_to_parameters(arrays))
+
+
+def decode_release(metrics: dict) -> Release:
+    """A reply's release as the client encoded it, unchecked (the server's checked reading is ``check_reply``)."""
+    missing = [k for k in RELEASE_KEYS if k not in metrics]
+    assert not missing, f"client reply lacks {missing}"
+    return Release(
+        vectors=bytes_to_tensor(metrics["release_vectors"]),
+        weights=bytes_to_tensor(metrics["release_weights"]),
+        guarantee=Guarantee(**json.loads(metrics["release_guarantee"])),
+        events=events_from_json(metrics["release_events"]),
+    )

@@ -14,11 +14,11 @@ import torch
 from flwr.common import FitRes, bytes_to_ndarray, parameters_to_ndarrays
 
 from mechanisms import registry
-from privfed.federation.messages import RELEASE_KEYS, decode_release, has_release
+from privfed.federation.messages import RELEASE_KEYS, has_release
 from privfed.methods import build_network, get_method
 from privfed.models import OrchestraNetwork
 from privfed.orchestra.model_state import shared_keys
-from tests.federation.honest_round import declared_client, instructions
+from tests.federation.honest_round import declared_client, decode_release, instructions
 
 
 def reply_vectors(res: FitRes, dim: int) -> list[np.ndarray]:

@@ -16,13 +16,12 @@ from flwr.common import FitIns, bytes_to_ndarray, ndarray_to_bytes
 
 from privfed.federation.client import DeclaredRun, OrchestraClient
 from privfed.federation.client_app import NodeGuardFailed
-from privfed.federation.messages import decode_release
 from privfed.models import OrchestraNetwork
 from privfed.orchestra.model_state import shared_keys
 from privfed.privacy.client_guard import ClientGuard, RoundRefused
 from privfed.run.plan import plan_run
 from tests.federation import honest_round
-from tests.federation.honest_round import declared_client
+from tests.federation.honest_round import declared_client, decode_release
 
 PARTITION = 1
 

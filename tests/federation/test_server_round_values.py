@@ -17,12 +17,12 @@ import torch
 
 from privfed.data.federated import FederatedSplit
 from privfed.federation.client import ClientRoundFailed
-from privfed.federation.messages import decode_release, tensor_to_bytes
+from privfed.federation.messages import tensor_to_bytes
 from privfed.orchestra.client_update import DP_SGD_METRICS
 from privfed.privacy.client_guard import RoundRefused
 from privfed.run.plan import plan_run
 from tests.federation import honest_round
-from tests.federation.honest_round import declared_client, small_round_config
+from tests.federation.honest_round import declared_client, decode_release, small_round_config
 from tests.federation.test_declared_run import PARTITION, client, instructions
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 import torch.nn as nn
 
 from privfed.config import build_config
@@ -57,9 +56,8 @@ def test_build_network_follows_the_runs_method():
     assert build_network(config.replace(method="supervised", dataset="shapes:300")).head("classifier").out_features == 10
 
 
-def test_a_network_without_a_target_says_so_when_asked_for_target_representations():
-    with pytest.raises(PrivfedError, match="has no target encoder"):
-        network("simclr").target_representation(torch.zeros(2, 3, 32, 32))
+def test_a_network_missing_a_size_its_heads_need_says_which():
+    assert network("simclr").target is None
     with pytest.raises(PrivfedError, match="needs num_clusters"):
         network("specloss")
     with pytest.raises(PrivfedError, match="needs num_classes"):

@@ -40,7 +40,7 @@ def test_target_encoder_is_not_touched_by_gradients():
     before = {k: v.clone() for k, v in net.target.state_dict().items()}
     optimizer = torch.optim.SGD(net.trainable_parameters(), lr=0.5)
     x = torch.randn(8, 3, 32, 32)
-    loss = net.online(x).pow(2).sum() + net.target_representation(x).sum() + net.rotation(net.online(x)).sum()
+    loss = net.online(x).pow(2).sum() + net.target(x).sum() + net.rotation(net.online(x)).sum()
     loss.backward()
     optimizer.step()
     assert all(p.grad is None for p in net.target.parameters())

@@ -52,7 +52,7 @@ def test_round_events_follow_the_client_size():
 
 def test_dp_sgd_alone_defaults_to_epsilon_8_and_a_delta_below_one_over_n():
     plan = plan_privacy(base(dp_sgd=True), SIZES)
-    assert not plan.is_dp and plan.has_dp_part  # kanon releases are not DP; DP-SGD is
+    assert not plan.is_dp and plan.delta is not None  # kanon releases are not DP; DP-SGD is, so the ledger has a delta
     assert plan.delta == default_delta(SIZES)
     assert plan.dp_sgd.target_epsilon == DEFAULT_DP_SGD_EPSILON
     assert plan.dp_sgd.planned_epsilon <= DEFAULT_DP_SGD_EPSILON
