@@ -148,19 +148,11 @@ class OrchestraClient(Client):
     Args:
         client_id: The partition this client holds.
         declared: The declared run the client computes from.
-        num_partitions: How many the federation has (None: not checked).
+        secure_sum: This round's SecAgg+ setup, if it has one.
     """
 
-    def __init__(
-        self,
-        client_id: int,
-        declared: DeclaredRun,
-        *,
-        num_partitions: int | None = None,
-        secure_sum: SecureSumSetup | None = None,
-    ) -> None:
+    def __init__(self, client_id: int, declared: DeclaredRun, *, secure_sum: SecureSumSetup | None = None) -> None:
         self.client_id = client_id
-        self.num_partitions = num_partitions
         self.declared = declared
         self.secure_sum = secure_sum
 
@@ -182,11 +174,6 @@ class OrchestraClient(Client):
     def _fit(self, ins: FitIns, round_index: int, digest: str) -> FitRes:
         declared = self.declared
         config, budget, split = declared.config, declared.guard.budget, declared.split
-        if self.num_partitions is not None and self.num_partitions != config.num_clients:
-            raise ValueError(
-                f"this federation has {self.num_partitions} partitions but the run expects "
-                f"num_clients={config.num_clients}; start as many SuperNodes as clients"
-            )
         torch.set_num_threads(max(1, int(config.client_cpus)))
         network = build_network(config)  # GroupNorm under DP-SGD
         keys = shared_keys(network)
@@ -199,7 +186,8 @@ class OrchestraClient(Client):
         if replayed is not None:
             return replayed
         # Before anything touches the data: the round is checked and charged, or refused.
-        self._admit(ins.config, round_index, train, keys, digest)
+        scales = check_secagg_encoding(ins.config, declared.secagg, keys) if train and declared.secagg is not None else None
+        self._admit(round_index, train, digest)
         images = split.client_images(self.client_id)
         labels = split.client_labels(self.client_id) if get_method(config.method).reads_labels else None
         if centroids is not None and mechanism is not None:
@@ -233,8 +221,7 @@ class OrchestraClient(Client):
             share = {SHARE_KEY: ndarray_to_bytes(update.share)}  # the SecAgg+ mod masks it and takes it out
         report = config.report_client_metrics
         metrics = reported_metrics(update.metrics, report=report)
-        if arrays and declared.secagg is not None:
-            scales = bytes_to_ndarray(record_item(ins.config["secagg_scales"], bytes))
+        if arrays and declared.secagg is not None and scales is not None:
             arrays = prepare_for_secagg(arrays, scales, declared.secagg, update.num_samples)
             if report:
                 # The training metrics join the masked sum, which shows the server their round means.
@@ -311,16 +298,14 @@ class OrchestraClient(Client):
         logger.info("client %d, round %d: sending the reply it sent before again", self.client_id, round_index)
         return stored.reply
 
-    def _admit(self, fit: dict, round_index: int, train: bool, keys: list[str], digest: str) -> None:
-        """Refuses a round that departs from the declared SecAgg+ encoding or the budget (:class:`RoundRefused`).
+    def _admit(self, round_index: int, train: bool, digest: str) -> None:
+        """Charges the round to the guard, or refuses it past the budget (:class:`RoundRefused`).
 
         The round is recorded as begun as the guard charges it: a round begun,
         charged and never answered (a kill while the client computed) is
         admitted again without a second charge, since nothing of it left.
         """
         declared = self.declared
-        if train and declared.secagg is not None:
-            check_secagg_encoding(fit, declared.secagg, keys)
         begun = declared.replies.get(declared.run, round_index)
         # A begun record exists only for a round the guard charged (it is written as the charge is made).
         unreleased = begun is not None and begun.reply is None and not begun.failed and begun.digest == digest
@@ -343,8 +328,8 @@ def reported_metrics(metrics: dict[str, float], *, report: bool) -> dict[str, fl
     return dict(metrics) if report else {}
 
 
-def check_secagg_encoding(fit: dict, declared: SecAggPlusSettings, keys: list[str]) -> None:
-    """Refuses a training round without SecAgg+ or with SecAgg+ encodings other than the declared run's.
+def check_secagg_encoding(fit: dict, declared: SecAggPlusSettings, keys: list[str]) -> np.ndarray:
+    """The round's public SecAgg+ scales; refuses a training round without SecAgg+ or with other encodings than declared.
 
     The client divides its overflow indicators by its own weight ratio at the
     declared ``max_weight`` and quantisation; other values would make a
@@ -363,10 +348,11 @@ def check_secagg_encoding(fit: dict, declared: SecAggPlusSettings, keys: list[st
     sent = {key: fit.get(key) for key in own}
     if any(value is None or float(value) != float(own[key]) for key, value in sent.items()):
         raise RoundRefused(f"the server's SecAgg+ encoding {sent} differs from the declared run's {own}")
-    scales = bytes_to_ndarray(fit["secagg_scales"])
+    scales = bytes_to_ndarray(record_item(fit["secagg_scales"], bytes))
     smallest = initial_scales(keys)
     if scales.shape != smallest.shape or not (np.isfinite(scales).all() and (scales >= smallest).all()):
         raise RoundRefused("the server's SecAgg+ scales are not finite, or below the initial scales, or of another shape")
+    return scales
 
 
 def prepare_for_secagg(arrays: list[np.ndarray], scales: np.ndarray, settings: SecAggPlusSettings, num_samples: int) -> list[np.ndarray]:

@@ -70,11 +70,14 @@ def make_client_fn(
             ledger = folder / f"privfed-ledger-partition-{partition}.jsonl"
             replies = reply_file(folder, partition)  # its last reply, for a replayed round
         key = int(context.run_id) if run_key is None else run_key
-        try:
-            run = DeclaredRun.of(
-                declared_config(declared, context), partition, key=key, ledger=ledger, replies=replies,
-                node_cap=node_cap_from(node),
+        config = declared_config(declared, context)
+        if int(node["num-partitions"]) != config.num_clients or not 0 <= partition < config.num_clients:
+            raise PrivfedError(
+                f"this node holds partition {partition} of {node['num-partitions']}, but the run has "
+                f"num_clients={config.num_clients}: start one SuperNode per client, partitions 0..{config.num_clients - 1}"
             )
+        try:
+            run = DeclaredRun.of(config, partition, key=key, ledger=ledger, replies=replies, node_cap=node_cap_from(node))
         except (ValueError, PrivfedError) as err:
             # A cut-short ledger names the node's state path; a bad cap names the node's own cap.
             logger.error("partition %d cannot hold the server to its budget: %s", partition, err)
@@ -86,7 +89,7 @@ def make_client_fn(
         secure_sum = None if setup is None else SecureSumSetup(
             record_item(setup["threshold"], int), record_item(setup["mod_range"], int), node_min_shares=floor
         )
-        return OrchestraClient(partition, run, num_partitions=int(node["num-partitions"]), secure_sum=secure_sum)
+        return OrchestraClient(partition, run, secure_sum=secure_sum)
 
     return client_fn
 

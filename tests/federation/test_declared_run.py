@@ -185,3 +185,16 @@ def test_a_client_app_given_no_declared_run_reads_the_run_config_flower_hands_th
     node = {"partition-id": 0, "num-partitions": tiny_config.num_clients}
     built = make_client_fn()(Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config=run_config))
     assert built.declared.config.seed == 9 and built.declared.split == DeclaredRun.of(tiny_config.replace(seed=9), 0, key=1).split
+
+
+@pytest.mark.parametrize("partition, of", [(0, 3), (4, 4), (-1, 4)])
+def test_a_node_whose_partition_is_not_one_of_the_runs_clients_is_refused_before_it_builds_anything(tiny_config, partition, of):
+    from flwr.app import Context, RecordDict
+
+    from privfed.errors import PrivfedError
+    from privfed.federation.client_app import make_client_fn
+
+    assert tiny_config.num_clients == 4
+    node = {"partition-id": partition, "num-partitions": of}
+    with pytest.raises(PrivfedError, match="one SuperNode per client"):
+        make_client_fn(declared=tiny_config)(Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config={}))
