@@ -201,6 +201,10 @@ def _charge_key(entry: LedgerEntry) -> tuple[int, int, str, int | None]:
     return entry.client, entry.round, entry.kind, entry.run
 
 
+def _cost(entry: LedgerEntry) -> tuple[str, Guarantee, tuple[PrivacyEvent, ...]]:
+    return entry.mechanism, entry.guarantee, entry.events
+
+
 class PrivacyLedger:
     """Records every client's DP costs and answers "what has the worst-off client spent?".
 
@@ -236,7 +240,7 @@ class PrivacyLedger:
         self._min_k: int | None = None
         self._epsilon_cache: dict[tuple[int, str], float] = {}
         self._last_round: dict[int, int] = {}
-        self._charged: set[tuple[int, int, str, int | None]] = set()
+        self._charged: dict[tuple[int, int, str, int | None], LedgerEntry] = {}
 
     def last_round(self, run: int) -> int | None:
         """The latest round charged in ``run`` (None: none yet)."""
@@ -274,11 +278,15 @@ class PrivacyLedger:
         """Adds a release or a DP-SGD entry (and appends it to the ledger file, on disk before it returns).
 
         An entry with events and no delta is recorded at the ledger's delta.
-        A second entry of the same kind for the same client, round and run is
-        not recorded: a resumed run replaying the round a kill interrupted
-        after its charges were written must not charge them twice.
+        A second, equal entry of the same kind for the same client, round and
+        run is not recorded: a resumed run replaying the round a kill
+        interrupted after its charges were written must not charge them twice.
+        One at another cost is refused (ValueError): no round is charged twice.
         """
-        if _charge_key(entry) in self._charged:
+        earlier = self._charged.get(_charge_key(entry))
+        if earlier is not None:
+            if _cost(earlier) != _cost(entry):
+                raise ValueError(f"client {entry.client}'s {entry.kind} of round {entry.round} was charged already, at another cost")
             return
         if entry.events and entry.delta is None:
             if self.delta is None:
@@ -293,7 +301,7 @@ class PrivacyLedger:
 
     def _add(self, entry: LedgerEntry) -> None:
         """Counts ``entry`` in memory."""
-        self._charged.add(_charge_key(entry))
+        self._charged.setdefault(_charge_key(entry), entry)
         part = DP_SGD if entry.kind == DP_SGD else RELEASES
         if entry.run is not None:
             self._last_round[entry.run] = max(entry.round, self._last_round.get(entry.run, entry.round))

@@ -107,3 +107,14 @@ def test_a_charge_for_the_same_client_round_and_run_counts_once_even_across_a_re
     resumed.record(LedgerEntry(1, 1, "ldp", DP, RELEASE))
     resumed.record(LedgerEntry.dp_sgd(0, 1, (PrivacyEvent("gaussian", {"noise_multiplier": 2.0, "count": 1.0}),)))
     assert resumed.releases(0) == 2 and resumed.releases(1) == 1 and len(path.read_text().splitlines()) == 4
+
+
+def test_a_second_charge_for_a_charged_round_at_another_cost_is_refused_and_the_first_stands(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger = PrivacyLedger(mechanism="ldp", delta=DELTA, path=path)
+    ledger.record(LedgerEntry(0, 1, "ldp", DP, RELEASE))
+    cheaper = (PrivacyEvent("gaussian", {"noise_multiplier": 50.0, "count": 1.0}),)
+    with pytest.raises(ValueError, match="charged already, at another cost"):
+        ledger.record(LedgerEntry(0, 1, "ldp", DP, cheaper))
+    assert ledger.releases(0) == 1 and ledger.spent(0) == pytest.approx(reference_epsilon(1), rel=0.01)
+    assert len(path.read_text().splitlines()) == 1
