@@ -20,20 +20,11 @@ from privfed.errors import PrivfedError
 HELP_MAX_WIDTH = 120
 
 
-def _mechanism_names() -> list[str]:
-    from mechanisms import MechanismRegistrationError, available_mechanisms
+def _mechanism_names(*, dp_only: bool = False) -> list[str]:
+    from mechanisms import MechanismRegistrationError, available_mechanisms, dp_mechanisms
 
     try:
-        return list(available_mechanisms())
-    except MechanismRegistrationError as err:
-        raise PrivfedError(str(err)) from None
-
-
-def _dp_mechanism_names() -> list[str]:
-    from mechanisms import MechanismRegistrationError, dp_mechanisms
-
-    try:
-        return dp_mechanisms()
+        return dp_mechanisms() if dp_only else list(available_mechanisms())
     except MechanismRegistrationError as err:
         raise PrivfedError(str(err)) from None
 
@@ -91,7 +82,7 @@ CHOICES: dict[str, RegistryChoice] = {
 }
 #: Help sentences that need a registry, added when the help is shown.
 LATE_HELP: dict[str, Callable[[], str]] = {
-    "epsilon": lambda: f"Needed (or --epsilon-per-release) by {', '.join(_dp_mechanism_names()) or 'none installed'}.",
+    "epsilon": lambda: f"Needed (or --epsilon-per-release) by {', '.join(_mechanism_names(dp_only=True)) or 'none installed'}.",
 }
 
 
