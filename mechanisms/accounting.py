@@ -157,22 +157,8 @@ def gaussian_event(noise_multiplier: float, *, count: int = 1) -> dp_event.DpEve
     return _repeat(dp_event.GaussianDpEvent(noise_multiplier=noise_multiplier), count)
 
 
-def poisson_gaussian_event(sampling_rate: float, noise_multiplier: float, *, count: int = 1) -> dp_event.DpEvent:
-    """``count`` DP-SGD steps: Gaussian noise on a Poisson sample of rate ``sampling_rate``.
-
-    ``noise_multiplier`` is the noise standard deviation divided by the
-    per-example clipping norm. A rate of 1 is the plain Gaussian mechanism.
-    """
-    if not 0 < sampling_rate <= 1:
-        raise ValueError(f"sampling rate must be in (0, 1], got {sampling_rate}")
-    return _repeat(
-        dp_event.PoissonSampledDpEvent(sampling_rate, dp_event.GaussianDpEvent(noise_multiplier=noise_multiplier)),
-        count,
-    )
-
-
 def poisson_gaussian_privacy_event(sampling_rate: float, noise_multiplier: float, *, count: int) -> PrivacyEvent:
-    """The ledger record of ``count`` DP-SGD steps (see :func:`poisson_gaussian_event`)."""
+    """The ledger record of ``count`` DP-SGD steps: Gaussian noise at ``noise_multiplier`` on Poisson samples of rate ``sampling_rate``."""
     return PrivacyEvent(
         "poisson_gaussian",
         {"sampling_rate": float(sampling_rate), "noise_multiplier": float(noise_multiplier), "count": float(count)},
@@ -291,13 +277,6 @@ def epsilon_of(events: Iterable[PrivacyEvent], delta: float, *, discretisation: 
         pld = replace_one_pld(event, discretisation=discretisation)
         composed = pld if composed is None else composed.compose(pld)
     return 0.0 if composed is None else float(composed.get_epsilon_for_delta(delta))
-
-
-def add_remove_epsilon(event: dp_event.DpEvent, delta: float, *, discretisation: float = DEFAULT_DISCRETISATION) -> float:
-    """Epsilon of an add/remove-one ``DpEvent`` (PLD): the currency of calibration (see :func:`release_event`)."""
-    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretisation)
-    accountant.compose(event)
-    return float(accountant.get_epsilon(delta))
 
 
 def calibration_discretisation(epsilon: float, compositions: int) -> float:

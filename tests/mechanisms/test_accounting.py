@@ -1,4 +1,5 @@
 import pytest
+from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.pld import privacy_loss_distribution as pld
 
 from mechanisms import accounting
@@ -49,7 +50,8 @@ def test_ledger_events_and_the_calibration_event_give_the_same_epsilon():
     noise = NoiseParameters(tree_count_parameter=0.1, leaf_count_parameter=0.5, sum_noise_multiplier=3.0)
     records = accounting.release_privacy_events(noise, tree_levels=5)
     assert all(isinstance(r, PrivacyEvent) for r in records)
-    for_calibration = accounting.add_remove_epsilon(accounting.release_event(noise, tree_levels=5), 1e-5)
+    calibration = pld_privacy_accountant.PLDAccountant(value_discretization_interval=accounting.DEFAULT_DISCRETISATION)
+    for_calibration = calibration.compose(accounting.release_event(noise, tree_levels=5)).get_epsilon(1e-5)
     via_ledger = accounting.epsilon_of(records, 1e-5)
     assert via_ledger == pytest.approx(for_calibration, rel=1e-6)
     assert via_ledger == pytest.approx(_independent_epsilon(noise, 5, 1, 1e-5), rel=1e-3)

@@ -86,15 +86,10 @@ DOCS_TABLE = [
 def test_the_docs_table_of_add_remove_against_replace_one_is_what_the_accountants_say(row, printed):
     from pathlib import Path
 
-    from mechanisms.accounting import (
-        add_remove_epsilon,
-        epsilon_of,
-        poisson_gaussian_event,
-        poisson_gaussian_privacy_event,
-    )
+    from mechanisms.accounting import DEFAULT_DISCRETISATION, epsilon_of, poisson_gaussian_privacy_event
 
     rate, sigma, steps, delta = row
-    add_remove = add_remove_epsilon(poisson_gaussian_event(rate, sigma, count=steps), delta)
+    add_remove = pld_epsilon(rate, sigma, steps, delta, DEFAULT_DISCRETISATION, NeighboringRelation.ADD_OR_REMOVE_ONE)
     replace_one = epsilon_of([poisson_gaussian_privacy_event(rate, sigma, count=steps)], delta)
     assert (f"{add_remove:.{len(printed[0].split('.')[1])}f}", f"{replace_one:.{len(printed[1].split('.')[1])}f}") == printed
     docs = (Path(__file__).resolve().parents[2] / "docs" / "privacy.md").read_text()
