@@ -1,20 +1,13 @@
 """A client's side of every Orchestra round, as a Flower ``Client``.
 
-The client computes from its declared run (:class:`DeclaredRun`): the
-server sends only what varies by round (the task, the round index, the
-public centroids, the model and SecAgg+'s scales and encoding), and any
-other key is refused. Between rounds the client keeps only its privacy
-ledger and its last reply (:mod:`privfed.federation.reply_store`, sent again
-if a resumed run replays that round): each ``fit`` rebuilds the network from the server's state, runs
-:func:`privfed.orchestra.client_update.run_client_round`, and replies with the model delta
-and the mechanism's release. The memory of representations stays in that function's
-private state and never reaches the reply.
-
-When the server runs SecAgg+, privfed's SecAgg+ mod (:mod:`privfed.federation.secagg_client`) masks the delta
-before it leaves the node; the client first rescales it so that nothing is
-clipped (:mod:`privfed.secagg.encoding`). The client's training
-metrics stay on the client unless the declared run reports them
-(``--report-client-metrics``, :func:`reported_metrics`).
+Each ``fit`` computes from the client's declared run (:class:`DeclaredRun`),
+never from the server's word (what the server may send:
+:mod:`privfed.federation.messages`), runs
+:func:`privfed.orchestra.client_update.run_client_round` and replies with the
+model delta and the mechanism's release; the memory never reaches the reply.
+Between rounds the client keeps only its ledger and its last reply
+(:mod:`privfed.federation.reply_store`). Under SecAgg+ it rescales the delta
+(:mod:`privfed.secagg.encoding`) before privfed's SecAgg+ mod masks it.
 """
 
 from __future__ import annotations

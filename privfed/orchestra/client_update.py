@@ -1,19 +1,11 @@
 """One client's whole contribution to a round, independent of any FL runtime.
 
-Given the global state, it trains (or, in round 0, only computes
-representations), asks the mechanism what may leave the client, and returns
-exactly what may be sent: a model delta, the mechanism's release (or, for an
-aggregated mechanism, its share of the secure sum, from round 1 on), metrics
-(which the client sends only in a run with ``--report-client-metrics``).
-The memory of representations is dropped here and never returned. A method
-that does not cluster (:mod:`privfed.methods`) has no mechanism:
-its clients release nothing, and its round 0 does nothing.
-
-Training is :func:`train_locally`, the one loop every method and DP-SGD run through.
-
-Under DP-SGD (``config.dp_sgd``) the reply also carries the round's DP-SGD
-cost (``privacy_events``), and its metrics hold nothing computed from the
-data: training losses would be outside the guarantee, so they stay here.
+:func:`run_client_round` trains (round 0 only computes representations) and
+asks the mechanism what may leave the client; it returns exactly what may be
+sent (:class:`ClientUpdate`) and drops the memory. A method that does not
+cluster (:mod:`privfed.methods`) has no mechanism and releases nothing.
+:func:`train_locally` is the one loop every method and DP-SGD run through;
+under DP-SGD the metrics hold nothing computed from the data.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""The memory a client builds outside its training loop.
+"""The memories a client builds outside its training loop, from target representations of fresh views.
 
-Plain training fills its memory with the last training batches
-(:class:`privfed.orchestra.memory.RepresentationMemory`). Two other memories
-are built here, from target representations of freshly augmented images:
-
-- round 0, before any training: up to ``memory_size`` random images
-  (:func:`initial_representations`);
-- under DP-SGD, before and after training: a Poisson sample of the client's
-  examples, at most one representation each (:func:`poisson_memory`);
-- for a mechanism that draws its own secret sample
-  (:attr:`mechanisms.base.Mechanism.secret_sampling`): one representation of
-  every example (:func:`every_representation`).
+Round 0's (:func:`initial_representations`), DP-SGD's Poisson sample
+(:func:`poisson_memory`), and every image's, for a mechanism that samples in
+secret (:func:`every_representation`). Training fills its own
+(:class:`privfed.orchestra.memory.RepresentationMemory`).
 """
 
 from __future__ import annotations
