@@ -84,13 +84,17 @@ def dataset_name(dataset: str) -> str:
     return dataset if file is None else f"{file.stem} (arrays)"
 
 
-def mechanism_text(config: TrainConfig) -> str:
-    """``ldp, ε=1``, ``kanon``, or ``none`` for a method that releases nothing; DP-SGD added when on."""
+def release_text(config: TrainConfig) -> str | None:
+    """``ldp ε=1`` (``ldp ε=0.1/release`` for a fixed per-release epsilon), ``kanon``; None when nothing is released."""
     mechanism = config.release_mechanism
-    text = "none" if mechanism is None else mechanism
-    if mechanism is not None and config.epsilon is not None:
-        text += f", ε={config.epsilon:g}"
-    return text + (" + DP-SGD" if config.dp_sgd else "")
+    if mechanism is None or (config.epsilon is None and config.epsilon_per_release is None):
+        return mechanism
+    return f"{mechanism} ε={config.epsilon:g}" if config.epsilon is not None else f"{mechanism} ε={config.epsilon_per_release:g}/release"
+
+
+def mechanism_text(config: TrainConfig) -> str:
+    """:func:`release_text`, ``none`` for a method that releases nothing; ``, DP-SGD`` when on."""
+    return (release_text(config) or "none") + (", DP-SGD" if config.dp_sgd else "")
 
 
 def curves_title(configs: list[TrainConfig]) -> str:
@@ -106,17 +110,9 @@ def curves_title(configs: list[TrainConfig]) -> str:
 
 
 def run_label(config: TrainConfig) -> str:
-    """What tells runs apart in a legend: method, mechanism (with a DP mechanism's total epsilon), DP-SGD, seed."""
-    parts = [config.method]
-    mechanism = config.release_mechanism
-    if mechanism is not None and config.epsilon is not None:
-        parts.append(f"{mechanism} ε={config.epsilon:g}")
-    elif mechanism is not None:
-        parts.append(mechanism)
-    if config.dp_sgd:
-        parts.append("DP-SGD")
-    parts.append(f"seed {config.seed}")
-    return ", ".join(parts)
+    """What tells runs apart in a legend: method, :func:`release_text`, DP-SGD, seed."""
+    parts = [config.method, release_text(config), "DP-SGD" if config.dp_sgd else None, f"seed {config.seed}"]
+    return ", ".join(part for part in parts if part is not None)
 
 
 def picture_path(path: Path, formats: dict[str, str]) -> Path:

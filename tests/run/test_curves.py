@@ -109,6 +109,9 @@ def test_privfed_plot_overlays_two_runs(tmp_path, run_privfed):
 def test_every_dp_mechanism_is_labelled_with_its_epsilon():
     config = build_config(mechanism="ldp-sums", epsilon=10.0, seed=2, out="unused")
     assert run_label(config) == "orchestra, ldp-sums ε=10, seed 2"
+    per_release = config.replace(epsilon=None, epsilon_per_release=0.5)
+    assert run_label(per_release) == "orchestra, ldp-sums ε=0.5/release, seed 2"
+    assert curves_title([per_release.replace(dp_sgd=True)]).endswith("mechanism ldp-sums ε=0.5/release, DP-SGD · seed 2")
 
 
 def test_a_panel_no_run_logged_is_left_out_not_drawn_empty(tmp_path):
@@ -124,7 +127,7 @@ def test_a_panel_no_run_logged_is_left_out_not_drawn_empty(tmp_path):
 
 def test_the_title_names_the_dataset_method_and_mechanism_not_the_folder(tmp_path):
     config = build_config(dataset="arrays:../shared/data/cifar10-dev.npz", mechanism="ldp", epsilon=0.8, seed=3)
-    assert curves_title([config]) == "dataset cifar10-dev (arrays) · method orchestra · mechanism ldp, ε=0.8 · seed 3"
+    assert curves_title([config]) == "dataset cifar10-dev (arrays) · method orchestra · mechanism ldp ε=0.8 · seed 3"
     kanon = build_config(dataset="arrays:../shared/data/cifar10-dev.npz", method="rotpred", mechanism="kanon")
     assert curves_title([config, kanon]) == "dataset cifar10-dev (arrays) · method: see legend · mechanism: see legend"
     assert curves_title([build_config(method="simclr")]).endswith("method simclr · mechanism none · seed 0")
