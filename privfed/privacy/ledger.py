@@ -201,8 +201,9 @@ def _charge_key(entry: LedgerEntry) -> tuple[int, int, str, int | None]:
     return entry.client, entry.round, entry.kind, entry.run
 
 
-def _cost(entry: LedgerEntry) -> tuple[str, Guarantee, tuple[PrivacyEvent, ...]]:
-    return entry.mechanism, entry.guarantee, entry.events
+def _cost(entry: LedgerEntry) -> tuple[str, tuple[PrivacyEvent, ...]]:
+    """What a charge costs; its guarantee's words may differ (a replayed round's reply accepted, its first one unanswered)."""
+    return entry.mechanism, entry.events
 
 
 class PrivacyLedger:
@@ -278,10 +279,10 @@ class PrivacyLedger:
         """Adds a release or a DP-SGD entry (and appends it to the ledger file, on disk before it returns).
 
         An entry with events and no delta is recorded at the ledger's delta.
-        A second, equal entry of the same kind for the same client, round and
-        run is not recorded: a resumed run replaying the round a kill
-        interrupted after its charges were written must not charge them twice.
-        One at another cost is refused (ValueError): no round is charged twice.
+        A second entry of the same kind for the same client, round and run, at
+        the same cost, is not recorded: a resumed run replaying the round a
+        kill interrupted after its charges were written must not charge them
+        twice. One at another cost is refused (ValueError).
         """
         earlier = self._charged.get(_charge_key(entry))
         if earlier is not None:

@@ -118,3 +118,6 @@ def test_a_second_charge_for_a_charged_round_at_another_cost_is_refused_and_the_
         ledger.record(LedgerEntry(0, 1, "ldp", DP, cheaper))
     assert ledger.releases(0) == 1 and ledger.spent(0) == pytest.approx(reference_epsilon(1), rel=0.01)
     assert len(path.read_text().splitlines()) == 1
+    unanswered = Guarantee(kind="differential-privacy", statement="charged: the client did not answer the replay")
+    ledger.record(LedgerEntry(0, 1, "ldp", unanswered, RELEASE))  # the same cost in other words: counted once
+    assert ledger.releases(0) == 1 and len(path.read_text().splitlines()) == 1
