@@ -30,15 +30,8 @@ if TYPE_CHECKING:
     from privfed.errors import PrivfedError
 
 #: The public names, and the module each one comes from.
-_API = {
-    "Run": "privfed.api",
-    "attack": "privfed.api",
-    "evaluate": "privfed.api",
-    "load_encoder": "privfed.api",
-    "train": "privfed.api",
-    "TrainConfig": "privfed.config",
-    "PrivfedError": "privfed.errors",
-}
+_API = {**dict.fromkeys(("Run", "attack", "evaluate", "load_encoder", "train"), "privfed.api"),
+        "TrainConfig": "privfed.config", "PrivfedError": "privfed.errors"}
 
 __all__ = ["PrivfedError", "Run", "TrainConfig", "__version__", "attack", "evaluate", "load_encoder", "train"]
 

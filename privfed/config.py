@@ -559,10 +559,6 @@ def validate(config: TrainConfig) -> None:
         )
 
 
-def save_config(config: TrainConfig, path: Path) -> None:
-    path.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-
-
 def config_from_run_config(run_config: dict[str, Any]) -> TrainConfig:
     """A Flower run config (``[tool.flwr.app.config]`` keys, with dashes; ``""`` means unset) as a TrainConfig."""
     values = {k.replace("-", "_"): (None if v == "" else v) for k, v in run_config.items()}

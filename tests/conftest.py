@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -45,3 +47,17 @@ def run_privfed() -> Callable[..., subprocess.CompletedProcess]:
         )
 
     return run
+
+
+@pytest.fixture
+def synced(monkeypatch) -> list[tuple[str, bool]]:
+    """Every path ``os.fsync`` flushes from now on (the real call still runs), and whether it is a folder."""
+    seen: list[tuple[str, bool]] = []
+    real = os.fsync
+
+    def spy(fd: int) -> None:
+        seen.append((os.readlink(f"/proc/self/fd/{fd}"), stat.S_ISDIR(os.fstat(fd).st_mode)))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    return seen

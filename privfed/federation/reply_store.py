@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import hashlib
 import io
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +36,8 @@ from typing import Any
 
 import numpy as np
 from flwr.common import Code, FitIns, FitRes, Parameters, Status
+
+from privfed.durable import locked, write_whole
 
 #: How the header of a stored reply is laid out (a file of another version is ignored).
 FORMAT = 1
@@ -70,7 +70,7 @@ def forget_replies(folder: Path, before: int | None = None) -> None:
     for path in folder.glob(REPLY_FILE.format("*")):
         if before is None or (stored_round(path) or 0) < before:
             path.unlink(missing_ok=True)
-    for leftover in folder.glob(REPLY_FILE.format("*") + ".tmp"):  # a write a kill interrupted
+    for leftover in folder.glob("." + REPLY_FILE.format("*") + ".tmp"):  # a write a kill interrupted (durable.write_whole)
         leftover.unlink(missing_ok=True)
 
 
@@ -130,7 +130,7 @@ class ReplyStore:
         and then finds the stored reply. Any error after the round was charged
         (begun, no reply) marks it failed, so asking again never redraws noise.
         """
-        with self._exclusive():
+        with locked(None if self.path is None else self.path.with_name(self.path.name + ".lock")):
             try:
                 yield
             except Exception:  # not a Ctrl-C: like a kill, it leaves the round to be computed again
@@ -138,18 +138,6 @@ class ReplyStore:
                 if stored is not None and stored.reply is None and not stored.failed and stored.digest == digest:
                     self.fail(run, round_index, digest)
                 raise
-
-    @contextlib.contextmanager
-    def _exclusive(self) -> Iterator[None]:
-        if self.path is None:
-            yield  # in memory: one process
-            return
-        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def begin(self, run: int, round_index: int, digest: str) -> None:
         """Records that the client starts computing this round; the guard calls it as it charges the round, never on a refusal."""
@@ -191,12 +179,7 @@ class ReplyStore:
         buffer = io.BytesIO()
         # numpy's stub checks **arrays against savez's allow_pickle keyword too; the keys are tensor_<i>.
         np.savez(buffer, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as file:
-            file.write(buffer.getvalue())
-            file.flush()
-            os.fsync(file.fileno())
-        tmp.replace(self.path)
+        write_whole(self.path, lambda tmp: tmp.write_bytes(buffer.getvalue()))
 
     def _read(self) -> StoredReply | None:
         if self.path is None:

@@ -33,10 +33,8 @@ possible for a malicious server is in ``docs/privacy.md``.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -46,6 +44,7 @@ from mechanisms import get_mechanism_class
 from mechanisms.base import Guarantee, PrivacyEvent
 from privfed.config import MIN_DELTA, TrainConfig
 from privfed.data.federated import FederatedSplit
+from privfed.durable import locked
 from privfed.errors import PrivfedError
 from privfed.privacy.budget import plan_privacy
 from privfed.privacy.dp_sgd_plan import DpSgdSettings, round_events
@@ -206,7 +205,7 @@ class ClientGuard:
             raise RoundRefused(f"round {round_index} is outside the declared run's rounds 0 to {self.budget.rounds}")
         training = self.budget.training_events if train else ()
         self._check_node_cap_covers(train)
-        with self._locked():
+        with locked(None if self.ledger_path is None else self.ledger_path.with_suffix(".lock")):
             self.ledger = self._read()
             last = self.ledger.last_round(run)
             if unreleased and last == round_index:
@@ -232,18 +231,6 @@ class ClientGuard:
             self.ledger_path, mechanism=budget.mechanism, delta=budget.delta, reference_epsilon=budget.reference_epsilon,
             legacy_delta=LEGACY_DELTA,
         )
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        if self.ledger_path is None:
-            yield
-            return
-        with open(self.ledger_path.with_suffix(".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _check_node_cap_covers(self, train: bool) -> None:
         """Under a node cap, refuses what no per-image epsilon covers.

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from mechanisms.accounting import calibration_discretisation, epsilon_of, rounding_compositions
 from mechanisms.base import Guarantee, PrivacyEvent
+from privfed.durable import append_line
 
 #: Ledger parts: everything composed, the mechanism's releases, DP-SGD training.
 COMBINED = "combined"
@@ -295,10 +295,7 @@ class PrivacyLedger:
             entry = dataclasses.replace(entry, delta=float(self.delta))
         self._add(entry)
         if self.path is not None:
-            with open(self.path, "a") as fh:
-                fh.write(json.dumps(entry.to_dict()) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+            append_line(self.path, json.dumps(entry.to_dict()))
 
     def _add(self, entry: LedgerEntry) -> None:
         """Counts ``entry`` in memory."""

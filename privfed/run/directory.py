@@ -5,27 +5,20 @@ from __future__ import annotations
 import fcntl
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from privfed.config import TrainConfig, load_saved_config, read_json_object, read_text, save_config
+from privfed.config import TrainConfig, load_saved_config, read_json_object, read_text
+from privfed.durable import locked, write_json, write_whole
 from privfed.errors import PrivfedError
 from privfed.methods import build_network
 from privfed.models.network import OrchestraNetwork
 
 CHECKPOINT_NAMES = ("initial", "final")
-
-
-def write_whole(path: Path, write: Callable[[Path], object]) -> Path:
-    """``write`` into a temporary file renamed over ``path``: a kill never leaves half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    tmp.replace(path)
-    return path
 
 
 def default_run_dir(config: TrainConfig) -> Path:
@@ -88,8 +81,7 @@ class RunDirectory:
 
     def append_evaluation(self, result: dict[str, Any]) -> None:
         """Appends one result to ``evaluation.json``, under a lock of its own so concurrent evaluations keep every entry."""
-        with open(self.path / EVALUATION_LOCK_FILE, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        with locked(self.path / EVALUATION_LOCK_FILE):
             self.write_json("evaluation.json", {"evaluations": [*self.evaluations(), result]})
 
     def evaluations(self) -> list[dict[str, Any]]:
@@ -114,7 +106,7 @@ class RunDirectory:
         if self.holds_a_run():
             raise PrivfedError(f"{self.path} already holds a run; choose another --out")
         self.checkpoints.mkdir(parents=True, exist_ok=True)
-        save_config(config, self.path / "config.json")
+        write_json(self.path / "config.json", config.to_dict())
 
     def config(self) -> TrainConfig:
         """The run's recorded configuration.
@@ -154,7 +146,7 @@ class RunDirectory:
         return records
 
     def write_json(self, name: str, payload: dict[str, Any]) -> None:
-        write_whole(self.path / name, lambda tmp: tmp.write_text(json.dumps(payload, indent=2) + "\n"))
+        write_json(self.path / name, payload)
 
     def read_json(self, name: str) -> dict[str, Any]:
         """A JSON object the run wrote.

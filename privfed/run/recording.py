@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from mechanisms.base import Release
+from privfed.durable import write_whole
 from privfed.errors import PrivfedError
 from privfed.orchestra.model_state import StateDict
-from privfed.run.directory import write_whole
 
 _ROUND_FILE = re.compile(r"round-(\d{4,})\.pt")
 

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 
 from privfed.config import TrainConfig, read_text
+from privfed.durable import write_whole
 from privfed.errors import PrivfedError
 from privfed.privacy.ledger import LedgerEntry
-from privfed.run.directory import RunDirectory, write_whole
+from privfed.run.directory import RunDirectory
 
 RESUME_FILE = "resume.pt"
 #: Options a resumed run may change: more rounds (when the privacy calibration does not depend on them), and the

@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from privfed.durable import write_json
 from privfed.errors import PrivfedError
-from privfed.run.directory import write_whole
 from privfed.studies.grid import Cell, Study, settings_changes, settings_hash
 
 CELL_FILE = "cell.json"
@@ -120,7 +120,7 @@ def write_record(folder: Path, record: CellRecord) -> None:
 
 def _write_whole(path: Path, values: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_whole(path, lambda tmp: tmp.write_text(json.dumps(values, indent=2) + "\n"))
+    write_json(path, values)
 
 
 def _attempt_hash(folder: Path, record: CellRecord | None) -> str | None:

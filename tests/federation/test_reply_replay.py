@@ -163,3 +163,17 @@ def test_a_second_message_for_a_round_in_progress_waits_and_gets_the_same_reply(
     assert replies["second"].parameters.tensors == replies["first"].parameters.tensors
     assert replies["second"].metrics == replies["first"].metrics
     assert ledger_rounds(tmp_path) == [1]
+
+
+def test_a_stored_reply_is_on_disk_under_its_name_before_it_is_sent(plan, tmp_path, synced):
+    """After a crash, a round answered but not on disk would be computed again: a second release for one charge."""
+    ins = instructions(plan)
+    reply = client(plan, tmp_path).fit(ins)
+    folder = tmp_path / "replies"
+    folder.mkdir()
+    synced.clear()
+    ReplyStore(reply_file(folder, 0)).answer(RUN, 1, instructions_digest(ins), reply)
+    assert [path for path, is_folder in synced if is_folder] == [str(folder)]
+    (folder / f".{reply_file(folder, 1).name}.tmp").write_bytes(b"half")  # a write a kill interrupted
+    forget_replies(folder)
+    assert not list(folder.iterdir())

@@ -121,3 +121,9 @@ def test_a_second_charge_for_a_charged_round_at_another_cost_is_refused_and_the_
     unanswered = Guarantee(kind="differential-privacy", statement="charged: the client did not answer the replay")
     ledger.record(LedgerEntry(0, 1, "ldp", unanswered, RELEASE))  # the same cost in other words: counted once
     assert ledger.releases(0) == 1 and len(path.read_text().splitlines()) == 1
+
+
+def test_a_new_ledger_file_is_on_disk_name_and_all_before_the_charge_returns(tmp_path, synced):
+    """A crash must not lose a client's ledger, or its budget would start again: the folder is flushed as the file appears."""
+    PrivacyLedger(mechanism="ldp", delta=DELTA, path=tmp_path / "ledger.jsonl").record(LedgerEntry(0, 1, "ldp", DP, RELEASE))
+    assert [path for path, folder in synced if folder] == [str(tmp_path)]

@@ -1,0 +1,59 @@
+"""Files that survive a kill and a machine crash (whole, on disk, under their name), and one writer at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+
+def sync_directory(folder: Path) -> None:
+    """Flushes ``folder``'s entries, so a file created or renamed in it keeps its name after a crash (POSIX)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_whole(path: Path, write: Callable[[Path], object]) -> Path:
+    """``write`` into a temporary file, flushed to disk and renamed over ``path``: never half a file, nor the old one
+    back after a crash."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    with open(tmp, "rb+") as file:
+        os.fsync(file.fileno())
+    tmp.replace(path)
+    sync_directory(path.parent)
+    return path
+
+
+def write_json(path: Path, values: dict[str, Any]) -> Path:
+    """``values`` as indented JSON, written whole (:func:`write_whole`)."""
+    return write_whole(path, lambda tmp: tmp.write_text(json.dumps(values, indent=2) + "\n"))
+
+
+def append_line(path: Path, line: str) -> None:
+    """Appends ``line`` and flushes it to disk (and the file's name, when this created it)."""
+    created = not path.exists()
+    with open(path, "a") as file:
+        file.write(line + "\n")
+        file.flush()
+        os.fsync(file.fileno())
+    if created:
+        sync_directory(path.parent)
+
+
+@contextlib.contextmanager
+def locked(path: Path | None) -> Iterator[None]:
+    """Holds an exclusive lock on the file ``path`` (made if missing) while the block runs; None: one process, no lock."""
+    if path is None:
+        yield
+        return
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+        yield
