@@ -126,9 +126,9 @@ class DeclaredRun:
         local = LocalTrainingConfig.from_run(run)
         return cls(run, split, local, secagg_settings(run, sizes), guard, key, ReplyStore(replies))
 
-    def accepted_keys(self) -> set[str]:
-        """What a fit instruction may carry: what varies by round (and SecAgg+'s scales and encoding, checked)."""
-        return ROUND_KEYS | (set() if self.secagg is None else {"secagg_scales", *self.secagg.encoding_config()})
+    def accepted_keys(self, *, train: bool) -> set[str]:
+        """What a fit instruction may carry: what varies by round, and in a SecAgg+ training round its scales and encoding."""
+        return ROUND_KEYS | ({"secagg_scales", *self.secagg.encoding_config()} if self.secagg is not None and train else set())
 
 
 #: The fit-config keys of every round: the task, the round index and the public centroids (absent in round 0).
@@ -154,7 +154,7 @@ class OrchestraClient(Client):
         return GetPropertiesRes(status=Status(code=Code.OK, message="ok"), properties={PARTITION_KEY: self.client_id})
 
     def fit(self, ins: FitIns) -> FitRes:
-        unexpected = sorted(set(ins.config) - self.declared.accepted_keys())
+        unexpected = sorted(set(ins.config) - self.declared.accepted_keys(train=ins.config.get("task") == "train"))
         if unexpected:
             raise RoundRefused(f"unexpected key {unexpected[0]!r}: the client reads all but the round's values from its declared run")
         if ins.config.get("task") not in ("init", "train"):

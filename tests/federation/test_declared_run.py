@@ -78,6 +78,15 @@ def test_secagg_values_are_refused_in_a_run_that_declared_no_secagg(plan, tmp_pa
         client(plain, tmp_path).fit(sent)
 
 
+def test_secagg_values_are_refused_in_round_zero_which_sums_nothing(plan, tmp_path):
+    train = instructions(plan)
+    init = instructions(plan, task="init")
+    assert "secagg_scales" not in init.config  # the honest server sends none
+    with pytest.raises(RoundRefused, match="unexpected key 'secagg_"):
+        client(plan, tmp_path).fit(FitIns(init.parameters, {**init.config, "secagg_scales": train.config["secagg_scales"]}))
+    assert not ledger(tmp_path).exists()
+
+
 def test_a_task_other_than_init_or_train_is_refused(plan, tmp_path):
     ins = instructions(plan)
     with pytest.raises(RoundRefused, match="the task is"):
