@@ -129,9 +129,12 @@ def test_a_new_ledger_file_is_on_disk_name_and_all_before_the_charge_returns(tmp
     assert [path for path, folder in synced if folder] == [str(tmp_path)]
 
 
-@pytest.mark.xfail(strict=True, reason="a replayed round whose planned cost was recomputed (the resumed process calibrates "
-                   "again) and differs in the last bit is refused: the resumed run stops in round_end, with the rest of "
-                   "the round uncharged, and every later resume stops there again")
+@pytest.mark.xfail(
+    strict=True, raises=ValueError,
+    reason="a replayed round whose planned cost was recomputed (the resumed process calibrates again) and differs in the "
+    "last bit is refused: the resumed run stops in round_end, with the rest of the round uncharged, and every later "
+    "resume stops there again",
+)
 def test_a_replayed_charge_recomputed_to_the_last_bit_does_not_stop_a_resumed_run(tmp_path):
     path = tmp_path / "ledger.jsonl"
     PrivacyLedger(mechanism="ldp", delta=DELTA, path=path).record(LedgerEntry(0, 1, "ldp", DP, RELEASE))
