@@ -26,6 +26,7 @@ def make_folder(folder: Path) -> Path:
     for made in reversed(missing):
         made.mkdir(exist_ok=True)
         sync_directory(made.parent)
+    folder.mkdir(exist_ok=True)  # a file in the way: FileExistsError
     return folder
 
 

@@ -90,3 +90,9 @@ def test_a_new_folder_is_on_disk_under_its_name_and_its_new_parents_too(tmp_path
     synced.clear()
     make_folder(folder)
     assert synced == []
+
+
+def test_a_file_in_the_way_of_a_folder_is_an_error(tmp_path):
+    (tmp_path / "state").write_text("")
+    with pytest.raises(FileExistsError):
+        make_folder(tmp_path / "state")
