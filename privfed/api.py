@@ -23,6 +23,7 @@ from privfed.config import (
     checked_options,
     validate,
 )
+from privfed.durable import make_folder
 from privfed.errors import PrivfedError
 
 if TYPE_CHECKING:
@@ -189,7 +190,7 @@ def claimed_run(
 def make_directory(path: Path, *, kind: str) -> None:
     """Creates ``path``, or says in one line why it cannot (a file in the way, no permission)."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        make_folder(path)  # its name on disk: the run's ledger is in it
     except FileExistsError:
         raise PrivfedError(f"cannot create the {kind} {path}: a file is in the way") from None
     except OSError as err:

@@ -20,6 +20,16 @@ def sync_directory(folder: Path) -> None:
         os.close(fd)
 
 
+def make_folder(folder: Path) -> Path:
+    """``folder`` and any missing parents, each name flushed to disk (:func:`sync_directory`) as it is made."""
+    missing = [f for f in (folder, *folder.parents) if not f.exists()]
+    for made in reversed(missing):
+        made.mkdir(exist_ok=True)
+        sync_directory(made.parent)
+    folder.mkdir(exist_ok=True)  # a file in the way: FileExistsError
+    return folder
+
+
 def write_whole(path: Path, write: Callable[[Path], object]) -> Path:
     """``write`` into a temporary file, flushed to disk and renamed over ``path``: never half a file, nor the old one
     back after a crash."""
@@ -55,5 +65,9 @@ def locked(path: Path | None) -> Iterator[None]:
         yield
         return
     with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
-        yield
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            # Not left to the close: a process forked inside the block shares the lock, and would hold it on.
+            fcntl.flock(lock, fcntl.LOCK_UN)

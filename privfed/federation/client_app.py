@@ -54,6 +54,7 @@ def make_client_fn(
 
     def client_fn(context: Context) -> Client:
         """Builds the client for this node's partition (``partition-id`` in the node config)."""
+        from privfed.durable import make_folder
         from privfed.errors import PrivfedError
         from privfed.federation.client import DeclaredRun, OrchestraClient, SecureSumSetup
         from privfed.federation.reply_store import reply_file
@@ -66,7 +67,7 @@ def make_client_fn(
         if folder is None:
             logger.warning("partition %d keeps its privacy ledger in memory only: set the node config %s", partition, STATE_DIR)
         else:
-            folder.mkdir(parents=True, exist_ok=True)
+            make_folder(folder)  # its name on disk too: a crash must not take the ledger away with a new folder
             ledger = folder / f"privfed-ledger-partition-{partition}.jsonl"
             replies = reply_file(folder, partition)  # its last reply, for a replayed round
         key = int(context.run_id) if run_key is None else run_key

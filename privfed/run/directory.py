@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from privfed.config import TrainConfig, load_saved_config, read_json_object, read_text
-from privfed.durable import locked, write_json, write_whole
+from privfed.durable import locked, make_folder, write_json, write_whole
 from privfed.errors import PrivfedError
 from privfed.methods import build_network
 from privfed.models.network import OrchestraNetwork
@@ -105,7 +105,7 @@ class RunDirectory:
         """Starts a fresh run directory; never mixes two runs' files."""
         if self.holds_a_run():
             raise PrivfedError(f"{self.path} already holds a run; choose another --out")
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        make_folder(self.checkpoints)
         write_json(self.path / "config.json", config.to_dict())
 
     def config(self) -> TrainConfig:

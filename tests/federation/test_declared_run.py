@@ -207,3 +207,11 @@ def test_a_node_whose_partition_is_not_one_of_the_runs_clients_is_refused_before
     node = {"partition-id": partition, "num-partitions": of}
     with pytest.raises(PrivfedError, match="one SuperNode per client"):
         make_client_fn(declared=tiny_config)(Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config={}))
+
+
+def test_a_new_state_folder_is_on_disk_under_its_name_before_the_node_charges_into_it(tiny_config, tmp_path, synced):
+    """The ledger file's name is flushed into its folder; a new folder's own name must be too, or a crash takes the
+    whole ledger, and the node's budget starts again."""
+    state = tmp_path / "var" / "privfed"
+    declared_client(tiny_config, PARTITION, state)
+    assert {str(tmp_path), str(tmp_path / "var")} <= {path for path, folder in synced if folder}

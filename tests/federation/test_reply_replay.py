@@ -177,3 +177,19 @@ def test_a_stored_reply_is_on_disk_under_its_name_before_it_is_sent(plan, tmp_pa
     (folder / f".{reply_file(folder, 1).name}.tmp").write_bytes(b"half")  # a write a kill interrupted
     forget_replies(folder)
     assert not list(folder.iterdir())
+
+
+def test_an_older_versions_temporary_reply_file_is_not_kept_at_rest(plan, tmp_path):
+    """Versions before privfed.durable wrote NAME.tmp, which no write overwrites now: a kill mid-write would leave a client's
+    unmasked update on disk for good."""
+    ins = instructions(plan)
+    reply = client(plan, tmp_path).fit(ins)
+    folder = tmp_path / "replies"
+    folder.mkdir()
+    old = folder / f"{reply_file(folder, 0).name}.tmp"
+    old.write_bytes(b"an earlier reply")
+    forget_replies(folder)
+    assert not old.exists()
+    old.write_bytes(b"an earlier reply")
+    ReplyStore(reply_file(folder, 0)).answer(RUN, 1, instructions_digest(ins), reply)  # a node's store: never forgotten
+    assert [p.name for p in folder.iterdir()] == [reply_file(folder, 0).name]

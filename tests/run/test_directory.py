@@ -35,3 +35,14 @@ def test_concurrent_evaluations_keep_every_entry(tmp_path):
 def _append_one(args: tuple[str, int]) -> None:
     path, index = args
     RunDirectory(path).append_evaluation({"index": index})
+
+
+def test_a_new_run_directory_is_on_disk_under_its_name_before_its_ledger_is(tiny_config, tmp_path, synced):
+    """The ledger's name is flushed into the run directory; the directory's own name must be too, or a crash takes the
+    whole run, its spent budget with it."""
+    from privfed.api import make_directory
+
+    run = tmp_path / "runs" / "a"
+    make_directory(run, kind="run directory")
+    RunDirectory(run).create(tiny_config)
+    assert {str(tmp_path), str(tmp_path / "runs"), str(run)} <= {path for path, folder in synced if folder}

@@ -183,3 +183,30 @@ def test_rounds_with_a_usable_reply_go_on_and_the_finished_run_exits_0(tiny_conf
                                                sampled_clients=(0, 1))) is None
     summary = driver.finish(secure_aggregation={"enabled": False})
     assert summary["stopped_early"] is None and train_exit_code(summary) == 0
+
+
+def test_a_round_charged_before_a_kill_and_replayed_in_other_words_charges_nothing_twice(tiny_config, tmp_path):
+    """ldp with DP-SGD, killed between round 1's charges and its metrics line: on the replay an accepted client is silent
+    (in progress), a rejected one is accepted and a silent one rejected; each is the same cost in other words."""
+    config = tiny_config.replace(mechanism="ldp", epsilon=8.0, dp_sgd=True, rounds=3, checkpoint_every=1,
+                                 out=str(tmp_path / "run"))
+    driver = started(config)
+    release = honest_ldp_release(driver)
+    driver.on_round_end(report((0, release), (1, release), (2, release)))
+    first = RoundReport(round=1, completed=1, failures=0, seconds=0.1, server_stats={}, sampled_clients=(0, 1, 2),
+                        releases=[(0, release)], training_events=[(0, ())], rejected=[Rejection(1, "bad")])
+    driver._charge_releases(first)
+    driver._record_training(first)  # killed here: no metrics line, no resume point, no summary
+    charged = [line for line in ledger_lines(driver) if line["round"] == 1]
+    assert sorted((line["client"], line["kind"]) for line in charged) == [(0, "dp_sgd"), (0, "release"), (1, "dp_sgd"),
+                                                                          (1, "release")]
+    again = resumed(driver)
+    spent = [again.ledger.spent(client) for client in (0, 1)]
+    replay = RoundReport(round=1, completed=1, failures=0, seconds=0.1, server_stats={}, sampled_clients=(0, 1, 2),
+                         releases=[(1, release)], training_events=[(1, ())], rejected=[Rejection(2, "bad")])
+    again.on_round_end(replay)
+    round_1 = [line for line in ledger_lines(again) if line["round"] == 1]
+    assert sorted((line["client"], line["kind"]) for line in round_1) == sorted(
+        [(c, k) for c in (0, 1, 2) for k in ("dp_sgd", "release")]
+    )  # client 2's first charge: it answered only now
+    assert [again.ledger.spent(client) for client in (0, 1)] == pytest.approx(spent)  # round 1 paid once each
