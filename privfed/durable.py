@@ -21,19 +21,18 @@ def sync_directory(folder: Path) -> None:
 
 
 def make_folder(folder: Path) -> Path:
-    """``folder`` and any missing parents, each name flushed to disk (:func:`sync_directory`) as it is made."""
-    missing = [f for f in (folder, *folder.parents) if not f.exists()]
-    for made in reversed(missing):
+    """``folder`` and its missing parents, each new name flushed to disk; FileExistsError when a file is in the way."""
+    for made in reversed([f for f in (folder, *folder.parents) if not f.exists()]):
         made.mkdir(exist_ok=True)
         sync_directory(made.parent)
-    folder.mkdir(exist_ok=True)  # a file in the way: FileExistsError
+    folder.mkdir(exist_ok=True)
     return folder
 
 
-def write_whole(path: Path, write: Callable[[Path], object]) -> Path:
-    """``write`` into a temporary file, flushed to disk and renamed over ``path``: never half a file, nor the old one
-    back after a crash."""
-    tmp = path.with_name(f".{path.name}.tmp")
+def write_whole(path: Path, write: Callable[[Path], object], *, tmp: Path | None = None) -> Path:
+    """``write`` into a temporary file (``tmp``; default ``.NAME.tmp``), flushed to disk and renamed over ``path``:
+    never half a file, nor the old one back after a crash."""
+    tmp = tmp or path.with_name(f".{path.name}.tmp")
     write(tmp)
     with open(tmp, "rb+") as file:
         os.fsync(file.fileno())

@@ -154,11 +154,11 @@ class OrchestraClient(Client):
         return GetPropertiesRes(status=Status(code=Code.OK, message="ok"), properties={PARTITION_KEY: self.client_id})
 
     def fit(self, ins: FitIns) -> FitRes:
-        unexpected = sorted(set(ins.config) - self.declared.accepted_keys(train=ins.config.get("task") == "train"))
-        if unexpected:
-            raise RoundRefused(f"unexpected key {unexpected[0]!r}: the client reads all but the round's values from its declared run")
         if ins.config.get("task") not in ("init", "train"):
             raise RoundRefused(f"the task is 'init' or 'train', not {ins.config.get('task')!r}")
+        unexpected = sorted(set(ins.config) - self.declared.accepted_keys(train=ins.config["task"] == "train"))
+        if unexpected:
+            raise RoundRefused(f"unexpected key {unexpected[0]!r}: the client reads all but the round's values from its declared run")
         round_index, digest = int(ins.config["round"]), instructions_digest(ins)
         # One computation per partition at a time: a second message for the round waits, then gets the stored reply.
         with self.declared.replies.computing(self.declared.run, round_index, digest):

@@ -70,10 +70,8 @@ def forget_replies(folder: Path, before: int | None = None) -> None:
     for path in folder.glob(REPLY_FILE.format("*")):
         if before is None or (stored_round(path) or 0) < before:
             path.unlink(missing_ok=True)
-    # A write a kill interrupted: durable.write_whole's temporary file, or an older version's (NAME.tmp).
-    for pattern in ("." + REPLY_FILE.format("*") + ".tmp", REPLY_FILE.format("*") + ".tmp"):
-        for leftover in folder.glob(pattern):
-            leftover.unlink(missing_ok=True)
+    for leftover in folder.glob(REPLY_FILE.format("*") + ".tmp"):  # a write a kill interrupted
+        leftover.unlink(missing_ok=True)
 
 
 def instructions_digest(ins: FitIns) -> str:
@@ -181,9 +179,7 @@ class ReplyStore:
         buffer = io.BytesIO()
         # numpy's stub checks **arrays against savez's allow_pickle keyword too; the keys are tensor_<i>.
         np.savez(buffer, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
-        write_whole(self.path, lambda tmp: tmp.write_bytes(buffer.getvalue()))
-        # An older version's temporary file (NAME.tmp, no longer overwritten) may hold an earlier reply: never kept at rest.
-        self.path.with_name(self.path.name + ".tmp").unlink(missing_ok=True)
+        write_whole(self.path, lambda tmp: tmp.write_bytes(buffer.getvalue()), tmp=self.path.with_name(self.path.name + ".tmp"))
 
     def _read(self) -> StoredReply | None:
         if self.path is None:

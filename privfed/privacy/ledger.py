@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -27,6 +28,8 @@ from pathlib import Path
 from mechanisms.accounting import calibration_discretisation, epsilon_of, rounding_compositions
 from mechanisms.base import Guarantee, PrivacyEvent
 from privfed.durable import append_line
+
+logger = logging.getLogger(__name__)
 
 #: Ledger parts: everything composed, the mechanism's releases, DP-SGD training.
 COMBINED = "combined"
@@ -201,9 +204,9 @@ def _charge_key(entry: LedgerEntry) -> tuple[int, int, str, int | None]:
     return entry.client, entry.round, entry.kind, entry.run
 
 
-def _cost(entry: LedgerEntry) -> tuple[str, tuple[PrivacyEvent, ...]]:
-    """What a charge costs; its guarantee's words may differ (a replayed round's reply accepted, its first one unanswered)."""
-    return entry.mechanism, entry.events
+def _shape(entry: LedgerEntry) -> tuple[str, ...]:
+    """What a charge is, up to its numbers and its guarantee's words (a replayed round's reply accepted, its first one unanswered)."""
+    return entry.mechanism, *(event.name for event in entry.events)
 
 
 class PrivacyLedger:
@@ -279,15 +282,20 @@ class PrivacyLedger:
         """Adds a release or a DP-SGD entry (and appends it to the ledger file, on disk before it returns).
 
         An entry with events and no delta is recorded at the ledger's delta.
-        A second entry of the same kind for the same client, round and run, at
-        the same cost, is not recorded: a resumed run replaying the round a
-        kill interrupted after its charges were written must not charge them
-        twice. One at another cost is refused (ValueError).
+        A second entry of the same kind for the same client, round and run is
+        not recorded: a resumed run replaying the round a kill interrupted
+        after its charges were written must not charge them twice. One of
+        other events (by name: another mechanism or kind of noise) is refused
+        (ValueError); one whose parameters alone differ (recalibrated on
+        another machine) is logged, and the first charge stands.
         """
         earlier = self._charged.get(_charge_key(entry))
         if earlier is not None:
-            if _cost(earlier) != _cost(entry):
-                raise ValueError(f"client {entry.client}'s {entry.kind} of round {entry.round} was charged already, at another cost")
+            if _shape(earlier) != _shape(entry):
+                raise ValueError(f"client {entry.client}'s {entry.kind} of round {entry.round} was charged already, for other events")
+            if earlier.events != entry.events:
+                logger.warning("client %d's %s of round %d was charged already, at other parameters: the first charge stands",
+                               entry.client, entry.kind, entry.round)
             return
         if entry.events and entry.delta is None:
             if self.delta is None:

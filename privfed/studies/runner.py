@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from privfed.durable import write_json
+from privfed.durable import make_folder, write_json
 from privfed.errors import PrivfedError
 from privfed.studies.grid import Cell, Study, settings_changes, settings_hash
 
@@ -115,12 +115,7 @@ def check_stale(study: Study, out: Path, *, reuse_stale: bool) -> list[tuple[Cel
 
 def write_record(folder: Path, record: CellRecord) -> None:
     """Writes ``cell.json`` whole (a temporary file renamed over it), so a kill never leaves half a record."""
-    _write_whole(folder / CELL_FILE, record.to_dict())
-
-
-def _write_whole(path: Path, values: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, values)
+    write_json(make_folder(folder) / CELL_FILE, record.to_dict())
 
 
 def _attempt_hash(folder: Path, record: CellRecord | None) -> str | None:
@@ -159,7 +154,7 @@ def run_study(
             if progress is not None:
                 progress(f"  {cell.run_name}: its stopped attempt had another (or an unknown) configuration: starting again")
             shutil.rmtree(folder)
-        _write_whole(folder / ATTEMPT_FILE, {"config_hash": config_hash, "settings": settings})
+        write_json(make_folder(folder) / ATTEMPT_FILE, {"config_hash": config_hash, "settings": settings})
         if progress is not None:
             left = len(cells) - index
             eta = f", about {_duration(statistics.fmean(timed) * left)} left" if timed else ""

@@ -174,22 +174,18 @@ def test_a_stored_reply_is_on_disk_under_its_name_before_it_is_sent(plan, tmp_pa
     synced.clear()
     ReplyStore(reply_file(folder, 0)).answer(RUN, 1, instructions_digest(ins), reply)
     assert [path for path, is_folder in synced if is_folder] == [str(folder)]
-    (folder / f".{reply_file(folder, 1).name}.tmp").write_bytes(b"half")  # a write a kill interrupted
-    forget_replies(folder)
-    assert not list(folder.iterdir())
 
 
-def test_an_older_versions_temporary_reply_file_is_not_kept_at_rest(plan, tmp_path):
-    """Versions before privfed.durable wrote NAME.tmp, which no write overwrites now: a kill mid-write would leave a client's
-    unmasked update on disk for good."""
+def test_a_reply_write_a_kill_interrupted_is_overwritten_by_the_next_and_forgotten(plan, tmp_path):
+    """The temporary file holds an unmasked update: the next write replaces it, and forget_replies removes it."""
     ins = instructions(plan)
     reply = client(plan, tmp_path).fit(ins)
     folder = tmp_path / "replies"
     folder.mkdir()
-    old = folder / f"{reply_file(folder, 0).name}.tmp"
-    old.write_bytes(b"an earlier reply")
-    forget_replies(folder)
-    assert not old.exists()
-    old.write_bytes(b"an earlier reply")
+    half = folder / f"{reply_file(folder, 0).name}.tmp"
+    half.write_bytes(b"half an earlier reply")
     ReplyStore(reply_file(folder, 0)).answer(RUN, 1, instructions_digest(ins), reply)  # a node's store: never forgotten
     assert [p.name for p in folder.iterdir()] == [reply_file(folder, 0).name]
+    half.write_bytes(b"half an earlier reply")
+    forget_replies(folder)
+    assert not list(folder.iterdir())
