@@ -109,36 +109,15 @@ def train(
         PrivfedError: an unknown option, a value out of range, missing data,
             an occupied run directory, a device this machine lacks.
     """
+    from privfed.federation.local_runtime import own_process_state
     from privfed.federation.simulation import simulate
 
     resolved = _resolve_config(config, options)
     if out is not None:
         resolved = resolved.replace(out=os.fspath(out))
-    with global_generators_kept(), claimed_run(resolved) as (plan, _):
+    with own_process_state(), claimed_run(resolved) as (plan, _):  # a run seeds torch's and numpy's generators
         summary = simulate(plan, progress, verbose=verbose)
     return Run(plan.run_dir.path, summary)
-
-
-@contextmanager
-def global_generators_kept() -> Iterator[None]:
-    """Python's, numpy's and torch's global random generators as they were before the block.
-
-    A run seeds torch's (the initial model) and numpy's (Flower's SecAgg+ rounding), which would
-    otherwise change what the caller draws next.
-    """
-    import random
-
-    import numpy as np
-    import torch
-
-    python_state, numpy_state = random.getstate(), np.random.get_state()
-    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=cuda):
-        try:
-            yield
-        finally:
-            random.setstate(python_state)
-            np.random.set_state(numpy_state)
 
 
 def _resolve_config(config: TrainConfig | str | os.PathLike[str] | None, options: Mapping[str, Any]) -> TrainConfig:

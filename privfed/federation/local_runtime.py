@@ -246,12 +246,12 @@ def forgetting_replies(progress: ProgressCallback | None, folder: Path) -> Progr
 
 @contextmanager
 def own_process_state() -> Iterator[None]:
-    """Runs a client as if in a process of its own: the server's random generators and thread count come back after.
+    """Runs the block as if in a process of its own: Python's, NumPy's and torch's generators and thread count come back after.
 
-    On Ray each client runs in a worker process, so its seeding (NumPy's
-    global generator for SecAgg+'s rounding, ``torch.set_num_threads``)
-    never reaches the server. Here it would, and the server's draws and
-    float reductions would differ from a Ray run of the same seed.
+    For a client: on Ray each runs in a worker process, so its seeding
+    (NumPy's global generator for SecAgg+'s rounding, ``torch.set_num_threads``)
+    never reaches the server, and here it must not either. For a library
+    call (:func:`privfed.api.train`): the run's seeding does not reach the caller.
     """
     saved = random.getstate(), np.random.get_state(), torch.get_rng_state(), torch.get_num_threads()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None

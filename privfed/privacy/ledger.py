@@ -184,8 +184,6 @@ class WorstCase:
         client: The client with the largest combined epsilon (None: nothing spent).
         epsilon: Its combined epsilon (DP-SGD and releases composed).
         delta: The delta every epsilon here is quoted at.
-        releases_epsilon: That client's releases alone.
-        dp_sgd_epsilon: That client's DP-SGD alone.
         releases_worst: The largest releases-only epsilon of any client.
         dp_sgd_worst: The largest DP-SGD-only epsilon of any client.
     """
@@ -193,8 +191,6 @@ class WorstCase:
     client: int | None
     epsilon: float
     delta: float
-    releases_epsilon: float
-    dp_sgd_epsilon: float
     releases_worst: float
     dp_sgd_worst: float
 
@@ -380,7 +376,7 @@ class PrivacyLedger:
         return client, self.spent(client, part)
 
     def worst_case_summary(self) -> WorstCase:
-        """The worst-off client's combined epsilon, its two parts, and each part's own worst case."""
+        """The worst-off client's combined epsilon, and each part's own worst case."""
         if not self.is_dp:
             raise ValueError("this run has no differentially private part")
         client, combined = self.worst_case(COMBINED)
@@ -388,8 +384,6 @@ class PrivacyLedger:
             client=client,
             epsilon=combined,
             delta=self.pricing_delta(),
-            releases_epsilon=0.0 if client is None else self.spent(client, RELEASES),
-            dp_sgd_epsilon=0.0 if client is None else self.spent(client, DP_SGD),
             releases_worst=self.worst_case(RELEASES)[1],
             dp_sgd_worst=self.worst_case(DP_SGD)[1],
         )

@@ -16,8 +16,7 @@ def long_covers(statement) -> tuple[str, ...]:
 
 
 def worst(releases: float, dp_sgd: float, combined: float) -> WorstCase:
-    return WorstCase(client=2, epsilon=combined, delta=DELTA, releases_epsilon=releases, dp_sgd_epsilon=dp_sgd,
-                     releases_worst=releases, dp_sgd_worst=dp_sgd)
+    return WorstCase(client=2, epsilon=combined, delta=DELTA, releases_worst=releases, dp_sgd_worst=dp_sgd)
 
 
 def test_ldp_with_dp_sgd_covers_everything_a_client_sends_per_example():

@@ -26,8 +26,7 @@ DOCS = (Path(__file__).resolve().parents[2] / "docs" / "privacy.md").read_text()
 SIZES = [75] * 4  # shapes:300 over 4 clients
 
 #: The longest numbers a headline quotes: epsilon and delta as formatted (.3g, .2g), k and the SecAgg+ threshold.
-LONG_NUMBERS = WorstCase(client=3, epsilon=0.000123, delta=1.5e-05, releases_epsilon=0.000123, dp_sgd_epsilon=0.000123,
-                         releases_worst=0.000123, dp_sgd_worst=0.000123)
+LONG_NUMBERS = WorstCase(client=3, epsilon=0.000123, delta=1.5e-05, releases_worst=0.000123, dp_sgd_worst=0.000123)
 
 
 def allowed_configs() -> list[TrainConfig]:
