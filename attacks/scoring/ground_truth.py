@@ -70,10 +70,10 @@ def replay_round(
     float reductions follow both. A CUDA run is not bit-reproducible, so its
     replay may differ; :func:`recorded_truth` then finds out.
     """
-    sizes = FederatedSplit.of(config).client_sizes()
-    dp_sgd = plan_privacy(config, sizes).dp_sgd if config.dp_sgd else None
+    split = FederatedSplit.of(config)
+    dp_sgd = plan_privacy(config, split.client_sizes()).dp_sgd if config.dp_sgd else None
     local = LocalTrainingConfig.from_run(config, dp_sgd=None if dp_sgd is None else dp_sgd.settings)
-    images = FederatedSplit.of(config).client_images(client)
+    images = split.client_images(client)
     mechanism = _mechanism(recorded)
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, int(config.client_cpus)))  # as the client ran it: reductions follow the thread count

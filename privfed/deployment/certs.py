@@ -132,11 +132,6 @@ class Credentials:
     supernode_public_keys: tuple[bytes, ...]
     hosts: tuple[str, ...]
 
-    def contents(self) -> tuple[bytes, ...]:
-        """The files' contents in :meth:`CredentialPaths.all_files`' order."""
-        pairs = [f for pair in zip(self.supernode_keys, self.supernode_public_keys) for f in pair]
-        return (self.ca_certificate, self.ca_key, self.superlink_certificate, self.superlink_key, *pairs)
-
 
 def generate_credentials(
     num_supernodes: int, hosts: Iterable[str] = (), *, valid_days: int = DEFAULT_VALID_DAYS, now: dt.datetime | None = None
@@ -209,6 +204,15 @@ class CredentialPaths:
         """Files that must stay readable by their owner only."""
         return (self.ca_key, self.superlink_key, *self.supernode_keys)
 
+    def contents(self, credentials: Credentials) -> list[tuple[Path, bytes]]:
+        """Each file and what goes in it, paired by name."""
+        return [
+            (self.ca_certificate, credentials.ca_certificate), (self.ca_key, credentials.ca_key),
+            (self.superlink_certificate, credentials.superlink_certificate), (self.superlink_key, credentials.superlink_key),
+            *zip(self.supernode_keys, credentials.supernode_keys, strict=True),
+            *zip(self.supernode_public_keys, credentials.supernode_public_keys, strict=True),
+        ]
+
     def all_files(self) -> tuple[Path, ...]:
         """Every file, in the order they are reported to the user."""
         pairs = [f for pair in zip(self.supernode_keys, self.supernode_public_keys) for f in pair]
@@ -238,7 +242,7 @@ def write_credentials(credentials: Credentials, directory: Path, *, force: bool 
         raise PrivfedError(f"refusing to overwrite existing files ({names}); use --force to replace them")
     paths.directory.mkdir(parents=True, exist_ok=True)
     private = set(paths.private_files())
-    for path, data in zip(paths.all_files(), credentials.contents(), strict=True):
+    for path, data in paths.contents(credentials):
         _write(path, data, private=path in private)
     return paths
 

@@ -44,7 +44,7 @@ from privfed.federation.messages import (
 )
 from privfed.federation.partitions import PARTITION_KEY
 from privfed.federation.records import record_item
-from privfed.federation.reply_store import ReplyStore, instructions_digest
+from privfed.federation.reply_store import ReplyStore, StoredReply, instructions_digest
 from privfed.federation.secagg_masking import SHARE_KEY
 from privfed.methods import build_network, get_method
 from privfed.orchestra.client_update import run_client_round
@@ -175,12 +175,13 @@ class OrchestraClient(Client):
         centroids = bytes_to_tensor(record_item(ins.config["centroids"], bytes)) if "centroids" in ins.config else None
         # Before anything is charged: the client's own mechanism, and the sum that must hold an aggregated one's noise.
         mechanism = self._mechanism(train)
-        replayed = self._replayed(round_index, digest, shares=train and mechanism is not None and mechanism.aggregated)
+        stored = declared.replies.get(declared.run, round_index)  # read once: the last reply may be model-sized
+        replayed = self._replayed(stored, round_index, digest, shares=train and mechanism is not None and mechanism.aggregated)
         if replayed is not None:
             return replayed
         # Before anything touches the data: the round is checked and charged, or refused.
         scales = check_secagg_encoding(ins.config, declared.secagg, keys) if train and declared.secagg is not None else None
-        self._admit(round_index, train, digest)
+        self._admit(stored, round_index, train, digest)
         images = split.client_images(self.client_id)
         labels = split.client_labels(self.client_id) if get_method(config.method).reads_labels else None
         if centroids is not None and mechanism is not None:
@@ -267,8 +268,8 @@ class OrchestraClient(Client):
             raise RoundRefused(f"this round's secure sum: {err}") from None
         return built
 
-    def _replayed(self, round_index: int, digest: str, *, shares: bool = False) -> FitRes | None:
-        """The reply this client already sent for this round of this run, when the server asks for it again.
+    def _replayed(self, stored: StoredReply | None, round_index: int, digest: str, *, shares: bool = False) -> FitRes | None:
+        """The reply this client already sent for this round of this run (``stored``), when the server asks for it again.
 
         A resumed run replays the round a kill interrupted; the same
         instructions get the same message, so nothing new is released and
@@ -279,7 +280,6 @@ class OrchestraClient(Client):
         client's share, which holds only part of the noise.
         """
         declared = self.declared
-        stored = declared.replies.get(declared.run, round_index)
         if stored is None or (stored.reply is None and not stored.failed):
             return None
         if stored.digest != digest:
@@ -291,15 +291,14 @@ class OrchestraClient(Client):
         logger.info("client %d, round %d: sending the reply it sent before again", self.client_id, round_index)
         return stored.reply
 
-    def _admit(self, round_index: int, train: bool, digest: str) -> None:
+    def _admit(self, begun: StoredReply | None, round_index: int, train: bool, digest: str) -> None:
         """Charges the round to the guard, or refuses it past the budget (:class:`RoundRefused`).
 
-        The round is recorded as begun as the guard charges it: a round begun,
-        charged and never answered (a kill while the client computed) is
-        admitted again without a second charge, since nothing of it left.
+        The round is recorded as begun as the guard charges it: a round begun
+        (``begun``), charged and never answered (a kill while the client
+        computed) is admitted again without a second charge, since nothing of it left.
         """
         declared = self.declared
-        begun = declared.replies.get(declared.run, round_index)
         # A begun record exists only for a round the guard charged (it is written as the charge is made).
         unreleased = begun is not None and begun.reply is None and not begun.failed and begun.digest == digest
         declared.guard.admit(

@@ -11,11 +11,13 @@ instance)::
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from mechanisms.registry import load_plugins
 from privfed.methods.base import Method
 from privfed.methods.baselines import BASELINES
 from privfed.methods.orchestra import ORCHESTRA_METHODS
-from privfed.models.network import NetworkSpec, OrchestraNetwork, network_norm
+from privfed.models.network import OrchestraNetwork, network_norm
 
 ENTRY_POINT_GROUP = "privfed.methods"
 
@@ -48,6 +50,25 @@ def available_methods() -> dict[str, Method]:
     """Installed methods, built-ins first, in registration order."""
     _load_entry_points()
     return dict(_METHODS)
+
+
+class NetworkSpec(Protocol):
+    """What fixes the architecture: a run's :class:`~privfed.config.TrainConfig` or a client's configuration."""
+
+    @property
+    def method(self) -> str: ...
+    @property
+    def backbone(self) -> str: ...
+    @property
+    def projection_dim(self) -> int: ...
+    @property
+    def projection_hidden_dim(self) -> int | None: ...
+    @property
+    def cluster_head_outputs(self) -> int | None: ...
+    @property
+    def classifier_outputs(self) -> int | None: ...
+    @property
+    def dp_sgd(self) -> bool: ...
 
 
 def build_network(config: NetworkSpec) -> OrchestraNetwork:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -85,25 +84,6 @@ class OrchestraNetwork(nn.Module):
 def network_norm(*, dp_sgd: bool) -> str:
     """The normalisation a run's network uses: GroupNorm exactly when clients train with DP-SGD."""
     return "group" if dp_sgd else "batch"
-
-
-class NetworkSpec(Protocol):
-    """What fixes the architecture: a run's :class:`~privfed.config.TrainConfig` or a client's configuration."""
-
-    @property
-    def method(self) -> str: ...
-    @property
-    def backbone(self) -> str: ...
-    @property
-    def projection_dim(self) -> int: ...
-    @property
-    def projection_hidden_dim(self) -> int | None: ...
-    @property
-    def cluster_head_outputs(self) -> int | None: ...
-    @property
-    def classifier_outputs(self) -> int | None: ...
-    @property
-    def dp_sgd(self) -> bool: ...
 
 
 @torch.no_grad()

@@ -201,7 +201,8 @@ def train_locally(
     parts = sgd_parts(network, n, config, generator=generator) if dp is None else dp.dp_sgd_parts(
         network, n, config, method, device=device, secret_seed=secret_seed
     )
-    memory = RepresentationMemory(config.memory_size, network.projection_dim)
+    # Under DP-SGD the memory is a Poisson sample drawn after training, not the last batches.
+    memory = RepresentationMemory(config.memory_size, network.projection_dim) if dp is None else None
     totals: dict[str, torch.Tensor] = {}
     steps = stepped_batches = 0
     with parts as (batches, step):
@@ -218,14 +219,16 @@ def train_locally(
                 ema_update(network.target, network.online, config.ema_decay)
             steps += 1
             if out is not None:
-                if out.target_reps is not None and dp is None:  # DP-SGD's memory is a Poisson sample, after training
+                if out.target_reps is not None and memory is not None:
                     memory.push(out.target_reps, index)
                 for name, value in out.values.items():
                     totals[name] = totals[name] + value.detach() if name in totals else value.detach()
                 stepped_batches += 1
-    kept, examples = memory.contents(), memory.examples()
     events: tuple[PrivacyEvent, ...] = ()
-    if dp is not None:
+    if dp is None:
+        assert memory is not None  # built above for every run without DP-SGD
+        kept, examples = memory.contents(), memory.examples()
+    else:
         kept, examples, events = dp.private_memory_and_cost(network, images, config, generator=generator, device=device)
     return LocalTrainingResult(
         memory=kept, memory_examples=examples, num_samples=n, num_steps=steps,

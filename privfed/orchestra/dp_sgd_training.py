@@ -47,24 +47,21 @@ from privfed.privacy.dp_sgd_plan import DpSgdSettings, round_events, sampling_ra
 
 
 def dp_optimizer(
-    network: OrchestraNetwork,
+    hooks: GradSampleModule,
     config: LocalTrainingConfig,
     settings: DpSgdSettings,
-    method: Method,
     *,
     expected_batch_size: float,
     noise_generator: torch.Generator,
 ) -> DPOptimizer:
-    """SGD with momentum and weight decay behind Opacus' clip-and-noise step.
+    """SGD with momentum and weight decay behind Opacus' clip-and-noise step, on the parameters ``hooks`` cover.
 
     Weight decay and momentum act on the noisy gradient, so they are
     post-processing. ``loss_reduction="mean"`` divides the noisy sum by the
-    *expected* batch size, as Poisson sampling requires. Only the parameters
-    the method trains are stepped: a head it never trains (Orchestra's
-    rotation head without the rotation loss) has no per-sample gradients.
+    *expected* batch size, as Poisson sampling requires.
     """
     optimizer = torch.optim.SGD(
-        network.trainable_parameters(skip=method.untrained_heads),
+        list(hooks.parameters()),
         lr=config.lr,
         momentum=config.momentum,
         weight_decay=config.weight_decay,
@@ -82,11 +79,13 @@ def dp_optimizer(
 
 @contextmanager
 def per_sample_gradients(network: OrchestraNetwork, method: Method) -> Iterator[GradSampleModule]:
-    """Opacus' per-sample gradient hooks on the online encoder and the trained heads, removed on exit.
+    """Opacus' per-sample gradient hooks on the online encoder and the heads the method trains, removed on exit.
 
     While active, every backward pass through those modules leaves each
     parameter's per-example gradients in ``p.grad_sample`` (the online
-    passes of a step add up per example).
+    passes of a step add up per example). A head the method never trains
+    (Orchestra's rotation head without the rotation loss) gets no hooks, and
+    so no step.
     """
     # Both encoders: the target's outputs are the online encoder's targets, so a BatchNorm there would mix examples too.
     errors = ModuleValidator.validate(network, strict=False)
@@ -149,8 +148,8 @@ def dp_sgd_parts(
     seeds = (secrets.randbits(63), secrets.randbits(63)) if secret_seed is None else (secret_seed, secret_seed + 1)
     sampling, noise = torch.Generator().manual_seed(seeds[0]), torch.Generator(device=device)
     noise.manual_seed(seeds[1])
-    with per_sample_gradients(network, method):
-        optimizer = dp_optimizer(network, config, config.dp_sgd, method, expected_batch_size=rate * n, noise_generator=noise)
+    with per_sample_gradients(network, method) as hooks:
+        optimizer = dp_optimizer(hooks, config, config.dp_sgd, expected_batch_size=rate * n, noise_generator=noise)
         num_steps = steps_per_round(n, batch_size=config.batch_size, epochs=config.epochs)
         yield (poisson_sample(n, rate, sampling) for _ in range(num_steps)), functools.partial(dp_step, optimizer)
 

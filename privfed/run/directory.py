@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from privfed.config import TrainConfig, load_saved_config, read_json_object, read_text
-from privfed.durable import locked, make_folder, write_json, write_whole
+from privfed.durable import append_line, locked, make_folder, write_json, write_whole
 from privfed.errors import PrivfedError
 from privfed.methods import build_network
 from privfed.models.network import OrchestraNetwork
@@ -120,8 +120,7 @@ class RunDirectory:
         return load_saved_config(path)
 
     def append_metrics(self, record: dict[str, Any]) -> None:
-        with open(self.path / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        append_line(self.path / "metrics.jsonl", json.dumps(record))
 
     def metrics(self) -> list[dict[str, Any]]:
         """Every logged round, in order.

@@ -107,10 +107,8 @@ def test_an_empty_poisson_batch_still_adds_calibrated_noise(batch):
     before = torch.cat([p.detach().flatten().clone() for p in network.trainable_parameters()])
     config = LocalTrainingConfig.from_run(DEFAULTS).replace(lr=0.1, momentum=0.0, weight_decay=0.0)
     settings = DpSgdSettings(noise_multiplier=2.0, max_grad_norm=0.5)
-    with per_sample_gradients(network, ORCHESTRA):
-        optimizer = dp_optimizer(
-            network, config, settings, ORCHESTRA, expected_batch_size=4.0, noise_generator=torch.Generator().manual_seed(0)
-        )
+    with per_sample_gradients(network, ORCHESTRA) as hooks:
+        optimizer = dp_optimizer(hooks, config, settings, expected_batch_size=4.0, noise_generator=torch.Generator().manual_seed(0))
         dp_step(optimizer, None)
     change = torch.cat([p.detach().flatten() for p in network.trainable_parameters()]) - before
     assert change.std().item() == pytest.approx(0.1 * 2.0 * 0.5 / 4.0, rel=0.03)
