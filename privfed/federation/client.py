@@ -53,7 +53,6 @@ from privfed.orchestra.model_state import shared_keys
 from privfed.privacy.client_guard import ClientGuard, RoundRefused, declared_budget
 from privfed.privacy.ledger import events_to_json
 from privfed.secagg.encoding import (
-    SECURE_METRIC_SCALES,
     encode_metrics,
     encode_update,
     initial_scales,
@@ -220,7 +219,9 @@ class OrchestraClient(Client):
             if report:
                 # The training metrics join the masked sum, which shows the server their round means.
                 arrays.append(encode_metrics(metrics, clipping_range=declared.secagg.clipping_range))
-                metrics = {k: v for k, v in metrics.items() if k not in SECURE_METRIC_SCALES}
+            # Under SecAgg+ no training metric travels in plaintext: one the masked sum has no slot for
+            # (a plug-in method's own value) stays home.
+            metrics = {}
         res = FitRes(
             status=Status(code=Code.OK, message="ok"),
             parameters=ndarrays_to_parameters(arrays),

@@ -170,3 +170,24 @@ def test_with_report_client_metrics_the_losses_travel_in_the_masked_sum_under_se
 def test_with_report_client_metrics_and_no_secagg_each_clients_losses_travel_in_plaintext(tiny_config):
     res, _ = reply_to(tiny_config.replace(secagg=False, report_client_metrics=True))
     assert res.metrics["loss"] > 0 and res.metrics["steps"] >= 1 and "target_entropy" in res.metrics
+
+
+def test_under_secagg_a_value_the_masked_sum_has_no_slot_for_stays_home(tiny_config, monkeypatch):
+    """A method (a plug-in's, say) may report a value of its own; under SecAgg+ it must not travel in plaintext.
+
+    The client used to drop from its plaintext metrics only the names the masked sum encodes, so any other
+    name went to the server in the clear, per client, in a SecAgg+ round.
+    """
+    import dataclasses
+
+    from privfed.methods.orchestra import Orchestra
+
+    step = Orchestra.on_views
+
+    def with_own_value(self, *args, **kwargs):
+        out = step(self, *args, **kwargs)
+        return dataclasses.replace(out, values={**out.values, "own_value": out.loss.detach() * 0 + 42.0})
+
+    monkeypatch.setattr(Orchestra, "on_views", with_own_value)
+    res, _ = reply_to(tiny_config.replace(secagg=True, report_client_metrics=True))
+    assert set(res.metrics) - set(RELEASE_KEYS) == PROTOCOL_KEYS

@@ -215,3 +215,12 @@ def test_a_new_state_folder_is_on_disk_under_its_name_before_the_node_charges_in
     state = tmp_path / "var" / "privfed"
     declared_client(tiny_config, PARTITION, state)
     assert {str(tmp_path), str(tmp_path / "var")} <= {path for path, folder in synced if folder}
+
+
+@pytest.mark.xfail(strict=True, reason="the client ties SecAgg+ keys to task 'train', not to the round: a 'train' "
+                   "task with round 0 carries them and is charged (the caps still bound the total)")
+def test_secagg_values_are_refused_in_round_zero_even_under_a_training_task(plan, tmp_path):
+    ins = instructions(plan)
+    with pytest.raises(RoundRefused):
+        client(plan, tmp_path).fit(FitIns(ins.parameters, {**ins.config, "round": 0}))
+    assert not ledger(tmp_path).exists()

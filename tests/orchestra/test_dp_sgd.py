@@ -194,3 +194,18 @@ def test_poisson_memory_is_an_uncapped_poisson_sample_of_examples(batch):
     assert 10 <= sum(sizes) / len(sizes) <= 20
     with pytest.raises(ValueError, match="GroupNorm"):
         memory(15, 0, net=OrchestraNetwork("resnet8", 16))
+
+
+@pytest.mark.parametrize("method", ["simclr", "specloss", "byol"])
+def test_the_training_loop_itself_refuses_dp_sgd_for_a_method_it_does_not_cover(tiny_config, method):
+    """The configuration refuses these; the loop must too, or a library caller gets DP-SGD events for a coupled batch."""
+    from privfed.methods import build_network
+
+    config = tiny_config.replace(method=method)
+    local = LocalTrainingConfig.from_run(config, DpSgdSettings(1.0, 1.0))
+    images = FederatedSplit.of(config).client_images(0)
+    with pytest.raises(ValueError, match=r"couples its batch|covers Orchestra"):
+        train_locally(
+            build_network(config.replace(dp_sgd=True)), images, None, local,
+            generator=torch.Generator().manual_seed(0), device=torch.device("cpu"), secret_seed=1,
+        )
