@@ -524,13 +524,8 @@ def validate(config: TrainConfig) -> None:
     methods = available_methods()
     if config.method not in methods:
         raise PrivfedError(f"unknown method {config.method!r} (choose from {', '.join(methods)})")
-    if config.dp_sgd and methods[config.method].couples_batch:
-        raise PrivfedError(
-            f"method {config.method} cannot train with DP-SGD: its loss compares every image with the rest of "
-            "its batch, so per-sample clipping does not bound one image's influence"
-        )
-    if config.dp_sgd and methods[config.method].loss != "orchestra":
-        raise PrivfedError(f"privfed's DP-SGD covers Orchestra and its ablations, not method {config.method}")
+    if config.dp_sgd and (refusal := methods[config.method].dp_sgd_refusal):
+        raise PrivfedError(refusal)
     from mechanisms import MechanismRegistrationError, UnknownMechanismError, get_mechanism_class
 
     try:

@@ -92,6 +92,16 @@ class Method(abc.ABC):
         return self.name
 
     @property
+    def dp_sgd_refusal(self) -> str | None:
+        """Why privfed's DP-SGD does not cover this method (None: it does), for the configuration and the loop alike."""
+        if self.couples_batch:
+            return (f"method {self.name} cannot train with DP-SGD: it couples its batch (its loss compares every image with "
+                    "the rest), so per-sample clipping does not bound one image's influence")
+        if self.loss != "orchestra":
+            return f"privfed's DP-SGD covers Orchestra and its ablations, not method {self.name}"
+        return None
+
+    @property
     def step_values(self) -> tuple[str, ...]:
         """The :data:`STEP_VALUES` its step reports."""
         return ("loss",)

@@ -133,24 +133,6 @@ def dp_step(optimizer: DPOptimizer, loss: torch.Tensor | None) -> None:
     optimizer.step()
 
 
-def refuse_unbounded_influence(method: Method) -> None:
-    """Refuses, here too and not only in the run's configuration, a method whose per-sample clipping bounds nothing.
-
-    A method that couples its batch (one image's loss reads the rest of its
-    batch) lets one image move every other image's gradient, and privfed's
-    DP-SGD covers Orchestra's objective only: a library caller that hands
-    :func:`privfed.orchestra.client_update.train_locally` such a method with
-    DP-SGD settings must not get DP-SGD events back for it.
-
-    Raises:
-        ValueError: naming the method.
-    """
-    if method.couples_batch:
-        raise ValueError(f"method {method.name} couples its batch: per-sample clipping does not bound one image's influence")
-    if method.loss != "orchestra":
-        raise ValueError(f"privfed's DP-SGD covers Orchestra and its ablations, not method {method.name}")
-
-
 @contextmanager
 def dp_sgd_parts(
     network: OrchestraNetwork, n: int, config: LocalTrainingConfig, method: Method, *, device: torch.device, secret_seed: int | None = None
@@ -162,7 +144,8 @@ def dp_sgd_parts(
     empty batch still steps (noise alone).
     """
     assert config.dp_sgd is not None
-    refuse_unbounded_influence(method)
+    if method.dp_sgd_refusal:  # the configuration refuses it too; a library caller of the loop must not get DP-SGD events
+        raise ValueError(method.dp_sgd_refusal)
     rate = sampling_rate(n, config.batch_size)
     seeds = (secrets.randbits(63), secrets.randbits(63)) if secret_seed is None else (secret_seed, secret_seed + 1)
     sampling, noise = torch.Generator().manual_seed(seeds[0]), torch.Generator(device=device)

