@@ -45,7 +45,7 @@ def ops_per_step(backbone: str, method: str, batch_size: int, steps: int) -> dic
     per_step = lambda count: round(count / result.num_steps, 1)  # noqa: E731
     return {"steps": result.num_steps, "outer_aten_ops_per_step": per_step(sum(outer.values())),
             "all_aten_ops_per_step": per_step(len(aten)),
-            **{name: per_step(count) for name, count in outer.most_common(10)}}
+            **{name: per_step(count) for name, count in outer.most_common(25)}}
 
 
 def _inside_aten(event: object) -> bool:

@@ -15,6 +15,8 @@ fixed per-channel scale the encoders see, ``(x - 0.5) / 0.25``.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -25,13 +27,11 @@ NORM_MEAN = 0.5
 NORM_STD = 0.25
 # ITU-R BT.601 luma weights (what torchvision's rgb_to_grayscale uses).
 _LUMA = (0.299, 0.587, 0.114)
-# RGB → YIQ; hue is rotated in the (I, Q) chroma plane.
+# RGB → YIQ; hue is rotated in the (I, Q) chroma plane. Built in float64 on the CPU, then kept per device and dtype
+# (some accelerators, e.g. Apple MPS, have no float64).
 _RGB_TO_YIQ64 = torch.tensor(
     [[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]], dtype=torch.float64
 )
-# Kept in float32: some accelerators (e.g. Apple MPS) have no float64.
-_RGB_TO_YIQ = _RGB_TO_YIQ64.to(torch.float32)
-_YIQ_TO_RGB = torch.linalg.inv(_RGB_TO_YIQ64).to(torch.float32)
 
 
 @dataclass(eq=False)
@@ -52,15 +52,37 @@ class OrchestraViews:
 
 
 def to_float(x_uint8: torch.Tensor) -> torch.Tensor:
-    """Convert uint8 images (0–255) to float32 in [0, 1], keeping the device."""
+    """Convert uint8 images (0–255) to floats in [0, 1] in torch's default dtype (float32 but in float64 tests), on their device."""
     if x_uint8.dtype != torch.uint8:
         raise ValueError(f"expected uint8 images, got {x_uint8.dtype}")
-    return x_uint8.to(torch.float32).div_(255.0)
+    return x_uint8.to(torch.get_default_dtype()).div_(255.0)
 
 
 def normalize(x: torch.Tensor) -> torch.Tensor:
     """Map [0, 1] images to the encoders' input scale; use for training and evaluation alike."""
     return (x - NORM_MEAN) / NORM_STD
+
+
+#: Uniform draws per sample each op consumes, in the order it reads them (one ``torch.rand`` call makes them all).
+CROP_DRAWS, JITTER_DRAWS, GRAYSCALE_DRAWS, BLUR_DRAWS, SOLARIZE_DRAWS, ROTATION_DRAWS = 5, 5, 1, 2, 1, 1
+#: Draws of one BYOL view: crop, jitter, greyscale, blur.
+BYOL_VIEW_DRAWS = CROP_DRAWS + JITTER_DRAWS + GRAYSCALE_DRAWS + BLUR_DRAWS
+#: Draws of :func:`orchestra_views`: view 1, view 2 (with solarisation), view 3 and its quarter turn.
+ORCHESTRA_VIEW_DRAWS = 3 * BYOL_VIEW_DRAWS + SOLARIZE_DRAWS + ROTATION_DRAWS
+#: Where each op's draws end within one BYOL view's.
+_BYOL_VIEW_CUTS = tuple(itertools.accumulate((CROP_DRAWS, JITTER_DRAWS, GRAYSCALE_DRAWS, BLUR_DRAWS)))
+#: Draws of :func:`two_views`: views 1 and 2.
+TWO_VIEW_DRAWS = 2 * BYOL_VIEW_DRAWS + SOLARIZE_DRAWS
+
+
+def view_draws(n: int, count: int, *, generator: torch.Generator) -> torch.Tensor:
+    """``[n, count]`` uniforms in [0, 1) on the generator's device: every random choice of a batch's views, in one call.
+
+    One draw instead of one per choice cuts the operators a step launches;
+    clients trained together each draw from their own generator, and one
+    transform then serves all their images (:mod:`privfed.orchestra.cohort_training`).
+    """
+    return torch.rand(n, count, generator=generator, device=generator.device)
 
 
 def random_resized_crop_flip(
@@ -79,21 +101,23 @@ def random_resized_crop_flip(
     official code resizes bicubically), clamped back to [0, 1].
     """
     _check_batch(x, generator)
+    return _crop_flip(x, _draw(x, CROP_DRAWS, generator), scale=scale, ratio=ratio)
+
+
+def _crop_flip(
+    x: torch.Tensor, u: torch.Tensor, *, scale: tuple[float, float] = (0.2, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3)
+) -> torch.Tensor:
     n = x.shape[0]
-    area = _uniform(n, scale[0], scale[1], x, generator)
-    log_ratio = _uniform(n, math.log(ratio[0]), math.log(ratio[1]), x, generator)
-    aspect = torch.exp(log_ratio)
+    area = _scaled(u[:, 0], scale[0], scale[1], x)
+    aspect = torch.exp(_scaled(u[:, 1], math.log(ratio[0]), math.log(ratio[1]), x))
     # Half-extents in normalised [-1, 1] coordinates equal the side fractions.
     half_w = torch.sqrt(area * aspect).clamp(max=1.0)
     half_h = torch.sqrt(area / aspect).clamp(max=1.0)
-    cx = _uniform(n, -1.0, 1.0, x, generator) * (1.0 - half_w)
-    cy = _uniform(n, -1.0, 1.0, x, generator) * (1.0 - half_h)
-    flip = torch.where(_uniform(n, 0.0, 1.0, x, generator) < 0.5, -1.0, 1.0)
-    theta = torch.zeros(n, 2, 3, device=x.device, dtype=x.dtype)
-    theta[:, 0, 0] = half_w * flip
-    theta[:, 0, 2] = cx
-    theta[:, 1, 1] = half_h
-    theta[:, 1, 2] = cy
+    cx = _scaled(u[:, 2], -1.0, 1.0, x) * (1.0 - half_w)
+    cy = _scaled(u[:, 3], -1.0, 1.0, x) * (1.0 - half_h)
+    flip = torch.where(u[:, 4] < 0.5, -1.0, 1.0).to(x.dtype)
+    zero = torch.zeros_like(half_w)
+    theta = torch.stack([half_w * flip, zero, cx, zero, half_h, cy], dim=1).view(n, 2, 3)
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
     out = F.grid_sample(x, grid, mode="bicubic", padding_mode="border", align_corners=False)
     return out.clamp(0.0, 1.0)  # bicubic overshoots at edges
@@ -117,12 +141,19 @@ def color_jitter(
     [0, 1] after each step.
     """
     _check_batch(x, generator)
-    n = x.shape[0]
-    apply = _uniform(n, 0.0, 1.0, x, generator) < p
-    b = _per_sample(_uniform(n, max(0.0, 1 - brightness), 1 + brightness, x, generator))
-    c = _per_sample(_uniform(n, max(0.0, 1 - contrast), 1 + contrast, x, generator))
-    s = _per_sample(_uniform(n, max(0.0, 1 - saturation), 1 + saturation, x, generator))
-    h = _uniform(n, -hue, hue, x, generator)
+    u = _draw(x, JITTER_DRAWS, generator)
+    return _jitter(x, u, brightness=brightness, contrast=contrast, saturation=saturation, hue=hue, p=p)
+
+
+def _jitter(
+    x: torch.Tensor, u: torch.Tensor, *, brightness: float = 0.4, contrast: float = 0.4, saturation: float = 0.2,
+    hue: float = 0.1, p: float = 0.8,
+) -> torch.Tensor:
+    apply = u[:, 0] < p
+    b = _per_sample(_scaled(u[:, 1], max(0.0, 1 - brightness), 1 + brightness, x))
+    c = _per_sample(_scaled(u[:, 2], max(0.0, 1 - contrast), 1 + contrast, x))
+    s = _per_sample(_scaled(u[:, 3], max(0.0, 1 - saturation), 1 + saturation, x))
+    h = _scaled(u[:, 4], -hue, hue, x)
     out = (x * b).clamp(0.0, 1.0)
     mean = _luma(out).mean(dim=(1, 2, 3), keepdim=True)
     out = ((out - mean) * c + mean).clamp(0.0, 1.0)
@@ -137,8 +168,11 @@ def random_grayscale(
 ) -> torch.Tensor:
     """Replace a random fraction p of the samples by their luma, on all three channels."""
     _check_batch(x, generator)
-    apply = _uniform(x.shape[0], 0.0, 1.0, x, generator) < p
-    return torch.where(_per_sample(apply), _luma(x).expand_as(x), x)
+    return _grayscale(x, _draw(x, GRAYSCALE_DRAWS, generator), p=p)
+
+
+def _grayscale(x: torch.Tensor, u: torch.Tensor, *, p: float = 0.2) -> torch.Tensor:
+    return torch.where(_per_sample(u[:, 0] < p), _luma(x).expand_as(x), x)
 
 
 def gaussian_blur(
@@ -150,16 +184,18 @@ def gaussian_blur(
     softens edges without erasing the object. Separable, so two 3-tap passes.
     """
     _check_batch(x, generator)
-    n = x.shape[0]
-    apply = _uniform(n, 0.0, 1.0, x, generator) < p
-    s = _uniform(n, sigma[0], sigma[1], x, generator)
+    return _blur(x, _draw(x, BLUR_DRAWS, generator), p=p, sigma=sigma)
+
+
+def _blur(x: torch.Tensor, u: torch.Tensor, *, p: float, sigma: tuple[float, float] = (0.1, 2.0)) -> torch.Tensor:
+    s = _scaled(u[:, 1], sigma[0], sigma[1], x)
     outer = torch.exp(-0.5 / s**2)  # weight of the taps at ±1 relative to the centre
     edge, centre = _per_sample(outer / (1 + 2 * outer)), _per_sample(1 / (1 + 2 * outer))
     padded = F.pad(x, (1, 1, 0, 0), mode="reflect")
     out = centre * x + edge * (padded[..., :-2] + padded[..., 2:])
     padded = F.pad(out, (0, 0, 1, 1), mode="reflect")
     out = centre * out + edge * (padded[..., :-2, :] + padded[..., 2:, :])
-    return torch.where(_per_sample(apply), out, x)
+    return torch.where(_per_sample(u[:, 0] < p), out, x)
 
 
 def solarize(
@@ -167,9 +203,12 @@ def solarize(
 ) -> torch.Tensor:
     """Invert pixels at or above ``threshold`` in a random fraction p of the samples."""
     _check_batch(x, generator)
-    apply = _uniform(x.shape[0], 0.0, 1.0, x, generator) < p
+    return _solarize(x, _draw(x, SOLARIZE_DRAWS, generator), p=p, threshold=threshold)
+
+
+def _solarize(x: torch.Tensor, u: torch.Tensor, *, p: float, threshold: float = 0.5) -> torch.Tensor:
     inverted = torch.where(x >= threshold, 1.0 - x, x)
-    return torch.where(_per_sample(apply), inverted, x)
+    return torch.where(_per_sample(u[:, 0] < p), inverted, x)
 
 
 def rotate_quarter_turns(
@@ -182,9 +221,13 @@ def rotate_quarter_turns(
         ``torch.rot90(x[i], k[i], dims=(-2, -1))`` (counter-clockwise turns).
     """
     _check_batch(x, generator)
+    return _quarter_turns(x, _draw(x, ROTATION_DRAWS, generator))
+
+
+def _quarter_turns(x: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if x.shape[-1] != x.shape[-2]:
         raise ValueError(f"quarter-turn rotation needs square images, got {tuple(x.shape[-2:])}")
-    k = torch.randint(0, 4, (x.shape[0],), generator=generator, device=x.device)
+    k = (u[:, 0] * 4).long().clamp(max=3)
     out = x
     for turns in range(1, 4):  # select by mask: no data-dependent shapes, no GPU sync
         out = torch.where(_per_sample(k == turns), torch.rot90(x, turns, dims=(-2, -1)), out)
@@ -200,9 +243,17 @@ def orchestra_views(x_uint8: torch.Tensor, *, generator: torch.Generator) -> Orc
     view3: a third view-1 augmentation, then a random quarter turn (labels returned).
     The generator must be on the batch's device.
     """
+    _check_generator(x_uint8, generator)
+    return orchestra_views_from(x_uint8, view_draws(x_uint8.shape[0], ORCHESTRA_VIEW_DRAWS, generator=generator))
+
+
+def orchestra_views_from(x_uint8: torch.Tensor, draws: torch.Tensor) -> OrchestraViews:
+    """:func:`orchestra_views` with its random choices given: ``draws`` ``[B, ORCHESTRA_VIEW_DRAWS]`` uniforms."""
     x = to_float(x_uint8)
-    view1, view2 = _byol_pair(x, generator)
-    view3, labels = rotate_quarter_turns(_byol_view(x, generator), generator=generator)
+    _check_batch(x, None)
+    view1, view2 = _byol_pair(x, draws[:, : 2 * BYOL_VIEW_DRAWS + SOLARIZE_DRAWS])
+    rest = draws[:, 2 * BYOL_VIEW_DRAWS + SOLARIZE_DRAWS :]
+    view3, labels = _quarter_turns(_byol_view(x, rest[:, :BYOL_VIEW_DRAWS]), rest[:, BYOL_VIEW_DRAWS:])
     return OrchestraViews(normalize(view1), normalize(view2), normalize(view3), labels)
 
 
@@ -212,34 +263,41 @@ def two_views(x_uint8: torch.Tensor, *, generator: torch.Generator) -> tuple[tor
     They are drawn exactly as :func:`orchestra_views` draws its first two
     views, so every method sees the same augmentation of an image.
     """
-    view1, view2 = _byol_pair(to_float(x_uint8), generator)
+    _check_generator(x_uint8, generator)
+    x = to_float(x_uint8)
+    _check_batch(x, None)
+    view1, view2 = _byol_pair(x, view_draws(x.shape[0], TWO_VIEW_DRAWS, generator=generator))
     return normalize(view1), normalize(view2)
 
 
-def _byol_pair(x: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """View 1 and view 2 of float images, in that order of draws."""
-    return _byol_view(x, generator), _byol_view(x, generator, blur_p=0.1, solarize_p=0.2)
+def _byol_pair(x: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """View 1 and view 2 of float images from ``TWO_VIEW_DRAWS`` uniforms each."""
+    return _byol_view(x, u[:, :BYOL_VIEW_DRAWS]), _byol_view(x, u[:, BYOL_VIEW_DRAWS:], blur_p=0.1, solarize_p=0.2)
 
 
-def _byol_view(
-    x: torch.Tensor, generator: torch.Generator, *, blur_p: float = 0.5, solarize_p: float = 0.0
-) -> torch.Tensor:
+def _byol_view(x: torch.Tensor, u: torch.Tensor, *, blur_p: float = 0.5, solarize_p: float = 0.0) -> torch.Tensor:
     """One BYOL-style view of float images; the defaults are the official view 1's."""
-    out = random_resized_crop_flip(x, generator=generator)
-    out = color_jitter(out, generator=generator)
-    out = random_grayscale(out, generator=generator, p=0.2)
-    out = gaussian_blur(out, generator=generator, p=blur_p)
+    cuts = _BYOL_VIEW_CUTS
+    out = _crop_flip(x, u[:, : cuts[0]])
+    out = _jitter(out, u[:, cuts[0] : cuts[1]])
+    out = _grayscale(out, u[:, cuts[1] : cuts[2]])
+    out = _blur(out, u[:, cuts[2] : cuts[3]], p=blur_p)
     if solarize_p > 0:
-        out = solarize(out, generator=generator, p=solarize_p)
+        out = _solarize(out, u[:, cuts[3] :], p=solarize_p)
     return out
 
 
-def _check_batch(x: torch.Tensor, generator: torch.Generator) -> None:
+def _check_batch(x: torch.Tensor, generator: torch.Generator | None) -> None:
     """Reject inputs the batched ops cannot handle, with a clear message."""
     if x.ndim != 4 or x.shape[1] != 3:
         raise ValueError(f"expected a B×3×H×W batch, got shape {tuple(x.shape)}")
     if not x.is_floating_point():
         raise ValueError(f"expected float images in [0, 1], got {x.dtype}; use to_float() first")
+    if generator is not None:
+        _check_generator(x, generator)
+
+
+def _check_generator(x: torch.Tensor, generator: torch.Generator) -> None:
     if generator.device.type != x.device.type:
         raise ValueError(
             f"generator is on {generator.device} but images are on {x.device}; "
@@ -247,11 +305,13 @@ def _check_batch(x: torch.Tensor, generator: torch.Generator) -> None:
         )
 
 
-def _uniform(
-    n: int, low: float, high: float, x: torch.Tensor, generator: torch.Generator
-) -> torch.Tensor:
-    """Draw n uniforms in [low, high) on x's device, in x's dtype."""
-    u = torch.rand(n, generator=generator, device=x.device)
+def _draw(x: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
+    """``[B, count]`` uniforms for one op on its own."""
+    return view_draws(x.shape[0], count, generator=generator)
+
+
+def _scaled(u: torch.Tensor, low: float, high: float, x: torch.Tensor) -> torch.Tensor:
+    """Uniforms in [0, 1) mapped to [low, high), in x's dtype."""
     return (low + (high - low) * u).to(x.dtype)
 
 
@@ -269,12 +329,19 @@ def _luma(x: torch.Tensor) -> torch.Tensor:
 def _rotate_hue(x: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
     """Rotate each sample's chroma by ``turns`` of a full circle in YIQ space."""
     angle = 2 * math.pi * turns.to(torch.float32)
-    cos, sin = torch.cos(angle), torch.sin(angle)
-    rot = torch.zeros(x.shape[0], 3, 3, dtype=torch.float32, device=x.device)
-    rot[:, 0, 0] = 1.0
-    rot[:, 1, 1], rot[:, 1, 2] = cos, -sin
-    rot[:, 2, 1], rot[:, 2, 2] = sin, cos
-    to_yiq = _RGB_TO_YIQ.to(x.device)
-    to_rgb = _YIQ_TO_RGB.to(x.device)
-    matrix = (to_rgb @ rot @ to_yiq).to(x.dtype)
+    fixed, by_cos, by_sin = _hue_rotation_parts(x.device, x.dtype)
+    cos, sin = torch.cos(angle).to(x.dtype).view(-1, 1, 1), torch.sin(angle).to(x.dtype).view(-1, 1, 1)
+    matrix = fixed + cos * by_cos + sin * by_sin
     return torch.einsum("bij,bjhw->bihw", matrix, x)
+
+
+@functools.lru_cache(maxsize=8)
+def _hue_rotation_parts(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """YIQ→RGB · R(θ) · RGB→YIQ as ``fixed + cos θ · by_cos + sin θ · by_sin``, on ``device`` once (no copy per step)."""
+    to_rgb, to_yiq = torch.linalg.inv(_RGB_TO_YIQ64), _RGB_TO_YIQ64
+    luma_only = torch.diag(torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
+    chroma = torch.diag(torch.tensor([0.0, 1.0, 1.0], dtype=torch.float64))
+    turn = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, -1.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
+    parts = (to_rgb @ luma_only @ to_yiq, to_rgb @ chroma @ to_yiq, to_rgb @ turn @ to_yiq)
+    fixed, by_cos, by_sin = (part.to(device=device, dtype=dtype) for part in parts)
+    return fixed, by_cos, by_sin

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -114,6 +115,24 @@ class Method(abc.ABC):
     @abc.abstractmethod
     def step(self, network: OrchestraNetwork, batch: Batch) -> StepOutput:
         """The encoder passes and the loss of one training step."""
+
+    @property
+    def view_draw_count(self) -> int | None:
+        """Uniform draws per image its views take, when its step is :meth:`views_from` then :meth:`step_on_views`.
+
+        A method that declares it can train in a cohort: several clients in one
+        batched call (:mod:`privfed.orchestra.cohort_training`), each drawing
+        its own views. None: it trains one client at a time.
+        """
+        return None
+
+    def views_from(self, images: torch.Tensor, draws: torch.Tensor) -> Any:
+        """The views of uint8 ``images`` its step trains on, from ``[B, view_draw_count]`` uniforms (a pytree of tensors)."""
+        raise NotImplementedError(f"method {self.name} does not train in a cohort")
+
+    def step_on_views(self, network: OrchestraNetwork, views: Any, centroids: torch.Tensor | None, temperature: float) -> StepOutput:
+        """The step on views already made: a function of tensors alone, so ``torch.func.vmap`` can batch it over clients."""
+        raise NotImplementedError(f"method {self.name} does not train in a cohort")
 
     def encoder(self, network: OrchestraNetwork) -> nn.Module:
         """The encoder whose representations a client clusters: the EMA target, or the online encoder."""

@@ -11,6 +11,7 @@ under DP-SGD the metrics hold nothing computed from the data.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -20,6 +21,7 @@ import torch
 from mechanisms.base import Mechanism, PrivacyEvent, Release, checked_release
 from privfed.methods import Batch, get_method
 from privfed.models.network import OrchestraNetwork, ema_update
+from privfed.orchestra.cohort_training import TrainedMember
 from privfed.orchestra.local_training import (
     LocalTrainingConfig,
     LocalTrainingResult,
@@ -28,7 +30,7 @@ from privfed.orchestra.local_training import (
     sgd_parts,
     step_means,
 )
-from privfed.orchestra.memory import RepresentationMemory
+from privfed.orchestra.memory import RepresentationMemory, first_kept_batch
 from privfed.orchestra.memory_sampling import every_representation, initial_representations, poisson_memory
 from privfed.orchestra.model_state import StateDict, load_shared_state, shared_state, state_delta
 
@@ -93,6 +95,7 @@ def run_client_round(
     device: torch.device,
     secret_seed: int | None = None,
     labels: torch.Tensor | None = None,
+    trained: TrainedMember | None = None,
 ) -> tuple[ClientUpdate, PrivateRoundState]:
     """Runs a client's round: initialise (round 0) or train; returns the reply and what stays on the client.
 
@@ -115,6 +118,10 @@ def run_client_round(
             seed the server can know voids the guarantee.
         labels: ``[n]`` labels of ``images``: supervised FedAvg only (the
             other methods never see a label).
+        trained: This client's training, done already in a cohort with the
+            same model, centroids, images and seed
+            (:func:`~privfed.orchestra.cohort_training.train_cohort`); it
+            stands in for :func:`train_locally`.
     """
     generator = torch.Generator().manual_seed(seed)
     load_shared_state(network, global_state)
@@ -133,7 +140,7 @@ def run_client_round(
     else:
         result = train_locally(
             network, images, centroids, config, generator=generator, device=device, labels=labels, secret_seed=secret_seed
-        )
+        ) if trained is None else adopt(network, trained, generator)
         memory, examples = result.memory, result.memory_examples
         delta = state_delta(shared_state(network), global_state)
         events = result.privacy_events
@@ -167,6 +174,13 @@ def run_client_round(
         release_generator_state=release_state,
     )
     return update, private
+
+
+def adopt(network: OrchestraNetwork, trained: TrainedMember, generator: torch.Generator) -> LocalTrainingResult:
+    """Leaves ``network`` and ``generator`` as :func:`train_locally` would have, from a cohort's training of this client."""
+    network.load_state_dict(trained.state)
+    generator.set_state(trained.generator_state)
+    return trained.result
 
 
 def train_locally(
@@ -208,10 +222,10 @@ def train_locally(
     with parts as (batches, step):
         images = images.to(device)
         labels = None if labels is None else labels.to(device)
-        for index in batches:
+        schedule, kept_from = _on_device(batches, device, memory)
+        for position, (index, on_device) in enumerate(schedule):
             out = None
             if index.numel():
-                on_device = index.to(device)
                 batch_labels = None if labels is None else labels[on_device]
                 out = method.step(network, Batch(images[on_device], batch_labels, centroids, config.temperature, aug_generator))
             step(None if out is None else out.loss)
@@ -219,8 +233,8 @@ def train_locally(
                 ema_update(network.target, network.online, config.ema_decay)
             steps += 1
             if out is not None:
-                if out.target_reps is not None and memory is not None:
-                    memory.push(out.target_reps, index)
+                if out.target_reps is not None and memory is not None and position >= kept_from:
+                    memory.push(out.target_reps, on_device)
                 for name, value in out.values.items():
                     totals[name] = totals[name] + value.detach() if name in totals else value.detach()
                 stepped_batches += 1
@@ -234,6 +248,24 @@ def train_locally(
         memory=kept, memory_examples=examples, num_samples=n, num_steps=steps,
         step_means=step_means(totals, stepped_batches), seconds=time.perf_counter() - start, privacy_events=events,
     )
+
+
+def _on_device(
+    batches: Iterator[torch.Tensor], device: torch.device, memory: RepresentationMemory | None
+) -> tuple[Iterable[tuple[torch.Tensor, torch.Tensor]], int]:
+    """Each batch's indices, also on ``device``; and the first batch whose representations can survive in ``memory``.
+
+    With a memory (plain SGD) the schedule is drawn up front and copied to the
+    device in one transfer, so no step waits on one; the batches pushed before
+    the returned position would all be overwritten. DP-SGD's batches are
+    drawn as they come (it keeps no memory).
+    """
+    if memory is None:
+        return ((index, index.to(device)) for index in batches), 0
+    schedule = list(batches)
+    sizes = [len(index) for index in schedule]
+    moved = torch.cat(schedule).to(device).split(sizes) if schedule else ()
+    return list(zip(schedule, moved)), first_kept_batch(sizes, memory.capacity)
 
 
 def _dp_sgd_training() -> ModuleType:

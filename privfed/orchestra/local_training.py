@@ -97,8 +97,8 @@ def step_means(totals: dict[str, torch.Tensor], steps: int) -> dict[str, float]:
 
 
 def normalised_centroids(centroids: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    """The global centroids on ``device``, L2-normalised (None stays None: a method without centroids)."""
-    return None if centroids is None else F.normalize(centroids.to(device).float(), dim=1)
+    """The global centroids on ``device`` in torch's default dtype, L2-normalised (None stays None: a method without centroids)."""
+    return None if centroids is None else F.normalize(centroids.to(device, torch.get_default_dtype()), dim=1)
 
 
 def augmentation_generator(generator: torch.Generator, device: torch.device) -> torch.Generator:
@@ -121,7 +121,8 @@ def shuffled_batches(n: int, batch_size: int, generator: torch.Generator) -> lis
 def sgd_parts(network: OrchestraNetwork, n: int, config: LocalTrainingConfig, *, generator: torch.Generator) -> Iterator[TrainingParts]:
     """Every epoch's shuffled batches, and plain SGD with momentum and weight decay."""
     optimizer = torch.optim.SGD(
-        network.trainable_parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+        network.trainable_parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
+        foreach=True,  # a few fused launches per step on any device (torch picks it only on CUDA by default)
     )
 
     def step(loss: torch.Tensor | None) -> None:
