@@ -211,6 +211,11 @@ class TrainConfig:
         1.0, "CPU threads of each simulated client; on Ray, the cores each reserves (sets how many run in parallel)."
     )
     client_gpus: float = option(0.0, "Ray: GPU fraction reserved per simulated client.")
+    clients_per_step: int = option(
+        0,
+        "Local runtime: clients trained together, as one batched step (the same computation as one at a time). "
+        "0: every client of a round on a CUDA device, one at a time elsewhere (a CPU gains nothing); 1: one at a time.",
+    )
 
     @property
     def release_mechanism(self) -> str | None:
@@ -273,7 +278,7 @@ OPTION_PANELS: dict[str, tuple[str, ...]] = {
     "DP-SGD": ("dp_sgd", "max_grad_norm", "dp_sgd_noise_multiplier", "dp_sgd_epsilon"),
     "Run and output": (
         "seed", "device", "out", "record_releases", "checkpoint_every", "eval_every", "knn_k", "knn_temperature",
-        "runtime", "client_cpus", "client_gpus",
+        "runtime", "client_cpus", "client_gpus", "clients_per_step",
     ),
 }
 
@@ -517,6 +522,8 @@ def validate(config: TrainConfig) -> None:
             raise PrivfedError(f"{name} must be at least 1, got {getattr(config, name)}")
     if config.batch_size < 2:
         raise PrivfedError("batch_size must be at least 2 (BatchNorm needs two samples)")
+    if config.clients_per_step < 0:
+        raise PrivfedError(f"clients_per_step must be 0 (automatic) or more, got {config.clients_per_step}")
     if config.checkpoint_every < 0:
         raise PrivfedError(f"checkpoint_every must be 0 or more, got {config.checkpoint_every}")
     from privfed.methods import available_methods
