@@ -4,7 +4,8 @@ The run uses the same apps as the Ray path (:mod:`privfed.federation.simulation`
 only the transport differs. :class:`LocalGrid` implements Flower's public
 ``Grid`` interface and hands each message straight to the ClientApp, one
 client after another, so Flower's own workflows (SecAgg+ included) run
-unchanged. Each simulated node keeps its own ``Context`` (node id,
+unchanged; a round's training may first be done for all its clients at
+once (:mod:`privfed.federation.cohort_round`). Each simulated node keeps its own ``Context`` (node id,
 ``partition-id`` and ``num-partitions`` as Flower's simulation sets them,
 its state across messages), and a client's exception becomes an error
 reply, as a crashed node's would. Ray's start-up, workers and shutdown cost
@@ -240,7 +241,7 @@ class LocalGrid(Grid):
         context = self._contexts[message.metadata.dst_node_id]
         received = copy.deepcopy(message)
         try:
-            with own_process_state(), answering_with(self._cohort if not quiet else current_cohort()):
+            with own_process_state(), answering_with(current_cohort() if quiet else self._cohort):
                 reply = self._app(received, context)
         except Exception as err:  # a failing client is a dropped node, not a failed run
             if not quiet:
