@@ -73,7 +73,7 @@ def test_a_client_its_guard_refuses_in_a_batched_round_is_neither_trained_nor_ch
     ("changes", "slots"),
     [
         ({"clients_per_step": 0}, None), ({"clients_per_step": 1}, None), ({"clients_per_step": 4}, 4),
-        ({"clients_per_step": 4, "method": "simclr"}, None),
+        ({"clients_per_step": 4, "method": "supervised"}, None), ({"clients_per_step": 4, "dp_sgd": True}, None),
     ],
 )
 def test_clients_train_together_when_asked_or_on_cuda_and_only_when_the_method_can(tmp_path, changes, slots):
