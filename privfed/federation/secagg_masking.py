@@ -1,7 +1,7 @@
 """Both ends of SecAgg+'s masking arithmetic: what a client adds to its update, what the server takes off the sum.
 
 A client encodes its weighted update as integers (Flower's quantisation,
-with the FedAvg weight in front) and
+:mod:`privfed.secagg.quantization`, with the FedAvg weight in front) and
 adds its private mask and, for each neighbour, a pairwise mask: added when
 its node id is the larger of the two, subtracted otherwise, so the pair
 cancels in the sum. The server removes each survivor's private mask and,
@@ -16,12 +16,13 @@ from collections.abc import Mapping
 
 import numpy as np
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
-from flwr.common.secure_aggregation.ndarrays_arithmetic import factor_combine, factor_extract
-from flwr.common.secure_aggregation.quantization import dequantize, quantize
+from flwr.common.secure_aggregation.ndarrays_arithmetic import factor_extract
+from flwr.common.secure_aggregation.quantization import dequantize
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
 from privfed.secagg.encoding import secagg_weight_ratio
 from privfed.secagg.mask_pool import MaskPool, shared_pool
+from privfed.secagg.quantization import quantize
 
 #: The fit reply's metrics key under which an aggregated mechanism's share goes from the client to its SecAgg+ mod,
 #: which moves it into the masked vector (:func:`encode_update`); it is never sent in plaintext.
@@ -58,8 +59,8 @@ def encode_update(
     masked like the rest (:func:`split_share` takes it off the sum).
     """
     ratio = secagg_weight_ratio(num_examples, max_weight=max_weight, quantization_range=quantization_range)
-    scaled = [array * ratio for array in arrays]
-    encoded = factor_combine(round(ratio * quantization_range), quantize(scaled, clipping_range, quantization_range))
+    levels = quantize(arrays, scale=ratio, clipping_range=clipping_range, quantization_range=quantization_range)
+    encoded = [np.array([round(ratio * quantization_range)]), *levels]  # the weight factor in front, as Flower's
     if share is None:
         return encoded
     share = np.asarray(share)
