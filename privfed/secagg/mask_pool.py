@@ -8,8 +8,8 @@ own slice of one vector in shared memory (:func:`~privfed.secagg.masks.add_mask_
 Addition mod 2^32 is exact and each slice is made by the same function as
 in-process, so the bytes are the same with or without the pool.
 
-The workers are fresh interpreters (``python -m privfed.secagg.mask_pool``)
-that import only the mask PRG: no ``fork`` (torch and fork do not mix), and
+The workers are fresh interpreters (:func:`serve`) that import only the
+mask PRG: no ``fork`` (torch and fork do not mix), and
 unlike ``multiprocessing``'s spawn they never re-run the caller's main
 script. They start on the first job that pays, serve later ones, and exit
 when this process closes their pipe. A pool that cannot start or breaks
@@ -19,6 +19,7 @@ leaves the job to this process, with the same result.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import math
 import os
@@ -29,7 +30,6 @@ import threading
 from collections.abc import Sequence
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
-from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
@@ -45,9 +45,6 @@ MIN_POOL_WORDS = 1 << 22
 
 #: A mask to add: its seed, and +1 (added) or -1 (taken off).
 Term = tuple[bytes, int]
-
-#: The folder holding the ``privfed`` package, so that workers import this very copy.
-_SOURCE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def default_workers() -> int:
@@ -108,10 +105,7 @@ class MaskPool:
     def close(self) -> None:
         """Stops the workers (a later job that pays starts new ones)."""
         with self._lock:
-            running, self._running = self._running, []
-            if self._owner == os.getpid():
-                for worker in running:
-                    worker.stop()
+            self._stop()
 
     def _forget_after_fork(self) -> None:
         """In a forked copy: the parent's workers are not ours to talk to."""
@@ -137,7 +131,7 @@ class MaskPool:
             except Exception as error:  # workers that cannot start, died or failed
                 logger.warning("SecAgg+ masks are added in-process from now on: the mask workers failed (%r)", error)
                 self._broken = True
-                self._stop_quietly()
+                self._stop()
                 return None
             return _unflatten(vector, [np.shape(a) for a in arrays], modulus)
         finally:
@@ -156,20 +150,21 @@ class MaskPool:
         for worker in busy:
             worker.receive()
 
-    def _stop_quietly(self) -> None:
+    def _stop(self) -> None:
         running, self._running = self._running, []
-        for worker in running:
-            worker.stop()
+        if self._owner == os.getpid():
+            for worker in running:
+                worker.stop()
 
 
 class _Worker:
     """One worker process: reads pickled slice jobs on its stdin, answers each on its stdout (None: done)."""
 
     def __init__(self) -> None:
-        path = os.pathsep.join(p for p in (_SOURCE_ROOT, os.environ.get("PYTHONPATH")) if p)
+        # The worker looks modules up where this process does, so it runs this very copy of privfed.
+        start = "import sys, json; sys.path[:] = json.loads(sys.argv[1]); from privfed.secagg.mask_pool import serve; serve()"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "privfed.secagg.mask_pool"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path},
+            [sys.executable, "-c", start, json.dumps(sys.path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
 
     def send(self, job: tuple[Any, ...]) -> None:
@@ -200,6 +195,13 @@ class _Worker:
             if stream is not None:
                 stream.close()  # this process's copy of the pipe only
         self.process.returncode = 0  # not ours to wait for
+
+
+def serve() -> None:
+    """A worker's main: slice jobs from stdin, answers to stdout (anything printed goes to stderr)."""
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    _serve(sys.stdin.buffer, replies)
 
 
 def _serve(jobs: IO[bytes], replies: IO[bytes]) -> None:
@@ -299,8 +301,3 @@ def _forget_shared_after_fork() -> None:
 
 atexit.register(_close_shared)
 os.register_at_fork(after_in_child=_forget_shared_after_fork)
-
-if __name__ == "__main__":
-    replies = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
-    _serve(sys.stdin.buffer, replies)

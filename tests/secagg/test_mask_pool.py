@@ -152,3 +152,23 @@ def test_a_script_without_a_main_guard_runs_once_exits_promptly_and_leaks_no_sha
     assert done.returncode == 0 and done.stdout.split("\n")[:2] == ["script ran", "4096 2"]
     assert done.stderr == ""  # no leaked-segment warning from a resource tracker, no traceback at exit
     assert not {name for name in set(os.listdir("/dev/shm")) - before if name.startswith("psm_")}
+
+
+def masked_in_ray_worker(arrays: list[np.ndarray], terms: list[tuple[bytes, int]]) -> tuple[bytes, bool]:
+    pool = MaskPool(2, min_words=0)
+    try:
+        return b"".join(a.tobytes() for a in pool.add_masks(arrays, terms, 2**32)), bool(pool._running)
+    finally:
+        pool.close()
+
+
+@pytest.mark.slow  # starts Ray
+def test_a_ray_worker_masks_with_its_own_workers_to_the_same_bytes():
+    ray = pytest.importorskip("ray")
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the worker cannot import this test module
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+        got, used = ray.get(ray.remote(masked_in_ray_worker).remote(encoded(), TERMS))
+    finally:
+        ray.shutdown()
+    assert used and got == expected_bytes()
