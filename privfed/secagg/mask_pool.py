@@ -1,4 +1,4 @@
-"""Adding SecAgg+ masks to a vector, across worker processes when that pays (docs/performance.md, "SecAgg+ masking").
+"""Adding SecAgg+ masks to a vector, across worker processes when that pays (docs/performance.md, "SecAgg+ masking on the CPU").
 
 A client adds its private mask and one pairwise mask per neighbour; the
 server takes survivors' private masks and dropped clients' pairwise masks
@@ -40,8 +40,10 @@ logger = logging.getLogger(__name__)
 
 #: Environment variable that sets the number of workers (0 or 1: always in-process); unset, one per usable core.
 WORKERS_ENV = "PRIVFED_MASK_WORKERS"
-#: Fewest keystream words (vector length x masks) a job needs to go to the pool: below, the pool's fixed costs win.
-MIN_POOL_WORDS = 1 << 22
+#: Fewest keystream words (vector length x masks) a job needs to go to the pool: 32 MB of AES, about 5 ms on one
+#: core of the 2-core dev machine; below, the pool's fixed costs (a message per worker, mapping the shared vector)
+#: eat the gain.
+MIN_POOL_WORDS = 1 << 23
 
 #: A mask to add: its seed, and +1 (added) or -1 (taken off).
 Term = tuple[bytes, int]
@@ -100,7 +102,7 @@ class MaskPool:
         Each job costs a shared vector and a message per worker; the masks'
         AES work, split over the workers, must outweigh that.
         """
-        return not self._broken and self.workers > 1 and masks > 1 and size > 0 and size * masks >= self.min_words
+        return not self._broken and self.workers > 1 and size > 0 and size * masks >= self.min_words
 
     def close(self) -> None:
         """Stops the workers (a later job that pays starts new ones)."""

@@ -74,8 +74,8 @@ def test_negative_and_large_integers_are_taken_mod_the_modulus(pool):
 
 def test_small_jobs_stay_in_process_and_large_ones_go_to_the_workers():
     pool = MaskPool(4, min_words=1000)
-    assert not pool.pays(999, 1) and not pool.pays(499, 2) and not pool.pays(10**6, 1)
-    assert pool.pays(500, 2) and pool.pays(10**6, 9)
+    assert not pool.pays(999, 1) and not pool.pays(499, 2) and not pool.pays(0, 2000)
+    assert pool.pays(500, 2) and pool.pays(1000, 1) and pool.pays(10**6, 9)
     assert not MaskPool(1, min_words=0).pays(10**6, 9)  # one worker gains nothing
 
 
