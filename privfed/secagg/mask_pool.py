@@ -34,7 +34,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from privfed.secagg.masks import WORD_MODULUS, WORDS_PER_BLOCK, add_mask_words, expand_mask
+from privfed.secagg.masks import WORD_MODULUS, WORDS_PER_BLOCK, add_mask_words, check_seed, expand_mask
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,8 @@ class MaskPool:
         """
         if any(not np.issubdtype(np.asarray(a).dtype, np.integer) for a in arrays):
             raise ValueError("masks are added to integer arrays")
+        for seed, _ in terms:
+            check_seed(seed)  # here, so that a bad seed never looks like a failed worker
         shapes = [np.shape(a) for a in arrays]
         if modulus & (modulus - 1) or modulus > WORD_MODULUS:
             return _add_masks_int64(arrays, terms, modulus, shapes)

@@ -45,10 +45,15 @@ _BLOCK = 16
 _CHUNK_WORDS = 1 << 16
 
 
-def mask_key(seed: bytes) -> bytes:
-    """The AES-256 key a seed's mask stream runs under (HKDF-SHA256 of the whole seed)."""
+def check_seed(seed: bytes) -> None:
+    """Refuses a seed too short to hold 128 bits of secret (e.g. one rebuilt from a hostile client's shares)."""
     if len(seed) < _MIN_SEED_BYTES:
         raise ValueError(f"a mask seed needs at least {_MIN_SEED_BYTES} bytes, got {len(seed)}")
+
+
+def mask_key(seed: bytes) -> bytes:
+    """The AES-256 key a seed's mask stream runs under (HKDF-SHA256 of the whole seed)."""
+    check_seed(seed)
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_KEY_INFO).derive(seed)
 
 

@@ -72,6 +72,12 @@ def test_negative_and_large_integers_are_taken_mod_the_modulus(pool):
     assert same_bytes(got, [np.mod(a + m, 2**32) for a, m in zip(arrays, masks)])
 
 
+def test_a_seed_too_short_is_refused_before_any_worker_sees_it_and_the_workers_serve_on(pool):
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        pool.add_masks(encoded(), [*TERMS, (b"rebuilt badly", 1)], 2**32)
+    assert pool.pays(10**9, 9) and same_bytes(pool.add_masks(encoded(), TERMS, 2**32), reference(encoded(), 2**32))
+
+
 def test_small_jobs_stay_in_process_and_large_ones_go_to_the_workers():
     pool = MaskPool(4, min_words=1000)
     assert not pool.pays(999, 1) and not pool.pays(499, 2) and not pool.pays(0, 2000)
