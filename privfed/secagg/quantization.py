@@ -5,7 +5,7 @@ up and takes one off where a uniform draw falls below the rounding's
 excess, through a boolean index. Here the same float operations run in
 place and the decrement is a subtraction, with the same draws from NumPy's
 global generator in the same order: the integers are Flower's, bit for bit
-(``tests/secagg/test_quantization.py``), in a third of the time for ResNet-18
+(``tests/secagg/test_quantization.py``), in half the CPU time for ResNet-18
 (docs/performance.md, "SecAgg+ masking on the CPU").
 """
 
