@@ -183,8 +183,12 @@ class _Cohort:
     def start(self, plans: list[_ClientPlan]) -> None:
         """Stacks a slot per client, each with the round's model and zero momentum."""
         count = len(plans)
-        self.stack = {name: tensor.unsqueeze(0).repeat(count, *[1] * tensor.dim()) for name, tensor in self.initial.items()}
+        self._restack({name: tensor.unsqueeze(0).repeat(count, *[1] * tensor.dim()) for name, tensor in self.initial.items()})
         self.momentum = {name: torch.zeros_like(self.stack[name]) for name in self.trained}
+
+    def _restack(self, stack: Tensors) -> None:
+        """The trained parameters' stacks stay leaves across steps: a step reads their gradients and moves them in place."""
+        self.stack = {name: tensor.detach().requires_grad_(name in self.trained) for name, tensor in stack.items()}
 
     @torch.no_grad()
     def reset(self, slot: int) -> None:
@@ -194,10 +198,11 @@ class _Cohort:
         for tensor in self.momentum.values():
             tensor[slot] = 0
 
+    @torch.no_grad()
     def drop(self, slots: list[int]) -> None:
         """Removes finished clients' slots that no client is left to take."""
         kept = torch.tensor([slot for slot in range(self.size) if slot not in slots], dtype=torch.long, device=self.device)
-        self.stack = {name: tensor[kept] for name, tensor in self.stack.items()}
+        self._restack({name: tensor[kept] for name, tensor in self.stack.items()})
         self.momentum = {name: tensor[kept] for name, tensor in self.momentum.items()}
 
     def step(self, plans: list[_ClientPlan]) -> None:
@@ -209,22 +214,24 @@ class _Cohort:
             self._step_group(slot_group, [plans[slot] for slot in slot_group])
 
     def _step_group(self, slot_group: list[int], plans: list[_ClientPlan]) -> None:
+        """One step of the clients in ``slot_group``: in place for every slot, else on a gathered copy put back after."""
         whole = len(slot_group) == self.size
         index = torch.tensor(slot_group, dtype=torch.long, device=self.device)
-        stack = self.stack if whole else {name: tensor[index] for name, tensor in self.stack.items()}
-        momentum = self.momentum if whole else {name: tensor[index] for name, tensor in self.momentum.items()}
-        params = {name: stack[name].detach().requires_grad_() for name in self.trained}
-        out = self._batched_step(params, {name: t for name, t in stack.items() if name not in params}, plans)
+        with torch.no_grad():
+            stack = self.stack if whole else {
+                name: tensor[index].requires_grad_(name in self.trained) for name, tensor in self.stack.items()
+            }
+            momentum = self.momentum if whole else {name: tensor[index] for name, tensor in self.momentum.items()}
+        out = self._batched_step(stack, plans)
         out.loss.sum().backward()
         with torch.no_grad():
-            stepped = [name for name in self.trained if params[name].grad is not None]  # as SGD skips a parameter without one
-            _sgd([params[n] for n in stepped], [params[n].grad for n in stepped], [momentum[n] for n in stepped], self.config)  # type: ignore[misc]
-            for name in self.trained:
-                stack[name] = params[name].detach()
+            stepped = [name for name in self.trained if stack[name].grad is not None]  # as SGD skips a parameter without one
+            grads = [stack[n].grad for n in stepped]
+            _sgd([stack[n] for n in stepped], grads, [momentum[n] for n in stepped], self.config)  # type: ignore[arg-type]
+            for name in stepped:
+                stack[name].grad = None
             ema_update_tensors([stack[t] for t, _ in self.ema_pairs], [stack[o] for _, o in self.ema_pairs], self.config.ema_decay)
-            if whole:
-                self.stack.update(stack)
-            else:
+            if not whole:
                 for name, tensor in stack.items():
                     self.stack[name][index] = tensor
                 for name, tensor in momentum.items():
@@ -232,7 +239,7 @@ class _Cohort:
         for row, plan in enumerate(plans):
             self._record(plan, out, row)
 
-    def _batched_step(self, params: Tensors, buffers: Tensors, plans: list[_ClientPlan]) -> StepOutput:
+    def _batched_step(self, stack: Tensors, plans: list[_ClientPlan]) -> StepOutput:
         """Every client's views in one transform, then its step through ``vmap`` over the slots."""
         count = self.method.view_draw_count
         assert count is not None  # trains_in_cohort
@@ -248,7 +255,7 @@ class _Cohort:
             reps = out.target_reps if out.target_reps is not None else torch.zeros(0, device=out.loss.device)
             return out.loss, out.values, reps
 
-        loss, values, reps = vmap(one_client)({**params, **buffers}, stacked)
+        loss, values, reps = vmap(one_client)(stack, stacked)
         return StepOutput(loss, values, reps)
 
     def _record(self, plan: _ClientPlan, out: StepOutput, row: int) -> None:
