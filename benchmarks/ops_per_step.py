@@ -41,14 +41,14 @@ def ops_per_step(backbone: str, method: str, batch_size: int, steps: int) -> dic
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         result = run(1)
     aten = [event for event in prof.events() if event.name.startswith("aten::")]
-    outer = collections.Counter(event.name for event in aten if not _inside_aten(event))
+    outer = collections.Counter(event.name for event in aten if not inside_aten(event))
     per_step = lambda count: round(count / result.num_steps, 1)  # noqa: E731
     return {"steps": result.num_steps, "outer_aten_ops_per_step": per_step(sum(outer.values())),
             "all_aten_ops_per_step": per_step(len(aten)),
             **{name: per_step(count) for name, count in outer.most_common(25)}}
 
 
-def _inside_aten(event: object) -> bool:
+def inside_aten(event: object) -> bool:
     """Whether an op was called by another aten op (counted with its caller, as one launch site)."""
     parent = getattr(event, "cpu_parent", None)
     while parent is not None:
