@@ -46,12 +46,12 @@ import torch
 from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
 
 from privfed.config import build_config
-from privfed.federation import secagg_masking
 from privfed.federation.simulation import simulate
 from privfed.methods import build_network
 from privfed.orchestra.model_state import shared_state
 from privfed.run.directory import RunDirectory
 from privfed.run.plan import plan_run
+from privfed.secagg import mask_pool
 from privfed.secagg.masks import expand_mask
 from privfed.secagg.settings import default_num_shares, default_threshold
 
@@ -66,20 +66,30 @@ def flower_expand(seed: bytes, modulus: int, shapes: list[tuple[int, ...]]) -> l
     return pseudo_rand_gen(seed, modulus, list(shapes))
 
 
+def flower_add_masks(self, arrays: list, terms: list, modulus: int) -> list:
+    """Flower's masks behind privfed's :meth:`MaskPool.add_masks`, summed in int64 as Flower's mod does (the baseline only)."""
+    shapes = [np.shape(a) for a in arrays]
+    total = [np.asarray(a).astype(np.int64) for a in arrays]
+    for seed, sign in terms:
+        for array, mask in zip(total, pseudo_rand_gen(seed, modulus, shapes)):
+            array += sign * mask
+    return [np.mod(array, modulus) for array in total]
+
+
 def flowers_prg_in_client(msg, context, call_next):
     """Outer mod: this client process masks with Flower's PRG."""
-    secagg_masking.expand_mask = flower_expand
+    mask_pool.MaskPool.add_masks = flower_add_masks
     return call_next(msg, context)
 
 
 @contextmanager
 def flowers_prg_here() -> Iterator[None]:
-    original = secagg_masking.expand_mask
-    secagg_masking.expand_mask = flower_expand
+    original = mask_pool.MaskPool.add_masks
+    mask_pool.MaskPool.add_masks = flower_add_masks
     try:
         yield
     finally:
-        secagg_masking.expand_mask = original
+        mask_pool.MaskPool.add_masks = original
 
 
 def config_for(num_clients: int, backbone: str, prg: str, args: argparse.Namespace, out: Path):

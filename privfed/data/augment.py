@@ -264,9 +264,14 @@ def two_views(x_uint8: torch.Tensor, *, generator: torch.Generator) -> tuple[tor
     views, so every method sees the same augmentation of an image.
     """
     _check_generator(x_uint8, generator)
+    return two_views_from(x_uint8, view_draws(x_uint8.shape[0], TWO_VIEW_DRAWS, generator=generator))
+
+
+def two_views_from(x_uint8: torch.Tensor, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`two_views` with its random choices given: ``draws`` ``[B, TWO_VIEW_DRAWS]`` uniforms."""
     x = to_float(x_uint8)
     _check_batch(x, None)
-    view1, view2 = _byol_pair(x, view_draws(x.shape[0], TWO_VIEW_DRAWS, generator=generator))
+    view1, view2 = _byol_pair(x, draws)
     return normalize(view1), normalize(view2)
 
 

@@ -36,6 +36,7 @@ from mechanisms import Mechanism, create_mechanism
 from privfed.config import TrainConfig
 from privfed.data.federated import FederatedSplit
 from privfed.device import resolve_device
+from privfed.federation.cohort_round import CohortJob, current_cohort
 from privfed.federation.messages import (
     arrays_to_state,
     bytes_to_tensor,
@@ -48,8 +49,9 @@ from privfed.federation.reply_store import ReplyStore, StoredReply, instructions
 from privfed.federation.secagg_masking import SHARE_KEY
 from privfed.methods import build_network, get_method
 from privfed.orchestra.client_update import run_client_round
+from privfed.orchestra.cohort_training import TrainedMember, trains_in_cohort
 from privfed.orchestra.local_training import LocalTrainingConfig
-from privfed.orchestra.model_state import shared_keys
+from privfed.orchestra.model_state import StateDict, shared_keys
 from privfed.privacy.client_guard import ClientGuard, RoundRefused, declared_budget
 from privfed.privacy.ledger import events_to_json
 from privfed.secagg.encoding import (
@@ -185,6 +187,7 @@ class OrchestraClient(Client):
         labels = split.client_labels(self.client_id) if get_method(config.method).reads_labels else None
         if centroids is not None and mechanism is not None:
             mechanism.observe_global_centroids(centroids)
+        trained = self._cohort_training(round_index, digest, train, images, global_state, centroids)
         try:
             update, _ = run_client_round(
                 network,
@@ -198,6 +201,7 @@ class OrchestraClient(Client):
                 seed=client_seed(config.seed, round_index, self.client_id),
                 device=resolve_device(config.device),
                 labels=labels,
+                trained=trained,
             )
             if update.delta is not None and not all(bool(torch.isfinite(v).all()) for v in update.delta.values()):
                 raise ValueError("the model delta holds NaN or Inf")  # FedAvg or SecAgg+ would spread it to everyone
@@ -240,6 +244,28 @@ class OrchestraClient(Client):
         kept = FitRes(res.status, res.parameters, res.num_examples, {k: v for k, v in res.metrics.items() if k != SHARE_KEY})
         declared.replies.answer(declared.run, round_index, digest, kept)
         return res
+
+    def _cohort_training(
+        self, round_index: int, digest: str, train: bool, images: torch.Tensor, global_state: StateDict,
+        centroids: torch.Tensor | None,
+    ) -> TrainedMember | None:
+        """This admitted round's training, done in the local runtime's cohort (None: the client trains alone).
+
+        In the runtime's first pass the round is handed to the cohort, which
+        ends this fit (:mod:`privfed.federation.cohort_round`). Only a client
+        that keeps its state on disk joins: the second pass must find the
+        round begun, or it would be charged again.
+        """
+        cohort = current_cohort()
+        if cohort is None or not train or self.declared.replies.path is None:
+            return None
+        key = (self.client_id, self.declared.run, round_index, digest)
+        if not cohort.collecting:
+            return cohort.take(key)
+        if trains_in_cohort(self.declared.local.replace(dp_sgd=self.declared.guard.budget.dp_sgd)) is None:
+            seed = client_seed(self.declared.config.seed, round_index, self.client_id)
+            cohort.admit(key, CohortJob(images, seed), global_state, centroids)
+        return None
 
     def _mechanism(self, train: bool) -> Mechanism | None:
         """The declared mechanism, built from the client's own calibration; refuses a round it cannot serve.

@@ -232,8 +232,8 @@ def rounding_seed(run_seed: int, round_index: int, partition: int) -> int:
 def seeded_secagg_rounding(declared: TrainConfig | None) -> Mod:
     """A mod that makes SecAgg+'s stochastic rounding reproducible from the declared run's seed.
 
-    SecAgg+'s quantisation (Flower's ``quantize``) rounds the client's update stochastically
-    with NumPy's global generator right after the client replies, so the
+    SecAgg+'s quantisation (:mod:`privfed.secagg.quantization`, Flower's rounding) rounds the
+    client's update stochastically with NumPy's global generator right after the client replies, so the
     same seed gave slightly different aggregates on every run. This mod
     sits just inside it and seeds that generator from the round's seed once
     the reply exists; :func:`secaggplus_when_requested` reseeds it from the

@@ -4,7 +4,8 @@ The run uses the same apps as the Ray path (:mod:`privfed.federation.simulation`
 only the transport differs. :class:`LocalGrid` implements Flower's public
 ``Grid`` interface and hands each message straight to the ClientApp, one
 client after another, so Flower's own workflows (SecAgg+ included) run
-unchanged. Each simulated node keeps its own ``Context`` (node id,
+unchanged; a round's training may first be done for all its clients at
+once (:mod:`privfed.federation.cohort_round`). Each simulated node keeps its own ``Context`` (node id,
 ``partition-id`` and ``num-partitions`` as Flower's simulation sets them,
 its state across messages), and a client's exception becomes an error
 reply, as a crashed node's would. Ray's start-up, workers and shutdown cost
@@ -14,12 +15,13 @@ more than a small run's rounds (docs/flower.md measures both runtimes).
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import random
 import secrets
 import uuid
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.app import Context, Error, Message, RecordDict
+from flwr.app.message_type import MessageType
 from flwr.client import ClientApp
 from flwr.common.constant import (
     NUM_PARTITIONS_KEY,
@@ -38,9 +41,14 @@ from flwr.serverapp.grid import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from privfed.federation.client_app import Mod, make_client_app
+from privfed.config import TrainConfig
+from privfed.device import resolve_device
+from privfed.federation.client_app import FIT_CONFIG_RECORD, Mod, make_client_app
+from privfed.federation.cohort_round import AdmittedToCohort, CohortRound, answering_with, current_cohort
 from privfed.federation.reply_store import forget_replies
 from privfed.federation.server_app import make_server_app
+from privfed.orchestra.cohort_training import trains_in_cohort
+from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.run.driver import ProgressCallback
 from privfed.run.interruption import run_stop_request
 from privfed.run.plan import RunPlan
@@ -80,7 +88,7 @@ def run_locally(
     client_app = make_client_app(
         declared=config, state_dir=ledgers, run_key=SIMULATED_RUN_KEY, outer_mods=outer_mods, inner_mods=inner_mods
     )
-    grid = LocalGrid(client_app, config.num_clients)
+    grid = LocalGrid(client_app, config.num_clients, cohort=cohort_of(config))
     with flower_logging(verbose), superlink_identity(grid.run.run_id), run_stop_request() as stop:
         server_app = make_server_app(plan, forgetting_replies(progress, ledgers), outcome, stop=stop, resume=resume)
         server_app(grid, Context(grid.run.run_id, 0, {}, RecordDict(), {}))
@@ -128,15 +136,39 @@ def superlink_identity(run_id: int) -> Iterator[None]:
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
 
 
-class LocalGrid(Grid):
-    """A Flower ``Grid`` whose nodes live in this process: ``pull_messages`` runs each pending message's ClientApp."""
+def cohort_of(config: TrainConfig) -> Callable[[], CohortRound] | None:
+    """How a round's clients train together under ``config`` (None: one at a time).
 
-    def __init__(self, client_app: ClientApp, num_nodes: int, run_id: int | None = None) -> None:
+    ``clients_per_step`` 0 batches every client of a round on a CUDA device
+    and none elsewhere: on a CPU the batched step is slower (docs/performance.md).
+    """
+    device = resolve_device(config.device)
+    local = LocalTrainingConfig.from_run(config)
+    automatic = config.clients_per_step == 0
+    slots = (config.num_clients if device.type == "cuda" else 1) if automatic else config.clients_per_step
+    if slots < 2 or config.dp_sgd or trains_in_cohort(local) is not None:
+        return None
+    return functools.partial(CohortRound, config, local, device, slots)
+
+
+class LocalGrid(Grid):
+    """A Flower ``Grid`` whose nodes live in this process: ``pull_messages`` runs each pending message's ClientApp.
+
+    With a ``cohort`` a round's training messages are answered in two passes,
+    so that every admitted client trains in one batched computation
+    (:mod:`privfed.federation.cohort_round`).
+    """
+
+    def __init__(
+        self, client_app: ClientApp, num_nodes: int, run_id: int | None = None, *, cohort: Callable[[], CohortRound] | None = None
+    ) -> None:
         self._app = client_app
         self._run = Run.create_empty(run_id if run_id is not None else secrets.randbits(63))
         nodes = node_ids(num_nodes)
         self._contexts = {node: self._node_context(node, partition, num_nodes) for partition, node in enumerate(nodes)}
         self._pending: dict[str, Message] = {}
+        self._new_cohort = cohort
+        self._cohort: CohortRound | None = None
 
     def _node_context(self, node_id: int, partition: int, num_nodes: int) -> Context:
         """A node's own context, kept across its messages, as Flower's simulation registers it."""
@@ -168,7 +200,21 @@ class LocalGrid(Grid):
             message.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # Flower's Metadata has no setter
             self._pending[message.metadata.message_id] = message
             ids.append(message.metadata.message_id)
+        training = [self._pending[i] for i in ids if trains(self._pending[i])]
+        if self._new_cohort is not None and len(training) > 1:
+            self._cohort = self._admit_together(training, self._new_cohort())
         return ids
+
+    def _admit_together(self, messages: list[Message], cohort: CohortRound) -> CohortRound:
+        """The first pass: each client is checked and charged up to training; then the admitted ones train together."""
+        with answering_with(cohort):
+            for message in messages:
+                try:
+                    self._deliver(message, quiet=True)  # its reply (a refusal, a replay) comes again in the second pass
+                except AdmittedToCohort:
+                    pass
+        cohort.train()
+        return cohort
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         """The reply to the first pending message among ``message_ids``, computed now by its node.
@@ -190,18 +236,25 @@ class LocalGrid(Grid):
             replies.extend(pulled)
         return replies
 
-    def _deliver(self, message: Message) -> Message:
+    def _deliver(self, message: Message, *, quiet: bool = False) -> Message:
         """The node's reply to its own copy of ``message`` (the server may send one content object to many nodes)."""
         context = self._contexts[message.metadata.dst_node_id]
         received = copy.deepcopy(message)
         try:
-            with own_process_state():
+            with own_process_state(), answering_with(current_cohort() if quiet else self._cohort):
                 reply = self._app(received, context)
         except Exception as err:  # a failing client is a dropped node, not a failed run
-            logger.warning("node %s (partition %s) failed: %r", context.node_id, context.node_config[PARTITION_ID_KEY], err)
+            if not quiet:
+                logger.warning("node %s (partition %s) failed: %r", context.node_id, context.node_config[PARTITION_ID_KEY], err)
             reply = Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(err).__name__}: {err}"), reply_to=received)
         reply.metadata.__dict__["_message_id"] = uuid.uuid4().hex
         return reply
+
+
+def trains(message: Message) -> bool:
+    """Whether ``message`` asks a client for a training round (the message that carries the fit instructions)."""
+    fit = message.content.config_records.get(FIT_CONFIG_RECORD)
+    return message.metadata.message_type == MessageType.TRAIN and fit is not None and fit.get("task") == "train"
 
 
 def node_ids(count: int) -> list[int]:

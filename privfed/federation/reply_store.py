@@ -27,7 +27,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -153,7 +152,7 @@ class ReplyStore:
 
     def get(self, run: int, round_index: int) -> StoredReply | None:
         """What is stored for this round of this run (None: nothing, or an unreadable file)."""
-        stored = self._read()
+        stored = self._read(run, round_index)
         if stored is None or stored.run != run or stored.round != round_index:
             return None
         return stored
@@ -176,12 +175,17 @@ class ReplyStore:
                 tensors=len(res.parameters.tensors),
             )
             arrays = {f"tensor_{i}": np.frombuffer(t, dtype=np.uint8) for i, t in enumerate(res.parameters.tensors)}
-        buffer = io.BytesIO()
-        # numpy's stub checks **arrays against savez's allow_pickle keyword too; the keys are tensor_<i>.
-        np.savez(buffer, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
-        write_whole(self.path, lambda tmp: tmp.write_bytes(buffer.getvalue()), tmp=self.path.with_name(self.path.name + ".tmp"))
+        encoded = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
 
-    def _read(self) -> StoredReply | None:
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as file:  # straight to the file: a model-sized reply is not copied in memory first
+                # numpy's stub checks **arrays against savez's allow_pickle keyword too; the keys are tensor_<i>.
+                np.savez(file, header=encoded, **arrays)  # type: ignore[arg-type]
+
+        write_whole(self.path, write, tmp=self.path.with_name(self.path.name + ".tmp"))
+
+    def _read(self, run: int | None = None, round_index: int | None = None) -> StoredReply | None:
+        """The stored round; its reply's arrays are read only when it is round ``round_index`` of ``run`` (if given)."""
         if self.path is None:
             return self._memory
         if not self.path.is_file():
@@ -192,7 +196,8 @@ class ReplyStore:
                 if header.get("format") != FORMAT:
                     return None
                 reply = None
-                if "tensors" in header:
+                other = (run is not None and header["run"] != run) or (round_index is not None and header["round"] != round_index)
+                if "tensors" in header and not other:
                     tensors = [data[f"tensor_{i}"].tobytes() for i in range(int(header["tensors"]))]
                     code, message = header["status"]
                     reply = FitRes(

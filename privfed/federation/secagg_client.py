@@ -2,9 +2,9 @@
 
 Flower's ``secaggplus_mod`` runs the stages that exchange keys and shares
 (setup, share keys, unmask). The stage that masks the update is privfed's
-own (:func:`_masked_vectors_stage`), so every mask comes from
-:func:`~privfed.secagg.masks.expand_mask` and Flower's 32-bit
-mask expansion is never called. At setup the node refuses a server that
+own (:func:`_masked_vectors_stage`), so every mask is the protocol's
+(:mod:`privfed.secagg.masks`) and Flower's 32-bit mask expansion is never
+called. At setup the node refuses a server that
 does not state :data:`~privfed.secagg.masks.PROTOCOL_VERSION`,
 before it makes any key, and answers with the version it runs.
 """

@@ -1,12 +1,13 @@
 """Both ends of SecAgg+'s masking arithmetic: what a client adds to its update, what the server takes off the sum.
 
 A client encodes its weighted update as integers (Flower's quantisation,
-with the FedAvg weight in front) and adds its private mask and, for each
-neighbour, a pairwise mask: added when its node id is the larger of the
-two, subtracted otherwise, so the pair cancels in the sum. The server
-removes each survivor's private mask and, for each client that dropped
-after sharing its keys, the pairwise masks it left in its surviving
-neighbours' vectors. Every mask comes from :func:`~privfed.secagg.masks.expand_mask`.
+:mod:`privfed.secagg.quantization`, with the FedAvg weight in front) and
+adds its private mask and, for each neighbour, a pairwise mask: added when
+its node id is the larger of the two, subtracted otherwise, so the pair
+cancels in the sum. The server removes each survivor's private mask and,
+for each client that dropped after sharing its keys, the pairwise masks it
+left in its surviving neighbours' vectors. Every mask is the protocol's
+(:mod:`privfed.secagg.masks`), added by :mod:`privfed.secagg.mask_pool`.
 """
 
 from __future__ import annotations
@@ -15,19 +16,21 @@ from collections.abc import Mapping
 
 import numpy as np
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
-from flwr.common.secure_aggregation.ndarrays_arithmetic import factor_combine, factor_extract
-from flwr.common.secure_aggregation.quantization import dequantize, quantize
+from flwr.common.secure_aggregation.ndarrays_arithmetic import factor_extract
+from flwr.common.secure_aggregation.quantization import dequantize
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
 from privfed.secagg.encoding import secagg_weight_ratio
-from privfed.secagg.masks import expand_mask
+from privfed.secagg.mask_pool import MaskPool, shared_pool
+from privfed.secagg.quantization import quantize
 
 #: The fit reply's metrics key under which an aggregated mechanism's share goes from the client to its SecAgg+ mod,
 #: which moves it into the masked vector (:func:`encode_update`); it is never sent in plaintext.
 SHARE_KEY = "secure_sum_share"
 
-#: Largest modulus the int64 arithmetic here is exact for: a client adds a mask per neighbour before reducing,
-#: and the server sums one vector per client, so up to 2^31 of them stay below 2^63.
+#: Largest modulus the sums are exact for: a power of two up to it divides 2^32, where uint32 words wrap; any other
+#: runs in int64, where a client adds a mask per neighbour before reducing and the server sums one vector per
+#: client, so up to 2^31 of them stay below 2^63.
 MAX_MODULUS = 2**32
 
 
@@ -56,8 +59,8 @@ def encode_update(
     masked like the rest (:func:`split_share` takes it off the sum).
     """
     ratio = secagg_weight_ratio(num_examples, max_weight=max_weight, quantization_range=quantization_range)
-    scaled = [array * ratio for array in arrays]
-    encoded = factor_combine(round(ratio * quantization_range), quantize(scaled, clipping_range, quantization_range))
+    levels = quantize(arrays, scale=ratio, clipping_range=clipping_range, quantization_range=quantization_range)
+    encoded = [np.array([round(ratio * quantization_range)]), *levels]  # the weight factor in front, as Flower's
     if share is None:
         return encoded
     share = np.asarray(share)
@@ -82,15 +85,17 @@ def mask_update(
     private_seed: bytes,
     pairwise_seeds: Mapping[int, bytes],
     modulus: int,
+    pool: MaskPool | None = None,
 ) -> list[np.ndarray]:
-    """``encoded`` plus the client's private mask and its pairwise masks, mod ``modulus``."""
+    """``encoded`` plus the client's private mask and its pairwise masks, mod ``modulus``.
+
+    ``pool`` adds the masks (default: the process's :func:`~privfed.secagg.mask_pool.shared_pool`);
+    the result does not depend on it.
+    """
     _check_modulus(modulus)
-    shapes = [array.shape for array in encoded]
-    masked = [array.astype(np.int64) for array in encoded]
-    _add(masked, expand_mask(private_seed, modulus, shapes), sign=1)
-    for neighbour, seed in pairwise_seeds.items():
-        _add(masked, expand_mask(seed, modulus, shapes), sign=1 if node_id > neighbour else -1)
-    return [np.mod(array, modulus) for array in masked]
+    terms = [(private_seed, 1)]
+    terms += [(seed, 1 if node_id > neighbour else -1) for neighbour, seed in pairwise_seeds.items()]
+    return (pool or shared_pool()).add_masks(encoded, terms, modulus)
 
 
 def unmask_sum(
@@ -99,6 +104,7 @@ def unmask_sum(
     private_seeds: Mapping[int, bytes],
     dropped_pairwise_seeds: Mapping[int, Mapping[int, bytes]],
     modulus: int,
+    pool: MaskPool | None = None,
 ) -> list[np.ndarray]:
     """The sum of the survivors' encoded updates, from the sum of their masked vectors.
 
@@ -109,17 +115,14 @@ def unmask_sum(
             keys, the seed it shared with each surviving neighbour (rebuilt
             from its first private key's shares).
         modulus: The protocol's modulus.
+        pool: Adds the masks, as in :func:`mask_update`.
     """
     _check_modulus(modulus)
-    shapes = [array.shape for array in masked_sum]
-    total = [array.astype(np.int64) for array in masked_sum]
-    for seed in private_seeds.values():
-        _add(total, expand_mask(seed, modulus, shapes), sign=-1)
+    terms = [(seed, -1) for seed in private_seeds.values()]
     for dropped, seeds in dropped_pairwise_seeds.items():
-        for survivor, seed in seeds.items():
-            # The survivor added this mask if its id was the larger one: take off what it put on.
-            _add(total, expand_mask(seed, modulus, shapes), sign=-1 if survivor > dropped else 1)
-    return [np.mod(array, modulus) for array in total]
+        # The survivor added this mask if its id was the larger one: take off what it put on.
+        terms += [(seed, -1 if survivor > dropped else 1) for survivor, seed in seeds.items()]
+    return (pool or shared_pool()).add_masks(masked_sum, terms, modulus)
 
 
 def decode_weighted_mean(
@@ -142,11 +145,3 @@ def decode_weighted_mean(
 def _check_modulus(modulus: int) -> None:
     if not 2 <= modulus <= MAX_MODULUS:
         raise ValueError(f"a SecAgg+ modulus must be in [2, 2^32] for exact int64 sums, got {modulus}")
-
-
-def _add(arrays: list[np.ndarray], masks: list[np.ndarray], *, sign: int) -> None:
-    for array, mask in zip(arrays, masks):
-        if sign > 0:
-            array += mask
-        else:
-            array -= mask

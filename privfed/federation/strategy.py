@@ -101,7 +101,8 @@ class OrchestraStrategy(Strategy):
         self._rng = np.random.default_rng(seed)
         self.partition_of = partition_of
         self.reply_rules = reply_rules
-        self._shapes = [tuple(server.global_state()[k].shape) for k in self._keys]
+        state = server.network.state_dict()  # references, not copies: only the shapes are read
+        self._shapes = [tuple(state[k].shape) for k in self._keys]
         self._rejected: list[Rejection] = []
         self._round_started = 0.0
         self._sampled_ids: tuple[int, ...] = ()

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from privfed.data.augment import view_draws
 from privfed.models.heads import Heads
 from privfed.models.network import OrchestraNetwork
 
@@ -112,9 +113,19 @@ class Method(abc.ABC):
         """Heads its network carries but its step never trains (DP-SGD steps only what is trained)."""
         return ()
 
-    @abc.abstractmethod
     def step(self, network: OrchestraNetwork, batch: Batch) -> StepOutput:
-        """The encoder passes and the loss of one training step."""
+        """The encoder passes and the loss of one training step.
+
+        By default the views of :meth:`views_from` on one draw of the batch's
+        generator, then :meth:`step_on_views`: what a cohort computes for each
+        of its clients. A method that declares no :attr:`view_draw_count`
+        overrides this.
+        """
+        count = self.view_draw_count
+        if count is None:
+            raise NotImplementedError(f"method {self.name} defines neither its step nor its views")
+        draws = view_draws(batch.images.shape[0], count, generator=batch.generator)
+        return self.step_on_views(network, self.views_from(batch.images, draws), batch.centroids, batch.temperature)
 
     @property
     def view_draw_count(self) -> int | None:

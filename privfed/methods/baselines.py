@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from privfed.data.augment import normalize, random_resized_crop_flip, to_float, two_views
+from privfed.data.augment import TWO_VIEW_DRAWS, normalize, random_resized_crop_flip, to_float, two_views_from
 from privfed.errors import PrivfedError
 from privfed.methods.base import Batch, Method, StepOutput
 from privfed.methods.losses import negative_cosine_loss, nt_xent_loss, spectral_contrastive_loss
@@ -41,9 +41,17 @@ class TwoViews(Method):
 
     pair_loss: PairLoss
 
-    def step(self, network: OrchestraNetwork, batch: Batch) -> StepOutput:
-        view1, view2 = two_views(batch.images, generator=batch.generator)
-        loss = self.pair_loss(network, view1, view2, batch.temperature)
+    @property
+    def view_draw_count(self) -> int:
+        return TWO_VIEW_DRAWS
+
+    def views_from(self, images: torch.Tensor, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return two_views_from(images, draws)
+
+    def step_on_views(
+        self, network: OrchestraNetwork, views: tuple[torch.Tensor, torch.Tensor], centroids: torch.Tensor | None, temperature: float
+    ) -> StepOutput:
+        loss = self.pair_loss(network, *views, temperature)
         return StepOutput(loss, {"loss": loss})
 
 

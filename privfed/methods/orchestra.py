@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from privfed.data.augment import ORCHESTRA_VIEW_DRAWS, OrchestraViews, orchestra_views, orchestra_views_from
-from privfed.methods.base import CLUSTERED, FIXED_RANDOM, NO_CENTROIDS, Batch, Method, StepOutput
+from privfed.data.augment import ORCHESTRA_VIEW_DRAWS, OrchestraViews, orchestra_views_from
+from privfed.methods.base import CLUSTERED, FIXED_RANDOM, NO_CENTROIDS, Method, StepOutput
 from privfed.methods.losses import cluster_consistency_loss, mean_best_cosine, normalised_target_entropy, rotation_loss
 from privfed.models.heads import ORCHESTRA_HEADS, Heads
 from privfed.models.network import OrchestraNetwork
@@ -56,10 +56,6 @@ class Orchestra(Method):
     def untrained_heads(self) -> tuple[str, ...]:
         return () if self.rotation_loss else ("rotation",)
 
-    def step(self, network: OrchestraNetwork, batch: Batch) -> StepOutput:
-        views = orchestra_views(batch.images, generator=batch.generator)
-        return self.on_views(network, views, batch.centroids, batch.temperature)
-
     @property
     def view_draw_count(self) -> int:
         return ORCHESTRA_VIEW_DRAWS
@@ -68,11 +64,6 @@ class Orchestra(Method):
         return orchestra_views_from(images, draws)
 
     def step_on_views(
-        self, network: OrchestraNetwork, views: OrchestraViews, centroids: torch.Tensor | None, temperature: float
-    ) -> StepOutput:
-        return self.on_views(network, views, centroids, temperature)
-
-    def on_views(
         self, network: OrchestraNetwork, views: OrchestraViews, centroids: torch.Tensor | None, temperature: float
     ) -> StepOutput:
         """At most three encoder passes: target on view 1, online on view 2 (cluster term), online on the rotated view 3.

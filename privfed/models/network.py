@@ -102,5 +102,7 @@ def ema_update_tensors(targets: list[torch.Tensor], onlines: list[torch.Tensor],
     """:func:`ema_update` on tensor lists: two fused launches for every parameter, not two per parameter."""
     if len(targets) != len(onlines):
         raise ValueError(f"{len(targets)} target tensors for {len(onlines)} online ones")
+    if not targets:
+        return
     torch._foreach_mul_(targets, decay)
     torch._foreach_add_(targets, onlines, alpha=1.0 - decay)

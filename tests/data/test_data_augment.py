@@ -6,15 +6,18 @@ import torchvision.transforms.functional as TF
 
 from privfed.data.augment import (
     NORM_MEAN,
+    ORCHESTRA_VIEW_DRAWS,
     color_jitter,
     gaussian_blur,
     normalize,
     orchestra_views,
+    orchestra_views_from,
     random_grayscale,
     random_resized_crop_flip,
     rotate_quarter_turns,
     solarize,
     to_float,
+    view_draws,
 )
 from privfed.data.shapes import make_shapes
 
@@ -204,3 +207,15 @@ def test_views_stay_on_the_gpu(images_uint8):
         assert tensor.is_cuda
     with pytest.raises(ValueError, match=r"torch\.Generator"):
         orchestra_views(x, generator=_gen())
+
+
+def test_views_of_two_batches_made_in_one_transform_are_each_batchs_own(images_uint8):
+    """A cohort makes all its clients' views at once from each client's own draws: every image's views are its own."""
+    first, second = images_uint8[:10], images_uint8[10:]
+    draws = [view_draws(len(part), ORCHESTRA_VIEW_DRAWS, generator=_gen(seed)) for part, seed in ((first, 1), (second, 2))]
+    together = orchestra_views_from(torch.cat([first, second]), torch.cat(draws))
+    apart = [orchestra_views_from(part, d) for part, d in zip((first, second), draws)]
+    for field in ("view1", "view2", "view3", "rotation_labels"):
+        assert torch.equal(getattr(together, field), torch.cat([getattr(a, field) for a in apart])), field
+    alone = orchestra_views(first, generator=_gen(1))
+    assert torch.equal(alone.view1, apart[0].view1) and torch.equal(alone.rotation_labels, apart[0].rotation_labels)

@@ -182,12 +182,12 @@ def test_under_secagg_a_value_the_masked_sum_has_no_slot_for_stays_home(tiny_con
 
     from privfed.methods.orchestra import Orchestra
 
-    step = Orchestra.on_views
+    step = Orchestra.step_on_views
 
     def with_own_value(self, *args, **kwargs):
         out = step(self, *args, **kwargs)
         return dataclasses.replace(out, values={**out.values, "own_value": out.loss.detach() * 0 + 42.0})
 
-    monkeypatch.setattr(Orchestra, "on_views", with_own_value)
+    monkeypatch.setattr(Orchestra, "step_on_views", with_own_value)
     res, _ = reply_to(tiny_config.replace(secagg=True, report_client_metrics=True))
     assert set(res.metrics) - set(RELEASE_KEYS) == PROTOCOL_KEYS

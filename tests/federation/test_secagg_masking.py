@@ -14,6 +14,7 @@ from privfed.federation.secagg_masking import (
     split_share,
     unmask_sum,
 )
+from privfed.secagg.mask_pool import MaskPool
 
 CLIPPING, LEVELS, MODULUS = 8.0, 2**22, 2**32
 PAIRWISE = os.urandom(32)
@@ -54,3 +55,28 @@ def test_a_masked_share_shows_nothing_of_the_share():
 def test_a_share_that_is_not_a_vector_of_residues_is_refused(bad):
     with pytest.raises(ValueError, match="non-negative integers"):
         encode_update([np.zeros(2)], 10, max_weight=100.0, clipping_range=CLIPPING, quantization_range=LEVELS, share=bad)
+
+
+@pytest.fixture(scope="module")
+def workers():
+    pool = MaskPool(2, min_words=0)  # takes every job, however small
+    yield pool
+    pool.close()
+
+
+def test_a_client_masks_and_the_server_unmasks_to_the_same_bytes_with_worker_processes_and_without(workers):
+    rng = np.random.default_rng(1)
+    encoded = encode_update([rng.uniform(-1, 1, (40, 50)), rng.uniform(-1, 1, 7)], 30, max_weight=100.0,
+                            clipping_range=CLIPPING, quantization_range=LEVELS, share=rng.integers(0, MODULUS, 9))
+    seeds, private = {node: os.urandom(32) for node in (2, 9)}, os.urandom(32)
+
+    def round_trip(pool: MaskPool) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Node 5 masks with neighbours 2 and 9; both drop, and the server takes all of 5's masks off."""
+        masked = mask_update(encoded, node_id=5, private_seed=private, pairwise_seeds=seeds, modulus=MODULUS, pool=pool)
+        dropped = {2: {5: seeds[2]}, 9: {5: seeds[9]}}
+        return masked, unmask_sum(masked, private_seeds={5: private}, dropped_pairwise_seeds=dropped, modulus=MODULUS, pool=pool)
+
+    (alone, unmasked), (pooled, unmasked_pooled) = round_trip(MaskPool(0)), round_trip(workers)
+    assert [a.tobytes() for a in alone] == [a.tobytes() for a in pooled] and workers._running
+    for got in (unmasked, unmasked_pooled):
+        assert all(np.array_equal(a, np.asarray(b, dtype=np.int64)) for a, b in zip(got, encoded, strict=True))

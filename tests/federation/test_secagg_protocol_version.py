@@ -1,4 +1,4 @@
-"""The SecAgg+ protocol version: privfed's server and nodes run only privfed-secagg+/2 with each other.
+"""The SecAgg+ protocol version: privfed's server and nodes run only privfed-secagg+/3 with each other.
 
 Flower's own mask expansion is left as it is here, so a node on Flower's
 own mod could take part if the server let it: the tests show it does not.
@@ -48,7 +48,9 @@ def setup_message(protocol: str | None) -> Message:
     return Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord(configs)}), dst_node_id=7, message_type=MessageType.TRAIN)
 
 
-@pytest.mark.parametrize("protocol", [None, "privfed-secagg+/1", "flower"], ids=["unstated", "older", "unknown"])
+@pytest.mark.parametrize(
+    "protocol", [None, "privfed-secagg+/1", "privfed-secagg+/2", "flower"], ids=["unstated", "older", "v2", "unknown"]
+)
 def test_a_node_refuses_a_server_on_another_protocol_before_it_makes_any_key(protocol):
     context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
     with pytest.raises(MaskProtocolRefused, match="masks only under"):

@@ -317,6 +317,11 @@ def test_under_secagg_a_malformed_masked_vector_is_kept_out_of_the_sum(config, t
     assert [r.client for r in round_.strategy._rejected] == [1]
 
 
+def test_the_strategy_knows_each_travelling_tensors_shape_in_the_order_the_state_travels(fresh):
+    state = fresh.strategy.server.global_state()
+    assert fresh.strategy._shapes == [tuple(tensor.shape) for tensor in state.values()]
+
+
 @pytest.mark.parametrize("report", [False, True])
 def test_under_secagg_the_masked_vector_holds_a_metrics_array_only_when_the_run_reports_metrics(config, tmp_path, report):
     """The real client's vector has the form the strategy expects; one of the other setting's form is kept out."""

@@ -69,30 +69,41 @@ def _max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((torch.as_tensor(a).double() - torch.as_tensor(b).double()).abs().max()) if a.numel() else 0.0
 
 
-def _assert_same(alone: tuple, together: TrainedMember) -> None:
+def _assert_same(alone: tuple, together: TrainedMember, tolerance: float = TOLERANCE) -> None:
     state, result, generator_state = alone
     assert together.state.keys() == state.keys()
     for name, tensor in state.items():
-        assert _max_difference(together.state[name], tensor) <= TOLERANCE, name
+        assert _max_difference(together.state[name], tensor) <= tolerance, name
     assert torch.equal(together.result.memory_examples, result.memory_examples)
     assert together.result.memory.shape == result.memory.shape
-    assert _max_difference(together.result.memory, result.memory) <= TOLERANCE
+    assert _max_difference(together.result.memory, result.memory) <= tolerance
     assert together.result.step_means.keys() == result.step_means.keys()
     for name, value in result.step_means.items():
-        assert abs(together.result.step_means[name] - value) <= TOLERANCE, name
+        assert abs(together.result.step_means[name] - value) <= tolerance, name
     assert (together.result.num_steps, together.result.num_samples) == (result.num_steps, result.num_samples)
     assert torch.equal(together.generator_state, generator_state)
 
 
-@pytest.mark.parametrize("method", ["orchestra", "rotpred"])
-@pytest.mark.parametrize("slots", [1, 3, len(SIZES)])
-def test_every_client_of_a_cohort_ends_as_it_would_alone(method, slots):
+#: f-SimCLR's contrast of 4 images at τ 0.1 amplifies rounding a hundredfold more: alone, from weights moved by
+#: 1e-16 relative, its 6-image client ends 9e-9 away (a cohort: 1e-9).
+SIMCLR_TOLERANCE = 1e-8
+
+
+@pytest.mark.parametrize(
+    ("method", "slots", "tolerance"),
+    [
+        *(("orchestra", slots, TOLERANCE) for slots in (1, 3, len(SIZES))),
+        *((method, 3, TOLERANCE) for method in ("rotpred", "byol", "simsiam", "specloss")),
+        ("simclr", 3, SIMCLR_TOLERANCE),
+    ],
+)
+def test_every_client_of_a_cohort_ends_as_it_would_alone(method, slots, tolerance):
     """Slots 1 and 3 reuse freed slots (a fresh optimizer each); 7 trains every client in every call."""
     config, local, state, images, centroids = _setup(method)
     seeds = [100 + k for k in range(len(SIZES))]
     together = _together(config, local, state, images, centroids, seeds, slots)
     for k, (image, seed) in enumerate(zip(images, seeds)):
-        _assert_same(_alone(config, local, state, image, centroids, seed), together[k])
+        _assert_same(_alone(config, local, state, image, centroids, seed), together[k], tolerance)
 
 
 def test_a_clients_training_does_not_depend_on_who_shares_its_calls():
@@ -136,7 +147,7 @@ def test_a_round_from_a_cohorts_training_sends_what_the_client_alone_sends():
 
 def test_dp_sgd_and_methods_without_a_batched_step_train_alone():
     assert trains_in_cohort(LocalTrainingConfig.from_run(build_config(method="orchestra"))) is None
-    assert "does not declare" in str(trains_in_cohort(LocalTrainingConfig.from_run(build_config(method="simclr"))))
+    assert "does not declare" in str(trains_in_cohort(LocalTrainingConfig.from_run(build_config(method="supervised"))))
     config, local, state, images, centroids = _setup("orchestra")
     with pytest.raises(ValueError, match="at least one slot"):
         _together(config, local, state, images[:1], centroids, [0], 0)

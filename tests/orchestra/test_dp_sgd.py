@@ -52,12 +52,12 @@ def test_per_sample_gradients_equal_each_example_trained_alone(batch, method):
     network = copy.deepcopy(network)
     method = get_method(method)
     with per_sample_gradients(network, method):
-        method.on_views(network, views, centroids, TEMPERATURE).loss.backward()
+        method.step_on_views(network, views, centroids, TEMPERATURE).loss.backward()
         per_sample = {name: p.grad_sample.clone() for name, p in named_trainable(network)}
     assert all(not hasattr(p, "grad_sample") for p in network.parameters())  # hooks and attributes gone
     for i in range(4):
         network.zero_grad(set_to_none=True)
-        method.on_views(network, subset(views, [i]), centroids, TEMPERATURE).loss.backward()
+        method.step_on_views(network, subset(views, [i]), centroids, TEMPERATURE).loss.backward()
         for name, p in named_trainable(network):
             assert torch.allclose(per_sample[name][i], p.grad, rtol=1e-4, atol=1e-6), (name, i)
 
@@ -81,7 +81,7 @@ def summed_clipped_gradient(network, views, centroids, clip):
             max_grad_norm=clip,
             expected_batch_size=1,
         )
-        dp_step(optimizer, ORCHESTRA.on_views(network, views, centroids, TEMPERATURE).loss)
+        dp_step(optimizer, ORCHESTRA.step_on_views(network, views, centroids, TEMPERATURE).loss)
     return torch.cat([(b - p.detach()).flatten() for b, p in zip(before, network.trainable_parameters())])
 
 

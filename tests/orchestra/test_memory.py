@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from privfed.orchestra.memory import RepresentationMemory
+from privfed.orchestra.memory import RepresentationMemory, first_kept_batch
 
 
 def test_memory_keeps_the_most_recent_vectors_oldest_first():
@@ -46,3 +46,20 @@ def test_examples_must_match_the_representations():
     memory = RepresentationMemory(capacity=4, dim=2)
     with pytest.raises(ValueError, match="example indices"):
         memory.push(torch.ones(3, 2), torch.arange(2))
+
+
+@pytest.mark.parametrize("capacity", [1, 5, 8, 13, 40])
+def test_batches_before_the_first_kept_one_change_nothing(capacity):
+    """Local training skips pushing them: the memory ends the same, views and all."""
+    generator = torch.Generator().manual_seed(capacity)
+    sizes = [4, 4, 3, 4, 1, 4, 2, 4, 4]
+    batches = [torch.randint(0, 12, (size,), generator=generator) for size in sizes]
+    every, tail = RepresentationMemory(capacity, dim=2), RepresentationMemory(capacity, dim=2)
+    kept_from = first_kept_batch(sizes, capacity)
+    for position, examples in enumerate(batches):
+        reps = torch.randn(len(examples), 2, generator=generator)
+        every.push(reps, examples)
+        if position >= kept_from:
+            tail.push(reps, examples)
+    assert torch.equal(every.contents(), tail.contents()) and torch.equal(every.examples(), tail.examples())
+    assert kept_from == 0 or sum(sizes[kept_from:]) >= capacity > sum(sizes[kept_from + 1 :])
