@@ -45,4 +45,4 @@ def test_a_toy_run_times_one_client_alone_and_two_together_and_counts_their_ops(
 
 def test_a_method_without_a_batched_step_is_refused(cohort_step):
     with pytest.raises(ValueError, match="batched step"):
-        cohort_step.bench(backbone="resnet8", method="byol", batch=2, epochs=1, images=4, clients=1, device=torch.device("cpu"))
+        cohort_step.bench(backbone="resnet8", method="supervised", batch=2, epochs=1, images=4, clients=1, device=torch.device("cpu"))
