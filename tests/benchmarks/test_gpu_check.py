@@ -139,7 +139,7 @@ def test_a_round_is_split_by_the_timers_and_its_rest_is_what_they_leave(check, t
 
 
 def tiny_arrays(path: Path) -> Path:
-    """96 training and 32 test images (random, 10 classes): the attack's auxiliary set is the test split."""
+    """96 training and 32 test images (random, 10 classes): the probes train on the one and score on the other."""
     rng = np.random.default_rng(0)
     images = lambda n: rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
     np.savez(path, x=images(96), y=rng.integers(0, 10, 96), x_test=images(32), y_test=rng.integers(0, 10, 32))
