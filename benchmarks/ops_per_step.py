@@ -58,7 +58,7 @@ def ops_per_step(backbone: str, method: str, batch_size: int, steps: int, client
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         result = run(1)
     aten = [event for event in prof.events() if event.name.startswith("aten::")]
-    outer = collections.Counter(event.name for event in aten if not _inside_aten(event))
+    outer = collections.Counter(event.name for event in aten if not inside_aten(event))
     computing = [event for event in aten if _computes(event)]
     per_step = lambda count: round(count / result.num_steps, 1)  # noqa: E731
     return {"clients": clients or 1, "steps": result.num_steps, "outer_aten_ops_per_step": per_step(sum(outer.values())),
@@ -84,7 +84,7 @@ def _computes(event: Any) -> bool:
     return event.name not in VIEW_OPS and not any(child.name.startswith("aten::") for child in event.cpu_children)
 
 
-def _inside_aten(event: object) -> bool:
+def inside_aten(event: object) -> bool:
     """Whether an op was called by another aten op (counted with its caller, as one launch site)."""
     parent = getattr(event, "cpu_parent", None)
     while parent is not None:

@@ -153,3 +153,14 @@ def test_an_even_subset_splits_equally_with_a_seeded_remainder() -> None:
     counts = np.bincount(balanced_subset(data, 105, seed=1).labels)
     assert sorted(counts) == [10] * 5 + [11] * 5
     assert np.array_equal(np.bincount(balanced_subset(data, 100, seed=9).labels), [10] * 10)
+
+
+def test_the_gpu_preset_is_the_paper_recipe_on_dev_sized_data_without_secagg() -> None:
+    """gpu-cifar10-dev keeps every training setting of the paper's cross-device preset (issue 43)."""
+    paper, gpu = build_config("paper-cifar10-cross-device").to_dict(), build_config("gpu-cifar10-dev").to_dict()
+    changed = {name for name in paper if paper[name] != gpu[name]}
+    # Data (dev-sized), rounds (4 minutes), kNN cadence, SecAgg+ (off: the study compares learning),
+    # client metrics (the clustering's health); client_gpus is Ray's, and the preset runs locally.
+    assert changed == {"dataset", "rounds", "eval_every", "secagg", "report_client_metrics", "client_gpus"}
+    assert gpu["dataset"] == "cifar10:5000" and not gpu["secagg"] and gpu["clients_per_step"] == 0
+    assert 1 <= gpu["rounds"] < paper["rounds"]
