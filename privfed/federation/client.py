@@ -171,7 +171,7 @@ class OrchestraClient(Client):
         torch.set_num_threads(max(1, int(config.client_cpus)))
         network = build_network(config)  # GroupNorm under DP-SGD
         keys = shared_keys(network)
-        global_state = arrays_to_state(parameters_to_ndarrays(ins.parameters), keys)
+        global_state = arrays_to_state(parameters_to_ndarrays(ins.parameters), keys, copy=False)  # fresh arrays, ours alone
         train = ins.config["task"] == "train"
         centroids = bytes_to_tensor(record_item(ins.config["centroids"], bytes)) if "centroids" in ins.config else None
         # Before anything is charged: the client's own mechanism, and the sum that must hold an aggregated one's noise.

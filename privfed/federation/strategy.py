@@ -337,7 +337,8 @@ class OrchestraStrategy(Strategy):
         if not self.next_round_trains:
             return None, {}
         if self.secagg is None:
-            deltas = [arrays_to_state(checked.delta or [], self._keys) for _, _, checked in results]
+            # The checked arrays were read from the replies for this check alone; FedAvg only reads them.
+            deltas = [arrays_to_state(checked.delta or [], self._keys, copy=False) for _, _, checked in results]
             return weighted_mean(deltas, [float(checked.num_examples) for _, _, checked in results]), {}
         first = parameters_to_ndarrays(results[0][1].parameters)
         # SecAgg+ gave every reply the same aggregate; no single client's update exists here.

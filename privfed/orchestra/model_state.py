@@ -8,9 +8,6 @@ aggregated values stay small (what secure aggregation's quantisation needs).
 
 from __future__ import annotations
 
-import functools
-import operator
-
 import torch
 import torch.nn as nn
 
@@ -40,16 +37,29 @@ def state_delta(after: StateDict, before: StateDict) -> StateDict:
 
 
 def weighted_mean(deltas: list[StateDict], weights: list[float]) -> StateDict:
-    """FedAvg: the weight-proportional mean of client deltas."""
+    """FedAvg: the weight-proportional mean of client deltas, summed in float64 in client order.
+
+    Accumulated in place, one float64 sum and one float64 scratch buffer per
+    key, instead of three model-sized temporaries per client (the cast, the
+    product, the new sum): at ResNet-18 size that was about 1 s a client on
+    the server. Each term is still ``delta.double() * (w / total)``, added
+    in the same order, so the result is bit for bit what the plain sum gives.
+    """
     if not deltas:
         raise ValueError("nothing to average")
     total = float(sum(weights))
     if total <= 0:
         raise ValueError("weights must have a positive sum")
-    return {
-        k: functools.reduce(operator.add, (d[k].double() * (w / total) for d, w in zip(deltas, weights))).to(deltas[0][k].dtype)
-        for k in deltas[0]
-    }
+    mean: StateDict = {}
+    for k in deltas[0]:
+        first = deltas[0][k]
+        acc = torch.empty(first.shape, dtype=torch.float64, device=first.device)
+        acc.copy_(first).mul_(weights[0] / total)
+        term = torch.empty_like(acc) if len(deltas) > 1 else acc
+        for d, w in zip(deltas[1:], weights[1:]):
+            acc.add_(term.copy_(d[k]).mul_(w / total))
+        mean[k] = acc.to(first.dtype)
+    return mean
 
 
 def apply_delta(state: StateDict, delta: StateDict) -> StateDict:

@@ -7,11 +7,13 @@ be the same message again.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 
 import pytest
 import torch
 import torch.nn.functional as F
+from flwr.common import FitIns, Parameters
 
 from privfed.federation.client import ClientRoundFailed
 from privfed.federation.messages import tensor_to_bytes
@@ -189,3 +191,32 @@ def test_a_reply_write_a_kill_interrupted_is_overwritten_by_the_next_and_forgott
     half.write_bytes(b"half an earlier reply")
     forget_replies(folder)
     assert not list(folder.iterdir())
+
+
+def test_the_digest_of_the_same_arrays_is_the_digest_of_their_content_and_the_whole_configuration():
+    """The model's hash is reused only for the very same bytes objects; the configuration is always hashed anew."""
+    def plain(ins: FitIns) -> str:
+        digest = hashlib.sha256()
+        for tensor in ins.parameters.tensors:
+            digest.update(len(tensor).to_bytes(8, "little"))
+            digest.update(tensor)
+        for key in sorted(ins.config):
+            value = ins.config[key]
+            raw = value if isinstance(value, bytes) else repr(value).encode()
+            digest.update(f"{key}:{type(value).__name__}:{len(raw)}:".encode())
+            digest.update(raw)
+        return digest.hexdigest()
+
+    tensors = [bytes(range(7)) * 1000, b"\x01\x02"]
+    first = FitIns(Parameters(tensors, "numpy.ndarray"), {"round": 1, "task": "train"})
+    other_round = FitIns(Parameters(tensors, "numpy.ndarray"), {"round": 2, "task": "train"})
+    for ins in (first, other_round, first, first):  # reused state is copied, never extended in place
+        assert instructions_digest(ins) == plain(ins)
+    assert instructions_digest(first) != instructions_digest(other_round)
+    changed = FitIns(Parameters([tensors[0], b"\x01\x03"], "numpy.ndarray"), {"round": 1, "task": "train"})
+    assert instructions_digest(changed) == plain(changed) != plain(first)
+    buffer = bytearray(b"\x01\x02")  # mutable: hashed again each time, so a change shows
+    mutable = FitIns(Parameters([tensors[0], buffer], "numpy.ndarray"), {"round": 1})  # type: ignore[list-item]
+    before = instructions_digest(mutable)
+    buffer[1] = 9
+    assert instructions_digest(mutable) != before and instructions_digest(mutable) == plain(mutable)

@@ -151,6 +151,10 @@ HOSTILE_REPLIES: list[tuple[str, Tamper, str]] = [
     ("a float16 delta", lambda r, size: with_arrays(r, [a.astype(np.float16) for a in delta_of(r)]), "not float32"),
     ("a delta near float32's limit", lambda r, size: with_arrays(
         r, [np.full(a.shape, 3e38, np.float32) for a in delta_of(r)]), "moves a value by more than"),
+    ("-inf in the delta", lambda r, size: with_arrays(r, [poisoned(delta_of(r)[0], -np.inf), *delta_of(r)[1:]]),
+     "delta array 0 holds NaN or Inf"),
+    ("a large negative delta", lambda r, size: with_arrays(
+        r, [np.full(a.shape, -2e4, np.float32) for a in delta_of(r)]), "delta array 0 moves a value by more than"),
     ("events too long", lambda r, size: with_metrics(r, release_events="[" * 60_000 + "]" * 60_000), "characters long"),
     ("events nested too deep", lambda r, size: with_metrics(r, release_events="[" * 40_000 + "]" * 40_000),
      "unreadable reply"),

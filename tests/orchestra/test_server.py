@@ -90,3 +90,18 @@ def test_the_round_reports_the_fraction_of_released_vectors_that_carry_weight():
     padded = Release(padded.vectors, torch.tensor([4.0, 0.0, 0.0, 0.0]), NONE)
     stats = server.apply_round(None, [release(4, 16, 1), padded])
     assert stats["weighted_vector_fraction"] == 5 / 8
+
+def test_weighted_mean_is_bit_for_bit_the_float64_sum_of_the_scaled_deltas_in_client_order():
+    """Accumulated in place, the mean is exactly the plain left-to-right float64 sum (same metrics for the same seed)."""
+    gen = torch.Generator().manual_seed(3)
+    deltas = [{"w": torch.randn(257, 3, generator=gen) * 1e-3, "b": torch.randn(5, generator=gen)} for _ in range(7)]
+    weights = [float(w) for w in (13, 1, 250, 7, 7, 99, 2)]
+    for count in (1, 2, 7):
+        mean = weighted_mean(deltas[:count], weights[:count])
+        part = sum(weights[:count])
+        for key in ("w", "b"):
+            expected = deltas[0][key].double() * (weights[0] / part)
+            for d, w in zip(deltas[1:count], weights[1:count]):
+                expected = expected + d[key].double() * (w / part)
+            assert mean[key].dtype == torch.float32
+            assert torch.equal(mean[key], expected.float()), (count, key)
