@@ -13,6 +13,7 @@ Between rounds the client keeps only its ledger and its last reply
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,7 +204,7 @@ class OrchestraClient(Client):
                 labels=labels,
                 trained=trained,
             )
-            if update.delta is not None and not all(bool(torch.isfinite(v).all()) for v in update.delta.values()):
+            if update.delta is not None and not all(is_finite(v) for v in update.delta.values()):
                 raise ValueError("the model delta holds NaN or Inf")  # FedAvg or SecAgg+ would spread it to everyone
         except Exception as err:
             # Flower forwards an exception's text to the server in plaintext, and a failed
@@ -386,3 +387,17 @@ def prepare_for_secagg(arrays: list[np.ndarray], scales: np.ndarray, settings: S
     return encode_update(
         arrays, scales, weight_ratio=weight_ratio, clipping_range=settings.clipping_range, quantization_range=quantization_range,
     )
+
+
+def is_finite(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds no NaN or Inf: its extremes are finite (both propagate NaN).
+
+    One reduction, with no model-sized mask (``torch.isfinite``): about half
+    the time at ResNet-18 size.
+    """
+    if not tensor.numel():
+        return True
+    if not tensor.is_floating_point():
+        return True
+    low, high = torch.aminmax(tensor)
+    return math.isfinite(float(low)) and math.isfinite(float(high))

@@ -14,6 +14,7 @@ import torch
 from flwr.common import FitRes, bytes_to_ndarray, parameters_to_ndarrays
 
 from mechanisms import registry
+from privfed.federation.client import is_finite
 from privfed.federation.messages import RELEASE_KEYS, has_release
 from privfed.methods import build_network, get_method
 from privfed.models import OrchestraNetwork
@@ -191,3 +192,15 @@ def test_under_secagg_a_value_the_masked_sum_has_no_slot_for_stays_home(tiny_con
     monkeypatch.setattr(Orchestra, "step_on_views", with_own_value)
     res, _ = reply_to(tiny_config.replace(secagg=True, report_client_metrics=True))
     assert set(res.metrics) - set(RELEASE_KEYS) == PROTOCOL_KEYS
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_is_finite_finds_any_nan_or_inf_in_a_model_sized_delta(bad):
+    """The client's check before sending is a min/max reduction: NaN and Inf must show wherever they sit."""
+    values = torch.randn(1_000_003, generator=torch.Generator().manual_seed(0))
+    assert is_finite(values) and is_finite(torch.empty(0)) and is_finite(torch.zeros(3, dtype=torch.int64))
+    for position in (0, 1, 7, 8, 15, 16, 31, 32, 63, 500_001, 1_000_002):
+        poisoned = values.clone()
+        poisoned[position] = bad
+        assert not is_finite(poisoned), position
+        assert not is_finite(poisoned.view(1, -1).double()), position
