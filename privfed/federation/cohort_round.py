@@ -80,6 +80,8 @@ class CohortRound:
         for digest, (global_state, centroids) in self.models.items():
             keys = [key for key in self.jobs if key[3] == digest]
             members = [CohortMember(self.jobs[key].images, torch.Generator().manual_seed(self.jobs[key].seed)) for key in keys]
+            threads = torch.get_num_threads()
+            torch.set_num_threads(max(1, int(self.config.client_cpus)))  # as each client trains alone: reductions follow it
             try:
                 trained = train_cohort(
                     build_network(self.config), global_state, centroids, members, self.local, device=self.device, slots=self.slots
@@ -87,6 +89,8 @@ class CohortRound:
             except Exception as err:  # e.g. out of device memory: each client then trains alone, as without a cohort
                 logger.warning("%d clients could not train together (%r); each trains alone", len(keys), err)
                 continue
+            finally:
+                torch.set_num_threads(threads)
             logger.info("round %d: partitions %s trained together", keys[0][2], sorted(key[0] for key in keys))
             self.trained.update(zip(keys, trained))
         self.jobs.clear()

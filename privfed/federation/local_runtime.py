@@ -237,8 +237,15 @@ class LocalGrid(Grid):
         return replies
 
     def _deliver(self, message: Message, *, quiet: bool = False) -> Message:
-        """The node's reply to its own copy of ``message`` (the server may send one content object to many nodes)."""
+        """The node's reply to its own copy of ``message`` (the server may send one content object to many nodes).
+
+        ``quiet``: a cohort's first pass, which runs on a copy of the node's
+        context (what it changes there, e.g. SecAgg+'s stage, is the second
+        pass's to change) and logs no failure (the second pass will).
+        """
         context = self._contexts[message.metadata.dst_node_id]
+        if quiet:
+            context = copy.deepcopy(context)
         received = copy.deepcopy(message)
         try:
             with own_process_state(), answering_with(current_cohort() if quiet else self._cohort):

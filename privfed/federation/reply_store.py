@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import json
 import threading
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +55,7 @@ def stored_round(path: Path) -> int | None:
     try:
         with np.load(path, allow_pickle=False) as data:
             return int(json.loads(data["header"].tobytes().decode())["round"])
-    except (OSError, ValueError, KeyError, TypeError, EOFError):
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
         return None
 
 
@@ -241,7 +242,7 @@ class ReplyStore:
                     )
                 failed = bool(header.get("failed", False))
                 return StoredReply(int(header["run"]), int(header["round"]), str(header["digest"]), reply, failed)
-        except (OSError, ValueError, KeyError, TypeError, EOFError):
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
             return None  # unreadable: treated as nothing stored, so the round is refused, never answered twice
 
 

@@ -115,7 +115,7 @@ def train_cohort(
         freed: list[int] = []
         for slot in range(len(active)):
             while plans[active[slot]].done and slot not in freed:
-                trained[active[slot]] = cohort.finish(plans[active[slot]], slot, seconds=time.perf_counter() - start)
+                trained[active[slot]] = cohort.finish(plans[active[slot]], slot)
                 if queue:  # the freed slot takes the next client
                     active[slot] = queue.pop(0)
                     cohort.reset(slot)
@@ -124,7 +124,8 @@ def train_cohort(
         if freed:  # no client left to take these slots
             active = [i for slot, i in enumerate(active) if slot not in freed]
             cohort.drop(freed)
-    return [trained[i] for i in range(len(plans))]
+    share = (time.perf_counter() - start) / max(1, len(plans))  # each client's part of the time: clients x mean = the cohort's
+    return [dataclasses.replace(trained[i], result=dataclasses.replace(trained[i].result, seconds=share)) for i in range(len(plans))]
 
 
 @dataclass
@@ -267,13 +268,13 @@ class _Cohort:
             plan.totals[name] = plan.totals[name] + value if name in plan.totals else value
         plan.position += 1
 
-    def finish(self, plan: _ClientPlan, slot: int, *, seconds: float) -> TrainedMember:
+    def finish(self, plan: _ClientPlan, slot: int) -> TrainedMember:
         """A done client's state, memory and step means, read from its slot."""
         state = {name: tensor[slot].detach().cpu().clone() for name, tensor in self.stack.items()}
         steps = len(plan.schedule)
         result = LocalTrainingResult(
             memory=plan.memory.contents(), memory_examples=plan.memory.examples(), num_samples=int(plan.images.shape[0]),
-            num_steps=steps, step_means=step_means(plan.totals, steps), seconds=seconds,
+            num_steps=steps, step_means=step_means(plan.totals, steps), seconds=0.0,
         )
         return TrainedMember(state, result, plan.member.generator.get_state())
 
