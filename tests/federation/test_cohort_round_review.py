@@ -256,10 +256,12 @@ def test_other_instructions_for_a_node_in_the_same_push_are_refused_and_charged_
     assert _together(caplog) == [f"round 1: partitions {group} trained together" for group in expected]
 
 
-def test_a_client_whose_training_fails_after_its_admission_fails_once_and_is_charged_once(tmp_path, caplog):
-    """Centroids of the wrong width for node 0 (kanon does not look at them before training): its cohort fails, it
-    trains alone in the second pass and fails; the others train together, and asking node 0 again gets the failure."""
-    config, grid, state = _grid(tmp_path, mechanism="kanon", epsilon=None)
+@pytest.mark.parametrize("mechanism", ["kanon", "ldp"])
+def test_a_client_whose_round_fails_after_its_admission_fails_once_and_is_charged_once(tmp_path, caplog, mechanism):
+    """Centroids of the wrong width for node 0, charged in the first pass: its cohort (its own digest) fails, node 0
+    trains alone in the second pass and fails there; the others train together, and asking node 0 again gets the
+    failure for no charge."""
+    config, grid, state = _grid(tmp_path, mechanism=mechanism, epsilon=2.0 if mechanism == "ldp" else None)
     ins = honest_round.instructions(config, secagg=None)
     wrong = F.normalize(torch.randn(config.num_global_centroids, config.projection_dim + 1), dim=1)
     broken = FitIns(ins.parameters, {**ins.config, "centroids": tensor_to_bytes(wrong)})
@@ -268,7 +270,7 @@ def test_a_client_whose_training_fails_after_its_admission_fails_once_and_is_cha
         replies = _exchange(grid, [[_message(broken, nodes[0]), _message(ins, nodes[1]), _message(ins, nodes[2])]])
     assert replies[0].has_error() and "ClientRoundFailed" in replies[0].error.reason
     assert [_answer(r).metrics["client_id"] for r in replies[1:]] == [1, 2]
-    assert any("could not train together" in r.getMessage() for r in caplog.records)
+    assert any("1 clients could not train together" in r.getMessage() for r in caplog.records)
     assert _together(caplog) == ["round 1: partitions [1, 2] trained together"]
     assert ReplyStore(reply_file(state, 0)).get(RUN, 1).failed
     again = _exchange(grid, [[_message(broken, nodes[0]), _message(ins, nodes[3])]])
