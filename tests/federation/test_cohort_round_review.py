@@ -119,12 +119,7 @@ def _assert_same_run(whole, run) -> None:
     [
         (1, 2),
         (3, 1),  # every client charged and begun, none answered: what a kill during the cohort's training leaves
-        pytest.param(3, 2, marks=pytest.mark.xfail(
-            strict=True,
-            reason="review: under SecAgg+ the first pass of a replayed round masks the stored reply and saves the node's "
-            "SecAgg+ stage (collect_masked_vectors); its second pass is then refused ('expect unmask stage'), so every "
-            "client that answered before the kill drops out of the resumed round",
-        )),
+        (3, 2),  # a replayed SecAgg+ round: the first pass works on a copy of the node's context
     ],
 )
 def test_after_a_kill_in_the_last_pass_every_sampled_client_completes_the_replayed_round(tmp_path, clients_per_step, at):
@@ -440,13 +435,7 @@ def _round_one(out, clients_per_step: int) -> dict:
     "clients_per_step",
     [
         1,
-        pytest.param(3, marks=pytest.mark.xfail(
-            strict=True,
-            reason="review: a client trained in a cohort reports as its train_seconds the time from the cohort's start "
-            "to its own end (cohort_training.train_cohort passes one start to every finish), so clients x mean "
-            "train_seconds (benchmarks/gpu/check.py's local training; the check trains in a cohort on CUDA by default) "
-            "counts the cohort's time once per client and exceeds the round's wall time",
-        )),
+        3,
     ],
 )
 def test_the_clients_training_time_fits_in_the_round(tmp_path, clients_per_step):
@@ -474,12 +463,7 @@ def _final_model(out, clients_per_step: int, threads: int) -> dict:
     "clients_per_step",
     [
         1,
-        pytest.param(3, marks=pytest.mark.xfail(
-            strict=True,
-            reason="review: a cohort trains in the runtime's own process with its thread count, not the declared "
-            "client_cpus each client sets for itself, so the same seed and clients_per_step give another model on a "
-            "machine with another core count",
-        )),
+        3,
     ],
 )
 def test_the_same_seed_gives_the_same_model_whatever_threads_the_caller_runs(tmp_path, clients_per_step):

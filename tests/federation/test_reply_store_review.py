@@ -54,12 +54,6 @@ def test_a_reply_whose_bytes_were_damaged_is_never_read_back_as_a_reply(tmp_path
     assert store.get(RUN, 2) is None  # another round's check reads the header only, which is intact
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a cut-short reply file raises zipfile.BadZipFile (not among the errors _read and stored_round "
-    "catch) instead of reading as nothing stored; forget_replies, which the local runtime calls after every round, "
-    "then raises too (present before this session's changes)",
-)
 def test_a_cut_short_reply_file_reads_as_nothing_stored_and_is_forgotten(tmp_path):
     path = reply_file(tmp_path, 0)
     ReplyStore(path).answer(RUN, 1, "digest", _reply())
@@ -92,11 +86,6 @@ def test_a_damaged_reply_for_the_asked_round_is_never_answered_again_nor_charged
     assert _ledger_rounds(tmp_path) == [1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a cut-short reply file makes every later fit raise BadZipFile before the guard is asked, so the "
-    "node can answer no round again until the file is removed by hand",
-)
 def test_a_cut_short_reply_file_does_not_stop_the_node_from_answering_the_next_round(plan, tmp_path):
     ins = instructions(plan)
     client(plan, tmp_path).fit(ins)
