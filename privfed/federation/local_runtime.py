@@ -20,7 +20,7 @@ import secrets
 import uuid
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from privfed.federation.client_app import Mod, make_client_app
+from privfed.federation.local_workers import ClientWorkers, worker_count
 from privfed.federation.reply_store import forget_replies
 from privfed.federation.server_app import make_server_app
 from privfed.run.driver import ProgressCallback
@@ -80,8 +81,8 @@ def run_locally(
     client_app = make_client_app(
         declared=config, state_dir=ledgers, run_key=SIMULATED_RUN_KEY, outer_mods=outer_mods, inner_mods=inner_mods
     )
-    grid = LocalGrid(client_app, config.num_clients)
-    with flower_logging(verbose), superlink_identity(grid.run.run_id), run_stop_request() as stop:
+    grid = LocalGrid(client_app, config.num_clients, workers=worker_count(config))
+    with flower_logging(verbose), superlink_identity(grid.run.run_id), run_stop_request() as stop, closing(grid):
         server_app = make_server_app(plan, forgetting_replies(progress, ledgers), outcome, stop=stop, resume=resume)
         server_app(grid, Context(grid.run.run_id, 0, {}, RecordDict(), {}))
     return summary_of(outcome)
@@ -129,14 +130,21 @@ def superlink_identity(run_id: int) -> Iterator[None]:
 
 
 class LocalGrid(Grid):
-    """A Flower ``Grid`` whose nodes live in this process: ``pull_messages`` runs each pending message's ClientApp."""
+    """A Flower ``Grid`` whose nodes live in this process: ``pull_messages`` runs each pending message's ClientApp.
 
-    def __init__(self, client_app: ClientApp, num_nodes: int, run_id: int | None = None) -> None:
+    With ``workers`` above 1 the messages run as they are pushed, that many
+    at a time in forked processes (:mod:`privfed.federation.local_workers`),
+    and the first one done among those pulled comes back; :meth:`close` ends them.
+    """
+
+    def __init__(self, client_app: ClientApp, num_nodes: int, run_id: int | None = None, *, workers: int = 1) -> None:
         self._app = client_app
         self._run = Run.create_empty(run_id if run_id is not None else secrets.randbits(63))
         nodes = node_ids(num_nodes)
         self._contexts = {node: self._node_context(node, partition, num_nodes) for partition, node in enumerate(nodes)}
         self._pending: dict[str, Message] = {}
+        self._workers_wanted = workers
+        self._workers: ClientWorkers | None = None
 
     def _node_context(self, node_id: int, partition: int, num_nodes: int) -> Context:
         """A node's own context, kept across its messages, as Flower's simulation registers it."""
@@ -168,6 +176,8 @@ class LocalGrid(Grid):
             message.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # Flower's Metadata has no setter
             self._pending[message.metadata.message_id] = message
             ids.append(message.metadata.message_id)
+            if self._workers_wanted > 1:
+                self._started_workers().submit(message.metadata.message_id, message)
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
@@ -177,18 +187,46 @@ class LocalGrid(Grid):
         sum before the next one exists, so the server never holds a round's
         vectors at once (:mod:`privfed.federation.secagg_workflow`).
         """
+        if self._workers is not None:
+            pending = [message_id for message_id in message_ids if message_id in self._pending]
+            if not pending:
+                return []
+            done, reply = self._workers.take(pending)
+            del self._pending[done]
+            return [reply]
         for message_id in message_ids:
             if message_id in self._pending:
                 return [self._deliver(self._pending.pop(message_id))]
         return []
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        """Every reply: nodes answer in turn, so no reply is ever late and ``timeout`` never cuts one off."""
+        """Every reply, in the order of ``messages``: no reply is ever late, so ``timeout`` never cuts one off.
+
+        In order whichever worker finished first: the server's float sums then add the same terms in the same order.
+        """
         ids = list(self.push_messages(messages))
         replies: list[Message] = []
         while pulled := list(self.pull_messages(ids)):
             replies.extend(pulled)
-        return replies
+        order = {message_id: i for i, message_id in enumerate(ids)}
+        return sorted(replies, key=lambda reply: order[reply.metadata.reply_to_message_id])
+
+    def close(self) -> None:
+        """Ends the worker processes, if any were started."""
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
+
+    def _started_workers(self) -> ClientWorkers:
+        """The worker processes, forked at the first message: inside the run's logging settings, which they inherit."""
+        if self._workers is None:
+            self._workers = ClientWorkers(self._answer, self._contexts, self._workers_wanted)
+        return self._workers
+
+    def _answer(self, message: Message, context: Context) -> tuple[Message, Context]:
+        """In a worker: the node's reply to ``message`` given its latest ``context``, and that context after it."""
+        self._contexts[message.metadata.dst_node_id] = context
+        return self._deliver(message), context
 
     def _deliver(self, message: Message) -> Message:
         """The node's reply to its own copy of ``message`` (the server may send one content object to many nodes)."""
