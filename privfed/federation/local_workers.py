@@ -136,6 +136,8 @@ class ClientWorkers:
 def serve(conn: Connection, answer: Answer, parent_ends: Sequence[Connection]) -> None:
     """A worker's loop: answer each (message, context) until the parent closes its end or dies.
 
+    A worker busy when the parent dies (a second Ctrl-C, a kill) finishes its message, then ends.
+
     Signals are the parent's to handle: a first Ctrl-C lets the round finish
     (:mod:`privfed.run.interruption`), so a worker ignores it rather than die mid-client.
     """
@@ -151,7 +153,11 @@ def serve(conn: Connection, answer: Answer, parent_ends: Sequence[Connection]) -
             message, context = conn.recv()
         except EOFError:
             return
-        conn.send(answer(message, context))
+        reply = answer(message, context)  # stored by the client before it is sent, as in one process
+        try:
+            conn.send(reply)
+        except OSError:  # the parent died meanwhile (a second Ctrl-C): a resume replays the stored reply
+            return
 
 
 def lost_node_reply(message: Message, exitcode: int | None) -> Message:
