@@ -81,7 +81,7 @@ def run_locally(
     client_app = make_client_app(
         declared=config, state_dir=ledgers, run_key=SIMULATED_RUN_KEY, outer_mods=outer_mods, inner_mods=inner_mods
     )
-    grid = LocalGrid(client_app, config.num_clients, workers=worker_count(config))
+    grid = LocalGrid(client_app, config.num_clients, workers=worker_count(config), partition_sizes=plan.split.client_sizes())
     with flower_logging(verbose), superlink_identity(grid.run.run_id), run_stop_request() as stop, closing(grid):
         server_app = make_server_app(plan, forgetting_replies(progress, ledgers), outcome, stop=stop, resume=resume)
         server_app(grid, Context(grid.run.run_id, 0, {}, RecordDict(), {}))
@@ -134,16 +134,22 @@ class LocalGrid(Grid):
 
     With ``workers`` above 1 the messages run as they are pushed, that many
     at a time in forked processes (:mod:`privfed.federation.local_workers`),
-    and the first one done among those pulled comes back; :meth:`close` ends them.
+    the largest partitions (``partition_sizes``) first, and the first one
+    done among those pulled comes back; :meth:`close` ends them.
     """
 
-    def __init__(self, client_app: ClientApp, num_nodes: int, run_id: int | None = None, *, workers: int = 1) -> None:
+    def __init__(
+        self, client_app: ClientApp, num_nodes: int, run_id: int | None = None, *, workers: int = 1,
+        partition_sizes: Sequence[int] = (),
+    ) -> None:
         self._app = client_app
         self._run = Run.create_empty(run_id if run_id is not None else secrets.randbits(63))
         nodes = node_ids(num_nodes)
         self._contexts = {node: self._node_context(node, partition, num_nodes) for partition, node in enumerate(nodes)}
         self._pending: dict[str, Message] = {}
         self._workers_wanted = workers
+        sizes = dict(enumerate(partition_sizes))
+        self._node_sizes = {node: sizes.get(int(c.node_config[PARTITION_ID_KEY]), 0) for node, c in self._contexts.items()}
         self._workers: ClientWorkers | None = None
 
     def _node_context(self, node_id: int, partition: int, num_nodes: int) -> Context:
@@ -176,8 +182,8 @@ class LocalGrid(Grid):
             message.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # Flower's Metadata has no setter
             self._pending[message.metadata.message_id] = message
             ids.append(message.metadata.message_id)
-            if self._workers_wanted > 1:
-                self._started_workers().submit(message.metadata.message_id, message)
+        if self._workers_wanted > 1 and ids:
+            self._started_workers().submit([(message_id, self._pending[message_id]) for message_id in ids])
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
@@ -220,7 +226,7 @@ class LocalGrid(Grid):
     def _started_workers(self) -> ClientWorkers:
         """The worker processes, forked at the first message: inside the run's logging settings, which they inherit."""
         if self._workers is None:
-            self._workers = ClientWorkers(self._answer, self._contexts, self._workers_wanted)
+            self._workers = ClientWorkers(self._answer, self._contexts, self._workers_wanted, self._node_sizes)
         return self._workers
 
     def _answer(self, message: Message, context: Context) -> tuple[Message, Context]:

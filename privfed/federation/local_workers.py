@@ -22,8 +22,7 @@ import multiprocessing
 import os
 import signal
 import uuid
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
@@ -54,16 +53,19 @@ class ClientWorkers:
     ``contexts`` is the grid's own map of node contexts: a message leaves
     with its node's latest context and the worker's copy replaces it, so a
     node has one message in progress at a time and its state carries over
-    as in one process. Replies are kept until taken.
+    as in one process. Replies are kept until taken. The heaviest nodes'
+    messages start first (``weights``, e.g. their images): a round ends when
+    its last client does, and a large client started last would train alone.
     """
 
-    def __init__(self, answer: Answer, contexts: dict[int, Context], count: int) -> None:
+    def __init__(self, answer: Answer, contexts: dict[int, Context], count: int, weights: Mapping[int, float]) -> None:
         self._answer = answer
         self._contexts = contexts
+        self._weights = weights
         self._context = multiprocessing.get_context("fork")
         self._idle: list[tuple[BaseProcess, Connection]] = []
         self._busy: dict[Connection, tuple[BaseProcess, str, Message]] = {}
-        self._queue: deque[tuple[str, Message]] = deque()
+        self._queue: list[tuple[str, Message]] = []
         self._done: dict[str, Message] = {}
         for _ in range(count):
             self._idle.append(self._start())
@@ -77,9 +79,9 @@ class ClientWorkers:
         theirs.close()
         return process, ours
 
-    def submit(self, key: str, message: Message) -> None:
-        """Queues ``message`` under ``key``; it starts as soon as a worker and its node are free."""
-        self._queue.append((key, message))
+    def submit(self, messages: Sequence[tuple[str, Message]]) -> None:
+        """Queues each message under its key; each starts as soon as a worker and its node are free."""
+        self._queue.extend(messages)
         self._dispatch()
 
     def take(self, keys: Sequence[str]) -> tuple[str, Message]:
@@ -95,9 +97,9 @@ class ClientWorkers:
             self._dispatch()
 
     def _dispatch(self) -> None:
-        """Starts queued messages, oldest first, on idle workers; a node's next message waits for its last reply."""
+        """Starts queued messages, heaviest node first, on idle workers; a node's next message waits for its last reply."""
         busy_nodes = {message.metadata.dst_node_id for _, _, message in self._busy.values()}
-        for key, message in list(self._queue):
+        for key, message in sorted(self._queue, key=lambda task: -self._weights.get(task[1].metadata.dst_node_id, 0)):
             node = message.metadata.dst_node_id
             if not self._idle:
                 return

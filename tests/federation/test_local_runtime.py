@@ -23,7 +23,7 @@ from privfed.config import build_config
 from privfed.errors import PrivfedError
 from privfed.federation import local_runtime
 from privfed.federation.local_runtime import LocalGrid
-from privfed.federation.local_workers import worker_count
+from privfed.federation.local_workers import ClientWorkers, worker_count
 from privfed.federation.simulation import simulate
 from privfed.run.plan import plan_run
 from tests.federation.dropout_injection import InjectedDropout
@@ -181,3 +181,23 @@ def test_a_dead_worker_is_a_lost_node_and_the_others_answer():
     finally:
         grid.close()
     assert not multiprocessing.active_children()
+
+
+def test_the_largest_partitions_start_first(tmp_path):
+    """A round ends with its last client: the largest started last would train alone while the other cores idle."""
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 7, 1
+    started = tmp_path / "started"
+
+    def answer(message: Message, context: Context) -> tuple[Message, Context]:
+        with started.open("a") as log:
+            log.write(f"{context.node_id}\n")
+        return Message(RecordDict(), reply_to=message), context
+
+    contexts = {node: Context(7, node, {}, RecordDict(), {}) for node in (11, 12, 13)}
+    workers = ClientWorkers(answer, contexts, count=1, weights={11: 40, 12: 500, 13: 300})
+    try:
+        workers.submit([(str(node), Message(RecordDict(), node, "query")) for node in contexts])
+        assert [workers.take([str(node)])[0] for node in contexts] == ["11", "12", "13"]  # taken in any order asked
+    finally:
+        workers.close()
+    assert started.read_text().split() == ["12", "13", "11"]
