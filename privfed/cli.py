@@ -566,7 +566,9 @@ def main(argv: list[str] | None = None) -> None:
 
     ``argv`` defaults to the command line (tests pass their own).
     """
-
+    # Before torch loads (commands import it lazily): torch's OpenMP threads then sleep while they wait instead of
+    # spinning, which on a machine other jobs share made the server's kNN evaluation 3 to 4 times slower (docs/flower.md).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from privfed.run.interruption import signals_stop_runs
 
     try:

@@ -204,11 +204,13 @@ class TrainConfig:
     knn_temperature: float = option(0.1, "Vote temperature of the kNN monitor.")
     runtime: str = option(
         "local",
-        "local: every client in this process, one after another (no Ray); ray: clients in parallel Ray workers "
-        "(pip install 'privfed[ray]'). Same seed, same run on either (docs/flower.md says which is faster when).",
+        "local: no Ray; on CPU a round's clients train in parallel worker processes forked from this one; ray: in "
+        "parallel Ray workers (pip install 'privfed[ray]'). Same seed, same run on either (docs/flower.md measures both).",
     )
     client_cpus: float = option(
-        1.0, "CPU threads of each simulated client; on Ray, the cores each reserves (sets how many run in parallel)."
+        1.0,
+        "CPU cores of each simulated client: its torch threads, and how many clients train at once (cores / this). "
+        "From 2 up, or on a GPU, the local runtime trains them one after another instead.",
     )
     client_gpus: float = option(0.0, "Ray: GPU fraction reserved per simulated client.")
     clients_per_step: int = option(

@@ -22,7 +22,7 @@ import secrets
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from privfed.config import TrainConfig
 from privfed.device import resolve_device
 from privfed.federation.client_app import FIT_CONFIG_RECORD, Mod, make_client_app
 from privfed.federation.cohort_round import AdmittedToCohort, CohortRound, answering_with, current_cohort
+from privfed.federation.local_workers import ClientWorkers, worker_count
 from privfed.federation.reply_store import forget_replies
 from privfed.federation.server_app import make_server_app
 from privfed.orchestra.cohort_training import trains_in_cohort
@@ -88,8 +89,12 @@ def run_locally(
     client_app = make_client_app(
         declared=config, state_dir=ledgers, run_key=SIMULATED_RUN_KEY, outer_mods=outer_mods, inner_mods=inner_mods
     )
-    grid = LocalGrid(client_app, config.num_clients, cohort=cohort_of(config))
-    with flower_logging(verbose), superlink_identity(grid.run.run_id), run_stop_request() as stop:
+    cohort = cohort_of(config)
+    grid = LocalGrid(
+        client_app, config.num_clients, cohort=cohort, workers=1 if cohort is not None else worker_count(config),
+        partition_sizes=plan.split.client_sizes(),
+    )
+    with flower_logging(verbose), superlink_identity(grid.run.run_id), run_stop_request() as stop, closing(grid):
         server_app = make_server_app(plan, forgetting_replies(progress, ledgers), outcome, stop=stop, resume=resume)
         server_app(grid, Context(grid.run.run_id, 0, {}, RecordDict(), {}))
     return summary_of(outcome)
@@ -156,11 +161,16 @@ class LocalGrid(Grid):
 
     With a ``cohort`` a round's training messages are answered in two passes,
     so that every admitted client trains in one batched computation
-    (:mod:`privfed.federation.cohort_round`).
+    (:mod:`privfed.federation.cohort_round`). Otherwise, with ``workers``
+    above 1, the messages run as they are pushed, that many at a time in
+    forked processes (:mod:`privfed.federation.local_workers`), the largest
+    partitions (``partition_sizes``) first, and the first one done among
+    those pulled comes back; :meth:`close` ends them.
     """
 
     def __init__(
-        self, client_app: ClientApp, num_nodes: int, run_id: int | None = None, *, cohort: Callable[[], CohortRound] | None = None
+        self, client_app: ClientApp, num_nodes: int, run_id: int | None = None, *, workers: int = 1,
+        partition_sizes: Sequence[int] = (), cohort: Callable[[], CohortRound] | None = None,
     ) -> None:
         self._app = client_app
         self._run = Run.create_empty(run_id if run_id is not None else secrets.randbits(63))
@@ -169,6 +179,10 @@ class LocalGrid(Grid):
         self._pending: dict[str, Message] = {}
         self._new_cohort = cohort
         self._cohort: CohortRound | None = None
+        self._workers_wanted = workers if cohort is None else 1
+        sizes = dict(enumerate(partition_sizes))
+        self._node_sizes = {node: sizes.get(int(c.node_config[PARTITION_ID_KEY]), 0) for node, c in self._contexts.items()}
+        self._workers: ClientWorkers | None = None
 
     def _node_context(self, node_id: int, partition: int, num_nodes: int) -> Context:
         """A node's own context, kept across its messages, as Flower's simulation registers it."""
@@ -203,6 +217,8 @@ class LocalGrid(Grid):
         training = [self._pending[i] for i in ids if trains(self._pending[i])]
         if self._new_cohort is not None and len(training) > 1:
             self._cohort = self._admit_together(training, self._new_cohort())
+        if self._workers_wanted > 1 and ids:
+            self._started_workers().submit([(message_id, self._pending[message_id]) for message_id in ids])
         return ids
 
     def _admit_together(self, messages: list[Message], cohort: CohortRound) -> CohortRound:
@@ -223,18 +239,46 @@ class LocalGrid(Grid):
         sum before the next one exists, so the server never holds a round's
         vectors at once (:mod:`privfed.federation.secagg_workflow`).
         """
+        if self._workers is not None:
+            pending = [message_id for message_id in message_ids if message_id in self._pending]
+            if not pending:
+                return []
+            done, reply = self._workers.take(pending)
+            del self._pending[done]
+            return [reply]
         for message_id in message_ids:
             if message_id in self._pending:
                 return [self._deliver(self._pending.pop(message_id))]
         return []
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        """Every reply: nodes answer in turn, so no reply is ever late and ``timeout`` never cuts one off."""
+        """Every reply, in the order of ``messages``: no reply is ever late, so ``timeout`` never cuts one off.
+
+        In order whichever worker finished first: the server's float sums then add the same terms in the same order.
+        """
         ids = list(self.push_messages(messages))
         replies: list[Message] = []
         while pulled := list(self.pull_messages(ids)):
             replies.extend(pulled)
-        return replies
+        order = {message_id: i for i, message_id in enumerate(ids)}
+        return sorted(replies, key=lambda reply: order[reply.metadata.reply_to_message_id])
+
+    def close(self) -> None:
+        """Ends the worker processes, if any were started."""
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
+
+    def _started_workers(self) -> ClientWorkers:
+        """The worker processes, forked at the first message: inside the run's logging settings, which they inherit."""
+        if self._workers is None:
+            self._workers = ClientWorkers(self._answer, self._contexts, self._workers_wanted, self._node_sizes)
+        return self._workers
+
+    def _answer(self, message: Message, context: Context) -> tuple[Message, Context]:
+        """In a worker: the node's reply to ``message`` given its latest ``context``, and that context after it."""
+        self._contexts[message.metadata.dst_node_id] = context
+        return self._deliver(message), context
 
     def _deliver(self, message: Message, *, quiet: bool = False) -> Message:
         """The node's reply to its own copy of ``message`` (the server may send one content object to many nodes).

@@ -156,6 +156,7 @@ class OrchestraStrategy(Strategy):
         if self.partition_of is None:
             raise RuntimeError("the strategy samples partitions: give it partition_of (see privfed.federation.partitions)")
         node_of = {partition: node for node, partition in self.partition_of.items()}
+        client_manager.num_available()  # Flower's DefaultWorkflow registers the grid's nodes on this call, else every 5 s
         if not client_manager.wait_for(len(node_of), timeout=NODE_WAIT_SECONDS):
             raise RuntimeError(
                 f"round {self.orchestra_round(server_round)} samples from {len(node_of)} partitions but only "

@@ -1,6 +1,8 @@
 """Same seed, same run: sampled clients and every metric, with SecAgg+, on the local runtime.
 
-(``test_local_runtime.py`` checks that Ray's runtime gives the same run.)
+(``test_local_runtime.py`` checks that Ray's runtime gives the same run, and
+that the local runtime's worker processes, which these runs use on a machine of
+two cores or more, give the run of clients trained one after another.)
 
 Flower draws node IDs at random, and SecAgg+ rounds updates stochastically;
 neither may change what a seeded run computes. (DP noise is the one thing

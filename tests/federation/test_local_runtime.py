@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from flwr.app import Context, Message, RecordDict
@@ -18,7 +21,9 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from privfed.config import build_config
 from privfed.errors import PrivfedError
+from privfed.federation import local_runtime
 from privfed.federation.local_runtime import LocalGrid
+from privfed.federation.local_workers import ClientWorkers, worker_count
 from privfed.federation.simulation import simulate
 from privfed.run.plan import plan_run
 from tests.federation.dropout_injection import InjectedDropout
@@ -114,3 +119,85 @@ def test_each_node_keeps_its_own_context_and_gets_its_own_copy():
     answers = {r.metadata.src_node_id: dict(r.content.config_records["reply"]) for r in replies}
     assert answers == {node: {"partition": i, "of": 3, "seen": 2} for i, node in enumerate(nodes)}
     assert len(set(nodes)) == 3 and 1 not in nodes  # distinct, never the SuperLink's id
+
+
+def noting_the_process(folder: str):
+    """Outer mod: notes the process each client's message ran in."""
+
+    def mod(msg, context, call_next):
+        (Path(folder) / f"{os.getpid()}").touch()
+        return call_next(msg, context)
+
+    return mod
+
+
+def test_clients_in_worker_processes_give_the_run_of_clients_one_after_another(tmp_path, monkeypatch):
+    """The default on a CPU: a round's clients train side by side in worker processes, and the run is the same."""
+    config = build_config(
+        dataset="shapes:300", num_clients=4, participation=1.0, projection_dim=16, local_epochs=1, batch_size=16,
+        memory_size=32, num_local_centroids=4, num_global_centroids=8, rounds=2, seed=2, device="cpu",
+        client_cpus=0.5,  # one thread each, and two or more at once on any machine
+    )  # fmt: skip
+    (tmp_path / "parallel-pids").mkdir()
+    simulate(plan_run(config.replace(out=str(tmp_path / "parallel"))), outer_mods=[noting_the_process(str(tmp_path / "parallel-pids"))])
+    assert not multiprocessing.active_children()  # the workers ended with the run
+    monkeypatch.setattr(local_runtime, "worker_count", lambda config: 1)
+    simulate(plan_run(config.replace(out=str(tmp_path / "in-turn"))))
+    workers = {int(path.name) for path in (tmp_path / "parallel-pids").iterdir()}
+    assert len(workers) >= 2 and os.getpid() not in workers
+    a, b = without_timings(tmp_path / "parallel" / "metrics.jsonl"), without_timings(tmp_path / "in-turn" / "metrics.jsonl")
+    assert [r["clients_completed"] for r in a] == [4, 4, 4]
+    assert a == b  # exactly: the same threads per client, and the server adds the replies in the same order
+
+
+def test_clients_train_in_parallel_one_thread_each_and_only_where_a_fork_is_safe():
+    default = build_config(device="cpu")  # 5 clients a round, 1 CPU each
+    assert worker_count(default, cores=2) == 2 and worker_count(default, cores=64) == 5
+    assert worker_count(default.replace(client_cpus=0.5), cores=2) == 4  # as Ray: 2 cores / 0.5
+    assert worker_count(default.replace(client_cpus=1.5), cores=2) == 1
+    assert worker_count(default.replace(client_cpus=2), cores=64) == 1  # a forked child with 2 threads can hang
+
+
+def exit_on_partition_one(message: Message, context: Context) -> Message:
+    """A ClientApp whose partition 1 kills its process, as the kernel's out-of-memory killer would."""
+    if context.node_config["partition-id"] == 1:
+        os._exit(3)
+    return echo_node(message, context)
+
+
+def test_a_dead_worker_is_a_lost_node_and_the_others_answer():
+    app = ClientApp()
+    app.query()(exit_on_partition_one)
+    grid = LocalGrid(app, num_nodes=3, run_id=7, workers=2)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 7, 1
+    nodes = list(grid.get_node_ids())
+    try:
+        for _ in range(2):  # the second time on a worker started in place of the dead one
+            replies = list(grid.send_and_receive([Message(RecordDict({"shared": ConfigRecord()}), n, "query") for n in nodes]))
+            assert [r.metadata.src_node_id for r in replies] == nodes  # in the order sent
+            assert [r.has_error() for r in replies] == [False, True, False]
+            assert "worker process died (exit code 3)" in replies[1].error.reason
+        assert dict(replies[2].content.config_records["reply"])["seen"] == 2  # its state came back from the worker
+    finally:
+        grid.close()
+    assert not multiprocessing.active_children()
+
+
+def test_the_largest_partitions_start_first(tmp_path):
+    """A round ends with its last client: the largest started last would train alone while the other cores idle."""
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 7, 1
+    started = tmp_path / "started"
+
+    def answer(message: Message, context: Context) -> tuple[Message, Context]:
+        with started.open("a") as log:
+            log.write(f"{context.node_id}\n")
+        return Message(RecordDict(), reply_to=message), context
+
+    contexts = {node: Context(7, node, {}, RecordDict(), {}) for node in (11, 12, 13)}
+    workers = ClientWorkers(answer, contexts, count=1, weights={11: 40, 12: 500, 13: 300})
+    try:
+        workers.submit([(str(node), Message(RecordDict(), node, "query")) for node in contexts])
+        assert [workers.take([str(node)])[0] for node in contexts] == ["11", "12", "13"]  # taken in any order asked
+    finally:
+        workers.close()
+    assert started.read_text().split() == ["12", "13", "11"]

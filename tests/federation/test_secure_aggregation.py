@@ -61,7 +61,7 @@ def noting_the_process(folder: str):
     """Outer mod: notes the process the client runs in (where Flower's mask expansion must be replaced)."""
 
     def mod(msg, context, call_next):
-        (Path(folder) / f"client-process-{os.getpid()}").touch()
+        (Path(folder) / f"client-process-{os.getpid()}-of-{os.getppid()}").touch()
         return call_next(msg, context)
 
     return mod
@@ -212,7 +212,9 @@ def test_a_client_dropping_out_at_any_stage_leaves_the_others_aggregated(secagg_
 
 def test_flowers_mask_expansion_was_replaced_in_every_client_process(secagg_run):
     """The other tests here pass with it raising: neither end of privfed's SecAgg+ calls it."""
-    assert secagg_run["client_processes"] == {f"client-process-{os.getpid()}"}  # the local runtime: this process
+    # The local runtime: this process, or its client workers, forked from it with Flower's expansion replaced.
+    pids = [name.split("-")[2:] for name in secagg_run["client_processes"]]
+    assert pids and all(str(os.getpid()) in pid for pid in pids)
     assert secagg_run["summary"]["secure_aggregation"]["mask_prg"] == MASK_PRG
 
 
