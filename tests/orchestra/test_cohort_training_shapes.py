@@ -11,28 +11,16 @@ about tenfold per step on this tiny network: tests/orchestra/test_cohort_trainin
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
 from privfed.config import build_config
 from privfed.data.shapes import make_shapes
 from privfed.methods import build_network
-from privfed.orchestra.client_update import train_locally
 from privfed.orchestra.cohort_training import CohortMember, train_cohort
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_state
-
-TOLERANCE = 1e-10
-
-
-@pytest.fixture(autouse=True)
-def float64() -> Iterator[None]:
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(before)
+from tests.orchestra.test_cohort_training import TOLERANCE, _alone, _assert_same, _max_difference, _together, float64  # noqa: F401
 
 
 def _setup(method: str, sizes: tuple[int, ...], **changes) -> tuple:
@@ -50,35 +38,12 @@ def _setup(method: str, sizes: tuple[int, ...], **changes) -> tuple:
     return config, LocalTrainingConfig.from_run(config), state, list(pool.split(sizes)), centroids
 
 
-def _alone(config, local, state, images, centroids, seed):
-    network = build_network(config).double()
-    network.load_state_dict(state, strict=False)
-    generator = torch.Generator().manual_seed(seed)
-    result = train_locally(network, images, centroids, local, generator=generator, device=torch.device("cpu"))
-    return network.state_dict(), result, generator.get_state()
-
-
-def _difference(a: torch.Tensor, b: torch.Tensor) -> float:
-    assert a.shape == b.shape
-    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
-
-
 def _check(config, local, state, images, centroids, slots: int) -> list:
     seeds = [31 + k for k in range(len(images))]
-    members = [CohortMember(image, torch.Generator().manual_seed(seed)) for image, seed in zip(images, seeds)]
-    together = train_cohort(build_network(config).double(), state, centroids, members, local, device=torch.device("cpu"), slots=slots)
+    together = _together(config, local, state, images, centroids, seeds, slots)
     alone = [_alone(config, local, state, image, centroids, seed) for image, seed in zip(images, seeds)]
-    for (own_state, result, generator_state), cohort in zip(alone, together):
-        assert cohort.state.keys() == own_state.keys()
-        for name, tensor in own_state.items():
-            assert _difference(cohort.state[name], tensor) <= TOLERANCE, name
-        assert torch.equal(cohort.result.memory_examples, result.memory_examples)
-        assert _difference(cohort.result.memory, result.memory) <= TOLERANCE
-        assert cohort.result.step_means.keys() == result.step_means.keys()
-        for name, value in result.step_means.items():
-            assert abs(cohort.result.step_means[name] - value) <= TOLERANCE, name
-        assert (cohort.result.num_steps, cohort.result.num_samples) == (result.num_steps, result.num_samples)
-        assert torch.equal(cohort.generator_state, generator_state)
+    for own, cohort in zip(alone, together):
+        _assert_same(own, cohort)
     return alone
 
 
@@ -132,7 +97,7 @@ def test_a_mechanism_that_samples_every_image_after_training_sees_the_same_repre
         assert alone_private.memory is not None and batched_private.memory is not None
         assert alone_private.memory.shape[0] == int(image.shape[0])  # every image, not the last batches
         assert torch.equal(batched_private.memory_examples, alone_private.memory_examples)
-        assert _difference(batched_private.memory, alone_private.memory) <= TOLERANCE
+        assert _max_difference(batched_private.memory, alone_private.memory) <= TOLERANCE
         assert torch.equal(batched_private.release_generator_state, alone_private.release_generator_state)
         for name, delta in alone.delta.items():
-            assert _difference(batched.delta[name], delta) <= TOLERANCE, name
+            assert _max_difference(batched.delta[name], delta) <= TOLERANCE, name
