@@ -78,11 +78,15 @@ def kill_in_the_last_pass(round_index: int, at: int, passes: int):
     return mod
 
 
+#: Two threads per client keep every client in this process (no forked workers), where the mods here see and stop it.
+IN_PROCESS = 2
+
+
 def _kill_config(out, clients_per_step: int, **changes):
     settings = dict(
         dataset="shapes:300", num_clients=4, participation=0.75, projection_dim=16, local_epochs=1, batch_size=16,
         memory_size=32, num_local_centroids=4, num_global_centroids=8, rounds=2, seed=5, device="cpu",
-        mechanism="kanon", clients_per_step=clients_per_step, out=str(out),
+        mechanism="kanon", clients_per_step=clients_per_step, client_cpus=IN_PROCESS, out=str(out),
     )
     return build_config(**{**settings, **changes})
 
@@ -326,7 +330,7 @@ def _plaintext_replies(out, clients_per_step: int, outer) -> dict[int, list[np.n
     config = build_config(
         dataset="shapes:150", num_clients=3, participation=1.0, projection_dim=16, local_epochs=1, batch_size=16,
         memory_size=32, num_local_centroids=4, num_global_centroids=8, rounds=1, secagg=False, device="cpu",
-        mechanism="kanon", clients_per_step=clients_per_step, out=str(out),
+        mechanism="kanon", clients_per_step=clients_per_step, client_cpus=IN_PROCESS, out=str(out),
     )
     simulate(plan_run(config), outer_mods=[outer], inner_mods=[capture])
     return replies
@@ -349,6 +353,7 @@ def test_a_node_sent_other_instructions_trains_apart_on_what_it_was_sent(tmp_pat
 # Under SecAgg+: ddp-sums shares, and training metrics in the masked sum.
 
 
+@pytest.mark.slow
 def test_ddp_sums_each_client_shares_once_per_round_into_the_secure_sum_when_trained_together(tmp_path, caplog):
     shares: Counter = Counter()
     leaked: list = []
@@ -386,6 +391,7 @@ def test_ddp_sums_each_client_shares_once_per_round_into_the_secure_sum_when_tra
         assert _ledger_rounds(plan.run_dir.client_ledgers, partition) == [1, 2]
 
 
+@pytest.mark.slow
 def test_training_metrics_in_the_masked_sum_are_those_each_client_computes_alone(tmp_path, float64):
     """report_client_metrics under SecAgg+: the metrics join the masked sum; in float64 a cohort's equal alone's."""
     from privfed.secagg.encoding import SECURE_METRIC_SCALES
@@ -404,7 +410,7 @@ def test_training_metrics_in_the_masked_sum_are_those_each_client_computes_alone
         config = build_config(
             dataset="shapes:150", num_clients=3, participation=1.0, projection_dim=16, local_epochs=1, batch_size=16,
             memory_size=32, num_local_centroids=4, num_global_centroids=8, rounds=1, device="cpu", mechanism="kanon",
-            report_client_metrics=True, clients_per_step=clients_per_step, out=str(out),
+            report_client_metrics=True, clients_per_step=clients_per_step, client_cpus=IN_PROCESS, out=str(out),
         )
         simulate(plan_run(config), inner_mods=[inner])
         return encoded
@@ -425,7 +431,7 @@ def _round_one(out, clients_per_step: int) -> dict:
     config = build_config(
         dataset="shapes:300", num_clients=3, participation=1.0, projection_dim=16, local_epochs=1, batch_size=16,
         memory_size=32, num_local_centroids=4, num_global_centroids=8, rounds=1, device="cpu", mechanism="kanon",
-        secagg=False, report_client_metrics=True, clients_per_step=clients_per_step, out=str(out),
+        secagg=False, report_client_metrics=True, clients_per_step=clients_per_step, client_cpus=IN_PROCESS, out=str(out),
     )
     simulate(plan_run(config))
     return next(m for m in jsonl(out / "metrics.jsonl") if m["round"] == 1)
@@ -459,6 +465,7 @@ def _final_model(out, clients_per_step: int, threads: int) -> dict:
     return torch.load(out / "checkpoints" / "final.pt", weights_only=True)["network"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "clients_per_step",
     [
