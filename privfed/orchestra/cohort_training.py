@@ -217,7 +217,8 @@ class _Cohort:
     def _step_group(self, slot_group: list[int], plans: list[_ClientPlan]) -> None:
         """One step of the clients in ``slot_group``: in place for every slot, else on a gathered copy put back after."""
         whole = len(slot_group) == self.size
-        index = torch.tensor(slot_group, dtype=torch.long, device=self.device)
+        # Only a part of the slots needs an index (a host-to-device copy): the common whole step goes without.
+        index = None if whole else torch.tensor(slot_group, dtype=torch.long, device=self.device)
         with torch.no_grad():
             stack = self.stack if whole else {
                 name: tensor[index].requires_grad_(name in self.trained) for name, tensor in self.stack.items()
@@ -232,7 +233,7 @@ class _Cohort:
             for name in stepped:
                 stack[name].grad = None
             ema_update_tensors([stack[t] for t, _ in self.ema_pairs], [stack[o] for _, o in self.ema_pairs], self.config.ema_decay)
-            if not whole:
+            if index is not None:
                 for name, tensor in stack.items():
                     self.stack[name][index] = tensor
                 for name, tensor in momentum.items():
