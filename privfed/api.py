@@ -49,11 +49,19 @@ class Run:
         path: The run directory (``config.json``, ``metrics.jsonl``,
             ``summary.json``, ``checkpoints/``; see :mod:`privfed.run.directory`).
         summary: ``summary.json``: the final kNN accuracy, the rounds, the
-            privacy spent and ``stopped_early`` (None when every round ran).
+            privacy spent, and ``stop`` with ``stopped_early`` (None when every
+            round ran).
     """
 
     path: Path
     summary: dict[str, Any]
+
+    @property
+    def stop_cause(self) -> str | None:
+        """Why the run ended early, as a program reads it (:mod:`privfed.run.stop`'s causes), or None."""
+        from privfed.run.stop import stop_cause
+
+        return stop_cause(self.summary)
 
     @classmethod
     def open(cls, run_dir: str | os.PathLike[str]) -> Run:
@@ -103,7 +111,7 @@ def train(
 
     Returns:
         The run. It may have stopped early (the privacy budget, or no client
-        could train): ``run.summary["stopped_early"]`` says why.
+        could train): ``run.stop_cause`` says why, ``run.summary["stopped_early"]`` in words.
 
     Raises:
         PrivfedError: an unknown option, a value out of range, missing data,

@@ -73,7 +73,8 @@ class Protocol(str, Enum):
 INTERRUPTED_EXIT_CODE = 130
 #: What every command exits with for bad input (an option, a file, a run directory): one line on stderr.
 USAGE_EXIT_CODE = 2
-#: What `privfed train` exits with when the run stopped because no client could train (its summary says why).
+#: What `privfed train` exits with when the run stopped because it could not train: a round without a usable reply,
+#: or rounds in a row that applied no update (``summary.json``'s ``stop`` says which).
 FAILED_RUN_EXIT_CODE = 1
 
 
@@ -163,12 +164,11 @@ def train(
 
 def train_exit_code(summary: dict[str, Any]) -> int:
     """What `privfed train` exits with for a run that ended with ``summary``: 0, or why it did not finish."""
-    from privfed.run.driver import stopped_without_training
+    from privfed.run.stop import INTERRUPTED, run_failed, stop_cause
 
-    stopped = summary.get("stopped_early")
-    if isinstance(stopped, str) and stopped.startswith("interrupted"):
+    if stop_cause(summary) == INTERRUPTED:
         return INTERRUPTED_EXIT_CODE
-    if stopped_without_training(stopped):
+    if run_failed(summary):
         return FAILED_RUN_EXIT_CODE
     return 0
 

@@ -122,14 +122,15 @@ class RoundProgress:
             self._say(self.done_line(event))
 
     def done_line(self, event: dict[str, Any]) -> str:
-        """The run's outcome: accuracy, rounds, the worst-off client's epsilon, and the wall time of the process
+        """The run's outcome (done, or stopped and why): accuracy, rounds, the worst-off client's epsilon, and the wall time of the process
         (start-up, data and the runtime included) beside the training loop's."""
         spent = [f"epsilon {e:.3f}" for e in (self.epsilon,) if e is not None]
         spent += [f"DP-SGD epsilon {e:.3f}" for e in (self.dp_sgd_epsilon,) if e is not None]
         privacy = f", {' and '.join(spent)} spent (worst-case client)" if spent else ""
         wall = time.perf_counter() - PROCESS_START
+        ended = "done" if event.get("stop") is None else f"stopped ({event['stop']['cause']})"
         return (
-            f"done: kNN accuracy {event['knn_accuracy']:.4f} (untrained {event['knn_accuracy_init']:.4f}) "
+            f"{ended}: kNN accuracy {event['knn_accuracy']:.4f} (untrained {event['knn_accuracy_init']:.4f}) "
             f"after {event['rounds']} rounds{privacy}, in {wall:.0f}s (training {event['wall_seconds']:.0f}s) "
             f"-> {event['run_dir']}"
         )

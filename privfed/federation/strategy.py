@@ -56,6 +56,7 @@ from privfed.secagg.encoding import (
     decode_aggregate,
     decode_metrics,
     initial_scales,
+    max_useful_scale,
     next_scales,
     secagg_weight_ratio,
     secure_sum_shapes,
@@ -205,6 +206,7 @@ class OrchestraStrategy(Strategy):
             if self.stop_reason is None:
                 self.stop_reason = reason
             return ndarrays_to_parameters(state_to_arrays(self.server.global_state(), self._keys)), {}
+        trains, dropped = self.next_round_trains, None
         try:
             mean_delta, aggregation_stats = self._mean_delta(server_round, accepted)
         except ImplausibleAggregate as err:
@@ -212,7 +214,10 @@ class OrchestraStrategy(Strategy):
             logger.warning("round %d: %s; the model is unchanged", self.orchestra_round(server_round), err)
             self.halted_rounds += 1
             mean_delta, aggregation_stats = None, {"secagg_halted": 1.0, "secagg_implausible": 1.0}
-        self._close_round(server_round, accepted, mean_delta, aggregation_stats)
+            dropped = f"the secure sum is implausible: {err}"
+        if trains and mean_delta is None and dropped is None:
+            dropped = f"{int(aggregation_stats['secagg_rejected_tensors'])} aggregated tensors overflowed SecAgg+'s clipping range"
+        self._close_round(server_round, accepted, mean_delta, aggregation_stats, dropped=dropped)
         return ndarrays_to_parameters(state_to_arrays(self.server.global_state(), self._keys)), {}
 
     def check_masked_reply(self, node_id: int, res: FitRes | None, masked: list[np.ndarray] | None) -> str | None:
@@ -283,7 +288,8 @@ class OrchestraStrategy(Strategy):
         logger.warning("round %d: secure aggregation halted; the model is unchanged", self.orchestra_round(server_round))
         accepted, rejected = self._screen(server_round, self._pending, secure=True)
         self._rejected.extend(rejected)
-        self._close_round(server_round, accepted, None, {"secagg_halted": 1.0})
+        dropped = "secure aggregation halted" if self.next_round_trains else None
+        self._close_round(server_round, accepted, None, {"secagg_halted": 1.0}, dropped=dropped)
 
     def secure_aggregation_summary(self) -> dict[str, Any]:
         """Whether the server saw only sums of encoder updates, and the protocol's parameters (for ``summary.json``)."""
@@ -366,7 +372,7 @@ class OrchestraStrategy(Strategy):
             )
             self.overflow_rounds += 1
         self.rejected_tensor_updates += len(rejected)
-        self.scales = next_scales(self.scales, decoded)
+        self.scales = next_scales(self.scales, decoded, max_scale=max_useful_scale(self.secagg.quantization_range))
         stats = {
             "secagg_rejected_tensors": float(len(rejected)),
             "secagg_max_scale": float(self.scales.max()),
@@ -382,6 +388,7 @@ class OrchestraStrategy(Strategy):
         aggregation_stats: dict[str, float],
         *,
         unusable: str | None = None,
+        dropped: str | None = None,
     ) -> None:
         checked = [c for _, _, c in results]
         releases = [(c.client, c.release) for c in checked if c.release is not None]
@@ -405,6 +412,7 @@ class OrchestraStrategy(Strategy):
                 rejected=rejected,
                 runtime_state=self.runtime_state(),
                 unusable=unusable,
+                update_dropped=dropped,
             )
         )
         if stop_reason is not None:

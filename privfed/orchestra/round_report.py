@@ -44,6 +44,9 @@ class RoundReport:
             (:mod:`privfed.run.resume`).
         unusable: Why no reply could be used (None when one could): the
             model stayed as it was, and the run stops with this reason.
+        update_dropped: Why a training round applied no model update though
+            replies arrived (a SecAgg+ overflow, halt or implausible sum);
+            None when it applied one, and in round 0.
     """
 
     round: int
@@ -58,6 +61,7 @@ class RoundReport:
     rejected: list[Rejection] = field(default_factory=list)
     runtime_state: dict[str, Any] = field(default_factory=dict)
     unusable: str | None = None
+    update_dropped: str | None = None
 
     @property
     def sampled(self) -> int:

@@ -11,7 +11,6 @@ with a :class:`privfed.orchestra.round_report.RoundReport` (see
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -34,19 +33,19 @@ from privfed.run.curves import save_run_curves
 from privfed.run.interruption import StopRequest
 from privfed.run.plan import RunPlan
 from privfed.run.recording import RecordedRound, write_round
-from privfed.run.resume import BUDGET_STOP, ResumePoint, write_resume_point
+from privfed.run.resume import ResumePoint, write_resume_point
+from privfed.run.stop import (
+    BUDGET,
+    BUDGET_STOP,
+    INTERRUPTED,
+    NO_UPDATE_LIMIT,
+    NO_UPDATES,
+    RUNTIME_ENDED,
+    UNUSABLE_ROUND,
+    Stop,
+)
 
 ProgressCallback = Callable[[dict[str, Any]], None]
-
-#: How a stop reads when a round brought no usable reply (the strategy's, or
-#: :meth:`RunDriver._stop_if_no_client_trained`'s): no client could train, and the CLI exits non-zero.
-NO_USABLE_REPLY = re.compile(r"round \d+: no usable reply")
-
-
-def stopped_without_training(stop_reason: str | None) -> bool:
-    """Whether a run's ``stopped_early`` says it stopped because a round had no usable reply."""
-    return stop_reason is not None and NO_USABLE_REPLY.match(stop_reason) is not None
-
 
 def build_monitor(plan: RunPlan, device: torch.device) -> KnnMonitor:
     """kNN monitor: the run's training images as reference, its test split as queries."""
@@ -130,12 +129,25 @@ class RunDriver:
         self.method = get_method(plan.config.method)
         mechanism = plan.config.release_mechanism  # None: the method releases nothing
         self.mechanism_class = None if mechanism is None else get_mechanism_class(mechanism)
-        self.stop_reason: str | None = None
+        self.stop: Stop | None = None
+        #: Why each training round since the last applied model update dropped its update (NO_UPDATE_LIMIT stops).
+        self._dropped: list[str] = []
         self._start = time.perf_counter()
         self._last_knn: float | None = None
         self._last_loss: float | None = None
         self._rounds_done = 0
         self._round_maybe_answered: int | None = None
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the run stops early, in words (None while it goes on)."""
+        return None if self.stop is None else self.stop.message
+
+    def _stop(self, cause: str, round_index: int, message: str, *, overrides: bool = False) -> None:
+        """Records the run's stop and tells the progress display; the first stands unless this one ``overrides`` it."""
+        if self.stop is None or overrides:
+            self.stop = Stop(cause, round_index, message)
+            self._emit({"event": "stop", "reason": message, "cause": cause})
 
     def start(self) -> OrchestraServer:
         """Creates the run directory, the ledger, the initial model and its evaluation; returns the server.
@@ -199,6 +211,7 @@ class RunDriver:
         self.knn_init = figures["knn_init"]
         self._last_knn, self._last_loss = figures["last_knn"], figures["last_loss"]
         self._rounds_done = point.round
+        self._dropped = list(figures.get("dropped_updates", []))  # resume points before the stop rule lack it
         self._start = time.perf_counter() - figures["elapsed_seconds"]
 
     def _save_resume_point(self, report: RoundReport) -> None:
@@ -221,6 +234,7 @@ class RunDriver:
                     "last_knn": self._last_knn,
                     "last_loss": self._last_loss,
                     "elapsed_seconds": time.perf_counter() - self._start,
+                    "dropped_updates": list(self._dropped),
                 },
             ),
         )
@@ -243,9 +257,8 @@ class RunDriver:
         for key in (*STEP_VALUES, "train_seconds", "release_seconds"):
             if key not in record:  # SecAgg+ rounds bring the means of the secure sum in server_stats (if reported)
                 record[key] = _mean([m[key] for m in report.client_metrics if key in m])
-        if report.unusable is not None and self.stop_reason is None:
-            self.stop_reason = report.unusable  # summary.json's stopped_early says why the run ended
-            self._emit({"event": "stop", "reason": self.stop_reason})
+        if report.unusable is not None:
+            self._stop(UNUSABLE_ROUND, report.round, report.unusable)
         charged_ks = self._charge_releases(report)
         if config.record_releases:
             self._record_round(report)
@@ -253,6 +266,7 @@ class RunDriver:
             record["min_k"] = min(charged_ks)
         self._record_training(report)
         self._stop_if_no_client_trained(report)
+        self._stop_if_no_update_applies(report)
         if self.ledger.is_dp:
             worst = self.ledger.worst_case_summary()
             record.update(privacy_epsilon=worst.epsilon, privacy_delta=worst.delta, privacy_worst_client=worst.client)
@@ -272,9 +286,8 @@ class RunDriver:
         self._rounds_done = report.round
         self._emit({"event": "round", **record})
         stop = self.stop_request
-        if self.stop_reason is None and stop is not None and stop.requested and report.round < config.rounds:
-            self.stop_reason = f"{stop.reason}; stopped after round {report.round}"
-            self._emit({"event": "stop", "reason": self.stop_reason})
+        if stop is not None and stop.requested and report.round < config.rounds:
+            self._stop(INTERRUPTED, report.round, f"{stop.reason}; stopped after round {report.round}")
         self._save_resume_point(report)
         return self.stop_reason
 
@@ -397,11 +410,36 @@ class RunDriver:
         rejected = report.rejected
         why = f"{len(rejected)} rejected" + (f": client {rejected[0].client}: {rejected[0].reason}" if rejected else "")
         failed = max(report.failures - len(rejected), 0)
-        self.stop_reason = (
+        self._stop(
+            UNUSABLE_ROUND,
+            report.round,
             f"round {report.round}: no usable reply from its {report.sampled} sampled clients ({failed} failed, "
-            f"{why}); the model is unchanged and the run stops"
+            f"{why}); the model is unchanged and the run stops",
         )
-        self._emit({"event": "stop", "reason": self.stop_reason})
+
+    def _stop_if_no_update_applies(self, report: RoundReport) -> None:
+        """Stops after :data:`NO_UPDATE_LIMIT` training rounds in a row that applied no model update.
+
+        Replies arrived, but every round dropped its update (a SecAgg+
+        overflow, an implausible or halted secure sum): a run left to go on
+        would end "done" with the model it started from.
+        """
+        if report.round == 0:
+            return
+        if report.update_dropped is None:
+            self._dropped = []
+            return
+        self._dropped.append(report.update_dropped)
+        if len(self._dropped) < NO_UPDATE_LIMIT:
+            return
+        first = report.round - len(self._dropped) + 1
+        reasons = "; ".join(dict.fromkeys(self._dropped))  # each reason once, in order
+        self._stop(
+            NO_UPDATES,
+            report.round,
+            f"rounds {first} to {report.round} applied no model update ({reasons}); the model is unchanged since "
+            f"round {first - 1} and the run stops",
+        )
 
     def _stop_if_budget_runs_out(self, round_index: int) -> None:
         """Stops before the round whose releases could take a client past its budget."""
@@ -410,11 +448,13 @@ class RunDriver:
             return
         projected = self.ledger.worst_case_after(plan.per_release_events)
         if projected > plan.budget:
-            self.stop_reason = (
+            self._stop(
+                BUDGET,
+                round_index,
                 f"{BUDGET_STOP}: another release would bring a client to epsilon {projected:.3f} "
-                f"> {plan.budget} (delta {plan.delta:.2g}); stopped after round {round_index}"
+                f"> {plan.budget} (delta {plan.delta:.2g}); stopped after round {round_index}",
+                overrides=True,  # a spent budget outranks any other cause: such a run must never resume
             )
-            self._emit({"event": "stop", "reason": self.stop_reason})
 
     @property
     def mechanism_name(self) -> str | None:
@@ -464,9 +504,11 @@ class RunDriver:
                 aggregated (``summary.json``'s ``secure_aggregation``).
         """
         self.run_dir.save_checkpoint("final", self.server.network, self.server.centroids, self._rounds_done)
-        if self.stop_reason is None and self._rounds_done < self.config.rounds:
+        if self.stop is None and self._rounds_done < self.config.rounds:
             # The runtime gave up (e.g. its workers were lost) without the strategy deciding to stop.
-            self.stop_reason = f"the runtime ended after round {self._rounds_done} of {self.config.rounds}"
+            self.stop = Stop(
+                RUNTIME_ENDED, self._rounds_done, f"the runtime ended after round {self._rounds_done} of {self.config.rounds}"
+            )
         if self._last_knn is None or self._rounds_done == 0:
             self._last_knn = self.monitor(self.server.network.online.backbone)
         privacy = self.privacy_summary()
@@ -485,6 +527,7 @@ class RunDriver:
             "privacy": privacy,
             "secure_aggregation": secure_aggregation,
             "stopped_early": self.stop_reason,
+            "stop": None if self.stop is None else self.stop.to_dict(),
             "rejected_replies": self._rejected_replies(),
             "heterogeneity": vars(self.heterogeneity),
             "final_loss": self._last_loss,

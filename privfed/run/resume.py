@@ -20,6 +20,7 @@ from privfed.durable import write_whole
 from privfed.errors import PrivfedError
 from privfed.privacy.ledger import LedgerEntry
 from privfed.run.directory import RunDirectory
+from privfed.run.stop import BUDGET, stop_cause
 
 RESUME_FILE = "resume.pt"
 #: Options a resumed run may change: more rounds (when the privacy calibration does not depend on them), and the
@@ -91,10 +92,6 @@ def resumed_config(run_dir: RunDirectory, overrides: dict[str, Any]) -> TrainCon
     return recorded.replace(**changed)
 
 
-#: How a stop for the privacy budget begins (``RunDriver._stop_if_budget_runs_out``).
-BUDGET_STOP = "privacy budget"
-
-
 def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConfig) -> None:
     """Refuses a run that is already complete or out of budget, a resume that would end before its resume point, a point
     ahead of the run's own log (one copied from another run would skip rounds the ledger never charged), or
@@ -118,8 +115,7 @@ def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConf
             "cannot go on from there (--checkpoint-every 1 keeps the point at the last finished round)"
         )
     summary = run_dir.path / "summary.json"
-    stopped = run_dir.read_json(summary.name).get("stopped_early") if summary.is_file() else None
-    if isinstance(stopped, str) and stopped.startswith(BUDGET_STOP):
+    if summary.is_file() and stop_cause(run_dir.read_json(summary.name)) == BUDGET:
         raise PrivfedError(f"{run_dir.path} stopped because its privacy budget ran out; it cannot go on")
     if config.rounds <= point.round:
         raise PrivfedError(

@@ -6,7 +6,7 @@ half of it), each divided by the client's own weight ratio so that the sum
 counts the clients that raised it, not which (docs/architecture.md,
 "Secure aggregation"; across rounds, docs/privacy.md, "SecAgg+ side
 channels"). An overflow drops the round's update and grows the scales
-(:func:`next_scales`).
+(:func:`next_scales`, up to :func:`max_useful_scale`).
 """
 
 from __future__ import annotations
@@ -178,10 +178,23 @@ def decode_aggregate(
     return DecodedAggregate(mean=mean, overflow_counts=overflow_counts, high_counts=high_counts)
 
 
-def next_scales(scales: np.ndarray, decoded: DecodedAggregate) -> np.ndarray:
-    """Public scales for the next round: grown wherever this round came close to clipping."""
+def max_useful_scale(quantization_range: int) -> float:
+    """The largest scale worth growing to: ``Q / 2``.
+
+    A tensor travels as ``value / scale`` on a grid of step ``2c / Q``, so its
+    step is ``scale * 2c / Q`` in the tensor's own units; beyond ``Q / 2`` that
+    step exceeds the clipping range ``c`` itself, and every value an update
+    can plausibly hold is rounded to noise. Growing further (one client that
+    raises its overflow flag every round grows a scale ×4 a round) buys nothing.
+    """
+    return quantization_range / 2
+
+
+def next_scales(scales: np.ndarray, decoded: DecodedAggregate, *, max_scale: float) -> np.ndarray:
+    """Public scales for the next round: grown wherever this round came close to clipping, never past ``max_scale``
+    (:func:`max_useful_scale`), nor below where they were."""
     growth = np.where(decoded.overflow, OVERFLOW_GROWTH, np.where(decoded.high, HIGH_GROWTH, 1.0))
-    return scales * growth
+    return np.maximum(scales, np.minimum(scales * growth, max_scale))
 
 
 #: Training metrics that travel inside the secure sum in SecAgg+ rounds of a run

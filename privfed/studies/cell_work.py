@@ -59,15 +59,15 @@ def train_cell(
     """
     from privfed.federation.simulation import simulate
     from privfed.run.directory import RunDirectory
-    from privfed.run.driver import stopped_without_training
     from privfed.run.plan import plan_resume, plan_run
     from privfed.run.resume import RESUME_FILE
+    from privfed.run.stop import run_failed
 
     summary_file = run_dir / "summary.json"
     if summary_file.is_file() and not _stopped_by_a_signal(RunDirectory(run_dir)):
         summary = RunDirectory(run_dir).read_json("summary.json")
-        if not stopped_without_training(summary.get("stopped_early")):
-            return summary  # a run that stopped for want of usable replies is tried again from its resume point
+        if not run_failed(summary):
+            return summary  # a run that stopped because it could not train is tried again from its resume point
     if (run_dir / "checkpoints" / RESUME_FILE).is_file():
         killed = not summary_file.is_file()
         try:
@@ -101,8 +101,9 @@ def replayed_exactly(run: Any, round_index: int) -> bool:
 
 
 def _stopped_by_a_signal(run: Any) -> bool:
-    stopped = run.read_json("summary.json").get("stopped_early")
-    return isinstance(stopped, str) and stopped.startswith("interrupted")
+    from privfed.run.stop import INTERRUPTED, stop_cause
+
+    return stop_cause(run.read_json("summary.json")) == INTERRUPTED
 
 
 def finetune_column(fraction: float) -> str:
@@ -129,15 +130,15 @@ def study_row(
     and from the untrained encoder. ``round_progress`` hears the run's events
     (as ``privfed train`` does), ``step_progress`` the probes' epochs.
     """
-    from privfed.run.driver import stopped_without_training
     from privfed.run.evaluation import evaluate_run, score_run
+    from privfed.run.stop import INTERRUPTED, run_failed, stop_cause
 
     run_dir = folder / "run"
     attacked = attack_method is not None and attack is not None and cell.config.release_mechanism is not None
     summary = train_cell(cell, run_dir, record_releases=attacked, progress=round_progress)
-    if str(summary.get("stopped_early") or "").startswith("interrupted"):
+    if stop_cause(summary) == INTERRUPTED:
         raise StudyInterrupted(f"{cell.run_name}: {summary['stopped_early']}")
-    if stopped_without_training(summary.get("stopped_early")):  # recorded as the cell's error, never as a result
+    if run_failed(summary):  # recorded as the cell's error, never as a result
         raise RuntimeError(f"the run stopped: {summary['stopped_early']}")
     config = cell.config
     evaluate = functools.partial(
