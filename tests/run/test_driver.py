@@ -14,6 +14,7 @@ from privfed.errors import PrivfedError
 from privfed.orchestra.round_report import Rejection, RoundReport
 from privfed.run.driver import RunDriver
 from privfed.run.plan import plan_resume, plan_run
+from privfed.run.stop import BUDGET, INTERRUPTED, NO_UPDATES, UNUSABLE_ROUND, Stop, run_failed
 
 
 def started(config) -> RunDriver:
@@ -126,7 +127,7 @@ def test_after_a_kill_the_round_in_progress_charges_its_silent_clients(ldp_after
 
 
 def test_after_a_clean_stop_no_silent_client_is_charged(ldp_after_round_0):
-    ldp_after_round_0.stop_reason = "interrupted by SIGINT; stopped after round 0"
+    ldp_after_round_0.stop = Stop(INTERRUPTED, 0, "interrupted by SIGINT; stopped after round 0")
     ldp_after_round_0.finish(secure_aggregation={"enabled": False})
     again = resumed(ldp_after_round_0)
     assert not (again.run_dir.path / "summary.json").exists()  # the run is running again
@@ -150,7 +151,7 @@ def test_an_ldp_run_cannot_stretch_its_budget_over_more_rounds_on_resume(ldp_aft
 
 
 def test_a_run_stopped_by_its_privacy_budget_is_not_resumed(ldp_after_round_0):
-    ldp_after_round_0.stop_reason = "privacy budget: another release would bring a client to epsilon 2.1 > 2.0"
+    ldp_after_round_0.stop = Stop(BUDGET, 0, "privacy budget: another release would bring a client to epsilon 2.1 > 2.0")
     ldp_after_round_0.finish(secure_aggregation={"enabled": False})
     with pytest.raises(PrivfedError, match="privacy budget ran out"):
         plan_resume(ldp_after_round_0.run_dir.path, {})
@@ -160,18 +161,83 @@ def test_a_round_in_which_no_client_trained_stops_the_run_with_a_summary_that_sa
     """A SecAgg+ round halted with no usable reply (every client failed or was rejected) ends the run, and
     `privfed train` exits non-zero for it, instead of running every round with nobody training."""
     from privfed.cli import FAILED_RUN_EXIT_CODE, train_exit_code
-    from privfed.run.driver import stopped_without_training
 
     driver = started(tiny_config.replace(rounds=3, out=str(tmp_path / "run")))
     driver.on_round_end(RoundReport(round=0, completed=2, failures=0, seconds=0.1, server_stats={}, sampled_clients=(0, 1)))
     halted = RoundReport(round=1, completed=0, failures=2, seconds=0.1, server_stats={"secagg_halted": 1.0},
                          sampled_clients=(0, 1), rejected=[Rejection(1, "release holds NaN or Inf")])
     reason = driver.on_round_end(halted)
-    assert stopped_without_training(reason)
     assert "round 1: no usable reply from its 2 sampled clients (1 failed, 1 rejected: client 1: release holds NaN" in reason
     summary = driver.finish(secure_aggregation={"enabled": True})
-    assert json.loads((driver.run_dir.path / "summary.json").read_text())["stopped_early"] == reason
-    assert summary["rounds"] == 1 and train_exit_code(summary) == FAILED_RUN_EXIT_CODE
+    on_disk = json.loads((driver.run_dir.path / "summary.json").read_text())
+    assert on_disk["stopped_early"] == reason and on_disk["stop"] == {"cause": UNUSABLE_ROUND, "round": 1, "message": reason}
+    assert summary["rounds"] == 1 and run_failed(summary) and train_exit_code(summary) == FAILED_RUN_EXIT_CODE
+
+
+def dropped(round_index: int, why: str | None = "secure aggregation halted") -> RoundReport:
+    """A training round in which both sampled clients replied; ``why`` its update was dropped (None: applied)."""
+    return RoundReport(round=round_index, completed=2, failures=0, seconds=0.1, server_stats={}, sampled_clients=(0, 1),
+                       update_dropped=why)
+
+
+def test_three_training_rounds_in_a_row_without_an_applied_update_stop_the_run(tiny_config, tmp_path):
+    from privfed.cli import FAILED_RUN_EXIT_CODE, train_exit_code
+
+    driver = started(tiny_config.replace(rounds=5, out=str(tmp_path / "run")))
+    assert driver.on_round_end(dropped(0, None)) is None
+    assert driver.on_round_end(dropped(1, "2 aggregated tensors overflowed SecAgg+'s clipping range")) is None
+    assert driver.on_round_end(dropped(2)) is None
+    reason = driver.on_round_end(dropped(3))
+    assert reason == (
+        "rounds 1 to 3 applied no model update (2 aggregated tensors overflowed SecAgg+'s clipping range; secure "
+        "aggregation halted); the model is unchanged since round 0 and the run stops"
+    )
+    summary = driver.finish(secure_aggregation={"enabled": True})
+    assert summary["stop"] == {"cause": NO_UPDATES, "round": 3, "message": reason} and summary["rounds"] == 3
+    assert train_exit_code(summary) == FAILED_RUN_EXIT_CODE
+
+
+def test_an_applied_update_starts_the_count_again(tiny_config, tmp_path):
+    driver = started(tiny_config.replace(rounds=5, out=str(tmp_path / "run")))
+    for report_ in (dropped(0, None), dropped(1), dropped(2), dropped(3, None), dropped(4), dropped(5)):
+        assert driver.on_round_end(report_) is None
+    assert driver.finish(secure_aggregation={"enabled": True})["stop"] is None
+
+
+def test_the_count_of_rounds_without_an_update_survives_a_resume(tiny_config, tmp_path):
+    driver = started(tiny_config.replace(rounds=5, checkpoint_every=1, out=str(tmp_path / "run")))
+    for report_ in (dropped(0, None), dropped(1), dropped(2)):
+        driver.on_round_end(report_)
+    driver.stop = Stop(INTERRUPTED, 2, "interrupted by SIGINT; stopped after round 2")
+    driver.finish(secure_aggregation={"enabled": True})
+    again = resumed(driver)
+    assert again.on_round_end(dropped(3)).startswith("rounds 1 to 3 applied no model update")
+
+
+def test_a_spent_budget_outranks_an_earlier_stop_so_the_run_is_never_resumed(ldp_after_round_0):
+    driver = ldp_after_round_0
+    object.__setattr__(driver.plan.privacy, "budget", 1e-9)  # every further release would exceed it
+    halted = RoundReport(round=1, completed=0, failures=2, seconds=0.1, server_stats={}, sampled_clients=(0, 1),
+                         rejected=[Rejection(0, "bad"), Rejection(1, "bad")])
+    driver.on_round_end(halted)
+    assert driver.stop is not None and driver.stop.cause == BUDGET
+    driver.finish(secure_aggregation={"enabled": False})
+    with pytest.raises(PrivfedError, match="privacy budget ran out"):
+        plan_resume(driver.run_dir.path, {})
+
+
+def test_the_budget_stop_is_read_from_its_field_and_an_old_summary_from_its_words(ldp_after_round_0):
+    """Reworded, a budget stop is still one; a summary written before the field says it by its opening words."""
+    driver = ldp_after_round_0
+    driver.stop = Stop(BUDGET, 0, "no further release fits the budget")
+    driver.finish(secure_aggregation={"enabled": False})
+    with pytest.raises(PrivfedError, match="privacy budget ran out"):
+        plan_resume(driver.run_dir.path, {})
+    old = {k: v for k, v in driver.run_dir.read_json("summary.json").items() if k != "stop"}
+    old["stopped_early"] = "privacy budget: another release would bring a client to epsilon 2.1 > 2.0"
+    driver.run_dir.write_json("summary.json", old)
+    with pytest.raises(PrivfedError, match="privacy budget ran out"):
+        plan_resume(driver.run_dir.path, {})
 
 
 def test_rounds_with_a_usable_reply_go_on_and_the_finished_run_exits_0(tiny_config, tmp_path):

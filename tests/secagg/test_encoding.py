@@ -8,11 +8,13 @@ from flwr.common.secure_aggregation.quantization import dequantize, quantize
 from privfed.secagg.encoding import (
     HIGH_GROWTH,
     OVERFLOW_GROWTH,
+    DecodedAggregate,
     decode_aggregate,
     decode_metrics,
     encode_metrics,
     encode_update,
     initial_scales,
+    max_useful_scale,
     next_scales,
     secagg_weight_ratio,
     secure_sum_shapes,
@@ -97,14 +99,26 @@ def test_decoding_recovers_the_weighted_mean_and_rejects_overflowing_tensors():
     assert decoded.overflow_counts.tolist() == [0, 2]  # 10 and 40 * 10/30 both exceed 8
     assert np.all(decoded.mean[1] == 0)  # a saturated aggregate is never applied
     np.testing.assert_allclose(decoded.mean[0], (30 * clients[0][0] + 10 * clients[1][0]) / 40, atol=1e-5)
-    assert next_scales(tight, decoded).tolist() == [1.0, OVERFLOW_GROWTH]
+    assert next_scales(tight, decoded, max_scale=2.0**21).tolist() == [1.0, OVERFLOW_GROWTH]
 
 
 def test_scales_double_where_a_tensor_ran_high():
     scales = np.array([1.0, 1.0])
     encoded = encode_update([np.array([5.0]), np.array([0.1])], scales, weight_ratio=1.0, clipping_range=8.0)
     decoded = decode_aggregate(encoded, scales, weight_ratios=[1.0])
-    assert next_scales(scales, decoded).tolist() == [HIGH_GROWTH, 1.0]
+    assert next_scales(scales, decoded, max_scale=2.0**21).tolist() == [HIGH_GROWTH, 1.0]
+
+
+def test_a_flag_raised_every_round_grows_the_scale_to_its_cap_and_no_further():
+    """One client raising its overflow flag every round grew a scale ×4 a round without end (inf after 512 rounds)."""
+    cap = max_useful_scale(2**22)
+    assert cap == 2.0**21  # the scale whose step, 2c/Q of it, is the clipping range c itself
+    scales = np.array([1.0, 16.0])
+    flagged = DecodedAggregate(mean=[np.zeros(1), np.zeros(1)], overflow_counts=np.array([1, 0]), high_counts=np.array([1, 1]))
+    for _ in range(40):
+        scales = next_scales(scales, flagged, max_scale=cap)
+    assert scales.tolist() == [cap, cap]
+    assert next_scales(np.array([4 * cap, 1.0]), flagged, max_scale=cap).tolist() == [4 * cap, 2.0]  # never shrunk
 
 
 def test_the_server_learns_how_many_clients_overflowed_not_which():
