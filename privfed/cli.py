@@ -19,6 +19,7 @@ import typer
 
 from privfed.cli_help import CHOICES, HELP_MAX_WIDTH, HelpCommand, RegistryChoice, attack_names
 from privfed.cli_progress import ProgressView, RoundProgress
+from privfed.cli_streams import forgiving_streams
 from privfed.config import (
     DEFAULTS,
     TrainConfig,
@@ -569,6 +570,12 @@ def main(argv: list[str] | None = None) -> None:
     # Before torch loads (commands import it lazily): torch's OpenMP threads then sleep while they wait instead of
     # spinning, which on a machine other jobs share made the server's kNN evaluation 3 to 4 times slower (docs/flower.md).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    with forgiving_streams():  # a closed or full stdout/stderr stops the printing, not the command
+        _run(argv)
+
+
+def _run(argv: list[str] | None) -> None:
+    """Runs one command; every way it can end becomes an exit code (and one line on stderr for bad input)."""
     from privfed.run.interruption import signals_stop_runs
 
     try:
