@@ -223,7 +223,23 @@ def damaged_run_cases() -> list[Case]:
     return cases
 
 
-CASES = [*option_cases(), *name_cases(), *file_system_cases(), *evaluate_cases(), *input_file_cases(), *damaged_run_cases()]
+def unwritable_result_cases() -> list[Case]:
+    """`evaluate` and `attack` whose result file could not be written: refused before anything is computed."""
+    attack = ("attack", "{run}", "--method", "decoder")
+    return [
+        Case("evaluate evaluation.json is a folder", ("damage", "evaluation.json", "folder", *evaluate()),
+             ("evaluation.json",)),
+        Case("evaluate tsne picture is a folder", ("damage", "embedding-tsne-final.png", "folder",
+                                                   *evaluate("--protocol", "tsne")), ("embedding-tsne-final.png",)),
+        Case("attack attack.json is a folder", ("damage", "attack.json", "folder", *attack), ("attack.json",)),
+        Case("attack attack.png is a folder", ("damage", "attack.png", "folder", *attack), ("attack.png",)),
+        Case("evaluate evaluation.json's temporary is a folder", ("damage", ".evaluation.json.tmp", "folder",
+                                                                  *evaluate()), ("evaluation.json",)),
+    ]
+
+
+CASES = [*option_cases(), *name_cases(), *file_system_cases(), *evaluate_cases(), *input_file_cases(), *damaged_run_cases(),
+         *unwritable_result_cases()]
 
 
 def test_at_least_150_malformed_invocations_are_generated():
@@ -251,6 +267,10 @@ def fabricate_run(folder: Path) -> None:
 
 
 def damage(path: Path, how: str) -> None:
+    if how == "folder":  # a folder where the command writes a file
+        path.unlink(missing_ok=True)
+        path.mkdir()
+        return
     data = path.read_bytes()
     if how == "truncated":
         path.write_bytes(data[: len(data) // 2])
@@ -298,13 +318,19 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fails the test if an invocation gets as far as starting the runtime: every case must fail before."""
+    """Fails the test if an invocation gets as far as starting the runtime, an evaluation's features or an attack's
+    auxiliary data: every case must fail before."""
+    import attacks.evaluation
     import privfed.federation.simulation as simulation
+    import privfed.run.evaluation
 
     def reached(*args: object, **kwargs: object) -> None:
-        pytest.fail("a malformed invocation reached training")
+        pytest.fail("a malformed invocation reached training or computing")
 
     monkeypatch.setattr(simulation, "simulate", reached)
+    for name in ("extract_features", "fine_tune_accuracy"):
+        monkeypatch.setattr(privfed.run.evaluation, name, reached)
+    monkeypatch.setattr(attacks.evaluation, "load_auxiliary", reached)
 
 
 def filled(argv: tuple[str, ...], tmp: Path, run: Path) -> list[str]:

@@ -79,6 +79,24 @@ class RunDirectory:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
+    def check_writable(self, *names: str) -> None:
+        """Refuses, before a command computes a result, result files it could not write: each name's temporary
+        file is created and removed for real, as a later write would (permissions, a read-only mount, /proc).
+
+        Raises:
+            PrivfedError: naming the file and why.
+        """
+        for name in names:
+            path = self.path / name
+            if path.is_dir():
+                raise PrivfedError(f"cannot write {path}: a folder of that name is in the way")
+            probe = path.with_name(f".{name}.tmp")
+            try:
+                probe.open("a").close()
+                probe.unlink()
+            except OSError as err:
+                raise PrivfedError(f"cannot write {path}: {err.strerror}") from None
+
     def append_evaluation(self, result: dict[str, Any]) -> None:
         """Appends one result to ``evaluation.json``, under a lock of its own so concurrent evaluations keep every entry."""
         with locked(self.path / EVALUATION_LOCK_FILE):

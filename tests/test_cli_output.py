@@ -1,0 +1,165 @@
+"""Output that cannot kill a command: a closed stdout or stderr stops the printing (real processes, real pipes), and
+a result that could not be written is refused before it is computed (a real read-only folder)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from privfed.cli import main
+
+#: A run of two rounds in about twenty seconds, that records its releases (so `attack` has something to invert).
+TINY_RUN = ("--dataset", "shapes:300", "--num-clients", "4", "--participation", "1.0", "--backbone", "resnet8",
+            "--projection-dim", "16", "--batch-size", "16", "--memory-size", "32", "--num-local-centroids", "4",
+            "--num-global-centroids", "8", "--rounds", "2", "--device", "cpu", "--record-releases")
+
+
+def privfed(*args: str, **popen: object) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "privfed.cli", *args], **popen)  # type: ignore[call-overload]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run trained to its end with its output discarded, for the commands that read a run."""
+    run = tmp_path_factory.mktemp("streams") / "run"
+    process = privfed("train", *TINY_RUN, "--out", str(run), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert process.wait(timeout=600) == 0
+    return run
+
+
+@pytest.mark.slow
+def test_a_run_whose_reader_closed_the_pipe_trains_to_the_end(tmp_path):
+    """``privfed train ... 2>&1 | head -1``: the reader takes one line and closes the pipe."""
+    run = tmp_path / "run"
+    process = privfed("train", *TINY_RUN, "--out", str(run), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert process.stdout is not None
+    first = process.stdout.readline()
+    process.stdout.close()
+    assert first.startswith(b"privfed: "), first
+    assert process.wait(timeout=600) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stopped_early"] is None and summary["rounds"] == 2, summary
+    assert (run / "checkpoints" / "final.pt").is_file()
+
+
+def closed_pipe() -> int:
+    """A pipe's write end whose reader is gone: the first write fails (EPIPE)."""
+    read, write = os.pipe()
+    os.close(read)
+    return write
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [
+    ("plot", "{run}", "--out", "{tmp}/p.png"),
+    ("evaluate", "{run}", "--train-data", "shapes:300", "--test-data", "shapes:300", "--device", "cpu"),
+    ("attack", "{run}", "--method", "decoder", "--steps", "2", "--max-vectors", "2", "--device", "cpu"),
+    ("train", "--lr", "nan"),  # the error line itself goes to a closed stderr
+])
+def test_other_commands_end_as_they_would_with_nobody_reading(command, finished_run, tmp_path):
+    run = finished_run
+    write = closed_pipe()
+    argv = [a.replace("{run}", str(run)).replace("{tmp}", str(tmp_path)) for a in command]
+    process = privfed(*argv, stdout=write, stderr=write, cwd=tmp_path)
+    os.close(write)
+    assert process.wait(timeout=600) == (2 if command[0] == "train" else 0)
+    if command[0] == "plot":
+        assert (tmp_path / "p.png").is_file()
+    if command[0] == "attack":
+        assert (run / "attack.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_study_runs_its_cell_with_nobody_reading(tmp_path):
+    study = tmp_path / "study.toml"
+    study.write_text('seeds = [0]\n[base]\ndataset = "shapes:300"\nnum_clients = 4\nparticipation = 1.0\n'
+                     'backbone = "resnet8"\nprojection_dim = 16\nbatch_size = 16\nmemory_size = 32\n'
+                     'num_local_centroids = 4\nnum_global_centroids = 8\nrounds = 1\ndevice = "cpu"\n')
+    write = closed_pipe()
+    process = privfed("study", str(study), "--out", str(tmp_path / "out"), stdout=write, stderr=write, cwd=tmp_path)
+    os.close(write)
+    assert process.wait(timeout=600) == 0
+    assert (tmp_path / "out" / "results.csv").is_file()
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """``folder`` read-only for this process: mode 555, or for root (whom modes do not stop) a read-only bind mount."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+        return
+    if subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("root, and mount is not allowed here: no honest read-only folder")
+    try:
+        if subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], capture_output=True).returncode != 0:
+            pytest.skip("root, and a read-only remount is not allowed here")
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.fixture
+def nothing_computed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fails the test if `evaluate` reaches its features or `attack` its auxiliary data."""
+    import attacks.evaluation
+    import privfed.run.evaluation
+
+    def reached(*args: object, **kwargs: object) -> None:
+        pytest.fail("computed a result it cannot write")
+
+    for name in ("extract_features", "fine_tune_accuracy"):
+        monkeypatch.setattr(privfed.run.evaluation, name, reached)
+    monkeypatch.setattr(attacks.evaluation, "load_auxiliary", reached)
+
+
+RESULT_COMMANDS = {
+    "evaluate": ("evaluate", "{run}", "--train-data", "shapes:300", "--test-data", "shapes:300", "--device", "cpu"),
+    "tsne": ("evaluate", "{run}", "--protocol", "tsne", "--test-data", "shapes:300", "--device", "cpu"),
+    "attack": ("attack", "{run}", "--method", "decoder", "--device", "cpu"),
+}
+
+
+def refused(argv: tuple[str, ...], run: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """The one error line of ``argv`` on ``run`` (exit 2, nothing on stdout)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main([a.replace("{run}", str(run)) for a in argv])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 2 and captured.out == "", (exit_.value.code, captured)
+    (line,) = captured.err.splitlines()
+    assert line.startswith("error: cannot write ") and "Traceback" not in captured.err, captured.err
+    return line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", RESULT_COMMANDS)
+def test_a_result_for_a_read_only_run_folder_is_refused_before_it_is_computed(command, finished_run, tmp_path,
+                                                                              nothing_computed, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    with read_only(run):
+        line = refused(RESULT_COMMANDS[command], run, capsys)
+    assert str(run) in line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["attack.json", "attack.png"])
+def test_an_attack_whose_result_name_is_a_folder_is_refused_before_it_runs(name, finished_run, tmp_path,
+                                                                           nothing_computed, capsys):
+    """On a run with recorded releases, so nothing but the folder stops it."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    (run / name).mkdir()
+    assert name in refused(RESULT_COMMANDS["attack"], run, capsys)
