@@ -9,13 +9,19 @@ import os
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-import typer
+
+with warnings.catch_warnings():
+    # typer re-exports names click 8.2+ deprecates; under PYTHONWARNINGS=error that import alone would kill every
+    # command. Only this warning, only here: a user's filters stay as they are everywhere else.
+    warnings.filterwarnings("ignore", message="'click.utils.get_[a-z]+_stream' is deprecated", category=DeprecationWarning)
+    import typer
 
 from privfed.cli_help import CHOICES, HELP_MAX_WIDTH, HelpCommand, RegistryChoice, attack_names
 from privfed.cli_progress import ProgressView, RoundProgress
@@ -28,6 +34,7 @@ from privfed.config import (
     option_help,
     option_panel,
 )
+from privfed.durable import check_path
 from privfed.errors import PrivfedError
 
 if TYPE_CHECKING:
@@ -324,6 +331,8 @@ def plot(
     """Overlay several runs' curves (kNN, losses, epsilon spent, round time) in one PNG."""
     from privfed.run.curves import RunCurves, plot_curves
 
+    for run_dir in run_dirs:
+        check_path(run_dir, "a run directory")
     missing = [str(d) for d in run_dirs if not (d / "metrics.jsonl").is_file()]
     if missing:
         raise PrivfedError(f"not a privfed run directory (no metrics.jsonl): {', '.join(missing)}")
@@ -412,6 +421,7 @@ def _run_study_file(
         attack = functools.partial(attack_last_round, attack_settings=spec.attack_settings or None)
     _check_study_data(spec)
     folder = out or Path("studies") / study_file.stem
+    check_path(folder, "the study directory")
     make_directory(folder, kind="study directory")
     view = ProgressView()  # inside a cell: bars on a terminal, nothing in a log (its lines are the cells')
     if attack is not None:
@@ -453,6 +463,7 @@ def _report_study_file(study_file: Path, out: Path | None, overrides: dict[str, 
 
     spec = Study.load(study_file, overrides=overrides)
     folder = out or Path("studies") / study_file.stem
+    check_path(folder, "the study directory")
     records = recorded_cells(spec, folder) if folder.is_dir() else []
     if not records:
         raise PrivfedError(f"{folder} holds no recorded run of {study_file}; run the study first")

@@ -10,6 +10,27 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from privfed.errors import PrivfedError
+
+#: The longest file name and path Linux file systems take, in bytes (``NAME_MAX``, ``PATH_MAX``).
+NAME_MAX, PATH_MAX = 255, 4096
+
+def check_path(path: Path, what: str) -> None:
+    """Refuses a path the system would refuse midway, with a traceback: a name over :data:`NAME_MAX` bytes, the whole
+    (files within it included, up to 100 bytes more) over :data:`PATH_MAX`.
+
+    Raises:
+        PrivfedError: naming ``what`` and the limit.
+    """
+    text = os.fsencode(path)
+    if len(os.fsencode(path.absolute())) + 100 > PATH_MAX:
+        raise PrivfedError(f"{what} is too long: {len(text)} bytes, and a path must stay under {PATH_MAX - 100}")
+    longest = max(path.parts, key=lambda part: len(os.fsencode(part)), default="")
+    if len(os.fsencode(longest)) > NAME_MAX:
+        raise PrivfedError(
+            f"{what} has a name of {len(os.fsencode(longest))} bytes ({longest[:40]}...); a name takes at most {NAME_MAX}"
+        )
+
 
 def sync_directory(folder: Path) -> None:
     """Flushes ``folder``'s entries, so a file created or renamed in it keeps its name after a crash (POSIX)."""
