@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -238,8 +239,31 @@ def unwritable_result_cases() -> list[Case]:
     ]
 
 
+#: A file name the system refuses (over 255 bytes), and a path it refuses (over PATH_MAX, 4096 bytes).
+LONG_NAME = "{tmp}/" + "n" * 300
+LONG_PATH = "{tmp}/" + "/".join(["p" * 200] * 25)
+
+
+def path_cases() -> list[Case]:
+    """Paths the system refuses midway (with a traceback, before): refused first, in one line."""
+    cases = []
+    for what, path, needle in (("name", LONG_NAME, "255"), ("path", LONG_PATH, "too long")):
+        cases += [
+            Case(f"train out long {what}", train("--out", path), (needle,)),
+            Case(f"resume long {what}", ("train", "--resume", path), (needle,)),
+            Case(f"evaluate long {what}", ("evaluate", path, "--test-data", "shapes:300"), (needle,)),
+            Case(f"attack long {what}", ("attack", path, "--method", "decoder"), (needle,)),
+            Case(f"plot run long {what}", ("plot", path, "--out", "{tmp}/p.png"), (needle,)),
+            Case(f"plot out long {what}", ("plot", "{run}", "--out", path + ".png"), (needle,)),
+            Case(f"study out long {what}", ("study", "{tmp}/study.toml", "--out", path), (needle,)),
+            Case(f"study report long {what}", ("study", "{tmp}/study.toml", "--report", "--out", path), (needle,)),
+        ]
+    cases.append(Case("plot out empty", ("plot", "{run}", "--out", ""), ("file name",)))
+    return cases
+
+
 CASES = [*option_cases(), *name_cases(), *file_system_cases(), *evaluate_cases(), *input_file_cases(), *damaged_run_cases(),
-         *unwritable_result_cases()]
+         *unwritable_result_cases(), *path_cases()]
 
 
 def test_at_least_150_malformed_invocations_are_generated():
@@ -393,6 +417,40 @@ def test_malformed_invocations_in_a_real_process_print_one_line_and_exit_2(world
     for process in processes:
         stdout, stderr = process.communicate(timeout=300)
         assert_one_line_error(process.returncode, stdout, stderr, ())
+
+
+#: Commands that end well, each run in a process with every warning an error (``PYTHONWARNINGS=error``).
+WARNING_FREE = [
+    (("--version",), 0),
+    (("train", "--help"), 0),
+    (("mechanisms",), 0),
+    (("plot", "{run}", "--out", "{tmp}/warnings.png"), 0),
+    (("evaluate", "{run}", "--train-data", "shapes:300", "--test-data", "shapes:300", "--device", "cpu"), 0),
+    (("train", "--lr", "nan"), 2),
+]
+
+
+def test_commands_under_pythonwarnings_error_end_as_they_would_without(world, tmp_path):
+    """A third-party warning privfed cannot act on must not become a traceback; the user's filter stays (see below)."""
+    shutil.copytree(world / "run", tmp_path / "run")
+    env = {**os.environ, "PYTHONWARNINGS": "error"}
+    processes = [
+        (subprocess.Popen([sys.executable, "-m", "privfed.cli", *filled(argv, tmp_path, tmp_path / "run")], cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env), code)
+        for argv, code in WARNING_FREE
+    ]
+    for process, code in processes:
+        stdout, stderr = process.communicate(timeout=300)
+        assert "Traceback" not in stderr and process.returncode == code, (process.args, stderr)
+
+
+def test_the_users_warning_filter_is_kept(tmp_path):
+    """Filtered are named third-party warnings only: a warning of the user's own is still an error."""
+    code = ("import warnings, privfed.cli\n"
+            "try:\n    warnings.warn('mine', DeprecationWarning)\nexcept DeprecationWarning:\n    print('raised')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONWARNINGS": "error"}, timeout=120)
+    assert result.stdout.strip() == "raised", result.stderr
 
 
 def test_evaluate_warns_about_test_images_of_another_size_and_keeps_the_result(world, tmp_path, capsys):
