@@ -34,7 +34,7 @@ from privfed.config import (
     option_help,
     option_panel,
 )
-from privfed.durable import check_path
+from privfed.durable import FULL_DISK, check_path
 from privfed.errors import PrivfedError
 
 if TYPE_CHECKING:
@@ -161,12 +161,37 @@ def train(
     with claimed_run(planned, resume=resume, overrides=options) as (plan, point):
         if point is not None:
             typer.echo(f"privfed: resuming {resume} after round {point.round}")
-        summary = _train(plan, point, verbose)
+        try:
+            summary = _train(plan, point, verbose)
+        except OSError as err:
+            if err.errno not in FULL_DISK:
+                raise
+            raise _full_disk(err, plan) from None
     code = train_exit_code(summary)
     if code == FAILED_RUN_EXIT_CODE:
         typer.echo(f"error: the run failed: {summary['stopped_early']} (see {plan.run_dir.path / 'summary.json'})", err=True)
     if code:
         raise typer.Exit(code)
+
+
+def _full_disk(err: OSError, plan: RunPlan) -> PrivfedError:
+    """What a run stopped by a full disk says: how to go on, as the run's files allow (each was written whole)."""
+    from privfed.run.resume import RESUME_FILE, check_resumable, read_resume_point
+
+    run_dir = plan.run_dir
+    if not (run_dir.checkpoints / RESUME_FILE).is_file():
+        return PrivfedError(
+            f"cannot write in {run_dir.path}: {err.strerror}; make room, then remove {run_dir.path} and train again "
+            "(it stopped before its first resume point)"
+        )
+    try:
+        check_resumable(run_dir, read_resume_point(run_dir), plan.config)
+    except PrivfedError as refused:
+        return PrivfedError(f"cannot write in {run_dir.path}: {err.strerror}; the run cannot be resumed: {refused}")
+    return PrivfedError(
+        f"cannot write in {run_dir.path}: {err.strerror}; make room, then `privfed train --resume {run_dir.path}` "
+        "continues it from its last resume point"
+    )
 
 
 def train_exit_code(summary: dict[str, Any]) -> int:
@@ -604,6 +629,13 @@ def _run(argv: list[str] | None) -> None:
         command = err.ctx.command_path if isinstance(err, click.UsageError) and err.ctx is not None else "privfed"
         typer.echo(f"error: {_one_line(err.format_message())} (see {command} --help)", err=True)
         sys.exit(err.exit_code)
+    except OSError as err:
+        if err.errno not in FULL_DISK:
+            traceback.print_exc()
+            _exit_after_a_bug(1)
+        where = f" {err.filename}" if err.filename else ""
+        typer.echo(f"error: cannot write{where}: {err.strerror}", err=True)
+        sys.exit(USAGE_EXIT_CODE)
     except Exception:
         traceback.print_exc()
         _exit_after_a_bug(1)

@@ -440,7 +440,7 @@ def test_commands_under_pythonwarnings_error_end_as_they_would_without(world, tm
         for argv, code in WARNING_FREE
     ]
     for process, code in processes:
-        stdout, stderr = process.communicate(timeout=300)
+        _, stderr = process.communicate(timeout=300)
         assert "Traceback" not in stderr and process.returncode == code, (process.args, stderr)
 
 

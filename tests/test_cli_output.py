@@ -6,11 +6,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -163,3 +166,56 @@ def test_an_attack_whose_result_name_is_a_folder_is_refused_before_it_runs(name,
     shutil.copytree(finished_run, run)
     (run / name).mkdir()
     assert name in refused(RESULT_COMMANDS["attack"], run, capsys)
+
+
+def with_file_size_limit(limit: int) -> Callable[[], None]:
+    """A child's set-up: no file it writes may grow past ``limit`` bytes, as on a full disk the write fails
+    (EFBIG, an OSError: SIGXFSZ, which would kill the process instead, is ignored)."""
+
+    def set_up() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return set_up
+
+
+def ended(argv: list[str], **popen: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "privfed.cli", *argv], capture_output=True, text=True, timeout=600,
+                          **popen)
+
+
+def assert_whole_files(run: Path) -> None:
+    """No temporary file left behind, and every JSON-lines file ends in a whole line."""
+    assert not list(run.rglob("*.tmp")), list(run.rglob("*.tmp"))
+    for lines in run.rglob("*.jsonl"):
+        for line in lines.read_text().splitlines():
+            json.loads(line)
+
+
+@pytest.mark.slow
+def test_a_full_disk_before_the_first_resume_point_is_one_line_that_says_to_start_again(tmp_path):
+    run = tmp_path / "run"
+    result = ended(["train", *TINY_RUN, "--out", str(run)], preexec_fn=with_file_size_limit(100_000))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line == (f"error: cannot write in {run}: File too large; make room, then remove {run} and train again "
+                    "(it stopped before its first resume point)")
+    assert_whole_files(run)
+
+
+@pytest.mark.slow
+def test_a_full_disk_mid_run_is_one_line_whose_advice_holds(finished_run, tmp_path):
+    """The resumed run's second round cannot write its files: one line, whole files, and what it says is so."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    result = ended(["train", "--resume", str(run), "--rounds", "3"], preexec_fn=with_file_size_limit(100_000))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    line = result.stderr.splitlines()[-1]
+    assert line.startswith(f"error: cannot write in {run}: File too large; "), result.stderr
+    assert_whole_files(run)
+    again = ended(["train", "--resume", str(run), "--rounds", "3"])
+    if "continues it from its last resume point" in line:
+        assert again.returncode == 0, again.stderr
+    else:
+        assert "the run cannot be resumed: " in line
+        assert again.returncode == 2 and again.stderr.strip() == "error: " + line.split("cannot be resumed: ", 1)[1]

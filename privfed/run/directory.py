@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from privfed.config import TrainConfig, load_saved_config, read_json_object, read_text
-from privfed.durable import append_line, locked, make_folder, write_json, write_whole
+from privfed.durable import append_line, locked, make_folder, save_torch, write_json
 from privfed.errors import PrivfedError
 from privfed.methods import build_network
 from privfed.models.network import OrchestraNetwork
@@ -181,7 +181,7 @@ class RunDirectory:
             "centroids": None if centroids is None else centroids.detach().cpu(),
             "round": round_index,
         }
-        return write_whole(self.checkpoints / f"{name}.pt", lambda tmp: torch.save(payload, tmp))
+        return save_torch(self.checkpoints / f"{name}.pt", payload)
 
     def checkpoint_path(self, which: str) -> Path:
         """``initial``/``final`` name a checkpoint of this run; anything else is a path."""
