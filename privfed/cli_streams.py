@@ -66,7 +66,7 @@ class ForgivingStream:
 def forgiving_streams() -> Iterator[None]:
     """``sys.stdout`` and ``sys.stderr`` wrapped in :class:`ForgivingStream` while the block runs."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = ForgivingStream(saved[0]), ForgivingStream(saved[1])  # type: ignore[assignment]
+    sys.stdout, sys.stderr = ForgivingStream(saved[0]), ForgivingStream(saved[1])
     try:
         yield
     finally:
