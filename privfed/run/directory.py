@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -80,17 +81,18 @@ class RunDirectory:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def check_writable(self, *names: str) -> None:
-        """Refuses, before a command computes a result, result files it could not write: each name's temporary
-        file is created and removed for real, as a later write would (permissions, a read-only mount, /proc).
+        """Refuses, before a command computes a result, result files it could not write: a file beside each is
+        created and removed for real, as a later write would be (permissions, a read-only mount, /proc).
 
         Raises:
             PrivfedError: naming the file and why.
         """
         for name in names:
             path = self.path / name
-            if path.is_dir():
-                raise PrivfedError(f"cannot write {path}: a folder of that name is in the way")
-            probe = path.with_name(f".{name}.tmp")
+            for taken in (path, path.with_name(f".{name}.tmp")):  # the file, and the one it is written whole through
+                if taken.is_dir():
+                    raise PrivfedError(f"cannot write {path}: a folder named {taken.name} is in the way")
+            probe = path.with_name(f".{name}.{os.getpid()}.probe")  # its own name: a concurrent writer keeps its .tmp
             try:
                 probe.open("a").close()
                 probe.unlink()
