@@ -18,6 +18,7 @@ FULL_DISK = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 #: The longest file name and path Linux file systems take, in bytes (``NAME_MAX``, ``PATH_MAX``).
 NAME_MAX, PATH_MAX = 255, 4096
 
+
 def check_path(path: Path, what: str) -> None:
     """Refuses a path the system would refuse midway, with a traceback: a name over :data:`NAME_MAX` bytes, the whole
     (files within it included, up to 100 bytes more) over :data:`PATH_MAX`.
@@ -25,9 +26,9 @@ def check_path(path: Path, what: str) -> None:
     Raises:
         PrivfedError: naming ``what`` and the limit.
     """
-    text = os.fsencode(path)
-    if len(os.fsencode(path.absolute())) + 100 > PATH_MAX:
-        raise PrivfedError(f"{what} is too long: {len(text)} bytes, and a path must stay under {PATH_MAX - 100}")
+    length = len(os.fsencode(path.absolute()))
+    if length + 100 > PATH_MAX:
+        raise PrivfedError(f"{what} is too long: {length} bytes, and a path must stay under {PATH_MAX - 100}")
     longest = max(path.parts, key=lambda part: len(os.fsencode(part)), default="")
     if len(os.fsencode(longest)) > NAME_MAX:
         raise PrivfedError(

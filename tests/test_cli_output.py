@@ -68,7 +68,8 @@ def closed_pipe() -> int:
     ("attack", "{run}", "--method", "decoder", "--steps", "2", "--max-vectors", "2", "--device", "cpu"),
 ])
 def test_other_commands_end_as_they_would_with_nobody_reading(command, finished_run, tmp_path):
-    run = finished_run
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)  # the shared run stays as trained
     write = closed_pipe()
     argv = [a.replace("{run}", str(run)).replace("{tmp}", str(tmp_path)) for a in command]
     process = privfed(*argv, stdout=write, stderr=write, cwd=tmp_path)
@@ -85,8 +86,10 @@ def test_other_commands_end_as_they_would_with_nobody_reading(command, finished_
     (("train", "--help"), 0),
     (("train", "--lr", "nan"), 2),  # the error line itself goes to a closed stderr
 ])
-def test_quick_commands_end_as_they_would_with_nobody_reading(command, code, tmp_path):
-    write = closed_pipe()
+@pytest.mark.parametrize("stream", ["closed pipe", "full disk"])
+def test_quick_commands_end_as_they_would_with_nobody_reading(command, code, stream, tmp_path):
+    """A pipe whose reader left (EPIPE), and /dev/full: every write fails as on a full disk (ENOSPC)."""
+    write = closed_pipe() if stream == "closed pipe" else os.open("/dev/full", os.O_WRONLY)
     process = privfed(*command, stdout=write, stderr=write, cwd=tmp_path)
     os.close(write)
     assert process.wait(timeout=300) == code
