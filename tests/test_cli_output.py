@@ -245,3 +245,38 @@ def test_a_full_disk_mid_run_is_one_line_whose_advice_holds(finished_run, tmp_pa
     else:
         assert "the run cannot be resumed: " in line
         assert again.returncode == 2 and again.stderr.strip() == "error: " + line.split("cannot be resumed: ", 1)[1]
+
+
+@contextlib.contextmanager
+def small_disk(folder: Path, size: str) -> Iterator[Path]:
+    """A file system of ``size`` at ``folder`` (a tmpfs: root only); skips where mounting is not allowed."""
+    folder.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root and a mount this machine allows")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_mid_run_is_one_line_whose_advice_holds_once_there_is_room(tmp_path):
+    """A real ENOSPC: a 1.6 MB disk holds the first checkpoints, then fills in round 1."""
+    with small_disk(tmp_path / "disk", "1600k") as disk:
+        run = disk / "run"
+        result = ended(["train", *TINY_RUN, "--out", str(run)])
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        line = result.stderr.splitlines()[-1]
+        assert line.startswith(f"error: cannot write in {run}: No space left on device; "), result.stderr
+        assert_whole_files(run)
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)  # room made
+        again = ended(["train", "--resume", str(run)])
+        if "continues it from its last resume point" in line:
+            assert again.returncode == 0, again.stderr
+        elif "and train again" in line:
+            assert not (run / "checkpoints" / "resume.pt").exists()
+        else:
+            assert "the run cannot be resumed: " in line
+            assert again.returncode == 2
+            assert again.stderr.strip() == "error: " + line.split("cannot be resumed: ", 1)[1]
