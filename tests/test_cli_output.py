@@ -106,12 +106,15 @@ def test_a_stream_whose_reader_left_stops_printing_and_drains_into_dev_null():
     stream.close()
 
 
+TINY_STUDY = ('seeds = [0]\n[base]\ndataset = "shapes:300"\nnum_clients = 4\nparticipation = 1.0\n'
+              'backbone = "resnet8"\nprojection_dim = 16\nbatch_size = 16\nmemory_size = 32\n'
+              'num_local_centroids = 4\nnum_global_centroids = 8\nrounds = 1\ndevice = "cpu"\n')
+
+
 @pytest.mark.slow
 def test_a_study_runs_its_cell_with_nobody_reading(tmp_path):
     study = tmp_path / "study.toml"
-    study.write_text('seeds = [0]\n[base]\ndataset = "shapes:300"\nnum_clients = 4\nparticipation = 1.0\n'
-                     'backbone = "resnet8"\nprojection_dim = 16\nbatch_size = 16\nmemory_size = 32\n'
-                     'num_local_centroids = 4\nnum_global_centroids = 8\nrounds = 1\ndevice = "cpu"\n')
+    study.write_text(TINY_STUDY)
     write = closed_pipe()
     process = privfed("study", str(study), "--out", str(tmp_path / "out"), stdout=write, stderr=write, cwd=tmp_path)
     os.close(write)
@@ -280,3 +283,17 @@ def test_a_disk_that_fills_mid_run_is_one_line_whose_advice_holds_once_there_is_
             assert "the run cannot be resumed: " in line
             assert again.returncode == 2
             assert again.stderr.strip() == "error: " + line.split("cannot be resumed: ", 1)[1]
+
+
+@pytest.mark.slow
+def test_a_study_value_too_long_for_a_folder_name_runs_even_with_warnings_as_errors(tmp_path):
+    """The cell's folder name is cut (with a hash), and its long label squeezes the plots without a fatal warning."""
+    data_dir = "/" + "/".join(["d" * 50] * 6)  # a valid path; as a cell name, over 255 bytes
+    study = tmp_path / "study.toml"
+    study.write_text(TINY_STUDY + f'[[grid]]\ndata_dir = ["{data_dir}"]\n')
+    result = ended(["study", str(study), "--out", str(tmp_path / "out")], cwd=tmp_path,
+                   env={**os.environ, "PYTHONWARNINGS": "error"})
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    (cell,) = (tmp_path / "out" / "cells").iterdir()
+    assert len(cell.name.encode()) <= 255 and (cell / "cell.json").is_file()
+    assert (tmp_path / "out" / "results.csv").is_file()
