@@ -251,6 +251,7 @@ def attack_run(
     attack_class = get_attack_class(method)
     run = RunDirectory(run_dir)
     config = run.config()
+    run.check_writable("attack.json", "attack.png")  # before a minute of attacking, not after
     if config.release_mechanism is None:
         raise PrivfedError(f"method {config.method} releases nothing: there is nothing to attack")
     available = recorded_rounds(run.releases)

@@ -23,7 +23,7 @@ from privfed.config import (
     checked_options,
     validate,
 )
-from privfed.durable import make_folder
+from privfed.durable import check_path, make_folder
 from privfed.errors import PrivfedError
 
 if TYPE_CHECKING:
@@ -163,11 +163,14 @@ def claimed_run(
         if resume is None:
             if config is None:
                 raise PrivfedError("a new run needs a configuration")
+            if config.out is not None:
+                check_path(Path(config.out), "the run directory (--out)")
             plan, point = plan_run(config), None
             check_machine(plan.config)
             make_directory(plan.run_dir.path, kind="run directory")
             held.enter_context(plan.run_dir.claimed())
         else:
+            check_path(resume, "the run directory (--resume)")
             held.enter_context(RunDirectory(resume).claimed())  # before the resume rewrites anything
             plan, point = plan_resume(resume, dict(overrides or {}))
             check_machine(plan.config)
@@ -215,6 +218,7 @@ def _run_path(run: RunLike) -> Path:
     if not isinstance(run, (str, os.PathLike)):
         raise PrivfedError(f"expected a Run or a run directory, got {type(run).__name__}")
     path = Path(run)
+    check_path(path, "the run directory")
     if not path.is_dir():
         raise PrivfedError(f"run directory not found: {path}")
     return path

@@ -9,16 +9,23 @@ import os
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-import typer
+
+with warnings.catch_warnings():
+    # typer re-exports names click 8.2+ deprecates; under PYTHONWARNINGS=error that import alone would kill every
+    # command. Only this warning, only here: a user's filters stay as they are everywhere else.
+    warnings.filterwarnings("ignore", message="'click.utils.get_[a-z]+_stream' is deprecated", category=DeprecationWarning)
+    import typer
 
 from privfed.cli_help import CHOICES, HELP_MAX_WIDTH, HelpCommand, RegistryChoice, attack_names
 from privfed.cli_progress import ProgressView, RoundProgress
+from privfed.cli_streams import forgiving_streams
 from privfed.config import (
     DEFAULTS,
     TrainConfig,
@@ -27,6 +34,7 @@ from privfed.config import (
     option_help,
     option_panel,
 )
+from privfed.durable import FULL_DISK, check_path
 from privfed.errors import PrivfedError
 
 if TYPE_CHECKING:
@@ -154,12 +162,37 @@ def train(
     with claimed_run(planned, resume=resume, overrides=options) as (plan, point):
         if point is not None:
             typer.echo(f"privfed: resuming {resume} after round {point.round}")
-        summary = _train(plan, point, verbose)
+        try:
+            summary = _train(plan, point, verbose)
+        except OSError as err:
+            if err.errno not in FULL_DISK:
+                raise
+            raise _full_disk(err, plan) from None
     code = train_exit_code(summary)
     if code == FAILED_RUN_EXIT_CODE:
         typer.echo(f"error: the run failed: {summary['stopped_early']} (see {plan.run_dir.path / 'summary.json'})", err=True)
     if code:
         raise typer.Exit(code)
+
+
+def _full_disk(err: OSError, plan: RunPlan) -> PrivfedError:
+    """What a run stopped by a full disk says: how to go on, as the run's files allow (each was written whole)."""
+    from privfed.run.resume import RESUME_FILE, check_resumable, read_resume_point
+
+    run_dir = plan.run_dir
+    if not (run_dir.checkpoints / RESUME_FILE).is_file():
+        return PrivfedError(
+            f"cannot write in {run_dir.path}: {err.strerror}; make room, then remove {run_dir.path} and train again "
+            "(it stopped before its first resume point)"
+        )
+    try:
+        check_resumable(run_dir, read_resume_point(run_dir), plan.config)
+    except PrivfedError as refused:
+        return PrivfedError(f"cannot write in {run_dir.path}: {err.strerror}; the run cannot be resumed: {refused}")
+    return PrivfedError(
+        f"cannot write in {run_dir.path}: {err.strerror}; make room, then `privfed train --resume {run_dir.path}` "
+        "continues it from its last resume point"
+    )
 
 
 def train_exit_code(summary: dict[str, Any]) -> int:
@@ -323,6 +356,8 @@ def plot(
     """Overlay several runs' curves (kNN, losses, epsilon spent, round time) in one PNG."""
     from privfed.run.curves import RunCurves, plot_curves
 
+    for run_dir in run_dirs:
+        check_path(run_dir, "a run directory")
     missing = [str(d) for d in run_dirs if not (d / "metrics.jsonl").is_file()]
     if missing:
         raise PrivfedError(f"not a privfed run directory (no metrics.jsonl): {', '.join(missing)}")
@@ -411,6 +446,7 @@ def _run_study_file(
         attack = functools.partial(attack_last_round, attack_settings=spec.attack_settings or None)
     _check_study_data(spec)
     folder = out or Path("studies") / study_file.stem
+    check_path(folder, "the study directory")
     make_directory(folder, kind="study directory")
     view = ProgressView()  # inside a cell: bars on a terminal, nothing in a log (its lines are the cells')
     if attack is not None:
@@ -452,6 +488,7 @@ def _report_study_file(study_file: Path, out: Path | None, overrides: dict[str, 
 
     spec = Study.load(study_file, overrides=overrides)
     folder = out or Path("studies") / study_file.stem
+    check_path(folder, "the study directory")
     records = recorded_cells(spec, folder) if folder.is_dir() else []
     if not records:
         raise PrivfedError(f"{folder} holds no recorded run of {study_file}; run the study first")
@@ -569,6 +606,12 @@ def main(argv: list[str] | None = None) -> None:
     # Before torch loads (commands import it lazily): torch's OpenMP threads then sleep while they wait instead of
     # spinning, which on a machine other jobs share made the server's kNN evaluation 3 to 4 times slower (docs/flower.md).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    with forgiving_streams():  # a closed or full stdout/stderr stops the printing, not the command
+        _run(argv)
+
+
+def _run(argv: list[str] | None) -> None:
+    """Runs one command; every way it can end becomes an exit code (and one line on stderr for bad input)."""
     from privfed.run.interruption import signals_stop_runs
 
     try:
@@ -586,6 +629,13 @@ def main(argv: list[str] | None = None) -> None:
         command = err.ctx.command_path if isinstance(err, click.UsageError) and err.ctx is not None else "privfed"
         typer.echo(f"error: {_one_line(err.format_message())} (see {command} --help)", err=True)
         sys.exit(err.exit_code)
+    except OSError as err:
+        if err.errno not in FULL_DISK:
+            traceback.print_exc()
+            _exit_after_a_bug(1)
+        where = f" {err.filename}" if err.filename else ""
+        typer.echo(f"error: cannot write{where}: {err.strerror}", err=True)
+        sys.exit(USAGE_EXIT_CODE)
     except Exception:
         traceback.print_exc()
         _exit_after_a_bug(1)

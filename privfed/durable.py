@@ -3,12 +3,37 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from privfed.errors import PrivfedError
+
+#: What a write fails with when the disk or the user's quota is full, or a file reached the size limit (ulimit -f).
+FULL_DISK = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+#: The longest file name and path Linux file systems take, in bytes (``NAME_MAX``, ``PATH_MAX``).
+NAME_MAX, PATH_MAX = 255, 4096
+
+
+def check_path(path: Path, what: str) -> None:
+    """Refuses a path the system would refuse midway, with a traceback: a name over :data:`NAME_MAX` bytes, the whole
+    (files within it included, up to 100 bytes more) over :data:`PATH_MAX`.
+
+    Raises:
+        PrivfedError: naming ``what`` and the limit.
+    """
+    length = len(os.fsencode(path.absolute()))
+    if length + 100 > PATH_MAX:
+        raise PrivfedError(f"{what} is too long: {length} bytes, and a path must stay under {PATH_MAX - 100}")
+    longest = max(path.parts, key=lambda part: len(os.fsencode(part)), default="")
+    if len(os.fsencode(longest)) > NAME_MAX:
+        raise PrivfedError(
+            f"{what} has a name of {len(os.fsencode(longest))} bytes ({longest[:40]}...); a name takes at most {NAME_MAX}"
+        )
 
 
 def sync_directory(folder: Path) -> None:
@@ -33,9 +58,13 @@ def write_whole(path: Path, write: Callable[[Path], object], *, tmp: Path | None
     """``write`` into a temporary file (``tmp``; default ``.NAME.tmp``), flushed to disk and renamed over ``path``:
     never half a file, nor the old one back after a crash."""
     tmp = tmp or path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    with open(tmp, "rb+") as file:
-        os.fsync(file.fileno())
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as file:
+            os.fsync(file.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # on a full disk, the space it took back
+        raise
     tmp.replace(path)
     sync_directory(path.parent)
     return path
@@ -46,13 +75,36 @@ def write_json(path: Path, values: dict[str, Any]) -> Path:
     return write_whole(path, lambda tmp: tmp.write_text(json.dumps(values, indent=2) + "\n"))
 
 
+def save_torch(path: Path, payload: Any) -> Path:
+    """``torch.save`` of ``payload``, written whole (:func:`write_whole`); serialised in memory first, so a full disk
+    raises an OSError naming it (torch's own writer reports it as an unrelated RuntimeError)."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return write_whole(path, lambda tmp: tmp.write_bytes(buffer.getbuffer()))
+
+
 def append_line(path: Path, line: str) -> None:
-    """Appends ``line`` and flushes it to disk (and the file's name, when this created it)."""
+    """Appends ``line`` and flushes it to disk (and the file's name, when this created it); a line that cannot be
+    written whole (a full disk) is cut off again, so the file keeps only whole lines."""
     created = not path.exists()
-    with open(path, "a") as file:
-        file.write(line + "\n")
-        file.flush()
-        os.fsync(file.fileno())
+    data = (line + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        end = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(fd, data[written:])
+            os.fsync(fd)
+        except OSError:
+            os.ftruncate(fd, end)
+            raise
+    finally:
+        os.close(fd)
     if created:
         sync_directory(path.parent)
 

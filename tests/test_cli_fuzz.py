@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -223,7 +224,46 @@ def damaged_run_cases() -> list[Case]:
     return cases
 
 
-CASES = [*option_cases(), *name_cases(), *file_system_cases(), *evaluate_cases(), *input_file_cases(), *damaged_run_cases()]
+def unwritable_result_cases() -> list[Case]:
+    """`evaluate` and `attack` whose result file could not be written: refused before anything is computed."""
+    attack = ("attack", "{run}", "--method", "decoder")
+    return [
+        Case("evaluate evaluation.json is a folder", ("damage", "evaluation.json", "folder", *evaluate()),
+             ("evaluation.json",)),
+        Case("evaluate tsne picture is a folder", ("damage", "embedding-tsne-final.png", "folder",
+                                                   *evaluate("--protocol", "tsne")), ("embedding-tsne-final.png",)),
+        Case("attack attack.json is a folder", ("damage", "attack.json", "folder", *attack), ("attack.json",)),
+        Case("attack attack.png is a folder", ("damage", "attack.png", "folder", *attack), ("attack.png",)),
+        Case("evaluate evaluation.json's temporary is a folder", ("damage", ".evaluation.json.tmp", "folder",
+                                                                  *evaluate()), ("evaluation.json",)),
+    ]
+
+
+#: A file name the system refuses (over 255 bytes), and a path it refuses (over PATH_MAX, 4096 bytes).
+LONG_NAME = "{tmp}/" + "n" * 300
+LONG_PATH = "{tmp}/" + "/".join(["p" * 200] * 25)
+
+
+def path_cases() -> list[Case]:
+    """Paths the system refuses midway (with a traceback, before): refused first, in one line."""
+    cases = []
+    for what, path, needle in (("name", LONG_NAME, "255"), ("path", LONG_PATH, "too long")):
+        cases += [
+            Case(f"train out long {what}", train("--out", path), (needle,)),
+            Case(f"resume long {what}", ("train", "--resume", path), (needle,)),
+            Case(f"evaluate long {what}", ("evaluate", path, "--test-data", "shapes:300"), (needle,)),
+            Case(f"attack long {what}", ("attack", path, "--method", "decoder"), (needle,)),
+            Case(f"plot run long {what}", ("plot", path, "--out", "{tmp}/p.png"), (needle,)),
+            Case(f"plot out long {what}", ("plot", "{run}", "--out", path + ".png"), (needle,)),
+            Case(f"study out long {what}", ("study", "{tmp}/study.toml", "--out", path), (needle,)),
+            Case(f"study report long {what}", ("study", "{tmp}/study.toml", "--report", "--out", path), (needle,)),
+        ]
+    cases.append(Case("plot out empty", ("plot", "{run}", "--out", ""), ("file name",)))
+    return cases
+
+
+CASES = [*option_cases(), *name_cases(), *file_system_cases(), *evaluate_cases(), *input_file_cases(), *damaged_run_cases(),
+         *unwritable_result_cases(), *path_cases()]
 
 
 def test_at_least_150_malformed_invocations_are_generated():
@@ -251,6 +291,10 @@ def fabricate_run(folder: Path) -> None:
 
 
 def damage(path: Path, how: str) -> None:
+    if how == "folder":  # a folder where the command writes a file
+        path.unlink(missing_ok=True)
+        path.mkdir()
+        return
     data = path.read_bytes()
     if how == "truncated":
         path.write_bytes(data[: len(data) // 2])
@@ -298,13 +342,19 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fails the test if an invocation gets as far as starting the runtime: every case must fail before."""
+    """Fails the test if an invocation gets as far as starting the runtime, an evaluation's features or an attack's
+    auxiliary data: every case must fail before."""
+    import attacks.evaluation
     import privfed.federation.simulation as simulation
+    import privfed.run.evaluation
 
     def reached(*args: object, **kwargs: object) -> None:
-        pytest.fail("a malformed invocation reached training")
+        pytest.fail("a malformed invocation reached training or computing")
 
     monkeypatch.setattr(simulation, "simulate", reached)
+    for name in ("extract_features", "fine_tune_accuracy"):
+        monkeypatch.setattr(privfed.run.evaluation, name, reached)
+    monkeypatch.setattr(attacks.evaluation, "load_auxiliary", reached)
 
 
 def filled(argv: tuple[str, ...], tmp: Path, run: Path) -> list[str]:
@@ -367,6 +417,40 @@ def test_malformed_invocations_in_a_real_process_print_one_line_and_exit_2(world
     for process in processes:
         stdout, stderr = process.communicate(timeout=300)
         assert_one_line_error(process.returncode, stdout, stderr, ())
+
+
+#: Commands that end well, each run in a process with every warning an error (``PYTHONWARNINGS=error``).
+WARNING_FREE = [
+    (("--version",), 0),
+    (("train", "--help"), 0),
+    (("mechanisms",), 0),
+    (("plot", "{run}", "--out", "{tmp}/warnings.png"), 0),
+    (("evaluate", "{run}", "--train-data", "shapes:300", "--test-data", "shapes:300", "--device", "cpu"), 0),
+    (("train", "--lr", "nan"), 2),
+]
+
+
+def test_commands_under_pythonwarnings_error_end_as_they_would_without(world, tmp_path):
+    """A third-party warning privfed cannot act on must not become a traceback; the user's filter stays (see below)."""
+    shutil.copytree(world / "run", tmp_path / "run")
+    env = {**os.environ, "PYTHONWARNINGS": "error"}
+    processes = [
+        (subprocess.Popen([sys.executable, "-m", "privfed.cli", *filled(argv, tmp_path, tmp_path / "run")], cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env), code)
+        for argv, code in WARNING_FREE
+    ]
+    for process, code in processes:
+        _, stderr = process.communicate(timeout=300)
+        assert "Traceback" not in stderr and process.returncode == code, (process.args, stderr)
+
+
+def test_the_users_warning_filter_is_kept(tmp_path):
+    """Filtered are named third-party warnings only: a warning of the user's own is still an error."""
+    code = ("import warnings, privfed.cli\n"
+            "try:\n    warnings.warn('mine', DeprecationWarning)\nexcept DeprecationWarning:\n    print('raised')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONWARNINGS": "error"}, timeout=120)
+    assert result.stdout.strip() == "raised", result.stderr
 
 
 def test_evaluate_warns_about_test_images_of_another_size_and_keeps_the_result(world, tmp_path, capsys):

@@ -9,12 +9,14 @@ stopped or still-running run can be drawn.
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from privfed.config import TrainConfig
 from privfed.data.datasets import arrays_file
+from privfed.durable import check_path
 from privfed.errors import PrivfedError
 from privfed.run.directory import RunDirectory
 
@@ -115,6 +117,14 @@ def run_label(config: TrainConfig) -> str:
     return ", ".join(part for part in parts if part is not None)
 
 
+def fit_layout(fig: Any, **options: Any) -> None:
+    """``fig.tight_layout``, without matplotlib's warning when long labels leave it no room: the picture is drawn
+    anyway, and under ``PYTHONWARNINGS=error`` that warning alone would stop a study with its results unwritten."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Tight layout not applied", category=UserWarning)
+        fig.tight_layout(**options)
+
+
 def picture_path(path: Path, formats: dict[str, str]) -> Path:
     """Where a picture asked for at ``path`` goes: a name without an extension gets ``.png``, as matplotlib gives it.
 
@@ -122,6 +132,9 @@ def picture_path(path: Path, formats: dict[str, str]) -> Path:
         PrivfedError: for an extension matplotlib cannot write, or a folder that does not exist.
     """
     path = Path(path)
+    if path.name in ("", ".", ".."):
+        raise PrivfedError(f"cannot draw into {str(path)!r}: give a file name, e.g. curves.png")
+    check_path(path, "the picture's path")
     if path.suffix == "":
         path = path.with_name(path.name + ".png")
     if path.suffix[1:].lower() not in formats:
@@ -189,7 +202,7 @@ def plot_curves(runs: list[RunCurves], path: Path, *, title: str | None = None) 
                    bbox_to_anchor=(0.5, notes_height / fig.get_figheight()), frameon=False)
     if notes:
         fig.text(0.5, 0.01, "\n".join(notes), ha="center", va="bottom", fontsize=7, color="dimgray")
-    fig.tight_layout(rect=(0, bottom, 1, 1))
+    fit_layout(fig, rect=(0, bottom, 1, 1))
     try:
         path = picture_path(path, fig.canvas.get_supported_filetypes())
         fig.savefig(path, dpi=DPI)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,7 +14,7 @@ from typing import Any
 import torch
 
 from privfed.config import TrainConfig, load_saved_config, read_json_object, read_text
-from privfed.durable import append_line, locked, make_folder, write_json, write_whole
+from privfed.durable import append_line, locked, make_folder, save_torch, write_json
 from privfed.errors import PrivfedError
 from privfed.methods import build_network
 from privfed.models.network import OrchestraNetwork
@@ -78,6 +79,25 @@ class RunDirectory:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def check_writable(self, *names: str) -> None:
+        """Refuses, before a command computes a result, result files it could not write: a file beside each is
+        created and removed for real, as a later write would be (permissions, a read-only mount, /proc).
+
+        Raises:
+            PrivfedError: naming the file and why.
+        """
+        for name in names:
+            path = self.path / name
+            for taken in (path, path.with_name(f".{name}.tmp")):  # the file, and the one it is written whole through
+                if taken.is_dir():
+                    raise PrivfedError(f"cannot write {path}: a folder named {taken.name} is in the way")
+            probe = path.with_name(f".{name}.{os.getpid()}.probe")  # its own name: a concurrent writer keeps its .tmp
+            try:
+                probe.open("a").close()
+                probe.unlink()
+            except OSError as err:
+                raise PrivfedError(f"cannot write {path}: {err.strerror}") from None
 
     def append_evaluation(self, result: dict[str, Any]) -> None:
         """Appends one result to ``evaluation.json``, under a lock of its own so concurrent evaluations keep every entry."""
@@ -163,7 +183,7 @@ class RunDirectory:
             "centroids": None if centroids is None else centroids.detach().cpu(),
             "round": round_index,
         }
-        return write_whole(self.checkpoints / f"{name}.pt", lambda tmp: torch.save(payload, tmp))
+        return save_torch(self.checkpoints / f"{name}.pt", payload)
 
     def checkpoint_path(self, which: str) -> Path:
         """``initial``/``final`` name a checkpoint of this run; anything else is a path."""

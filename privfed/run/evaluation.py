@@ -67,6 +67,8 @@ def evaluate_run(
     config = run.config()
     run.evaluations()  # a damaged evaluation.json fails now, not after the result is computed
     checkpoint_file = run.checkpoint_path(checkpoint)
+    picture_name = f"embedding-tsne-{checkpoint_file.stem}.png"
+    run.check_writable("evaluation.json", *([picture_name] if protocol == "tsne" else []))
     network = load_network(config, checkpoint_file)
     train_split, test_split = evaluation_splits(train_data, test_data)
     test = load_dataset(test_data, split=test_split, data_dir=data_dir, download=download)
@@ -76,7 +78,7 @@ def evaluate_run(
     result: dict[str, Any] = {"protocol": protocol, "checkpoint": str(checkpoint_file), "test_data": test_data,
                               "test_split": test_split}
     if protocol == "tsne":
-        picture = run.path / f"embedding-tsne-{checkpoint_file.stem}.png"
+        picture = run.path / picture_name
         shown = draw_embedding(backbone, test, picture, device=torch_device, checkpoint=checkpoint_file.stem)
         result.update(accuracy=None, picture=str(picture), num_test=shown)
     else:

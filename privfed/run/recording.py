@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from mechanisms.base import Release
-from privfed.durable import write_whole
+from privfed.durable import save_torch
 from privfed.errors import PrivfedError
 from privfed.orchestra.model_state import StateDict
 
@@ -103,7 +103,7 @@ def write_round(directory: Path, recorded: RecordedRound) -> Path:
             for r in recorded.releases
         ],
     }
-    return write_whole(round_path(directory, recorded.round), lambda tmp: torch.save(payload, tmp))
+    return save_torch(round_path(directory, recorded.round), payload)
 
 
 def recorded_rounds(directory: Path) -> list[int]:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from privfed.config import TrainConfig, read_text
-from privfed.durable import write_whole
+from privfed.durable import save_torch
 from privfed.errors import PrivfedError
 from privfed.privacy.ledger import LedgerEntry
 from privfed.run.directory import RunDirectory
@@ -53,7 +53,7 @@ class ResumePoint:
 
 def write_resume_point(run_dir: RunDirectory, point: ResumePoint) -> Path:
     """Replaces the run's resume point whole (a crash mid-write leaves the previous one)."""
-    return write_whole(run_dir.checkpoints / RESUME_FILE, lambda tmp: torch.save(dataclasses.asdict(point), tmp))
+    return save_torch(run_dir.checkpoints / RESUME_FILE, dataclasses.asdict(point))
 
 
 def read_resume_point(run_dir: RunDirectory) -> ResumePoint:

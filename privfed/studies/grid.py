@@ -194,12 +194,23 @@ def setting_label(overrides: dict[str, Any]) -> str:
     return ", ".join(parts) or "base"
 
 
+#: The longest cell name: with ``-seed<seed>`` it stays a usable folder name (255 bytes at most).
+MAX_CELL_NAME = 200
+
+
 def cell_name(overrides: dict[str, Any]) -> str:
-    """``mechanism-ldp_epsilon-1`` for ``{"mechanism": "ldp", "epsilon": 1.0}``; ``base`` for no overrides."""
+    """``mechanism-ldp_epsilon-1`` for ``{"mechanism": "ldp", "epsilon": 1.0}``; ``base`` for no overrides.
+
+    A longer name than :data:`MAX_CELL_NAME` is cut and ends in a hash of the whole, so it stays a folder name and
+    stays distinct.
+    """
     if not overrides:
         return "base"
-    parts = [f"{option}-{_short(value)}" for option, value in overrides.items()]
-    return re.sub(r"[^A-Za-z0-9._=-]+", "-", "_".join(parts))
+    joined = "_".join(f"{option}-{_short(value)}" for option, value in overrides.items())
+    name = re.sub(r"[^A-Za-z0-9._=-]+", "-", joined)
+    if len(name) <= MAX_CELL_NAME:
+        return name
+    return f"{name[:MAX_CELL_NAME - 13]}-{hashlib.sha256(joined.encode()).hexdigest()[:12]}"
 
 
 def _short(value: Any) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privfed.run.curves import dataset_name
+from privfed.run.curves import dataset_name, fit_layout
 from privfed.studies.grid import setting_label
 from privfed.studies.runner import CellRecord
 
@@ -206,6 +206,6 @@ def _figure(size: tuple[float, float], *, columns: int = 1) -> tuple[Any, list[A
 
 
 def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
+    fit_layout(fig)
     fig.savefig(path, dpi=100)
     return path

@@ -86,6 +86,15 @@ def test_cell_names_are_stable_and_safe_for_file_names():
     assert cell_name({}) == "base"
 
 
+def test_a_long_setting_gets_a_folder_name_the_file_system_takes_and_keeps_apart():
+    """A value that becomes a name over 255 bytes (here a long data path) is cut, with a hash of the whole."""
+    long_path = "/data/" + "/".join(["d" * 50] * 6)
+    names = [cell_name({"data_dir": long_path + end}) for end in ("/a", "/b")]
+    assert names[0] != names[1]
+    assert all(len(f"{name}-seed{2**32 - 1}".encode()) <= 255 for name in names), names
+    assert names[0].startswith("data_dir--data-ddd") and names[0] == cell_name({"data_dir": long_path + "/a"})
+
+
 @pytest.mark.parametrize("name", ["privacy", "methods"])
 @pytest.mark.parametrize("scale", ["cpu", "paper"])
 def test_the_shipped_studies_load_with_three_seeds_per_cell(name, scale):
