@@ -464,3 +464,15 @@ def test_evaluate_warns_about_test_images_of_another_size_and_keeps_the_result(w
     assert captured.out.startswith("knn accuracy: ")
     (kept,) = json.loads((tmp_path / "run" / "evaluation.json").read_text())["evaluations"]
     assert kept["num_train"] == 30 and kept["warnings"] == [captured.err.strip().removeprefix("warning: ")]
+
+
+def test_evaluate_warns_that_one_class_of_train_labels_makes_any_accuracy_meaningless(world, tmp_path, capsys):
+    """One train image (one label) is still a probe: kNN caps k at 1; but its 1.0 on that class says nothing."""
+    shutil.copytree(world / "run", tmp_path / "run")
+    main(["evaluate", str(tmp_path / "run"), "--train-data", f"arrays:{world / 'one.npz'}",
+          "--test-data", f"arrays:{world / 'three.npz'}", "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"warning: every train (arrays:{world / 'one.npz'}) image has label 0, so the probe")
+    (kept,) = json.loads((tmp_path / "run" / "evaluation.json").read_text())["evaluations"]
+    assert kept["num_train"] == 1 and kept["accuracy"] == pytest.approx(1 / 3)  # labels 0, 1, 2: only the 0 is right
+    assert kept["warnings"] == [captured.err.strip().removeprefix("warning: ")]
