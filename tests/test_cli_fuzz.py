@@ -476,3 +476,14 @@ def test_evaluate_warns_that_one_class_of_train_labels_makes_any_accuracy_meanin
     (kept,) = json.loads((tmp_path / "run" / "evaluation.json").read_text())["evaluations"]
     assert kept["num_train"] == 1 and kept["accuracy"] == pytest.approx(1 / 3)  # labels 0, 1, 2: only the 0 is right
     assert kept["warnings"] == [captured.err.strip().removeprefix("warning: ")]
+
+
+def test_train_warns_that_one_class_of_training_labels_makes_the_monitor_meaningless(tmp_path):
+    """Labels all 0: the kNN monitor scores 1.0 on a test split of that class, whatever the encoder learnt."""
+    from privfed.run.plan import plan_run
+
+    images = np.random.default_rng(2).integers(0, 255, size=(300, 8, 8, 3), dtype=np.uint8)
+    np.savez(tmp_path / "zeros.npz", x=images, y=np.zeros(300, dtype=np.int64))
+    config = build_config(dataset=f"arrays:{tmp_path / 'zeros.npz'}", num_clients=4, out=str(tmp_path / "run"))
+    (warning,) = plan_run(config).warnings
+    assert warning.startswith(f"every training image of arrays:{tmp_path / 'zeros.npz'} has label 0, so the kNN monitor")

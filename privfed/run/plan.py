@@ -66,7 +66,7 @@ def plan_run(config: TrainConfig, *, resuming: bool = False) -> RunPlan:
     split = FederatedSplit.of(config)
     sizes = split.client_sizes()
     check_training_data(config, split, sizes)
-    warnings = _test_data_warnings(config, split)
+    warnings = _test_data_warnings(config, split) + _one_class_warnings(config, split)
     secagg = secagg_settings(config, sizes)
     try:
         privacy = plan_privacy(config, sizes)
@@ -121,6 +121,15 @@ def check_training_data(config: TrainConfig, split: FederatedSplit, sizes: list[
                 f"no client holds kanon_min_k ({config.kanon_min_k}) images in its memory (the most is {largest}), "
                 f"so {config.mechanism} could release no centroid: use fewer clients, more data or a lower --kanon-min-k"
             )
+
+
+def _one_class_warnings(config: TrainConfig, split: FederatedSplit) -> tuple[str, ...]:
+    """Says that the kNN monitor's accuracy means nothing when every training image (its reference set) has one label."""
+    labels = split.train_data().labels
+    if len(set(labels.tolist())) > 1:
+        return ()
+    return (f"every training image of {config.dataset} has label {int(labels[0])}, so the kNN monitor predicts it "
+            "for every test image: its accuracy says nothing about the encoder",)
 
 
 def _test_data_warnings(config: TrainConfig, split: FederatedSplit) -> tuple[str, ...]:
