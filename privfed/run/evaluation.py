@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from privfed.config import DEFAULTS, check_float, check_seed
@@ -90,7 +89,7 @@ def evaluate_run(
         result["train_data"] = train_data
         mismatch = size_mismatch(train, test, train_name=f"train ({train_data})", test_name=f"test ({test_data})")
         warnings = [] if mismatch is None else [f"{mismatch}; the probe compares them anyway"]
-        if len(np.unique(train.labels)) == 1:
+        if train.labels.min() == train.labels.max():
             warnings.append(
                 f"every train ({train_data}) image has label {int(train.labels[0])}, so the probe predicts it for "
                 "every test image: the accuracy says nothing about the encoder"

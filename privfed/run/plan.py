@@ -119,14 +119,15 @@ def check_training_data(config: TrainConfig, split: FederatedSplit, sizes: list[
         if largest < config.kanon_min_k:
             raise PrivfedError(
                 f"no client holds kanon_min_k ({config.kanon_min_k}) images in its memory (the most is {largest}), "
-                f"so {config.mechanism} could release no centroid: use fewer clients, more data or a lower --kanon-min-k"
+                f"so {config.mechanism} could release no centroid: use fewer clients, more data, a larger --memory-size or a "
+                "lower --kanon-min-k"
             )
 
 
 def _one_class_warnings(config: TrainConfig, split: FederatedSplit) -> tuple[str, ...]:
     """Says that the kNN monitor's accuracy means nothing when every training image (its reference set) has one label."""
     labels = split.train_data().labels
-    if len(set(labels.tolist())) > 1:
+    if labels.min() != labels.max():
         return ()
     return (f"every training image of {config.dataset} has label {int(labels[0])}, so the kNN monitor predicts it "
             "for every test image: its accuracy says nothing about the encoder",)

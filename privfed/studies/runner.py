@@ -84,14 +84,16 @@ def read_record(folder: Path) -> CellRecord | None:
     path = folder / CELL_FILE
     if not path.is_file():
         return None
-    values = read_json_object(path)
+    redo = "delete the cell's folder to run it again"
+    try:
+        values = read_json_object(path)
+    except PrivfedError as err:
+        raise PrivfedError(f"{err}; {redo}") from None
     for key, kinds in RECORD_FIELDS.items():
         if key not in values and key in OPTIONAL_RECORD_FIELDS:
             continue
         if key not in values or not isinstance(values[key], kinds) or isinstance(values[key], bool):
-            raise PrivfedError(
-                f"{path} is damaged ({key!r} missing or of the wrong type); delete the cell's folder to run it again"
-            )
+            raise PrivfedError(f"{path} is damaged ({key!r} missing or of the wrong type); {redo}")
     return CellRecord(values["name"], values["seed"], values["row"], values["error"], values["seconds"],
                       values.get("config_hash"), values.get("settings"), values.get("overrides"))
 
