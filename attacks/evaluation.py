@@ -263,6 +263,8 @@ def attack_run(
         raise PrivfedError(f"rounds {missing} were not recorded (recorded: {available[0]}..{available[-1]})")
     attack = attack_class(seed=seed, **(attack_settings or {}))
     torch_device = resolve_device(device)
+    if log is not None:  # loading and fingerprinting the auxiliary data takes a while on CIFAR
+        log(f"attacking {run_dir} with {method}, round(s) {', '.join(map(str, chosen))}: loading the auxiliary data")
     aux_images, aux_name = load_auxiliary(config, aux)
     generator = torch.Generator().manual_seed(seed)
     split = split_auxiliary(aux_images, distractors, generator)
@@ -276,6 +278,8 @@ def attack_run(
             raise PrivfedError(f"round {round_index} holds no released vectors")
         # The attacker's part: the round's public target, auxiliary images and the releases, nothing else.
         target = attack_target(config, recorded, torch_device)
+        if log is not None:
+            log(f"round {round_index}: fitting {method} on {split.fit.shape[0]} auxiliary images ({aux_name})")
         inversion = attack.fit(target, split.fit, progress=progress)
         fit_seconds = time.perf_counter() - start
         inverted = invert_round(

@@ -431,7 +431,7 @@ def _run_study_file(
     """Runs (or continues) a study and writes its tables; returns its records and directory."""
     from privfed.api import make_directory
     from privfed.run.directory import RunDirectory
-    from privfed.studies.cell_work import study_row
+    from privfed.studies.cell_work import check_cells_plan, study_row
     from privfed.studies.grid import Study
     from privfed.studies.runner import recorded_cells, run_study
 
@@ -447,6 +447,7 @@ def _run_study_file(
     _check_study_data(spec)
     folder = out or Path("studies") / study_file.stem
     check_path(folder, "the study directory")
+    check_cells_plan(spec, folder)  # a cell that cannot run stops the study before any trains
     make_directory(folder, kind="study directory")
     view = ProgressView()  # inside a cell: bars on a terminal, nothing in a log (its lines are the cells')
     if attack is not None:

@@ -555,11 +555,40 @@ def validate(config: TrainConfig) -> None:
     releasing = methods[config.method].releases
     if config.record_releases and not releasing:
         raise PrivfedError(f"method {config.method} releases nothing, so --record-releases has nothing to record")
+    check_mechanism_options(config, releasing=releasing, mechanism=mechanism)
     if releasing and not mechanism.releases_raw_data and released < config.num_global_centroids:
         raise PrivfedError(
             f"{config.clients_per_round} sampled clients x {config.num_local_centroids} local centroids "
             f"= {released} released centroids, fewer than num_global_centroids ({config.num_global_centroids}); "
             "raise participation or num_clients, or lower num_global_centroids"
+        )
+
+
+def check_mechanism_options(config: TrainConfig, *, releasing: bool, mechanism: Any) -> None:
+    """Refuses a mechanism option set away from its default where it does nothing, so no run records it as if used.
+
+    ``releasing``: whether the method releases anything; ``mechanism``: the
+    release mechanism's class. A default value passes (presets and studies may
+    spell defaults out); ``--epsilon`` is checked with the budget
+    (:func:`privfed.privacy.budget.plan_privacy`).
+
+    Raises:
+        PrivfedError: naming the option and why it does not apply.
+    """
+    from mechanisms.base import K_ANONYMITY
+
+    changed = [name for name in ("mechanism", "kanon_min_k", "secret_sample") if getattr(config, name) != getattr(DEFAULTS, name)]
+    flags = {"mechanism": "--mechanism", "kanon_min_k": "--kanon-min-k", "secret_sample": "--no-secret-sample"}
+    if not releasing and changed:
+        raise PrivfedError(
+            f"method {config.method} releases nothing, so {', '.join(flags[n] for n in changed)} "
+            f"{'does' if len(changed) == 1 else 'do'} not apply"
+        )
+    if "kanon_min_k" in changed and mechanism.guarantee_kind != K_ANONYMITY:
+        raise PrivfedError(f"--kanon-min-k applies to k-anonymous mechanisms (kanon), not {config.mechanism}")
+    if "secret_sample" in changed and not mechanism.secret_sampling:
+        raise PrivfedError(
+            f"--no-secret-sample applies to mechanisms that sample a release's images in secret (ldp-sums), not {config.mechanism}"
         )
 
 

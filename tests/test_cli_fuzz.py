@@ -199,6 +199,66 @@ def input_file_cases() -> list[Case]:
     ]
 
 
+def inapplicable_option_cases() -> list[Case]:
+    """Mechanism options set (away from their defaults) where they do nothing, refused like --epsilon with kanon."""
+    return [
+        Case("kanon_min_k with ldp", train("--mechanism=ldp", "--epsilon=1", "--kanon-min-k=7"), ("--kanon-min-k",)),
+        Case("kanon_min_k with reps", train("--mechanism=reps", "--kanon-min-k=7"), ("--kanon-min-k",)),
+        Case("no secret sample with kanon", train("--no-secret-sample"), ("--no-secret-sample",)),
+        Case("mechanism with rotpred", train("--method=rotpred", "--mechanism=ldp"), ("--mechanism",)),
+        Case("mechanism with simclr", train("--method=simclr", "--mechanism=reps"), ("--mechanism",)),
+        Case("kanon_min_k with supervised", train("--method=supervised", "--kanon-min-k=7"), ("--kanon-min-k",)),
+    ]
+
+
+def too_little_data_cases() -> list[Case]:
+    """Data no client can train on or release from, images that are not square, and sizes too large to make."""
+    huge = "shapes:10000000000"
+    return [
+        Case("train shapes huge", train("--dataset", huge), ("shapes:N",)),
+        Case("train test shapes huge", train("--test-dataset", huge), ("shapes:N",)),
+        Case("evaluate shapes huge", ("evaluate", "{run}", "--train-data", huge, "--test-data", "shapes:300"), ("shapes:N",)),
+        Case("one image per client", train("--dataset", "shapes:10", "-K", "10"), ("at most 1 image",)),
+        Case("memory below k", train("--memory-size=4", "-L", "4"), ("kanon_min_k",)),
+        Case("no client holds k", train("--kanon-min-k=1000"), ("kanon_min_k",)),
+        Case("non-square images", train("--dataset", "arrays:{tmp}/non-square.npz", "-K", "4"), ("square",)),
+        Case("tsne of 3 images", evaluate_on("tsne", "three", "three-too"), ("t-SNE",)),
+        *(Case(f"{protocol} of an empty test split", evaluate_on(protocol, "one", "one"), ("test image",))
+          for protocol in ("knn", "linear", "finetune", "tsne")),
+        *(Case(f"{protocol} of an empty test split of 2", evaluate_on(protocol, "two", "two"), ("test image",))
+          for protocol in ("knn", "linear")),
+    ]
+
+
+def evaluate_on(protocol: str, train_file: str, test_file: str) -> tuple[str, ...]:
+    return ("evaluate", "{run}", "--protocol", protocol, "--train-data", f"arrays:{{tmp}}/{train_file}.npz",
+            "--test-data", f"arrays:{{tmp}}/{test_file}.npz")
+
+
+#: Study files whose cells cannot run, each with words of its error.
+UNRUNNABLE_STUDIES = {
+    "study-seeds-twice": "more than once",
+    "study-ldp-without-epsilon": "mechanism-ldp-seed0",
+    "study-kanon-k-with-ldp": "--kanon-min-k",
+    "study-one-image-each": "at most 1 image",
+    "study-shapes-huge": "shapes:N",
+}
+#: How a study's ``cell.json`` is damaged (``damage()``'s names), each studied in its own --out.
+CELL_DAMAGE = ("truncated", "not-utf8", "not-json", "not-an-object", "empty", "wrong-field")
+
+
+def study_cases() -> list[Case]:
+    """Studies that must stop before any cell trains: cells that cannot run, and a damaged finished cell."""
+    cases = [Case(name, ("study", f"{{tmp}}/{name}.toml", "--out", f"{{tmp}}/{name}-out"), (needle,))
+             for name, needle in UNRUNNABLE_STUDIES.items()]
+    for how in CELL_DAMAGE:
+        out = f"{{tmp}}/cells-{how}"
+        cases.append(Case(f"study cell.json {how}", ("study", "{tmp}/study.toml", "--out", out), ("cell.json",)))
+        cases.append(Case(f"study report cell.json {how}", ("study", "{tmp}/study.toml", "--report", "--out", out),
+                          ("cell.json",)))
+    return cases
+
+
 #: How each file of a run is damaged: JSON and JSON-lines files, and checkpoints.
 DAMAGE = {
     "json": ("truncated", "not-utf8", "not-json", "not-an-object"),
@@ -263,7 +323,8 @@ def path_cases() -> list[Case]:
 
 
 CASES = [*option_cases(), *name_cases(), *file_system_cases(), *evaluate_cases(), *input_file_cases(), *damaged_run_cases(),
-         *unwritable_result_cases(), *path_cases()]
+         *unwritable_result_cases(), *path_cases(),
+         *inapplicable_option_cases(), *too_little_data_cases(), *study_cases()]
 
 
 def test_at_least_150_malformed_invocations_are_generated():
@@ -308,6 +369,10 @@ def damage(path: Path, how: str) -> None:
         path.write_text(data.decode() + '{"round": "one", "client": "x"}\n')
     elif how == "text":
         path.write_text("just some text\n")
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "wrong-field":
+        path.write_text(json.dumps({**json.loads(data), "seed": "zero"}))
 
 
 @pytest.fixture(scope="module")
@@ -331,8 +396,26 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name, text in studies.items():
         (tmp / f"{name}.toml").write_text(text)
     (tmp / "study-bad-utf8.toml").write_bytes(b'seeds = [0]\n# \xff\n')
+    cell_study = ('seeds = [0]\n[base]\ndataset = "shapes:300"\nnum_clients = 4\nparticipation = 1.0\n'
+                  '[[grid]]\nmechanism = ["kanon", "ldp"]\n')
+    unrunnable = {"study-seeds-twice": study.replace("[0]", "[0, 0]"), "study-ldp-without-epsilon": cell_study,
+                  "study-kanon-k-with-ldp": cell_study.replace("[[grid]]", "kanon_min_k = 7\nepsilon = 5.0\n[[grid]]"),
+                  "study-one-image-each": study.replace("shapes:300", "shapes:4"),
+                  "study-shapes-huge": study.replace("shapes:300", "shapes:10000000000")}
+    for name, text in unrunnable.items():
+        (tmp / f"{name}.toml").write_text(text)
+    for how in CELL_DAMAGE:  # a finished cell of the study "study", then damaged
+        cell = tmp / f"cells-{how}" / "cells" / "base-seed0"
+        cell.mkdir(parents=True)
+        record = {"name": "base", "seed": 0, "row": {"knn": 0.3}, "error": None, "seconds": 1.0, "config_hash": "0" * 64,
+                  "settings": {}, "overrides": {}}
+        (cell / "cell.json").write_text(json.dumps(record))
+        damage(cell / "cell.json", how)
     images = np.random.default_rng(0).integers(0, 255, size=(30, 8, 8, 3), dtype=np.uint8)
     labels = np.arange(30) % 3
+    for name, count in {"one": 1, "two": 2, "three": 3, "three-too": 3}.items():
+        np.savez(tmp / f"{name}.npz", x=images[:count], y=labels[:count])
+    np.savez(tmp / "non-square.npz", x=np.zeros((300, 32, 24, 3), dtype=np.uint8), y=np.arange(300) % 3)
     np.savez(tmp / "labels-huge.npz", x=images, y=np.where(labels == 0, 10_000_000, labels))
     np.savez(tmp / "labels-beyond-images.npz", x=images, y=labels + 30)
     np.savez(tmp / "labels-negative.npz", x=images, y=labels - 1)
@@ -465,3 +548,26 @@ def test_evaluate_warns_about_test_images_of_another_size_and_keeps_the_result(w
     assert captured.out.startswith("knn accuracy: ")
     (kept,) = json.loads((tmp_path / "run" / "evaluation.json").read_text())["evaluations"]
     assert kept["num_train"] == 30 and kept["warnings"] == [captured.err.strip().removeprefix("warning: ")]
+
+
+def test_evaluate_warns_that_one_class_of_train_labels_makes_any_accuracy_meaningless(world, tmp_path, capsys):
+    """One train image (one label) is still a probe: kNN caps k at 1; but its 1.0 on that class says nothing."""
+    shutil.copytree(world / "run", tmp_path / "run")
+    main(["evaluate", str(tmp_path / "run"), "--train-data", f"arrays:{world / 'one.npz'}",
+          "--test-data", f"arrays:{world / 'three.npz'}", "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"warning: every train (arrays:{world / 'one.npz'}) image has label 0, so the probe")
+    (kept,) = json.loads((tmp_path / "run" / "evaluation.json").read_text())["evaluations"]
+    assert kept["num_train"] == 1 and kept["accuracy"] == pytest.approx(1 / 3)  # labels 0, 1, 2: only the 0 is right
+    assert kept["warnings"] == [captured.err.strip().removeprefix("warning: ")]
+
+
+def test_train_warns_that_one_class_of_training_labels_makes_the_monitor_meaningless(tmp_path):
+    """Labels all 0: the kNN monitor scores 1.0 on a test split of that class, whatever the encoder learnt."""
+    from privfed.run.plan import plan_run
+
+    images = np.random.default_rng(2).integers(0, 255, size=(300, 8, 8, 3), dtype=np.uint8)
+    np.savez(tmp_path / "zeros.npz", x=images, y=np.zeros(300, dtype=np.int64))
+    config = build_config(dataset=f"arrays:{tmp_path / 'zeros.npz'}", num_clients=4, out=str(tmp_path / "run"))
+    (warning,) = plan_run(config).warnings
+    assert warning.startswith(f"every training image of arrays:{tmp_path / 'zeros.npz'} has label 0, so the kNN monitor")

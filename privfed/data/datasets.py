@@ -21,6 +21,8 @@ SHAPES_TRAIN_SIZE = 5000
 SHAPES_TEST_SIZE = 1000
 SHAPES_TRAIN_SEED = 0
 SHAPES_TEST_SEED = 1
+#: The most images ``shapes:N`` generates: about 3 GB of 32×32 RGB images, 60 times CIFAR-10's training set.
+MAX_SHAPES_SIZE = 1_000_000
 
 # torchvision's folder name under ``data_dir`` and a display name per CIFAR.
 _CIFAR_DIRS = {
@@ -135,6 +137,8 @@ def _parse_size(text: str, spec: str) -> int:
         raise PrivfedError(f"{name}:N needs a whole number of images, got {text!r}") from None
     if size < 1:
         raise PrivfedError(f"{name}:N needs at least 1 image, got {size}")
+    if name == "shapes" and size > MAX_SHAPES_SIZE:
+        raise PrivfedError(f"shapes:N generates at most {MAX_SHAPES_SIZE:,} images (about 3 GB), got {size:,}")
     return size
 
 

@@ -473,7 +473,8 @@ class RunDriver:
             mechanism=self.mechanism_class,
             dp_sgd=plan.dp_sgd is not None,
             worst=worst,
-            k=self.ledger.min_k,
+            # Nothing released: the mechanism's own floor, which every centroid it could have released meets.
+            k=self.ledger.min_k if self.ledger.min_k is not None else plan.params.get("min_k"),
             secagg=self.plan.secagg is not None,
             method=self.method,
             report_metrics=self.config.report_client_metrics,

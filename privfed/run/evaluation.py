@@ -69,9 +69,14 @@ def evaluate_run(
     checkpoint_file = run.checkpoint_path(checkpoint)
     picture_name = f"embedding-tsne-{checkpoint_file.stem}.png"
     run.check_writable("evaluation.json", *([picture_name] if protocol == "tsne" else []))
-    network = load_network(config, checkpoint_file)
     train_split, test_split = evaluation_splits(train_data, test_data)
     test = load_dataset(test_data, split=test_split, data_dir=data_dir, download=download)
+    train = None
+    if protocol in PROBES:
+        assert train_data is not None  # checked above
+        train = load_dataset(train_data, split=train_split, data_dir=data_dir, download=download, seed=config.seed)
+    check_sizes(protocol, train, test, train_name=f"{train_data} ({train_split})", test_name=f"{test_data} ({test_split})")
+    network = load_network(config, checkpoint_file)
     torch_device = resolve_device(device)
     start = time.perf_counter()
     backbone = network.online.backbone
@@ -82,12 +87,17 @@ def evaluate_run(
         shown = draw_embedding(backbone, test, picture, device=torch_device, checkpoint=checkpoint_file.stem)
         result.update(accuracy=None, picture=str(picture), num_test=shown)
     else:
-        assert train_data is not None  # checked above
+        assert train is not None  # loaded above for every probe
         result["train_data"] = train_data
-        train = load_dataset(train_data, split=train_split, data_dir=data_dir, download=download, seed=config.seed)
         mismatch = size_mismatch(train, test, train_name=f"train ({train_data})", test_name=f"test ({test_data})")
-        if mismatch is not None:
-            result["warnings"] = [f"{mismatch}; the probe compares them anyway"]
+        warnings = [] if mismatch is None else [f"{mismatch}; the probe compares them anyway"]
+        if train.labels.min() == train.labels.max():
+            warnings.append(
+                f"every train ({train_data}) image has label {int(train.labels[0])}, so the probe predicts it for "
+                "every test image: the accuracy says nothing about the encoder"
+            )
+        if warnings:
+            result["warnings"] = warnings
         if protocol == "finetune":
             accuracy, labelled = fine_tune_accuracy(
                 backbone, train.to_tensor(), torch.as_tensor(train.labels), test.to_tensor(),
@@ -113,6 +123,27 @@ def evaluate_run(
         kept.write_text(json.dumps(result, indent=2) + "\n")
         raise PrivfedError(f"{err}; this result was kept in {kept}") from None
     return result
+
+
+#: t-SNE's fewest points: its perplexity must stay below the number of points, and privfed's is at least 4/3.
+MIN_TSNE_POINTS = 5
+
+
+def check_sizes(protocol: str, train: ImageArrays | None, test: ImageArrays, *, train_name: str, test_name: str) -> None:
+    """Refuses data a protocol cannot score, before the model loads: an empty split, or t-SNE of fewer than 5 images.
+
+    One image is enough otherwise: the kNN vote caps k at the train images, and
+    a probe on one class predicts it (the one-class warning says so).
+
+    Raises:
+        PrivfedError: naming the data and how many images it holds.
+    """
+    least = MIN_TSNE_POINTS if protocol == "tsne" else 1
+    if len(test) < least:
+        what = "t-SNE draws at least" if protocol == "tsne" else "the probe needs at least"
+        raise PrivfedError(f"{what} {least} test image(s); {test_name} holds {len(test)}")
+    if train is not None and len(train) == 0:
+        raise PrivfedError(f"the {protocol} probe needs train images; {train_name} holds none")
 
 
 def probe_accuracy(

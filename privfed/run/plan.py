@@ -65,7 +65,8 @@ def plan_run(config: TrainConfig, *, resuming: bool = False) -> RunPlan:
         raise PrivfedError(f"unknown backbone {config.backbone!r} (choose from {', '.join(BACKBONES)})")
     split = FederatedSplit.of(config)
     sizes = split.client_sizes()
-    warnings = _test_data_warnings(config, split)
+    check_training_data(config, split, sizes)
+    warnings = _test_data_warnings(config, split) + _one_class_warnings(config, split)
     secagg = secagg_settings(config, sizes)
     try:
         privacy = plan_privacy(config, sizes)
@@ -82,6 +83,54 @@ def plan_run(config: TrainConfig, *, resuming: bool = False) -> RunPlan:
         privacy=privacy,
         warnings=warnings,
     )
+
+
+#: The fewest images a client trains on: one batch of two (BatchNorm needs two; a lone image makes no step).
+MIN_CLIENT_IMAGES = 2
+
+
+def check_training_data(config: TrainConfig, split: FederatedSplit, sizes: list[int]) -> None:
+    """Refuses training data no client could learn from or release: before round 0, not in every client's round 0.
+
+    Raises:
+        PrivfedError: for non-square images (the quarter-turn rotations and
+            square crops need them), clients none of which holds
+            :data:`MIN_CLIENT_IMAGES` images (a client with fewer makes no
+            step), or a k-anonymous mechanism none of whose clients holds
+            ``kanon_min_k`` images.
+    """
+    height, width = split.train_data().images.shape[1:3]
+    if height != width:
+        raise PrivfedError(
+            f"{config.dataset}: training images must be square (rotations and crops assume it), got {height}×{width}"
+        )
+    if max(sizes) < MIN_CLIENT_IMAGES:
+        raise PrivfedError(
+            f"{config.dataset} across {config.num_clients} clients leaves each with at most {max(sizes)} image, and a "
+            f"client needs {MIN_CLIENT_IMAGES} to train (a batch of two, for BatchNorm): use fewer clients or more data"
+        )
+    if config.release_mechanism is None:
+        return
+    from mechanisms import get_mechanism_class
+    from mechanisms.base import K_ANONYMITY
+
+    if get_mechanism_class(config.mechanism).guarantee_kind == K_ANONYMITY:
+        largest = min(max(sizes), config.memory_size)
+        if largest < config.kanon_min_k:
+            raise PrivfedError(
+                f"no client holds kanon_min_k ({config.kanon_min_k}) images in its memory (the most is {largest}), "
+                f"so {config.mechanism} could release no centroid: use fewer clients, more data, a larger --memory-size or a "
+                "lower --kanon-min-k"
+            )
+
+
+def _one_class_warnings(config: TrainConfig, split: FederatedSplit) -> tuple[str, ...]:
+    """Says that the kNN monitor's accuracy means nothing when every training image (its reference set) has one label."""
+    labels = split.train_data().labels
+    if labels.min() != labels.max():
+        return ()
+    return (f"every training image of {config.dataset} has label {int(labels[0])}, so the kNN monitor predicts it "
+            "for every test image: its accuracy says nothing about the encoder",)
 
 
 def _test_data_warnings(config: TrainConfig, split: FederatedSplit) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from privfed.errors import PrivfedError
-from privfed.studies.grid import Cell
+from privfed.studies.grid import Cell, Study
 
 #: ``attack(run_dir, method=...)``: attacks a recorded run's last round and returns that round's figures
 #: (``privfed study`` passes :func:`attacks.evaluation.attack_last_round`).
@@ -81,6 +81,30 @@ def train_cell(
         shutil.rmtree(run_dir)
     config = cell.config.replace(out=str(run_dir), record_releases=record_releases or cell.config.record_releases)
     return simulate(plan_run(config), progress)
+
+
+def check_cells_plan(study: Study, out: Path) -> None:
+    """Plans every cell that has not finished, as its run will, so one that cannot run stops the study before any trains.
+
+    Building a cell's configuration (:meth:`Study.cells`) checks each option;
+    planning checks what needs the data and the budget too (an ``ldp`` cell
+    without epsilon, a client with too few images).
+
+    Raises:
+        PrivfedError: naming the study file, the cell and why it cannot run.
+    """
+    from privfed.run.plan import plan_run
+    from privfed.studies.runner import cell_folder, read_record
+
+    for cell in study.cells():
+        folder = cell_folder(out, cell)
+        record = read_record(folder)
+        if record is not None and record.finished:
+            continue
+        try:  # resuming=True: a stopped run in the folder is the cell's own, continued later
+            plan_run(cell.config.replace(out=str(folder / "run")), resuming=True)
+        except PrivfedError as err:
+            raise PrivfedError(f"study file {study.path}, cell {cell.run_name}: {err}") from None
 
 
 def replayed_exactly(run: Any, round_index: int) -> bool:

@@ -78,6 +78,9 @@ class Study:
         seeds = raw.get("seeds", [0])
         if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
             raise PrivfedError(f"study file {path}: seeds must be a non-empty list of integers")
+        repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+        if repeated:  # one run would count twice in a setting's mean, and shrink its std
+            raise PrivfedError(f"study file {path}: seeds lists {', '.join(map(str, repeated))} more than once")
         grids = raw.get("grid", [{}])
         if not isinstance(grids, list) or not all(isinstance(g, dict) for g in grids):
             raise PrivfedError(f"study file {path}: write each grid as a [[grid]] table")

@@ -8,7 +8,6 @@ module stays free of the runtime and the attacks.
 
 from __future__ import annotations
 
-import json
 import shutil
 import statistics
 import time
@@ -17,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from privfed.config import read_json_object
 from privfed.durable import make_folder, write_json
 from privfed.errors import PrivfedError
 from privfed.studies.grid import Cell, Study, settings_changes, settings_hash
@@ -63,12 +63,37 @@ def cell_folder(out: Path, cell: Cell) -> Path:
     return out / "cells" / cell.run_name
 
 
+#: ``cell.json``'s keys, each with the types its value may have.
+RECORD_FIELDS: dict[str, tuple[type, ...]] = {
+    "name": (str,), "seed": (int,), "row": (dict, type(None)), "error": (str, type(None)), "seconds": (int, float),
+    "config_hash": (str, type(None)), "settings": (dict, type(None)), "overrides": (dict, type(None)),
+}
+#: Keys of ``cell.json`` that records written before privfed kept the configuration may lack.
+OPTIONAL_RECORD_FIELDS = ("config_hash", "settings", "overrides")
+
+
 def read_record(folder: Path) -> CellRecord | None:
-    """The cell's recorded outcome, or None when it has none (never run, or stopped mid-way)."""
+    """The cell's recorded outcome, or None when it has none (never run, or stopped mid-way).
+
+    privfed writes ``cell.json`` whole, so a damaged one was changed by something
+    else: it is refused, not rerun over, so the user decides what it held.
+
+    Raises:
+        PrivfedError: naming the file when it is not a record privfed wrote.
+    """
     path = folder / CELL_FILE
     if not path.is_file():
         return None
-    values = json.loads(path.read_text())
+    redo = "delete the cell's folder to run it again"
+    try:
+        values = read_json_object(path)
+    except PrivfedError as err:
+        raise PrivfedError(f"{err}; {redo}") from None
+    for key, kinds in RECORD_FIELDS.items():
+        if key not in values and key in OPTIONAL_RECORD_FIELDS:
+            continue
+        if key not in values or not isinstance(values[key], kinds) or isinstance(values[key], bool):
+            raise PrivfedError(f"{path} is damaged ({key!r} missing or of the wrong type); {redo}")
     return CellRecord(values["name"], values["seed"], values["row"], values["error"], values["seconds"],
                       values.get("config_hash"), values.get("settings"), values.get("overrides"))
 
@@ -123,7 +148,11 @@ def _attempt_hash(folder: Path, record: CellRecord | None) -> str | None:
     if record is not None and record.config_hash is not None:
         return record.config_hash
     attempt = folder / ATTEMPT_FILE
-    return json.loads(attempt.read_text()).get("config_hash") if attempt.is_file() else None
+    try:  # a damaged attempt is one of unknown configuration: the cell starts again
+        config_hash = read_json_object(attempt).get("config_hash") if attempt.is_file() else None
+    except PrivfedError:
+        return None
+    return config_hash if isinstance(config_hash, str) else None
 
 
 def run_study(

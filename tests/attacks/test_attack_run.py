@@ -64,6 +64,17 @@ def test_attack_writes_every_figure_next_to_its_null_and_the_run_statement(kanon
     assert (kanon_run.path / "attack.png").stat().st_size > 0
 
 
+def test_attack_says_what_it_attacks_before_loading_and_before_each_fit(kanon_run):
+    """A CIFAR attack spent 90 s loading and fitting before its first line; now each stage is named as it starts."""
+    from privfed.api import attack
+
+    lines: list[str] = []
+    attack(kanon_run.path, method="decoder", rounds=[1], steps=2, max_vectors=2, device="cpu", log=lines.append,
+           progress=lambda *_: lines.append("step"))
+    assert lines[0] == f"attacking {kanon_run.path} with decoder, round(s) 1: loading the auxiliary data"
+    assert lines[1].startswith("round 1: fitting decoder on ") and lines[2] == "step"
+
+
 def test_bad_input_is_one_line_never_a_traceback(kanon_run, run_privfed, tmp_path):
     def error(*args):
         result = run_privfed("attack", *args)

@@ -41,8 +41,9 @@ def config(tiny_config):
 def test_a_round_0_where_every_release_is_empty_sets_random_centroids(config, tmp_path):
     """Honest kanon clients with fewer than min_k images release nothing (privfed train --num-clients 40
     --participation 0.05 --seed 3 crashed in torch.cat on such a round)."""
-    round_, driver = driven_round(config.replace(kanon_min_k=1000), tmp_path / "run")
-    replies = [(Node(NODE_OFFSET + c), round_.reply(c)) for c in (0, 1)]
+    # Clients 0 and 2 hold 75 and 36 images, fewer than k = 80; client 1's 99 could release (else the plan refuses).
+    round_, driver = driven_round(config.replace(kanon_min_k=80, memory_size=128), tmp_path / "run", sampled=(0, 2))
+    replies = [(Node(NODE_OFFSET + c), round_.reply(c)) for c in (0, 2)]
     round_.strategy.aggregate_fit(1, replies, [])
     centroids = round_.strategy.server.centroids
     assert centroids.shape == (8, 16) and torch.allclose(centroids.norm(dim=1), torch.ones(8))

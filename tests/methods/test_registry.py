@@ -69,7 +69,9 @@ def test_the_papers_baselines_are_registered_and_release_nothing():
     for name in BASELINES:
         assert methods[name].loss == name and methods[name].centroids == NO_CENTROIDS
         assert not methods[name].releases
-        assert build_config(method=name, mechanism="ldp", epsilon=1.0).release_mechanism is None
+        assert build_config(method=name).release_mechanism is None
+        with pytest.raises(PrivfedError, match="releases nothing, so --mechanism does not apply"):
+            build_config(method=name, mechanism="ldp", epsilon=1.0)
     assert [n for n in BASELINES if methods[n].ema_targets] == ["byol"]
     assert [n for n in BASELINES if methods[n].couples_batch] == ["simclr", "specloss"]
     assert not any(methods[n].reads_labels for n in BASELINES)

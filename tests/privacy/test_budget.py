@@ -104,10 +104,12 @@ def test_a_plugins_calibration_is_checked_with_privfeds_own_accountant(overshoot
 
 @pytest.mark.parametrize("method", ["rotpred", "orchestra-fixed-centroids"])
 def test_a_method_that_releases_nothing_plans_no_release_and_takes_no_release_budget(method):
-    plan = plan_privacy(base(method=method, mechanism="ldp"), SIZES)  # ldp would need a budget if it ran
+    plan = plan_privacy(base(method=method), SIZES)
     assert plan.mechanism is None and plan.max_releases == 0 and plan.per_release_events == () and not plan.is_dp
+    with pytest.raises(PrivfedError, match=f"method {method} releases nothing, so --mechanism does not apply"):
+        base(method=method, mechanism="ldp")  # ldp would need a budget if it ran: refused, not recorded as if used
     with pytest.raises(PrivfedError, match=f"method {method} releases nothing"):
-        plan_privacy(base(method=method, mechanism="ldp", epsilon=1.0), SIZES)
+        plan_privacy(base(method=method, epsilon=1.0), SIZES)
     with_dp_sgd = plan_privacy(base(method=method, dp_sgd=True, dp_sgd_noise_multiplier=1.0), SIZES)
     assert with_dp_sgd.dp_sgd is not None and with_dp_sgd.delta is not None and with_dp_sgd.mechanism is None
 

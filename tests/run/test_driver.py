@@ -75,6 +75,16 @@ def test_the_k_the_checks_credited_is_the_k_charged(tiny_config, tmp_path):
     assert round_line["min_k"] == 3
 
 
+def test_a_kanon_run_that_released_nothing_states_its_k_floor_not_a_question_mark(tiny_config, tmp_path):
+    """Rounds whose clients released nothing: every centroid kanon could have released averages >= min_k images."""
+    driver = started(tiny_config.replace(kanon_min_k=6, out=str(tmp_path / "run")))
+    empty = Release(torch.zeros(0, 16), torch.zeros(0), Guarantee(kind="k-anonymity", statement="", k=None))
+    driver.on_round_end(report((0, empty), (1, empty)))
+    privacy = driver.privacy_summary()
+    assert privacy["k"] is None  # the ledger's own figure: nothing was released
+    assert "at least 6 distinct images" in privacy["headline"] and "?" not in privacy["statement"]
+
+
 def test_a_k_claim_from_a_mechanism_that_is_not_k_anonymous_is_ignored(tiny_config, tmp_path):
     driver = started(tiny_config.replace(mechanism="reps", out=str(tmp_path / "run")))
     claimed = Release(vectors(), torch.ones(4), Guarantee(kind="none", statement="", k=1000))

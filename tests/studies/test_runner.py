@@ -197,3 +197,15 @@ def test_a_changed_attack_setting_makes_only_attacked_cells_stale(tmp_path):
     for before, after in zip(attacked.cells(), changed.cells()):
         same = settings_hash(attacked.cell_settings(before)) == settings_hash(changed.cell_settings(after))
         assert same == (before.config.release_mechanism is None), before.run_name  # simclr releases nothing
+
+
+def test_a_damaged_attempt_is_one_of_unknown_configuration_and_the_cell_starts_again(tmp_path):
+    """attempt.json only says what a stopped cell's leftovers were made with; damaged, they are not trusted."""
+    study, out = load(tmp_path), tmp_path / "out"
+    folder = out / "cells" / "mechanism-reps-seed0"
+    (folder / "run").mkdir(parents=True)
+    (folder / "attempt.json").write_bytes(b"\xff{")
+    work = Work()
+    records = run_study(study, out, work)
+    assert work.ran[0] == "mechanism-reps-seed0" and all(r.finished for r in records)
+    assert json.loads((folder / "attempt.json").read_text())["config_hash"] == records[0].config_hash
