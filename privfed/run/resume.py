@@ -226,12 +226,12 @@ def entries_after_point(run_dir: RunDirectory, point: ResumePoint) -> dict[Path,
         path = run_dir.path / name
         seal = point.ledgers.get(name, {"entries": 0, "sha256": _seal(b"")["sha256"]})
         if not path.is_file():
-            raise PrivfedError(f"{path} is gone, but the resume point recorded {seal['entries']} entries in it: {UNKNOWN_SPENT}")
+            raise PrivfedError(f"{path} is gone, but the resume point recorded {_entries(seal['entries'])} in it: {UNKNOWN_SPENT}")
         lines = _lines(_read_bytes(path))
         recorded = int(seal["entries"])
         if len(lines) < recorded:
             raise PrivfedError(
-                f"{path} has {len(lines)} entries, the resume point recorded {recorded}: {UNKNOWN_SPENT}"
+                f"{path} has {_entries(len(lines))}, the resume point recorded {recorded}: {UNKNOWN_SPENT}"
             )
         if hashlib.sha256(b"".join(lines[:recorded])).hexdigest() != seal["sha256"]:
             raise PrivfedError(
@@ -246,6 +246,10 @@ def entries_after_point(run_dir: RunDirectory, point: ResumePoint) -> dict[Path,
             )
         found[path] = entries
     return found
+
+
+def _entries(count: int) -> str:
+    return f"{count} entr{'y' if count == 1 else 'ies'}"
 
 
 def _read_bytes(path: Path) -> bytes:
