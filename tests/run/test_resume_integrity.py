@@ -144,16 +144,16 @@ def test_a_damaged_client_ledger_is_one_line(run, no_training, capsys, damage):
     assert str(ledger) in line and "budget already spent is unknown" in line
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("mechanism", "kanon"), ("mechanism", "reps"), ("dataset", "shapes:400"), ("num_global_centroids", 6),
-    ("epsilon", 50.0),
-])
-def test_an_edited_config_is_refused(run, no_training, capsys, field, value):
+@pytest.mark.parametrize("edit", [
+    {"mechanism": "kanon", "epsilon": None}, {"mechanism": "reps", "epsilon": None}, {"dataset": "shapes:400"},
+    {"num_global_centroids": 6}, {"epsilon": 50.0},
+], ids=lambda edit: "-".join(f"{k}={v}" for k, v in edit.items()))
+def test_an_edited_config_is_refused(run, no_training, capsys, edit):
     path = run / "config.json"
     config = json.loads(path.read_text())
-    path.write_text(json.dumps({**config, field: value}))
+    path.write_text(json.dumps({**config, **edit}))
     line = resume_refused(run, capsys)
-    assert f"{path} was changed after the run's last resume point ({field})" in line
+    assert f"{path} was changed after the run's last resume point ({', '.join(sorted(edit))})" in line
 
 
 def test_a_resume_point_of_another_run_of_the_same_configuration_and_ledgers_is_refused(run, tmp_path, no_training,
