@@ -18,8 +18,8 @@ import torch
 from privfed.cli import main
 from privfed.config import RUN_ID_KEY, build_config
 from privfed.federation.simulation import simulate
-from privfed.run.interruption import signals_stop_runs
 from privfed.run.directory import RunDirectory
+from privfed.run.interruption import signals_stop_runs
 from privfed.run.plan import plan_run
 from privfed.run.resume import read_resume_point, write_resume_point
 from tests.run.test_resume import ctrl_c_after_round
