@@ -114,7 +114,18 @@ def read_resume_point(run_dir: RunDirectory) -> ResumePoint:
             f"{path} does not record the run's configuration and ledgers (an older privfed wrote it), so what the "
             "run already spent cannot be checked; start it again with another --out"
         )
+    if not _well_formed(point):
+        raise PrivfedError(f"cannot read {path}: it is damaged or not a resume point")
     return point
+
+
+def _well_formed(point: ResumePoint) -> bool:
+    """Whether the point's binding has the shape :func:`write_resume_point` gives it."""
+    seals = point.ledgers.values() if isinstance(point.ledgers, dict) else [None]
+    return isinstance(point.config, dict) and all(
+        isinstance(seal, dict) and isinstance(seal.get("entries"), int) and isinstance(seal.get("sha256"), str)
+        for seal in seals
+    )
 
 
 def point_config(run_dir: RunDirectory, point: ResumePoint) -> TrainConfig:
@@ -228,7 +239,7 @@ def entries_after_point(run_dir: RunDirectory, point: ResumePoint) -> dict[Path,
         if not path.is_file():
             raise PrivfedError(f"{path} is gone, but the resume point recorded {_entries(seal['entries'])} in it: {UNKNOWN_SPENT}")
         lines = _lines(_read_bytes(path))
-        recorded = int(seal["entries"])
+        recorded = seal["entries"]
         if len(lines) < recorded:
             raise PrivfedError(
                 f"{path} has {_entries(len(lines))}, the resume point recorded {recorded}: {UNKNOWN_SPENT}"

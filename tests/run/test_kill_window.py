@@ -11,6 +11,7 @@ left alone. A kill after the metrics line and before the point was refused
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -119,3 +120,17 @@ def resume(run: Path) -> dict:
     """``privfed train --resume RUN``, in this process."""
     plan, resume_point = plan_resume(run, {})
     return simulate(plan, resume=resume_point)
+
+
+def test_more_rounds_asked_by_a_resume_killed_before_its_next_point_are_kept(runs, tmp_path):
+    """`--resume --rounds 4` records the rounds in config.json; a kill before its first resume point keeps them."""
+    run = tmp_path / "run"
+    shutil.copytree(runs / "stopped", run)
+    plan, resume_point = plan_resume(run, {"rounds": ROUNDS + 1})
+    with pytest.MonkeyPatch.context() as patch:
+        dying_at(patch, run, "before its first charge")
+        with pytest.raises(Killed):
+            simulate(plan, resume=resume_point)
+    assert json.loads((run / "config.json").read_text())["rounds"] == ROUNDS + 1
+    plan, resume_point = plan_resume(run, {})
+    assert plan.config.rounds == ROUNDS + 1 and resume_point.round == 1

@@ -177,6 +177,13 @@ def test_a_resume_point_without_the_binding_is_refused(run, no_training, capsys)
     assert "does not record the run's configuration and ledgers" in resume_refused(run, capsys)
 
 
+def test_a_resume_point_with_a_malformed_binding_is_refused(run, no_training, capsys):
+    point = run / "checkpoints" / "resume.pt"
+    payload = torch.load(point, weights_only=True)
+    torch.save({**payload, "ledgers": {"ledger.jsonl": {"entries": "8"}}}, point)
+    assert f"cannot read {point}: it is damaged" in resume_refused(run, capsys)
+
+
 def test_train_into_a_used_folder_without_config_json_is_refused(runs, tmp_path, no_training, capsys):
     used = tmp_path / "used"
     shutil.copytree(runs / "stopped", used)
