@@ -6,9 +6,10 @@ a kill stay there, since those releases did reach the server. The point binds
 what it does not copy: ``config.json`` (run id included) and, for the server's
 ledger and each client's, its number of entries and their SHA-256. A resume
 refuses a folder whose bound files were changed, cut or removed since; the
-threat is a careless or hostile edit of the run folder between two processes,
+threat is a careless or hand edit of the run folder between two processes,
 which would otherwise resume under another configuration or with a smaller
-ε spent than was.
+ε spent than was. It is a digest, not a signature: whoever rewrites
+``resume.pt`` too can make any folder pass.
 """
 
 from __future__ import annotations
