@@ -598,11 +598,16 @@ def config_from_run_config(run_config: dict[str, Any]) -> TrainConfig:
     return build_config(**values)
 
 
+#: ``config.json``'s one key that is no option: the run's random id (:meth:`privfed.run.directory.RunDirectory.create`).
+RUN_ID_KEY = "run_id"
+
+
 def load_saved_config(path: Path) -> TrainConfig:
     """Reads a run directory's ``config.json`` back, each value checked against its field's type.
 
     Raises:
         PrivfedError: naming the file when it is damaged (not JSON, unknown keys, values of the wrong type).
     """
-    values = checked_options(read_json_object(path), source=str(path))
-    return TrainConfig(**values)
+    raw = read_json_object(path)
+    raw.pop(RUN_ID_KEY, None)
+    return TrainConfig(**checked_options(raw, source=str(path)))

@@ -265,10 +265,12 @@ DAMAGE = {
     "jsonl": ("truncated", "not-utf8", "not-json", "wrong-shape"),
     "pt": ("truncated", "not-utf8", "text"),
 }
+#: A simulated client's own ledger in the fabricated run.
+CLIENT_LEDGER = "client-ledgers/privfed-ledger-partition-0.jsonl"
 #: The files each command reads, and the command.
 DAMAGED_FILES = {
     "resume": (("train", "--resume", "{run}"),
-               ("config.json", "metrics.jsonl", "summary.json", "ledger.jsonl", "checkpoints/resume.pt")),
+               ("config.json", "metrics.jsonl", "summary.json", "ledger.jsonl", CLIENT_LEDGER, "checkpoints/resume.pt")),
     "evaluate": (evaluate(), ("config.json", "evaluation.json", "checkpoints/final.pt")),
     "plot": (("plot", "{run}", "--out", "{tmp}/p.png"), ("metrics.jsonl", "config.json", "summary.json")),
 }
@@ -322,9 +324,36 @@ def path_cases() -> list[Case]:
     return cases
 
 
+#: How a stopped run is tampered with after its resume point, and what the refusal says (``{name}``: the file's name).
+TAMPERING = {
+    "ledger.jsonl": {"deleted": "{name} is gone", "first-line": "{name} has 1 entry",
+                     "edited-entry": "{name}'s first 2 entries are not"},
+    CLIENT_LEDGER: {"deleted": "{name} is gone", "first-line": "{name} has 1 entry",
+                    "edited-entry": "{name}'s first 2 entries are not"},
+    "config.json": {
+        "set " + json.dumps(edit): "config.json was changed after the run's last resume point"
+        for edit in ({"mechanism": "ldp", "epsilon": 5.0}, {"mechanism": "reps"}, {"dataset": "shapes:400"},
+                     {"num_global_centroids": 6}, {"seed": 7})
+    } | {"set " + json.dumps({"run_id": "0" * 32}): "belongs to another run"},
+}
+
+
+def tampered_run_cases() -> list[Case]:
+    """A stopped run whose ledgers or configuration changed after its resume point, and a used folder for a new run."""
+    cases = [
+        Case(f"resume {file} {how}", ("damage", file, how, "train", "--resume", "{run}"),
+             (needle.format(name=Path(file).name),))
+        for file, hows in TAMPERING.items() for how, needle in hows.items()
+    ]
+    cases.append(Case("train out into a used folder without config.json", ("train", "--out", "{tmp}/used"),
+                      ("holds files but no privfed run",)))
+    return cases
+
+
 CASES = [*option_cases(), *name_cases(), *file_system_cases(), *evaluate_cases(), *input_file_cases(), *damaged_run_cases(),
          *unwritable_result_cases(), *path_cases(),
-         *inapplicable_option_cases(), *too_little_data_cases(), *study_cases()]
+         *inapplicable_option_cases(), *too_little_data_cases(), *study_cases(),
+         *tampered_run_cases()]
 
 
 def test_at_least_150_malformed_invocations_are_generated():
@@ -343,10 +372,15 @@ def fabricate_run(folder: Path) -> None:
     run.append_metrics({"round": 1, "task": "train", "clients_completed": 4, "loss": 1.0, "knn_accuracy": 0.3})
     run.write_json("summary.json", {"stopped_early": None, "knn_accuracy": 0.3, "knn_accuracy_init": 0.2})
     run.write_json("evaluation.json", {"evaluations": []})
-    entry = LedgerEntry(0, 0, "kanon", Guarantee(kind=K_ANONYMITY, statement="k-anonymous", k=5), ())
-    (folder / "ledger.jsonl").write_text(json.dumps(entry.to_dict()) + "\n")
+    guarantee = Guarantee(kind=K_ANONYMITY, statement="k-anonymous", k=5)
+    entries = [LedgerEntry(0, r, "kanon", guarantee, ()) for r in (0, 1)]
+    (folder / "ledger.jsonl").write_text("".join(json.dumps(e.to_dict()) + "\n" for e in entries))
+    (folder / CLIENT_LEDGER).parent.mkdir()
+    own = [LedgerEntry(0, r, "kanon", guarantee, (), run=0) for r in (0, 1)]
+    (folder / CLIENT_LEDGER).write_text("".join(json.dumps(e.to_dict()) + "\n" for e in own))
     network = build_network(config)
     run.save_checkpoint("final", network, None, round_index=1)
+    # Bound to the config and ledgers just written, as the driver's are.
     write_resume_point(run, ResumePoint(round=1, network=network.state_dict(), centroids=None, initialised=True,
                                         server_generator=torch.zeros(1), runtime={}, driver={}))
 
@@ -373,6 +407,15 @@ def damage(path: Path, how: str) -> None:
         path.write_bytes(b"")
     elif how == "wrong-field":
         path.write_text(json.dumps({**json.loads(data), "seed": "zero"}))
+    elif how == "deleted":
+        path.unlink()
+    elif how == "first-line":
+        path.write_bytes(data.splitlines(keepends=True)[0])
+    elif how == "edited-entry":  # the last entry claims a larger k
+        *kept, last = data.decode().splitlines(keepends=True)
+        path.write_text("".join(kept) + last.replace('"k": 5', '"k": 50'))
+    elif how.startswith("set "):  # config.json edited by hand
+        path.write_text(json.dumps({**json.loads(data), **json.loads(how.removeprefix("set "))}))
 
 
 @pytest.fixture(scope="module")
@@ -380,6 +423,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The files the cases refer to: a run, a file where folders are expected, broken presets, studies and arrays."""
     tmp = tmp_path_factory.mktemp("fuzz")
     fabricate_run(tmp / "run")
+    shutil.copytree(tmp / "run", tmp / "used")  # a finished run's files without its config.json
+    (tmp / "used" / "config.json").unlink()
     (tmp / "a-file").write_text("a file, not a folder\n")
     (tmp / "folder.png").mkdir()
     (tmp / "preset.toml").write_text('rounds = 2\n')

@@ -6,6 +6,7 @@ import fcntl
 import json
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,8 +14,8 @@ from typing import Any
 
 import torch
 
-from privfed.config import TrainConfig, load_saved_config, read_json_object, read_text
-from privfed.durable import append_line, locked, make_folder, save_torch, write_json
+from privfed.config import RUN_ID_KEY, TrainConfig, load_saved_config, read_json_object, read_text
+from privfed.durable import append_line, locked, make_folder, save_torch, write_json, write_whole
 from privfed.errors import PrivfedError
 from privfed.methods import build_network
 from privfed.models.network import OrchestraNetwork
@@ -121,12 +122,49 @@ class RunDirectory:
     def holds_a_run(self) -> bool:
         return (self.path / "config.json").is_file()
 
-    def create(self, config: TrainConfig) -> None:
-        """Starts a fresh run directory; never mixes two runs' files."""
+    def check_unused(self) -> None:
+        """Refuses a folder a new run could mix with other files: one holding a run, or any file but a lock.
+
+        Raises:
+            PrivfedError: naming the folder and a file found in it.
+        """
         if self.holds_a_run():
             raise PrivfedError(f"{self.path} already holds a run; choose another --out")
+        found = self._first_file()
+        if found is not None:
+            raise PrivfedError(
+                f"{self.path} holds files but no privfed run ({found} is there, config.json is not); a new run "
+                "writes only into a new or empty folder: choose another --out"
+            )
+
+    def _first_file(self) -> str | None:
+        """Some file under the folder other than its lock file (a path relative to it), or None."""
+        for folder, _, names in os.walk(self.path):
+            for name in names:
+                found = Path(folder, name).relative_to(self.path)
+                if found != Path(LOCK_FILE):
+                    return str(found)
+        return None
+
+    def create(self, config: TrainConfig) -> None:
+        """Starts a fresh run directory under a new random run id; never mixes two runs' files (:meth:`check_unused`)."""
+        self.check_unused()
         make_folder(self.checkpoints)
-        write_json(self.path / "config.json", config.to_dict())
+        write_json(self.path / "config.json", {**config.to_dict(), RUN_ID_KEY: uuid.uuid4().hex})
+
+    def config_record(self) -> dict[str, Any]:
+        """``config.json`` as written, run id included: what a resume point binds.
+
+        Raises:
+            PrivfedError: when it cannot be read or holds no JSON object.
+        """
+        return self.read_json("config.json")
+
+    def update_config(self, config: TrainConfig) -> None:
+        """Rewrites ``config.json`` for what a resume changed (its rounds, its runtime), keeping the run id and ``out``."""
+        record = self.config_record()
+        if self.config() != config.replace(out=record.get("out")):
+            self.write_json("config.json", {**record, **config.to_dict(), "out": record.get("out")})
 
     def config(self) -> TrainConfig:
         """The run's recorded configuration.
@@ -141,6 +179,15 @@ class RunDirectory:
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         append_line(self.path / "metrics.jsonl", json.dumps(record))
+
+    def forget_rounds_after(self, round_index: int) -> None:
+        """Removes ``metrics.jsonl``'s lines of rounds after ``round_index`` (a resume replays them), the others kept as written."""
+        records = self.metrics()
+        if all(record["round"] <= round_index for record in records):
+            return
+        lines = [line for line in read_text(self.path / "metrics.jsonl").splitlines() if line.strip()]
+        kept = [line for line, record in zip(lines, records) if record["round"] <= round_index]
+        write_whole(self.path / "metrics.jsonl", lambda tmp: tmp.write_text("".join(f"{line}\n" for line in kept)))
 
     def metrics(self) -> list[dict[str, Any]]:
         """Every logged round, in order.

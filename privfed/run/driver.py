@@ -161,6 +161,8 @@ class RunDriver:
             self.run_dir.create(config)
         else:
             self._forget_summary()
+            self.run_dir.update_config(config)  # more rounds, another runtime: recorded before the next resume point
+            self.run_dir.forget_rounds_after(self.resume.round)  # a round logged after the point is replayed
         self.ledger = PrivacyLedger.resume(
             self.run_dir.path / "ledger.jsonl",
             mechanism=self.mechanism_name,

@@ -19,7 +19,7 @@ from privfed.errors import PrivfedError
 from privfed.models.resnet import BACKBONES
 from privfed.privacy.budget import PrivacyPlan, plan_privacy
 from privfed.run.directory import RunDirectory, default_run_dir
-from privfed.run.resume import ResumePoint, check_resumable, read_resume_point, resumed_config
+from privfed.run.resume import ResumePoint, check_resumable, point_config, read_resume_point, resumed_config
 from privfed.secagg.settings import SecAggPlusSettings, secagg_settings
 
 
@@ -59,8 +59,8 @@ def plan_run(config: TrainConfig, *, resuming: bool = False) -> RunPlan:
     if config.out is None:
         config = config.replace(out=str(default_run_dir(config)))
     assert config.out is not None
-    if not resuming and RunDirectory(Path(config.out)).holds_a_run():
-        raise PrivfedError(f"{config.out} already holds a run; choose another --out")
+    if not resuming:
+        RunDirectory(Path(config.out)).check_unused()
     if config.backbone not in BACKBONES:  # the network is first built on the server, after the runtime started
         raise PrivfedError(f"unknown backbone {config.backbone!r} (choose from {', '.join(BACKBONES)})")
     split = FederatedSplit.of(config)
@@ -155,14 +155,14 @@ def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, Resu
     """
     directory = RunDirectory(run_dir)
     point = read_resume_point(directory)
-    recorded = directory.config()
     # The directory named, wherever it was first written from: a relative recorded `out` would point elsewhere.
-    config = resumed_config(directory, overrides).replace(out=str(directory.path.resolve()))
-    recorded = recorded.replace(out=config.out)
+    here = str(directory.path.resolve())
     try:  # a damaged config.json can hold values no run was started with
-        validate(recorded)
+        validate(directory.config().replace(out=here))
     except PrivfedError as err:
         raise PrivfedError(f"{directory.path / 'config.json'}: {err}") from None
+    recorded = point_config(directory, point)  # what the point was written under: config.json may differ only so far
+    config = resumed_config(directory, point, overrides)
     validate(config)  # with the rounds asked for now
     check_resumable(directory, point, config)
     plan = plan_run(config, resuming=True)

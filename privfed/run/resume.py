@@ -2,20 +2,28 @@
 
 The ledger is not copied into ``checkpoints/resume.pt``: ``ledger.jsonl``
 holds every charge before the round ends, and charges of rounds redone after
-a kill stay there, since those releases did reach the server.
+a kill stay there, since those releases did reach the server. The point binds
+what it does not copy: ``config.json`` (run id included) and, for the server's
+ledger and each client's, its number of entries and their SHA-256. A resume
+refuses a folder whose bound files were changed, cut or removed since; the
+threat is a careless or hand edit of the run folder between two processes,
+which would otherwise resume under another configuration or with a smaller
+ε spent than was. It is a digest, not a signature: whoever rewrites
+``resume.pt`` too can make any folder pass.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from privfed.config import TrainConfig, read_text
+from privfed.config import RUN_ID_KEY, TrainConfig, checked_options
 from privfed.durable import save_torch
 from privfed.errors import PrivfedError
 from privfed.privacy.ledger import LedgerEntry
@@ -40,6 +48,8 @@ class ResumePoint:
         server_generator: The server's clustering generator state.
         runtime: The FL runtime's own state (client sampling, SecAgg+ scales), opaque here.
         driver: The driver's running figures (untrained kNN, last kNN and loss, elapsed seconds).
+        config: ``config.json`` as it was when the point was written (set by :func:`write_resume_point`).
+        ledgers: Each ledger file's seal then, by path in the run folder (set by :func:`write_resume_point`).
     """
 
     round: int
@@ -49,11 +59,39 @@ class ResumePoint:
     server_generator: torch.Tensor
     runtime: dict[str, Any]
     driver: dict[str, Any]
+    config: dict[str, Any] = field(default_factory=dict)
+    ledgers: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+#: The server's ledger, and where simulated clients keep theirs, in a run folder.
+SERVER_LEDGER = "ledger.jsonl"
+
+
+def ledger_names(run_dir: RunDirectory) -> list[str]:
+    """The run's ledger files, as paths in its folder: the server's and each simulated client's."""
+    names = [SERVER_LEDGER] if (run_dir.path / SERVER_LEDGER).is_file() else []
+    folder = run_dir.client_ledgers
+    return names + sorted(f"{folder.name}/{path.name}" for path in folder.glob("*.jsonl") if path.is_file())
+
+
+def _lines(data: bytes) -> list[bytes]:
+    """A file's lines, each with its newline (the last one without, when cut short)."""
+    lines = data.split(b"\n")
+    return [line + b"\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+
+
+def _seal(data: bytes) -> dict[str, Any]:
+    """What a resume point keeps of a ledger: its whole lines' number and SHA-256."""
+    whole = data[: data.rfind(b"\n") + 1]
+    return {"entries": whole.count(b"\n"), "sha256": hashlib.sha256(whole).hexdigest()}
 
 
 def write_resume_point(run_dir: RunDirectory, point: ResumePoint) -> Path:
-    """Replaces the run's resume point whole (a crash mid-write leaves the previous one)."""
-    return save_torch(run_dir.checkpoints / RESUME_FILE, dataclasses.asdict(point))
+    """Replaces the run's resume point whole (a crash mid-write leaves the previous one), bound to the folder's
+    ``config.json`` and ledgers as they are now."""
+    ledgers = {name: _seal(_read_bytes(run_dir.path / name)) for name in ledger_names(run_dir)}
+    bound = dataclasses.replace(point, config=run_dir.config_record(), ledgers=ledgers)
+    return save_torch(run_dir.checkpoints / RESUME_FILE, dataclasses.asdict(bound))
 
 
 def read_resume_point(run_dir: RunDirectory) -> ResumePoint:
@@ -69,19 +107,65 @@ def read_resume_point(run_dir: RunDirectory) -> ResumePoint:
             "resumed; start it again with another --out (or delete this folder)"
         )
     try:
-        return ResumePoint(**torch.load(path, map_location="cpu", weights_only=True))
+        point = ResumePoint(**torch.load(path, map_location="cpu", weights_only=True))
     except Exception as err:  # a damaged file can make the unpickler raise anything
         why = err.strerror if isinstance(err, OSError) and err.strerror else "it is damaged or not a resume point"
         raise PrivfedError(f"cannot read {path}: {why}") from None
+    if not point.config:
+        raise PrivfedError(
+            f"{path} does not record the run's configuration and ledgers (an older privfed wrote it), so what the "
+            "run already spent cannot be checked; start it again with another --out"
+        )
+    if not _well_formed(point):
+        raise PrivfedError(f"cannot read {path}: it is damaged or not a resume point")
+    return point
 
 
-def resumed_config(run_dir: RunDirectory, overrides: dict[str, Any]) -> TrainConfig:
-    """The recorded configuration with the changes a resume allows.
+def _well_formed(point: ResumePoint) -> bool:
+    """Whether the point's binding has the shape :func:`write_resume_point` gives it."""
+    seals = point.ledgers.values() if isinstance(point.ledgers, dict) else [None]
+    return isinstance(point.config, dict) and all(
+        isinstance(seal, dict) and isinstance(seal.get("entries"), int) and isinstance(seal.get("sha256"), str)
+        for seal in seals
+    )
+
+
+def point_config(run_dir: RunDirectory, point: ResumePoint) -> TrainConfig:
+    """The configuration the resume point was written under, ``out`` the folder's own.
 
     Raises:
-        PrivfedError: for any other change, or fewer rounds than already finished.
+        PrivfedError: when ``config.json`` carries another run id (the point is another run's), or the
+            point's copy is not a configuration.
     """
-    recorded = run_dir.config()
+    recorded_id = run_dir.config_record().get(RUN_ID_KEY)
+    if point.config.get(RUN_ID_KEY) != recorded_id:
+        raise PrivfedError(
+            f"{run_dir.path / 'checkpoints' / RESUME_FILE} belongs to another run (run id "
+            f"{point.config.get(RUN_ID_KEY)}, config.json's is {recorded_id}): the point is not this run's"
+        )
+    values = {name: value for name, value in point.config.items() if name != RUN_ID_KEY}
+    config = TrainConfig(**checked_options(values, source=str(run_dir.checkpoints / RESUME_FILE)))
+    return config.replace(out=str(run_dir.path.resolve()))
+
+
+def resumed_config(run_dir: RunDirectory, point: ResumePoint, overrides: dict[str, Any]) -> TrainConfig:
+    """The configuration the point was written under, with the changes a resume allows.
+
+    ``config.json`` may differ from it only as the command line may (a
+    resume that raised ``--rounds`` rewrites it before its first resume point).
+
+    Raises:
+        PrivfedError: for any other change in ``config.json`` or on the command line.
+    """
+    bound = point_config(run_dir, point)
+    recorded = run_dir.config().replace(out=bound.out)
+    edited = sorted(f.name for f in dataclasses.fields(TrainConfig) if getattr(recorded, f.name) != getattr(bound, f.name))
+    refused = sorted(set(edited) - set(CHANGEABLE_ON_RESUME))
+    if refused:
+        raise PrivfedError(
+            f"{run_dir.path / 'config.json'} was changed after the run's last resume point ({', '.join(refused)}); "
+            f"a resume cannot change {', '.join(refused)} (only {', '.join(CHANGEABLE_ON_RESUME)} may change)"
+        )
     changed = {name: value for name, value in overrides.items() if value is not None and value != getattr(recorded, name)}
     refused = sorted(set(changed) - set(CHANGEABLE_ON_RESUME))
     if refused:
@@ -94,19 +178,26 @@ def resumed_config(run_dir: RunDirectory, overrides: dict[str, Any]) -> TrainCon
 
 def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConfig) -> None:
     """Refuses a run that is already complete or out of budget, a resume that would end before its resume point, a point
-    ahead of the run's own log (one copied from another run would skip rounds the ledger never charged), or
-    one behind it (redoing logged rounds would release twice what the ledger charged once). Charges for the one
-    round after the point that the log does not hold yet are accepted: a kill came between them and the log."""
+    ahead of the run's own log (one copied from another run would skip rounds the ledger never charged), ledgers
+    that are not those the point recorded (:func:`entries_after_point`), or a run that went on past the point (redoing
+    its rounds would release twice what the ledger charged once).
+
+    The one round after the point may have begun before a kill: its charges, and its metrics line when the run has
+    no summary (a kill came before the point that would have followed), are accepted, and the round is replayed.
+    """
     logged = [m["round"] for m in run_dir.metrics()]
     if not logged or point.round > max(logged):
         raise PrivfedError(
             f"{run_dir.path}'s resume point is at round {point.round}, but its metrics.jsonl ends at "
             f"{max(logged) if logged else 'no round'}: the point is not this run's"
         )
-    charged = [entry.round for entry in _ledger_entries(run_dir.path / "ledger.jsonl")]
-    # A kill between the ledger's charges for the next round and its metrics line leaves that round charged
-    # but unlogged; replaying it charges nothing twice (the ledger keeps one charge per client and round).
-    replayable = {point.round + 1} if max(logged) == point.round else set()
+    summary = run_dir.path / "summary.json"
+    killed = not summary.is_file()
+    charged = [entry.round for entries in entries_after_point(run_dir, point).values() for entry in entries]
+    # A kill between the ledger's charges for the next round and its resume point leaves that round charged (and
+    # perhaps logged) past the point; replaying it charges nothing twice (the ledger keeps one charge per client and
+    # round) and its clients send their stored replies again.
+    replayable = {point.round + 1} if max(logged) == point.round or (killed and max(logged) == point.round + 1) else set()
     later = sorted({r for r in logged + charged if r > point.round} - replayable)
     if later:
         raise PrivfedError(
@@ -114,8 +205,7 @@ def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConf
             f"point (round {point.round}); those releases were made and clients answer a round only once, so it "
             "cannot go on from there (--checkpoint-every 1 keeps the point at the last finished round)"
         )
-    summary = run_dir.path / "summary.json"
-    if summary.is_file() and stop_cause(run_dir.read_json(summary.name)) == BUDGET:
+    if not killed and stop_cause(run_dir.read_json(summary.name)) == BUDGET:
         raise PrivfedError(f"{run_dir.path} stopped because its privacy budget ran out; it cannot go on")
     if config.rounds <= point.round:
         raise PrivfedError(
@@ -124,21 +214,66 @@ def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConf
         )
 
 
-def _ledger_entries(path: Path) -> list[LedgerEntry]:
-    """The server's ledger, read whole before a resume relies on it.
+#: Why a resume stops at a ledger that is not the one its point recorded.
+UNKNOWN_SPENT = "the budget already spent is unknown, so the run cannot go on"
+
+
+def entries_after_point(run_dir: RunDirectory, point: ResumePoint) -> dict[Path, list[LedgerEntry]]:
+    """Each ledger file's entries after those the resume point recorded (all of a client ledger it did not know).
+
+    The server writes its point after the round's charges, so its own later entries can only be of the next round.
+    A client's may also be of an earlier round it was admitted to late: that only adds to its own charges.
 
     Raises:
-        PrivfedError: naming the line that is not a ledger entry: the budget already spent is then unknown.
+        PrivfedError: naming the file, when one the point recorded is gone, has fewer entries, or its recorded
+            entries changed; when a line after them is not a ledger entry; and when the server's ledger charges
+            a round up to the point's after it.
     """
-    if not path.is_file():
-        return []
-    entries = []
-    for number, line in enumerate(read_text(path).splitlines(), start=1):
-        try:
-            entries.append(LedgerEntry.from_dict(json.loads(line)))
-        except (ValueError, KeyError, TypeError, AttributeError):
+    found: dict[Path, list[LedgerEntry]] = {}
+    for name in sorted(set(ledger_names(run_dir)) | set(point.ledgers)):
+        path = run_dir.path / name
+        seal = point.ledgers.get(name, {"entries": 0, "sha256": _seal(b"")["sha256"]})
+        if not path.is_file():
+            raise PrivfedError(f"{path} is gone, but the resume point recorded {_entries(seal['entries'])} in it: {UNKNOWN_SPENT}")
+        lines = _lines(_read_bytes(path))
+        recorded = seal["entries"]
+        if len(lines) < recorded:
             raise PrivfedError(
-                f"{path}, line {number}, is not a ledger entry; the budget already spent is unknown, so the run "
-                "cannot go on"
-            ) from None
-    return entries
+                f"{path} has {_entries(len(lines))}, the resume point recorded {recorded}: {UNKNOWN_SPENT}"
+            )
+        if hashlib.sha256(b"".join(lines[:recorded])).hexdigest() != seal["sha256"]:
+            raise PrivfedError(
+                f"{path}'s first {recorded} entries are not those the resume point recorded: {UNKNOWN_SPENT}"
+            )
+        entries = [_ledger_entry(path, number, line) for number, line in enumerate(lines[recorded:], start=recorded + 1)]
+        early = [entry.round for entry in entries if entry.round <= point.round]
+        if name == SERVER_LEDGER and early:
+            raise PrivfedError(
+                f"{path} charges round {early[0]} after the entries its resume point (round {point.round}) "
+                f"recorded: {UNKNOWN_SPENT}"
+            )
+        found[path] = entries
+    return found
+
+
+def _entries(count: int) -> str:
+    return f"{count} entr{'y' if count == 1 else 'ies'}"
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise PrivfedError(f"cannot read {path}: {err.strerror}") from None
+
+
+def _ledger_entry(path: Path, number: int, line: bytes) -> LedgerEntry:
+    """Line ``number`` of a ledger file as an entry.
+
+    Raises:
+        PrivfedError: naming the line when it is not a ledger entry (cut short, not UTF-8, not JSON, another shape).
+    """
+    try:
+        return LedgerEntry.from_dict(json.loads(line.decode("utf-8")))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise PrivfedError(f"{path}, line {number}, is not a ledger entry; {UNKNOWN_SPENT}") from None
