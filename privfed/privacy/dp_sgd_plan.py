@@ -75,6 +75,7 @@ def memory_rate(num_samples: int, memory_size: int) -> float:
     return min(1.0, memory_size / max(num_samples, 1))
 
 
+@lru_cache(maxsize=4096)
 def poisson_memory_bound(num_samples: int, memory_size: int, failure: float = MEMORY_BOUND_FAILURE) -> int:
     """The fewest rows ``m`` with P(Binomial(n, q) > m) <= ``failure``, at the memory's rate ``q``.
 
