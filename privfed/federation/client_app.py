@@ -224,9 +224,10 @@ def check_encoding_matches_setup(fit: Mapping[str, Any], state: Mapping[str, Any
 FIT_CONFIG_RECORD = "fitins.config"
 
 
-def rounding_seed(run_seed: int, round_index: int, partition: int) -> int:
-    """Seed of one client's SecAgg+ rounding in one round (a stream apart from its training seed)."""
-    return int(np.random.SeedSequence([run_seed, round_index, partition, 0x5EC]).generate_state(1)[0])
+def rounding_seed(run_seed: int, round_index: int, partition: int) -> list[int]:
+    """Seed of one client's SecAgg+ rounding in one round (a stream apart from its training seed): 64 bits, as the
+    two 32-bit words :func:`numpy.random.seed` takes."""
+    return [int(word) for word in np.random.SeedSequence([run_seed, round_index, partition, 0x5EC]).generate_state(2)]
 
 
 def seeded_secagg_rounding(declared: TrainConfig | None) -> Mod:

@@ -35,6 +35,7 @@ from mechanisms.base import K_ANONYMITY, Guarantee, Mechanism, PrivacyEvent, Rel
 from privfed.federation.messages import RELEASE_KEYS, has_release
 from privfed.methods import STEP_VALUES
 from privfed.orchestra.round_report import Rejection
+from privfed.privacy.dp_sgd_plan import poisson_memory_bound
 from privfed.privacy.ledger import check_event
 
 if TYPE_CHECKING:
@@ -97,17 +98,20 @@ class ReplyRules:
 
         One per distinct image in its memory, which keeps at most
         ``memory_size`` (:mod:`privfed.orchestra.memory`, and round 0's
-        sample); under DP-SGD the memory is a Poisson sample with no cap
-        (:func:`privfed.orchestra.memory_sampling.poisson_memory`), so up to
-        ``size``; a mechanism that draws its own secret sample is handed one
-        representation per image, so ``size`` again. Every bound on a release
+        sample); a mechanism that draws its own secret sample is handed one
+        representation per image, so ``size``. Under DP-SGD the memory is a
+        Poisson sample with no cap (:func:`privfed.orchestra.memory_sampling.poisson_memory`),
+        whose Binomial size stays within :func:`~privfed.privacy.dp_sgd_plan.poisson_memory_bound`
+        but with probability ``MEMORY_BOUND_FAILURE``. Every bound on a release
         (vectors, total weight, credited k) is the mechanism's bound for this
         many, not for the client's size:
         a client with 2,000 images would otherwise weigh 2,000 in the global
         clustering where an honest ``kanon`` release weighs at most 128.
         """
-        if self.dp_sgd is not None or self.memory_size is None or self.samples_every_image:
+        if self.memory_size is None or self.samples_every_image:
             return size
+        if self.dp_sgd is not None:
+            return poisson_memory_bound(size, self.memory_size)
         return min(size, self.memory_size)
 
     @classmethod

@@ -14,6 +14,7 @@ from privfed.data.augment import orchestra_views
 from privfed.methods import get_method
 from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.local_training import LocalTrainingConfig, augmentation_generator
+from privfed.privacy.dp_sgd_plan import memory_rate
 
 
 def initial_representations(
@@ -100,7 +101,7 @@ def poisson_memory(
     """The memory under DP-SGD: one target representation per example of a Poisson sample.
 
     Each example joins independently with probability
-    ``min(1, memory_size / n)``, with no cap on the total, so removing one
+    ``min(1, memory_size / n)`` (:func:`~privfed.privacy.dp_sgd_plan.memory_rate`), with no cap on the total, so removing one
     example removes at most one representation and changes no other: the
     release mechanism's per-representation guarantee is then a per-example
     one, and composes with DP-SGD's in one ledger. (Training batches cannot
@@ -120,6 +121,6 @@ def poisson_memory(
         raise ValueError("a Poisson memory needs a GroupNorm network: BatchNorm mixes examples")
     n = images.shape[0]
     aug_generator = augmentation_generator(generator, device)
-    chosen = poisson_sample(n, min(1.0, config.memory_size / max(n, 1)), generator)
+    chosen = poisson_sample(n, memory_rate(n, config.memory_size), generator)
     batches = list(chosen.split(max(config.batch_size, 1)))
     return _target_representations(network, images, batches, config, aug_generator=aug_generator, device=device)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from dp_accounting import gaussian_mechanism
+from scipy.stats import binom
 
 from mechanisms.accounting import (
     MAX_CALIBRATION_DISCRETISATION,
@@ -36,6 +37,10 @@ SCREENING_GRID = 1e-2
 SCREENING_MARGIN = 0.98
 #: Relative precision of the calibrated noise multiplier.
 CALIBRATION_TOLERANCE = 1e-3
+#: Probability that an honest client's Poisson memory (:func:`memory_rate`) outgrows
+#: :func:`poisson_memory_bound` in one round; its reply is then refused. No privacy
+#: claim rests on the bound (docs/privacy.md, "Threat model"), so it is not part of delta.
+MEMORY_BOUND_FAILURE = 1e-9
 #: Calibration never goes below this noise (it would take a target epsilon in
 #: the hundreds, where DP-SGD protects nothing; PLDs get slow there too).
 MIN_NOISE_MULTIPLIER = 0.1
@@ -63,6 +68,30 @@ def sampling_rate(num_samples: int, batch_size: int) -> float:
     if num_samples < 1 or batch_size < 1:
         raise ValueError(f"need num_samples >= 1 and batch_size >= 1, got {num_samples}, {batch_size}")
     return min(1.0, batch_size / num_samples)
+
+
+def memory_rate(num_samples: int, memory_size: int) -> float:
+    """Poisson rate of the memory under DP-SGD: each example joins it with this probability."""
+    return min(1.0, memory_size / max(num_samples, 1))
+
+
+@lru_cache(maxsize=4096)
+def poisson_memory_bound(num_samples: int, memory_size: int, failure: float = MEMORY_BOUND_FAILURE) -> int:
+    """The fewest rows ``m`` with P(Binomial(n, q) > m) <= ``failure``, at the memory's rate ``q``.
+
+    A Poisson memory has no hard cap, but its size is Binomial, so the server
+    can bound a client's rows (and so its release's weight) far below ``n``
+    while an honest client exceeds the bound only with probability ``failure``.
+    """
+    rate = memory_rate(num_samples, memory_size)
+    if rate >= 1.0:
+        return num_samples
+    bound = int(binom.isf(failure, num_samples, rate))
+    while bound < num_samples and binom.sf(bound, num_samples, rate) > failure:
+        bound += 1
+    while bound > 0 and binom.sf(bound - 1, num_samples, rate) <= failure:
+        bound -= 1
+    return min(bound, num_samples)
 
 
 def steps_per_round(num_samples: int, *, batch_size: int, epochs: int) -> int:

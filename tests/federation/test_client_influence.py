@@ -14,6 +14,7 @@ import pytest
 from mechanisms import get_mechanism_class
 from privfed.config import build_config
 from privfed.federation.reply_checks import ReplyRules
+from privfed.privacy.dp_sgd_plan import poisson_memory_bound
 from privfed.run.plan import plan_run
 from tests.federation.honest_round import HonestRound, Node, honest_round
 from tests.federation.test_strategy import vectors_of, weights_of, with_release
@@ -74,10 +75,12 @@ def test_each_mechanism_declares_its_largest_honest_k():
     assert ldp.max_k(num_reps=128, num_vectors=8, params={}) is None and reps.max_k(num_reps=128, num_vectors=8, params={}) is None
 
 
-def test_under_dp_sgd_the_bound_is_the_clients_size(tiny_config, tmp_path):
-    """A DP-SGD client's memory is a Poisson sample with no cap (memory_sampling.poisson_memory)."""
+def test_under_dp_sgd_the_bound_is_a_binomial_tail_below_the_clients_size(tiny_config, tmp_path):
+    """A DP-SGD client's memory is a Poisson sample with no cap (memory_sampling.poisson_memory), but its size is
+    Binomial: the bound is its tail at MEMORY_BOUND_FAILURE, not the whole client (the bound was its size)."""
     plain = plan_run(tiny_config.replace(memory_size=8, out=str(tmp_path / "plain")))
     private = plan_run(tiny_config.replace(memory_size=8, dp_sgd=True, dp_sgd_epsilon=8.0, out=str(tmp_path / "private")))
     size = plain.client_sizes[0]
     assert ReplyRules.of(plain, get_mechanism_class("kanon")).most_reps(size) == 8
-    assert ReplyRules.of(private, get_mechanism_class("kanon")).most_reps(size) == size
+    bound = ReplyRules.of(private, get_mechanism_class("kanon")).most_reps(size)
+    assert bound == poisson_memory_bound(size, 8) and 8 < bound < size

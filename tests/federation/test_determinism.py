@@ -16,9 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 
 from privfed.config import build_config
+from privfed.federation.client import client_seed
+from privfed.federation.client_app import rounding_seed
 from privfed.federation.simulation import simulate
 from privfed.run.plan import plan_run
 from tests.run_records import jsonl, same
@@ -98,3 +101,18 @@ def test_the_rounding_seed_does_not_predict_later_draws(runs):
     first = {p.name: p.read_text().split()[1] for p in (folder / "a-masked").iterdir()}
     again = {p.name: p.read_text().split()[1] for p in (folder / "b-masked").iterdir()}
     assert first and all(first[name] != again[name] for name in first)
+
+
+def test_client_and_rounding_seeds_span_64_bits():
+    """Per-(round, client) seeds come from 64 bits (they were 32: a million pairs held about 116 shared seeds),
+    and every consumer takes them: torch's generators and NumPy's global one."""
+    seeds = [client_seed(7, round_index, client) for round_index in range(20) for client in range(50)]
+    assert len(set(seeds)) == len(seeds) and all(0 <= s < 2**64 for s in seeds)
+    assert sum(s >= 2**32 for s in seeds) > 900  # a uniform 64-bit seed is below 2**32 with probability 2**-32
+    torch.Generator().manual_seed(max(seeds))
+    words = rounding_seed(7, 1, 0)
+    assert len(words) == 2 and rounding_seed(7, 1, 0) == words != rounding_seed(7, 1, 1)
+    np.random.seed(words)
+    first = np.random.rand()
+    np.random.seed(words)
+    assert np.random.rand() == first

@@ -3,15 +3,26 @@
 import math
 import time
 
+import numpy as np
 import pytest
+import torch
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
+from scipy.stats import binom
 
 from privfed.config import build_config
 from privfed.errors import PrivfedError
+from privfed.orchestra.memory_sampling import poisson_sample
 from privfed.privacy.budget import default_delta, plan_privacy
-from privfed.privacy.dp_sgd_plan import DEFAULT_DP_SGD_EPSILON, plan_dp_sgd, round_events
+from privfed.privacy.dp_sgd_plan import (
+    DEFAULT_DP_SGD_EPSILON,
+    MEMORY_BOUND_FAILURE,
+    memory_rate,
+    plan_dp_sgd,
+    poisson_memory_bound,
+    round_events,
+)
 
 SIZES = [7, 33, 40, 120, 250, 250, 1233]
 
@@ -93,3 +104,29 @@ def test_inconsistent_dp_sgd_options_are_refused_in_one_line(options, message):
     with pytest.raises(PrivfedError, match=message) as err:
         plan_privacy(base(**options), SIZES)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("size", "memory"), [(500, 50), (500, 128), (2000, 128), (50_000, 128)])
+def test_the_memory_bound_is_far_below_the_clients_size(size, memory):
+    """The bound a server holds a DP-SGD client's release to (it was the whole size: 500 for 500 at rate 0.1)."""
+    bound = poisson_memory_bound(size, memory)
+    assert memory < bound < min(size, 2 * memory)
+    assert poisson_memory_bound(100, 128) == 100  # rate 1: every example, exactly
+
+
+def test_the_memory_bound_is_the_binomial_tail_at_its_failure_probability():
+    """The smallest m with P(size > m) <= failure: sound, and one less would not be."""
+    for size, memory in [(500, 50), (300, 128), (10_000, 64)]:
+        q, bound = memory_rate(size, memory), poisson_memory_bound(size, memory)
+        assert binom.sf(bound, size, q) <= MEMORY_BOUND_FAILURE < binom.sf(bound - 1, size, q)
+
+
+def test_the_memory_bound_holds_over_many_real_poisson_samples():
+    """privfed's own Poisson sampler, 4,000 memories: a bound at failure 1% is exceeded about 1% of the time, at most."""
+    size, memory, failure, trials = 500, 50, 0.01, 4000
+    generator = torch.Generator().manual_seed(0)
+    counts = np.array([len(poisson_sample(size, memory_rate(size, memory), generator)) for _ in range(trials)])
+    bound = poisson_memory_bound(size, memory, failure)
+    assert (counts > bound).mean() <= 2 * failure  # about 40 expected at most; 80 is > 6 sigma away
+    assert (counts > bound - 3).mean() > failure  # and the bound is not loose
+    assert (counts > poisson_memory_bound(size, memory)).sum() == 0
