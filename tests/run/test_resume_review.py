@@ -136,3 +136,22 @@ def test_a_summary_written_by_hand_into_a_killed_run_does_not_spare_the_round_in
     again = resumed(driver)
     again.on_round_end(round_with_one_reply(again, 1))
     assert [line["client"] for line in ledger_lines(again) if line["round"] == 1] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("edit", ["another mechanism", "no events"])
+def test_a_charge_of_another_shape_appended_for_the_next_round_is_refused_before_training(tiny_config, tmp_path, edit):
+    """Replaying round 1, the ledger would refuse the run's own charge as a second one of other events: a traceback."""
+    driver = started(tiny_config.replace(mechanism="ldp", epsilon=2.0, rounds=3, checkpoint_every=1,
+                                         out=str(tmp_path / "run")))
+    driver.on_round_end(report((0, honest_ldp_release(driver))))
+    driver.stop = Stop("interrupted", 0, "interrupted by SIGINT; stopped after round 0")
+    driver.finish(secure_aggregation={"enabled": False})
+    ledger = driver.run_dir.path / "ledger.jsonl"
+    entry = json.loads(ledger.read_text().splitlines()[0])
+    entry.update(round=1, events=[])
+    if edit == "another mechanism":
+        entry.update(mechanism="kanon", guarantee={"kind": "k-anonymity", "statement": "by hand", "k": 1000})
+    with ledger.open("a") as file:
+        file.write(json.dumps(entry) + "\n")
+    with pytest.raises(PrivfedError, match=f"{ledger} charges client 0 in round 1 with .* this run does not make"):
+        plan_resume(driver.run_dir.path, {})
