@@ -139,8 +139,8 @@ class RunDirectory:
 
     def _first_file(self) -> str | None:
         """Some file under the folder other than its lock file (a path relative to it), or None."""
-        for folder, _, names in os.walk(self.path):
-            for name in names:
+        for folder, folders, names in os.walk(self.path):  # a link to a folder is not walked, but counts as a file
+            for name in names + [name for name in folders if Path(folder, name).is_symlink()]:
                 found = Path(folder, name).relative_to(self.path)
                 if found != Path(LOCK_FILE):
                     return str(found)

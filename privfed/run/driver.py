@@ -237,6 +237,7 @@ class RunDriver:
                     "last_loss": self._last_loss,
                     "elapsed_seconds": time.perf_counter() - self._start,
                     "dropped_updates": list(self._dropped),
+                    "stop_cause": None if self.stop is None else self.stop.cause,  # bound, unlike summary.json
                 },
             ),
         )
@@ -511,6 +512,11 @@ class RunDriver:
             # The runtime gave up (e.g. its workers were lost) without the strategy deciding to stop.
             self.stop = Stop(
                 RUNTIME_ENDED, self._rounds_done, f"the runtime ended after round {self._rounds_done} of {self.config.rounds}"
+            )
+        if self.stop is None and 0 < self._rounds_done <= len(self._dropped):  # shorter than NO_UPDATE_LIMIT
+            self.stop = Stop(
+                NO_UPDATES, self._rounds_done, f"rounds 1 to {self._rounds_done} applied no model update "
+                f"({'; '.join(dict.fromkeys(self._dropped))}); the model is unchanged since round 0"
             )
         if self._last_knn is None or self._rounds_done == 0:
             self._last_knn = self.monitor(self.server.network.online.backbone)

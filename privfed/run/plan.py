@@ -18,8 +18,18 @@ from privfed.data.federated import FederatedSplit, cached_dataset
 from privfed.errors import PrivfedError
 from privfed.models.resnet import BACKBONES
 from privfed.privacy.budget import PrivacyPlan, plan_privacy
+from privfed.privacy.ledger import DP_SGD
 from privfed.run.directory import RunDirectory, default_run_dir
-from privfed.run.resume import ResumePoint, check_resumable, point_config, read_resume_point, resumed_config
+from privfed.run.resume import (
+    SERVER_LEDGER,
+    UNKNOWN_SPENT,
+    ResumePoint,
+    check_resumable,
+    entries_after_point,
+    point_config,
+    read_resume_point,
+    resumed_config,
+)
 from privfed.secagg.settings import SecAggPlusSettings, secagg_settings
 
 
@@ -166,6 +176,7 @@ def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, Resu
     validate(config)  # with the rounds asked for now
     check_resumable(directory, point, config)
     plan = plan_run(config, resuming=True)
+    _check_charges_after_point(directory, point, plan)
     if config != recorded:
         before = plan_privacy(recorded, list(plan.client_sizes))
         after = plan.privacy
@@ -177,3 +188,31 @@ def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, Resu
                 f"{recorded.rounds}; a budget spread over the planned rounds cannot stretch"
             )
     return plan, point
+
+
+def _check_charges_after_point(directory: RunDirectory, point: ResumePoint, plan: RunPlan) -> None:
+    """Refuses a charge after the point in the server's ledger that this run would not make (another mechanism or
+    other events): replaying its round, the ledger would refuse the run's own charge mid-run.
+
+    Raises:
+        PrivfedError: naming the ledger, the client and the round.
+    """
+    from mechanisms import get_mechanism_class
+
+    mechanism = plan.config.release_mechanism
+    releases = None if mechanism is None else (get_mechanism_class(mechanism).name,)
+    dp_sgd = plan.privacy.dp_sgd
+    path = directory.path / SERVER_LEDGER
+    for entry in entries_after_point(directory, point).get(path, []):
+        names = tuple(event.name for event in entry.events)
+        if entry.kind == DP_SGD:
+            sizes = plan.client_sizes
+            planned = None if dp_sgd is None or not 0 <= entry.client < len(sizes) else dp_sgd.round_events(sizes[entry.client])
+            fits = planned is not None and (entry.mechanism, *names) == (DP_SGD, *(e.name for e in planned))
+        else:
+            fits = releases is not None and (entry.mechanism, *names) == (*releases, *(e.name for e in plan.privacy.per_release_events))
+        if not fits:
+            raise PrivfedError(
+                f"{path} charges client {entry.client} in round {entry.round} with {entry.mechanism} events this run "
+                f"does not make: {UNKNOWN_SPENT}"
+            )

@@ -205,7 +205,8 @@ def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConf
             f"point (round {point.round}); those releases were made and clients answer a round only once, so it "
             "cannot go on from there (--checkpoint-every 1 keeps the point at the last finished round)"
         )
-    if not killed and stop_cause(run_dir.read_json(summary.name)) == BUDGET:
+    budget_stop = point.driver.get("stop_cause") == BUDGET  # the point's word: summary.json is not bound
+    if budget_stop or (not killed and stop_cause(run_dir.read_json(summary.name)) == BUDGET):
         raise PrivfedError(f"{run_dir.path} stopped because its privacy budget ran out; it cannot go on")
     if config.rounds <= point.round:
         raise PrivfedError(

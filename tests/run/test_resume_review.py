@@ -1,0 +1,157 @@
+"""Review of issue 44's claims: a budget-stopped run never resumes, a run that applied nothing never ends "done",
+and a new run writes only into a folder that holds nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from privfed.errors import PrivfedError
+from privfed.orchestra.round_report import RoundReport
+from privfed.run.directory import RunDirectory
+from privfed.run.plan import plan_resume
+from privfed.run.stop import BUDGET, NO_UPDATES, Stop
+from tests.run.test_driver import dropped, honest_ldp_release, report, started
+
+
+@pytest.fixture
+def budget_stopped(tiny_config, tmp_path):
+    """An ldp run its budget stopped: one more release at epsilon 0.8 would take client 0 past 2."""
+    driver = started(tiny_config.replace(mechanism="ldp", epsilon=2.0, epsilon_per_release=0.8, participation=0.5,
+                                         rounds=5, checkpoint_every=1, out=str(tmp_path / "run")))
+    release = honest_ldp_release(driver)
+    driver.on_round_end(report((0, release), (1, release)))
+    for round_ in range(1, 5):
+        driver.on_round_end(RoundReport(round=round_, completed=2, failures=0, seconds=0.1, server_stats={},
+                                        sampled_clients=(0, 1), releases=[(0, release), (1, release)]))
+        if driver.stop is not None:
+            break
+    assert driver.stop is not None and driver.stop.cause == BUDGET
+    driver.finish(secure_aggregation={"enabled": False})
+    return driver
+
+
+@pytest.mark.parametrize("edit", ["summary deleted", "stop field edited"])
+def test_a_budget_stopped_run_is_not_resumed_after_its_summary_is_edited(budget_stopped, edit):
+    summary = budget_stopped.run_dir.path / "summary.json"
+    if edit == "summary deleted":
+        summary.unlink()
+    else:
+        record = json.loads(summary.read_text())
+        record["stop"] = Stop("interrupted", 1, "interrupted by SIGINT; stopped after round 1").to_dict()
+        record["stopped_early"] = record["stop"]["message"]
+        summary.write_text(json.dumps(record))
+    with pytest.raises(PrivfedError, match="privacy budget"):
+        plan_resume(budget_stopped.run_dir.path, {})
+
+
+def test_a_run_shorter_than_the_stop_rule_that_applied_no_update_does_not_end_done(tiny_config, tmp_path):
+    from privfed.cli import FAILED_RUN_EXIT_CODE, train_exit_code
+
+    driver = started(tiny_config.replace(rounds=2, out=str(tmp_path / "run")))
+    for report_ in (dropped(0, None), dropped(1), dropped(2)):
+        driver.on_round_end(report_)
+    summary = driver.finish(secure_aggregation={"enabled": True})
+    assert summary["stop"] is not None and summary["stop"]["cause"] == NO_UPDATES
+    assert train_exit_code(summary) == FAILED_RUN_EXIT_CODE
+
+
+@pytest.mark.parametrize("name", ["checkpoints", "client-ledgers", "elsewhere"])
+def test_a_folder_holding_only_a_link_to_a_folder_is_not_unused(tmp_path, name):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "final.pt").write_bytes(b"a user's file")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(theirs, out / name)
+    with pytest.raises(PrivfedError, match=name):
+        RunDirectory(out).check_unused()
+
+
+def resumed_with_round_1(driver, forge: bool) -> float:
+    """Client 0's epsilon after a resume that ran round 1, ``forge``: a cheap charge of its round 1 appended by hand."""
+    from tests.run.test_driver import resumed, round_with_one_reply
+
+    driver.stop = Stop("interrupted", 0, "interrupted by SIGINT; stopped after round 0")
+    driver.finish(secure_aggregation={"enabled": False})
+    ledger = driver.run_dir.path / "ledger.jsonl"
+    if forge:
+        entry = json.loads(ledger.read_text().splitlines()[0])
+        assert entry["client"] == 0
+        entry["round"] = 1
+        for event in entry["events"]:  # the same events, almost free
+            params = event["params"]
+            params.update(count=1)
+            if "noise_parameter" in params:  # discrete Laplace: epsilon = sensitivity * parameter
+                params["noise_parameter"] *= 1e-3
+            if "noise_multiplier" in params:
+                params["noise_multiplier"] *= 1e3
+        with ledger.open("a") as file:
+            file.write(json.dumps(entry) + "\n")
+    again = resumed(driver)
+    again.on_round_end(round_with_one_reply(again, 1))
+    return again.ledger.spent(0)
+
+
+@pytest.mark.xfail(strict=True, reason="a hand-appended charge for the replayed round stands; the real one is dropped")
+def test_a_cheap_charge_appended_for_the_next_round_does_not_lower_epsilon(tiny_config, tmp_path):
+    def stopped(name: str):
+        driver = started(tiny_config.replace(mechanism="ldp", epsilon=2.0, rounds=3, checkpoint_every=1,
+                                             out=str(tmp_path / name)))
+        release = honest_ldp_release(driver)
+        driver.on_round_end(report((0, release), (1, release), (2, release)))
+        return driver
+
+    honest = resumed_with_round_1(stopped("honest"), forge=False)
+    assert resumed_with_round_1(stopped("forged"), forge=True) >= honest
+
+
+@pytest.mark.xfail(strict=True, reason="a kill inside finish() of the last round leaves a run without summary.json "
+                                       "that --resume refuses as finished")
+def test_a_run_killed_in_finish_after_its_last_round_can_still_get_its_summary(tiny_config, tmp_path):
+    driver = started(tiny_config.replace(mechanism="ldp", epsilon=2.0, rounds=1, checkpoint_every=1,
+                                         out=str(tmp_path / "run")))
+    release = honest_ldp_release(driver)
+    driver.on_round_end(report((0, release), (1, release)))
+    driver.on_round_end(RoundReport(round=1, completed=2, failures=0, seconds=0.1, server_stats={},
+                                    sampled_clients=(0, 1), releases=[(0, release), (1, release)]))
+    # killed inside finish(): the last resume point is written, summary.json is not
+    assert not (driver.run_dir.path / "summary.json").exists()
+    plan_resume(driver.run_dir.path, {})
+
+
+@pytest.mark.xfail(strict=True, reason="whether a run was killed is read from summary.json, which the point does not bind")
+def test_a_summary_written_by_hand_into_a_killed_run_does_not_spare_the_round_in_progress(tiny_config, tmp_path):
+    from tests.run.test_driver import ledger_lines, resumed, round_with_one_reply
+
+    driver = started(tiny_config.replace(mechanism="ldp", epsilon=2.0, rounds=3, checkpoint_every=1,
+                                         out=str(tmp_path / "run")))
+    release = honest_ldp_release(driver)
+    driver.on_round_end(report((0, release), (1, release), (2, release)))
+    # killed in round 1, when clients 1 and 2 may have released; then a summary.json is written by hand
+    stop = Stop("interrupted", 0, "interrupted by SIGINT; stopped after round 0").to_dict()
+    driver.run_dir.write_json("summary.json", {"stop": stop, "stopped_early": stop["message"]})
+    again = resumed(driver)
+    again.on_round_end(round_with_one_reply(again, 1))
+    assert [line["client"] for line in ledger_lines(again) if line["round"] == 1] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("edit", ["another mechanism", "no events"])
+def test_a_charge_of_another_shape_appended_for_the_next_round_is_refused_before_training(tiny_config, tmp_path, edit):
+    """Replaying round 1, the ledger would refuse the run's own charge as a second one of other events: a traceback."""
+    driver = started(tiny_config.replace(mechanism="ldp", epsilon=2.0, rounds=3, checkpoint_every=1,
+                                         out=str(tmp_path / "run")))
+    driver.on_round_end(report((0, honest_ldp_release(driver))))
+    driver.stop = Stop("interrupted", 0, "interrupted by SIGINT; stopped after round 0")
+    driver.finish(secure_aggregation={"enabled": False})
+    ledger = driver.run_dir.path / "ledger.jsonl"
+    entry = json.loads(ledger.read_text().splitlines()[0])
+    entry.update(round=1, events=[])
+    if edit == "another mechanism":
+        entry.update(mechanism="kanon", guarantee={"kind": "k-anonymity", "statement": "by hand", "k": 1000})
+    with ledger.open("a") as file:
+        file.write(json.dumps(entry) + "\n")
+    with pytest.raises(PrivfedError, match=f"{ledger} charges client 0 in round 1 with .* this run does not make"):
+        plan_resume(driver.run_dir.path, {})
