@@ -282,17 +282,21 @@ class PrivacyLedger:
         not recorded: a resumed run replaying the round a kill interrupted
         after its charges were written must not charge them twice. One of
         other events (by name: another mechanism or kind of noise) is refused
-        (ValueError); one whose parameters alone differ (recalibrated on
-        another machine) is logged, and the first charge stands.
+        (ValueError); of two whose parameters alone differ (recalibrated on
+        another machine, or a line added to the file by hand) the costlier
+        stands, so no second charge can lower what a round cost.
         """
         earlier = self._charged.get(_charge_key(entry))
         if earlier is not None:
             if _shape(earlier) != _shape(entry):
                 raise ValueError(f"client {entry.client}'s {entry.kind} of round {entry.round} was charged already, for other events")
-            if earlier.events != entry.events:
-                logger.warning("client %d's %s of round %d was charged already, at other parameters: the first charge stands",
-                               entry.client, entry.kind, entry.round)
-            return
+            if earlier.events == entry.events:
+                return
+            costlier = self._costs_more(entry, earlier)
+            logger.warning("client %d's %s of round %d was charged already, at other parameters: the %s charge stands",
+                           entry.client, entry.kind, entry.round, "new" if costlier else "first")
+            if not costlier:
+                return
         if entry.events and entry.delta is None:
             if self.delta is None:
                 raise ValueError("a ledger without a delta cannot record a DP cost")
@@ -301,16 +305,32 @@ class PrivacyLedger:
         if self.path is not None:
             append_line(self.path, json.dumps(entry.to_dict()))
 
+    def _costs_more(self, entry: LedgerEntry, other: LedgerEntry) -> bool:
+        """Whether ``entry``'s events alone cost more epsilon than ``other``'s (two charges of one round)."""
+        if self.delta is None:
+            return False  # nothing here is DP: neither has events to price
+        delta = self.pricing_delta()
+        price = lambda e: composed_epsilon(e.events, delta, reference_epsilon=self.reference_epsilon)  # noqa: E731
+        return price(entry) > price(other)
+
     def _add(self, entry: LedgerEntry) -> None:
-        """Counts ``entry`` in memory."""
-        self._charged.setdefault(_charge_key(entry), entry)
+        """Counts ``entry`` in memory; of two charges of one client, round and run, only the costlier counts."""
         part = DP_SGD if entry.kind == DP_SGD else RELEASES
+        if part == RELEASES and entry.guarantee.k is not None:  # the smaller k of two charges stands
+            self._min_k = entry.guarantee.k if self._min_k is None else min(self._min_k, entry.guarantee.k)
+        key = _charge_key(entry)
+        earlier = self._charged.get(key)
+        if earlier is not None and _shape(earlier) == _shape(entry):
+            if not self._costs_more(entry, earlier):
+                return
+            self._forget(earlier)
+            self._charged[key] = entry
+        else:  # a first charge, or one of other events, which only a file written by hand holds: both count
+            self._charged.setdefault(key, entry)
         if entry.run is not None:
             self._last_round[entry.run] = max(entry.round, self._last_round.get(entry.run, entry.round))
         if part == RELEASES:
             self._releases[entry.client] += 1
-            if entry.guarantee.k is not None:
-                self._min_k = entry.guarantee.k if self._min_k is None else min(self._min_k, entry.guarantee.k)
         if entry.events:
             self._events[part][entry.client].extend(entry.events)
             charged = entry.delta if entry.delta is not None else self.legacy_delta or self.delta
@@ -319,6 +339,17 @@ class PrivacyLedger:
                 self._epsilon_cache.clear()
             for p in (part, COMBINED):
                 self._epsilon_cache.pop((entry.client, p), None)
+
+    def _forget(self, entry: LedgerEntry) -> None:
+        """Uncounts a charge a costlier one of the same round replaces."""
+        part = DP_SGD if entry.kind == DP_SGD else RELEASES
+        if part == RELEASES:
+            self._releases[entry.client] -= 1
+        events = self._events[part][entry.client]
+        for event in entry.events:
+            events.remove(event)
+        for p in (part, COMBINED):
+            self._epsilon_cache.pop((entry.client, p), None)
 
     def pricing_delta(self, delta: float | None = None) -> float:
         """The delta to compute epsilons at: ``delta`` (default the ledger's), or an entry's own when smaller.

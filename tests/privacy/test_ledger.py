@@ -142,3 +142,19 @@ def test_a_new_ledger_file_is_on_disk_name_and_all_before_the_charge_returns(tmp
     """A crash must not lose a client's ledger, or its budget would start again: the folder is flushed as the file appears."""
     PrivacyLedger(mechanism="ldp", delta=DELTA, path=tmp_path / "ledger.jsonl").record(LedgerEntry(0, 1, "ldp", DP, RELEASE))
     assert [path for path, folder in synced if folder] == [str(tmp_path)]
+
+
+def test_of_two_charges_of_one_round_at_other_parameters_the_costlier_stands_in_memory_and_on_reload(tmp_path):
+    """A cheap line added by hand before a replayed round must not stand in for the round's real charge."""
+    cheap = (*RELEASE[:-1], PrivacyEvent("gaussian", {"noise_multiplier": 20.0, "count": 1.0}))
+    path = tmp_path / "ledger.jsonl"
+    path.write_text(json.dumps(LedgerEntry(0, 1, "ldp", DP, cheap, delta=DELTA).to_dict()) + "\n")
+    resumed = PrivacyLedger.resume(path, mechanism="ldp", delta=DELTA)
+    resumed.record(LedgerEntry(0, 1, "ldp", DP, RELEASE))
+    real = PrivacyLedger(mechanism="ldp", delta=DELTA)
+    real.record(LedgerEntry(0, 1, "ldp", DP, RELEASE))
+    assert resumed.spent(0) == pytest.approx(real.spent(0)) and resumed.releases(0) == 1
+    reloaded = PrivacyLedger.resume(path, mechanism="ldp", delta=DELTA)
+    assert reloaded.spent(0) == pytest.approx(real.spent(0)) and reloaded.releases(0) == 1
+    resumed.record(LedgerEntry(0, 1, "ldp", DP, cheap))  # a cheaper one after the costlier: not written, not counted
+    assert len(path.read_text().splitlines()) == 2 and resumed.spent(0) == pytest.approx(real.spent(0))

@@ -95,7 +95,6 @@ def resumed_with_round_1(driver, forge: bool) -> float:
     return again.ledger.spent(0)
 
 
-@pytest.mark.xfail(strict=True, reason="a hand-appended charge for the replayed round stands; the real one is dropped")
 def test_a_cheap_charge_appended_for_the_next_round_does_not_lower_epsilon(tiny_config, tmp_path):
     def stopped(name: str):
         driver = started(tiny_config.replace(mechanism="ldp", epsilon=2.0, rounds=3, checkpoint_every=1,
