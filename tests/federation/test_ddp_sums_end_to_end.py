@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from privfed.config import build_config
 from privfed.data.federated import FederatedSplit
 from privfed.privacy.budget import plan_privacy
+from privfed.run.directory import RunDirectory
 
 TINY = (
     "--dataset", "shapes:300", "--num-clients", "4", "--participation", "1.0", "--projection-dim", "16",
@@ -39,8 +39,8 @@ def test_every_training_round_combines_a_secure_sum_of_every_clients_share(run):
 
 
 def test_the_server_and_every_client_charge_what_the_plan_says_from_round_1(run):
-    config = json.loads((run / "config.json").read_text())
-    plan = plan_privacy(build_config(**config), FederatedSplit.of(build_config(**config)).client_sizes())
+    config = RunDirectory(run).config()
+    plan = plan_privacy(config, FederatedSplit.of(config).client_sizes())
     planned = [{"name": e.name, "params": e.params} for e in plan.per_release_events]
     assert plan.max_releases == 2 and plan.params["min_shares"] == 3  # no release in round 0; SecAgg+'s threshold
     server = [e for e in lines(run / "ledger.jsonl") if e["kind"] == "release"]
