@@ -123,7 +123,7 @@ def _assert_same_run(whole, run) -> None:
     [
         (1, 2),
         (3, 1),  # every client charged and begun, none answered: what a kill during the cohort's training leaves
-        (3, 2),  # a replayed SecAgg+ round: the first pass works on a copy of the node's context
+        pytest.param(3, 2, marks=pytest.mark.slow),  # a replayed SecAgg+ round: the first pass works on a copy of the node's context
     ],
 )
 def test_after_a_kill_in_the_last_pass_every_sampled_client_completes_the_replayed_round(tmp_path, clients_per_step, at):
@@ -135,6 +135,7 @@ def test_after_a_kill_in_the_last_pass_every_sampled_client_completes_the_replay
         assert len(rounds) == len(set(rounds))
 
 
+@pytest.mark.slow
 def test_a_kill_after_the_first_pass_resumes_to_the_uninterrupted_run_under_secagg(tmp_path):
     """Every sampled client charged and begun, none answered: the resumed round trains the same cohort again."""
     whole = tmp_path / "whole"
@@ -142,6 +143,7 @@ def test_a_kill_after_the_first_pass_resumes_to_the_uninterrupted_run_under_seca
     _assert_same_run(whole, _killed_then_resumed(tmp_path / "run", 3, at=1))
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
     reason="review: without SecAgg+ the replay works, but the clients left unanswered by the kill train again in a "
@@ -336,7 +338,7 @@ def _plaintext_replies(out, clients_per_step: int, outer) -> dict[int, list[np.n
     return replies
 
 
-@pytest.mark.parametrize("what", ["model", "centroids"])
+@pytest.mark.parametrize("what", ["model", pytest.param("centroids", marks=pytest.mark.slow)])
 def test_a_node_sent_other_instructions_trains_apart_on_what_it_was_sent(tmp_path, caplog, float64, what):
     with caplog.at_level(logging.INFO, logger="privfed.federation.cohort_round"):
         together = _plaintext_replies(tmp_path / "together", 3, _tamper(what))

@@ -46,6 +46,7 @@ def without_timings(path) -> list[dict]:
     return [{k: v for k, v in record.items() if not k.endswith("seconds")} for record in jsonl(path)]
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_metrics_on_both_runtimes(tmp_path, run_privfed):
     local = privfed_without_ray("train", *TINY, "--runtime", "local", "--out", str(tmp_path / "local"))
     assert local.returncode == 0, local.stderr
