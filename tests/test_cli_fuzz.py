@@ -29,7 +29,7 @@ from privfed.config import FLOAT_RANGES, INT_MAXIMA, MAX_INT, build_config, fiel
 from privfed.methods import build_network
 from privfed.privacy.ledger import LedgerEntry
 from privfed.run.directory import RunDirectory
-from privfed.run.resume import ResumePoint, write_resume_point
+from privfed.run.resume import ResumePoint, mark_end, write_resume_point
 
 #: Paths nothing can be created under, as root too: /proc refuses new entries, /sys new directories.
 MISSING_UNDER_PROC = "/proc/privfed-nowhere/out"
@@ -383,6 +383,7 @@ def fabricate_run(folder: Path) -> None:
     # Bound to the config and ledgers just written, as the driver's are.
     write_resume_point(run, ResumePoint(round=1, network=network.state_dict(), centroids=None, initialised=True,
                                         server_generator=torch.zeros(1), runtime={}, driver={}))
+    mark_end(run, ended=True)  # the run ended there with this summary.json
 
 
 def damage(path: Path, how: str) -> None:

@@ -33,7 +33,7 @@ from privfed.run.curves import save_run_curves
 from privfed.run.interruption import StopRequest
 from privfed.run.plan import RunPlan
 from privfed.run.recording import RecordedRound, write_round
-from privfed.run.resume import ResumePoint, write_resume_point
+from privfed.run.resume import SUMMARY_FILE, ResumePoint, ended_cleanly, mark_end, write_resume_point
 from privfed.run.stop import (
     BUDGET,
     BUDGET_STOP,
@@ -160,7 +160,7 @@ class RunDriver:
         if self.resume is None:
             self.run_dir.create(config)
         else:
-            self._forget_summary()
+            self._forget_summary(self.resume)
             self.run_dir.update_config(config)  # more rounds, another runtime: recorded before the next resume point
             self.run_dir.forget_rounds_after(self.resume.round)  # a round logged after the point is replayed
         self.ledger = PrivacyLedger.resume(
@@ -191,19 +191,18 @@ class RunDriver:
         self._emit({"event": "start", "knn_accuracy_init": self.knn_init, "rounds": config.rounds})
         return self.server
 
-    def _forget_summary(self) -> None:
-        """A resumed run is running again: its old summary goes, and says whether the last stop was clean.
+    def _forget_summary(self, point: ResumePoint) -> None:
+        """A resumed run is running again: its point stops saying it ended, then its old summary goes.
 
-        Without a summary the process was killed, possibly with the round
-        after the resume point in progress: clients may have released in
-        it and will not answer it again (``privfed.privacy.client_guard``),
-        so that round charges its silent clients too.
+        Unless the run ended cleanly at the point (:func:`privfed.run.resume.ended_cleanly`), the process was
+        killed, possibly with the round after the point in progress: clients may have released in it and will
+        not answer it again (``privfed.privacy.client_guard``), so that round charges its silent clients too.
         """
-        summary = self.run_dir.path / "summary.json"
-        if summary.is_file():
-            summary.unlink()
-        elif self.resume is not None:
-            self._round_maybe_answered = self.resume.round + 1
+        if not ended_cleanly(self.run_dir, point):
+            self._round_maybe_answered = point.round + 1
+        if point.summary_sha256 is not None:
+            mark_end(self.run_dir, ended=False)
+        (self.run_dir.path / SUMMARY_FILE).unlink(missing_ok=True)
 
     def _restore(self, point: ResumePoint) -> None:
         self.server.restore(
@@ -215,6 +214,9 @@ class RunDriver:
         self._rounds_done = point.round
         self._dropped = list(figures.get("dropped_updates", []))  # resume points before the stop rule lack it
         self._start = time.perf_counter() - figures["elapsed_seconds"]
+        stop = figures.get("stop")  # points written before it was recorded lack it
+        if stop is not None and point.round >= self.config.rounds:  # no round left: the run ends as it stopped
+            self.stop = Stop(**stop)
 
     def _save_resume_point(self, report: RoundReport) -> None:
         """A resume point at the end of this round, when ``--checkpoint-every`` says so, at a stop, and at the end."""
@@ -237,7 +239,8 @@ class RunDriver:
                     "last_loss": self._last_loss,
                     "elapsed_seconds": time.perf_counter() - self._start,
                     "dropped_updates": list(self._dropped),
-                    "stop_cause": None if self.stop is None else self.stop.cause,  # bound, unlike summary.json
+                    "stop_cause": None if self.stop is None else self.stop.cause,
+                    "stop": None if self.stop is None else self.stop.to_dict(),
                 },
             ),
         )
@@ -501,7 +504,7 @@ class RunDriver:
         }
 
     def finish(self, *, secure_aggregation: dict[str, Any]) -> dict[str, Any]:
-        """Final checkpoint, ``summary.json`` and ``curves.png``.
+        """Final checkpoint, ``summary.json`` and ``curves.png``; then the resume point records that the run ended.
 
         Args:
             secure_aggregation: The runtime's account of how updates were
@@ -542,8 +545,9 @@ class RunDriver:
             "final_loss": self._last_loss,
             "run_dir": str(self.run_dir.path),
         }
-        self.run_dir.write_json("summary.json", summary)
+        self.run_dir.write_json(SUMMARY_FILE, summary)
         save_run_curves(self.run_dir)
+        mark_end(self.run_dir, ended=True)
         self._emit({"event": "finish", **summary})
         return summary
 

@@ -10,6 +10,11 @@ threat is a careless or hand edit of the run folder between two processes,
 which would otherwise resume under another configuration or with a smaller
 ε spent than was. It is a digest, not a signature: whoever rewrites
 ``resume.pt`` too can make any folder pass.
+
+A run ended cleanly only when its point says so and ``summary.json`` is the
+one it wrote then (:func:`ended_cleanly`); anything else reads as a kill,
+whose round in progress charges its silent clients. A resume unmarks the
+point before it deletes the summary, so a kill of the resumed run reads as one.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ class ResumePoint:
         driver: The driver's running figures (untrained kNN, last kNN and loss, elapsed seconds).
         config: ``config.json`` as it was when the point was written (set by :func:`write_resume_point`).
         ledgers: Each ledger file's seal then, by path in the run folder (set by :func:`write_resume_point`).
+        summary_sha256: ``summary.json``'s SHA-256 once the run ended at this point (set by :func:`mark_end`);
+            None while the run goes on from it.
     """
 
     round: int
@@ -61,6 +68,7 @@ class ResumePoint:
     driver: dict[str, Any]
     config: dict[str, Any] = field(default_factory=dict)
     ledgers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    summary_sha256: str | None = None
 
 
 #: The server's ledger, and where simulated clients keep theirs, in a run folder.
@@ -94,6 +102,31 @@ def write_resume_point(run_dir: RunDirectory, point: ResumePoint) -> Path:
     return save_torch(run_dir.checkpoints / RESUME_FILE, dataclasses.asdict(bound))
 
 
+#: The file whose digest says a run ended at its resume point.
+SUMMARY_FILE = "summary.json"
+
+
+def mark_end(run_dir: RunDirectory, ended: bool) -> None:
+    """Records in the run's resume point (when it has one) that the run ended there with the ``summary.json`` it
+    has now, or, ``ended`` False, that it goes on; the point's binding stays as it was written."""
+    if not (run_dir.checkpoints / RESUME_FILE).is_file():
+        return
+    digest = hashlib.sha256(_read_bytes(run_dir.path / SUMMARY_FILE)).hexdigest() if ended else None
+    point = dataclasses.replace(read_resume_point(run_dir), summary_sha256=digest)
+    save_torch(run_dir.checkpoints / RESUME_FILE, dataclasses.asdict(point))
+
+
+def ended_cleanly(run_dir: RunDirectory, point: ResumePoint) -> bool:
+    """Whether the run ended at ``point`` with the ``summary.json`` it has (else it was killed, or its summary is
+    not the one it wrote)."""
+    summary = run_dir.path / SUMMARY_FILE
+    return (
+        point.summary_sha256 is not None
+        and summary.is_file()
+        and hashlib.sha256(_read_bytes(summary)).hexdigest() == point.summary_sha256
+    )
+
+
 def read_resume_point(run_dir: RunDirectory) -> ResumePoint:
     """The run's resume point.
 
@@ -124,7 +157,7 @@ def read_resume_point(run_dir: RunDirectory) -> ResumePoint:
 def _well_formed(point: ResumePoint) -> bool:
     """Whether the point's binding has the shape :func:`write_resume_point` gives it."""
     seals = point.ledgers.values() if isinstance(point.ledgers, dict) else [None]
-    return isinstance(point.config, dict) and all(
+    return isinstance(point.config, dict) and isinstance(point.summary_sha256, (str, type(None))) and all(
         isinstance(seal, dict) and isinstance(seal.get("entries"), int) and isinstance(seal.get("sha256"), str)
         for seal in seals
     )
@@ -177,13 +210,14 @@ def resumed_config(run_dir: RunDirectory, point: ResumePoint, overrides: dict[st
 
 
 def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConfig) -> None:
-    """Refuses a run that is already complete or out of budget, a resume that would end before its resume point, a point
-    ahead of the run's own log (one copied from another run would skip rounds the ledger never charged), ledgers
+    """Refuses a run that ended after its last round or out of budget, a resume that would end before its resume point, a
+    point ahead of the run's own log (one copied from another run would skip rounds the ledger never charged), ledgers
     that are not those the point recorded (:func:`entries_after_point`), or a run that went on past the point (redoing
     its rounds would release twice what the ledger charged once).
 
-    The one round after the point may have begun before a kill: its charges, and its metrics line when the run has
-    no summary (a kill came before the point that would have followed), are accepted, and the round is replayed.
+    The one round after the point may have begun before a kill: its charges, and its metrics line when the run was
+    killed (a kill came before the point that would have followed), are accepted, and the round is replayed. A run
+    killed after its last round's point (in its summary's writing) runs no round: the resume writes its summary.
     """
     logged = [m["round"] for m in run_dir.metrics()]
     if not logged or point.round > max(logged):
@@ -191,8 +225,7 @@ def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConf
             f"{run_dir.path}'s resume point is at round {point.round}, but its metrics.jsonl ends at "
             f"{max(logged) if logged else 'no round'}: the point is not this run's"
         )
-    summary = run_dir.path / "summary.json"
-    killed = not summary.is_file()
+    killed = not ended_cleanly(run_dir, point)
     charged = [entry.round for entries in entries_after_point(run_dir, point).values() for entry in entries]
     # A kill between the ledger's charges for the next round and its resume point leaves that round charged (and
     # perhaps logged) past the point; replaying it charges nothing twice (the ledger keeps one charge per client and
@@ -205,10 +238,11 @@ def check_resumable(run_dir: RunDirectory, point: ResumePoint, config: TrainConf
             f"point (round {point.round}); those releases were made and clients answer a round only once, so it "
             "cannot go on from there (--checkpoint-every 1 keeps the point at the last finished round)"
         )
-    budget_stop = point.driver.get("stop_cause") == BUDGET  # the point's word: summary.json is not bound
-    if budget_stop or (not killed and stop_cause(run_dir.read_json(summary.name)) == BUDGET):
+    # The point's word stands when summary.json is gone; any summary's word refuses too (refusing is never a risk).
+    budget_stop = point.driver.get("stop_cause") == BUDGET
+    if budget_stop or ((run_dir.path / SUMMARY_FILE).is_file() and stop_cause(run_dir.read_json(SUMMARY_FILE)) == BUDGET):
         raise PrivfedError(f"{run_dir.path} stopped because its privacy budget ran out; it cannot go on")
-    if config.rounds <= point.round:
+    if config.rounds < point.round or (config.rounds == point.round and not killed):
         raise PrivfedError(
             f"{run_dir.path} already finished round {point.round} of {config.rounds}; "
             "resume with more --rounds to go on"

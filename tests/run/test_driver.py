@@ -13,6 +13,7 @@ from mechanisms import Guarantee, Release, create_mechanism
 from privfed.errors import PrivfedError
 from privfed.orchestra.round_report import Rejection, RoundReport
 from privfed.run.driver import RunDriver
+from privfed.run.interruption import StopRequest
 from privfed.run.plan import plan_resume, plan_run
 from privfed.run.stop import BUDGET, INTERRUPTED, NO_UPDATES, UNUSABLE_ROUND, Stop, run_failed
 
@@ -136,10 +137,14 @@ def test_after_a_kill_the_round_in_progress_charges_its_silent_clients(ldp_after
     assert [line["client"] for line in ledger_lines(again) if line["round"] == 2] == [0]  # later silence costs nothing
 
 
-def test_after_a_clean_stop_no_silent_client_is_charged(ldp_after_round_0):
-    ldp_after_round_0.stop = Stop(INTERRUPTED, 0, "interrupted by SIGINT; stopped after round 0")
-    ldp_after_round_0.finish(secure_aggregation={"enabled": False})
-    again = resumed(ldp_after_round_0)
+def test_after_a_clean_stop_no_silent_client_is_charged(tiny_config, tmp_path):
+    driver = started(tiny_config.replace(mechanism="ldp", epsilon=2.0, rounds=3, checkpoint_every=1, out=str(tmp_path / "run")))
+    driver.stop_request = StopRequest()
+    driver.stop_request.request("interrupted by SIGINT")  # Ctrl-C during round 0: the run stops after it, as a real one
+    release = honest_ldp_release(driver)
+    assert driver.on_round_end(report((0, release), (1, release), (2, release))).startswith("interrupted by SIGINT")
+    driver.finish(secure_aggregation={"enabled": False})
+    again = resumed(driver)
     assert not (again.run_dir.path / "summary.json").exists()  # the run is running again
     again.on_round_end(round_with_one_reply(again, 1))
     assert [line["client"] for line in ledger_lines(again) if line["round"] == 1] == [0]

@@ -107,8 +107,6 @@ def test_a_cheap_charge_appended_for_the_next_round_does_not_lower_epsilon(tiny_
     assert resumed_with_round_1(stopped("forged"), forge=True) >= honest
 
 
-@pytest.mark.xfail(strict=True, reason="a kill inside finish() of the last round leaves a run without summary.json "
-                                       "that --resume refuses as finished")
 def test_a_run_killed_in_finish_after_its_last_round_can_still_get_its_summary(tiny_config, tmp_path):
     driver = started(tiny_config.replace(mechanism="ldp", epsilon=2.0, rounds=1, checkpoint_every=1,
                                          out=str(tmp_path / "run")))
@@ -121,7 +119,6 @@ def test_a_run_killed_in_finish_after_its_last_round_can_still_get_its_summary(t
     plan_resume(driver.run_dir.path, {})
 
 
-@pytest.mark.xfail(strict=True, reason="whether a run was killed is read from summary.json, which the point does not bind")
 def test_a_summary_written_by_hand_into_a_killed_run_does_not_spare_the_round_in_progress(tiny_config, tmp_path):
     from tests.run.test_driver import ledger_lines, resumed, round_with_one_reply
 
@@ -154,3 +151,84 @@ def test_a_charge_of_another_shape_appended_for_the_next_round_is_refused_before
         file.write(json.dumps(entry) + "\n")
     with pytest.raises(PrivfedError, match=f"{ledger} charges client 0 in round 1 with .* this run does not make"):
         plan_resume(driver.run_dir.path, {})
+
+
+def test_the_old_summary_copied_back_into_a_killed_resume_does_not_spare_the_round_in_progress(tiny_config, tmp_path):
+    """The resume unmarks the point before it deletes the summary: the summary of the clean stop no longer matches."""
+    from tests.run.test_driver import ledger_lines, resumed, round_with_one_reply
+
+    driver = started(tiny_config.replace(mechanism="ldp", epsilon=2.0, rounds=3, checkpoint_every=1,
+                                         out=str(tmp_path / "run")))
+    release = honest_ldp_release(driver)
+    driver.on_round_end(report((0, release), (1, release), (2, release)))
+    driver.stop = Stop("interrupted", 0, "interrupted by SIGINT; stopped after round 0")
+    driver.finish(secure_aggregation={"enabled": False})
+    summary = driver.run_dir.path / "summary.json"
+    clean = summary.read_bytes()
+    resumed(driver)  # then killed in round 1, when clients 1 and 2 may have released
+    assert not summary.exists()
+    summary.write_bytes(clean)
+    again = resumed(driver)
+    again.on_round_end(round_with_one_reply(again, 1))
+    assert [line["client"] for line in ledger_lines(again) if line["round"] == 1] == [0, 1, 2]
+
+
+def test_a_run_killed_in_finish_after_a_last_round_that_failed_still_says_it_failed(tiny_config, tmp_path):
+    """The resume that only finishes keeps the stop the last round recorded in the point."""
+    from privfed.orchestra.round_report import Rejection
+    from privfed.run.stop import UNUSABLE_ROUND
+    from tests.run.test_driver import resumed
+
+    driver = started(tiny_config.replace(rounds=1, checkpoint_every=1, out=str(tmp_path / "run")))
+    driver.on_round_end(RoundReport(round=0, completed=2, failures=0, seconds=0.1, server_stats={}, sampled_clients=(0, 1)))
+    reason = driver.on_round_end(RoundReport(round=1, completed=0, failures=2, seconds=0.1, server_stats={},
+                                             sampled_clients=(0, 1), rejected=[Rejection(1, "bad")]))
+    assert reason is not None  # killed inside finish(): no summary
+    summary = resumed(driver).finish(secure_aggregation={"enabled": False})
+    assert summary["stop"] == {"cause": UNUSABLE_ROUND, "round": 1, "message": reason}
+
+
+class Killed(BaseException):
+    """The process dies here (nothing in privfed catches it, as after ``kill -9``)."""
+
+
+@pytest.mark.parametrize("where", ["before its summary", "before its point says it ended"])
+def test_a_resume_of_a_run_killed_in_finish_writes_its_summary_then_refuses(tiny_config, tmp_path, capsys, where):
+    """`privfed train --resume` runs no round and exits 0 with the summary, ε statement and curves; a second is refused."""
+    import privfed.run.driver as driver_module
+    from privfed.cli import main
+    from privfed.federation.simulation import simulate
+    from privfed.run.plan import plan_run
+    from privfed.run.resume import read_resume_point
+
+    write_json = RunDirectory.write_json
+
+    def writing(directory: RunDirectory, name: str, payload: dict) -> None:
+        if name == "summary.json" and where == "before its summary":
+            raise Killed
+        write_json(directory, name, payload)
+
+    def ending(directory: RunDirectory, ended: bool) -> None:
+        raise Killed
+
+    out = tmp_path / "run"
+    config = tiny_config.replace(mechanism="ldp", epsilon=2.0, rounds=1, device="cpu", out=str(out))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RunDirectory, "write_json", writing)
+        patch.setattr(driver_module, "mark_end", ending)
+        with pytest.raises(Killed):
+            simulate(plan_run(config))
+    assert (out / "summary.json").exists() == (where != "before its summary")
+    metrics = (out / "metrics.jsonl").read_text()
+    ledger = (out / "ledger.jsonl").read_text()
+    capsys.readouterr()
+    main(["train", "--resume", str(out)])  # returns: exit status 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 1 and summary["stop"] is None and summary["privacy"]["epsilon"] > 0
+    assert summary["privacy"]["statement"] and (out / "curves.png").is_file()
+    assert (out / "metrics.jsonl").read_text() == metrics and (out / "ledger.jsonl").read_text() == ledger
+    assert read_resume_point(RunDirectory(out)).summary_sha256 is not None
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--resume", str(out)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == f"error: {out} already finished round 1 of 1; resume with more --rounds to go on"
