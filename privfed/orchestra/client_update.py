@@ -93,7 +93,6 @@ def run_client_round(
     num_local_centroids: int,
     seed: int,
     device: torch.device,
-    secret_seed: int | None = None,
     labels: torch.Tensor | None = None,
     trained: TrainedMember | None = None,
 ) -> tuple[ClientUpdate, PrivateRoundState]:
@@ -113,9 +112,6 @@ def run_client_round(
         num_local_centroids: ``L``.
         seed: Seeds shuffling, augmentation and the mechanism's choices.
         device: Where to compute.
-        secret_seed: DP-SGD only, for tests: seeds batch sampling and noise,
-            which otherwise come from the operating system's randomness. A
-            seed the server can know voids the guarantee.
         labels: ``[n]`` labels of ``images``: supervised FedAvg only (the
             other methods never see a label).
         trained: This client's training, done already in a cohort with the
@@ -139,7 +135,7 @@ def run_client_round(
         metrics: dict[str, float] = {}
     else:
         result = train_locally(
-            network, images, centroids, config, generator=generator, device=device, labels=labels, secret_seed=secret_seed
+            network, images, centroids, config, generator=generator, device=device, labels=labels
         ) if trained is None else adopt(network, trained, generator)
         memory, examples = result.memory, result.memory_examples
         delta = state_delta(shared_state(network), global_state)
@@ -192,18 +188,18 @@ def train_locally(
     generator: torch.Generator,
     device: torch.device,
     labels: torch.Tensor | None = None,
-    secret_seed: int | None = None,
 ) -> LocalTrainingResult:
     """One client's round of its method: ``config.epochs`` epochs, or DP-SGD's steps when ``config.dp_sgd`` is set.
 
     ``network`` (GroupNorm under DP-SGD) is trained in place on the uint8
     ``images`` (and ``labels``, for a method that reads them) against the
     fixed global ``centroids``. ``generator`` shuffles and seeds the
-    augmentations; ``secret_seed`` (DP-SGD, tests only) seeds batch sampling
-    and noise. The target encoder, if any, follows the online encoder by EMA
-    after every step. The memory holds the target representations of the
-    last batches, the latest view of each image only; under DP-SGD it is a
-    Poisson sample instead, and the result carries the round's DP-SGD cost.
+    augmentations; under DP-SGD batch sampling and noise come from the
+    operating system's randomness instead. The target encoder, if any,
+    follows the online encoder by EMA after every step. The memory holds the
+    target representations of the last batches, the latest view of each
+    image only; under DP-SGD it is a Poisson sample instead, and the result
+    carries the round's DP-SGD cost.
     """
     start = time.perf_counter()
     method = get_method(config.method)
@@ -213,7 +209,7 @@ def train_locally(
     aug_generator = augmentation_generator(generator, device)
     dp = None if config.dp_sgd is None else _dp_sgd_training()
     parts = sgd_parts(network, n, config, generator=generator) if dp is None else dp.dp_sgd_parts(
-        network, n, config, method, device=device, secret_seed=secret_seed
+        network, n, config, method, device=device
     )
     # Under DP-SGD the memory is a Poisson sample drawn after training, not the last batches.
     memory = RepresentationMemory(config.memory_size, network.projection_dim) if dp is None else None

@@ -20,8 +20,8 @@ up in that example's gradient.
 The amplification by subsampling that the accountant credits requires that
 the server cannot tell which examples each batch held. The round's seed is
 derived from values the server knows, so batch sampling and noise come from
-the operating system's randomness instead (``secret_seed`` exists for
-tests only). Augmentation randomness needs no secrecy and stays seeded.
+the operating system's randomness instead (tests fix it by replacing this
+module's ``secrets``). Augmentation randomness needs no secrecy and stays seeded.
 """
 
 from __future__ import annotations
@@ -135,21 +135,19 @@ def dp_step(optimizer: DPOptimizer, loss: torch.Tensor | None) -> None:
 
 @contextmanager
 def dp_sgd_parts(
-    network: OrchestraNetwork, n: int, config: LocalTrainingConfig, method: Method, *, device: torch.device, secret_seed: int | None = None
+    network: OrchestraNetwork, n: int, config: LocalTrainingConfig, method: Method, *, device: torch.device
 ) -> Iterator[TrainingParts]:
     """The round's ``local_epochs * ceil(n / batch_size)`` secret Poisson batches, and the clip-and-noise step.
 
-    Batch sampling and noise are seeded from the operating system's randomness unless ``secret_seed`` is given
-    (tests only): torch's generators are not cryptographic, but their 63-bit seeds never leave the client. An
-    empty batch still steps (noise alone).
+    Batch sampling and noise are seeded from the operating system's randomness: torch's generators are not
+    cryptographic, but their 63-bit seeds never leave the client. An empty batch still steps (noise alone).
     """
     assert config.dp_sgd is not None
     if method.dp_sgd_refusal:  # the configuration refuses it too; a library caller of the loop must not get DP-SGD events
         raise ValueError(method.dp_sgd_refusal)
     rate = sampling_rate(n, config.batch_size)
-    seeds = (secrets.randbits(63), secrets.randbits(63)) if secret_seed is None else (secret_seed, secret_seed + 1)
-    sampling, noise = torch.Generator().manual_seed(seeds[0]), torch.Generator(device=device)
-    noise.manual_seed(seeds[1])
+    sampling, noise = torch.Generator().manual_seed(secrets.randbits(63)), torch.Generator(device=device)
+    noise.manual_seed(secrets.randbits(63))
     with per_sample_gradients(network, method) as hooks:
         optimizer = dp_optimizer(hooks, config, config.dp_sgd, expected_batch_size=rate * n, noise_generator=noise)
         num_steps = steps_per_round(n, batch_size=config.batch_size, epochs=config.epochs)

@@ -20,6 +20,7 @@ from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.memory_sampling import poisson_memory
 from privfed.orchestra.model_state import shared_state
 from privfed.privacy.dp_sgd_plan import DpSgdSettings
+from tests.orchestra.secret_seeds import fixed_secret_seeds
 
 TEMPERATURE = 0.3
 
@@ -65,7 +66,8 @@ def test_per_sample_gradients_equal_each_example_trained_alone(batch, method):
 def test_without_the_rotation_loss_dp_sgd_steps_only_the_encoder(tiny_config):
     config = tiny_config.replace(method="orchestra-no-rotation")
     centroids = F.normalize(torch.randn(8, config.projection_dim), dim=1)
-    update = dp_round(config, centroids, secret_seed=3)
+    with fixed_secret_seeds(3):
+        update = dp_round(config, centroids)
     assert all(not update.delta[k].any() for k in update.delta if k.startswith("rotation."))
     assert any(update.delta[k].abs().sum() > 0 for k in update.delta if k.startswith("online."))
 
@@ -125,7 +127,7 @@ def test_dp_sgd_refuses_a_batch_norm_network(batch):
         )
 
 
-def dp_round(config, centroids, *, secret_seed):
+def dp_round(config, centroids):
     torch.manual_seed(0)
     network = OrchestraNetwork(config.backbone, config.projection_dim, norm="group")
     settings = DpSgdSettings(noise_multiplier=0.8, max_grad_norm=1.0)
@@ -141,14 +143,14 @@ def dp_round(config, centroids, *, secret_seed):
         num_local_centroids=config.num_local_centroids,
         seed=5,
         device=torch.device("cpu"),
-        secret_seed=secret_seed,
     )
     return update
 
 
 def test_dp_sgd_round_trains_reports_its_cost_and_keeps_losses_home(tiny_config):
     centroids = F.normalize(torch.randn(8, tiny_config.projection_dim), dim=1)
-    a = dp_round(tiny_config, centroids, secret_seed=11)
+    with fixed_secret_seeds(11):
+        a = dp_round(tiny_config, centroids)
     n = a.num_samples
     assert any(v.abs().sum() > 0 for v in a.delta.values())
     (event,) = a.privacy_events
@@ -161,8 +163,9 @@ def test_dp_sgd_round_trains_reports_its_cost_and_keeps_losses_home(tiny_config)
     assert set(a.metrics) <= set(DP_SGD_METRICS) and "loss" not in a.metrics
     assert a.metrics["steps"] == event.params["count"]
     # Sampling and noise are secret: the public seed alone does not reproduce the update.
-    b = dp_round(tiny_config, centroids, secret_seed=11)
-    c = dp_round(tiny_config, centroids, secret_seed=None)
+    with fixed_secret_seeds(11):
+        b = dp_round(tiny_config, centroids)
+    c = dp_round(tiny_config, centroids)
     assert all(torch.equal(a.delta[k], b.delta[k]) for k in a.delta)
     assert any(not torch.equal(a.delta[k], c.delta[k]) for k in a.delta)
 
@@ -207,5 +210,5 @@ def test_the_training_loop_itself_refuses_dp_sgd_for_a_method_it_does_not_cover(
     with pytest.raises(ValueError, match=r"couples its batch|covers Orchestra"):
         train_locally(
             build_network(config.replace(dp_sgd=True)), images, None, local,
-            generator=torch.Generator().manual_seed(0), device=torch.device("cpu"), secret_seed=1,
+            generator=torch.Generator().manual_seed(0), device=torch.device("cpu"),
         )

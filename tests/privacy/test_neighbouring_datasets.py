@@ -29,6 +29,7 @@ from privfed.orchestra.client_update import ClientUpdate, run_client_round
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import shared_state
 from privfed.privacy.budget import plan_privacy
+from tests.orchestra.secret_seeds import fixed_secret_seeds
 
 
 class Spy:
@@ -90,11 +91,12 @@ def run(config, images: torch.Tensor, spy: Spy, *, train: bool) -> tuple[ClientU
     centroids = F.normalize(torch.randn(8, config.projection_dim, generator=torch.Generator().manual_seed(3)), dim=1)
     mechanism = create_mechanism("ldp", **plan.params, noise_source=random.Random(7))
     mechanism.observe_global_centroids(centroids)
-    update, _ = run_client_round(
-        network, shared_state(network), centroids if train else None, images, train=train,
-        config=local.replace(dp_sgd=None if plan.dp_sgd is None else plan.dp_sgd.settings), mechanism=mechanism,
-        num_local_centroids=config.num_local_centroids, seed=11, device=torch.device("cpu"), secret_seed=5,
-    )
+    with fixed_secret_seeds(5):
+        update, _ = run_client_round(
+            network, shared_state(network), centroids if train else None, images, train=train,
+            config=local.replace(dp_sgd=None if plan.dp_sgd is None else plan.dp_sgd.settings), mechanism=mechanism,
+            num_local_centroids=config.num_local_centroids, seed=11, device=torch.device("cpu"),
+        )
     return update, Seen(spy.memory, spy.hyperplanes, [b.tolist() for b in spy.batches])
 
 
