@@ -40,8 +40,8 @@ from privfed.privacy.ledger import PrivacyLedger
 from privfed.run.directory import RunDirectory
 from privfed.run.plan import plan_run
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for the test harness
-from tests.federation.dropout_injection import DropoutPlan, dropout_mod, expected_round
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for the benchmarks package
+from benchmarks.dropout_injection import DropoutPlan, dropout_mod, expected_round
 
 
 @dataclass

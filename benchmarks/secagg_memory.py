@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for the test harness
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for the benchmarks package
 
 
 def peak_mb() -> float:
@@ -37,8 +37,8 @@ def one_round(backbone: str, num_clients: int) -> dict:
     from flwr.supercore.task_identity import TaskIdentity
     from secagg_round import update_shapes  # this script's folder is on the path
 
+    from benchmarks.secagg_harness import run_round
     from privfed.secagg.settings import default_num_shares, default_threshold
-    from tests.federation.secagg_harness import run_round
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
     for name, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):

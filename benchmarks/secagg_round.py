@@ -55,8 +55,8 @@ from privfed.secagg import mask_pool
 from privfed.secagg.masks import expand_mask
 from privfed.secagg.settings import default_num_shares, default_threshold
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for the test harness
-from tests.federation.secagg_harness import run_round
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for the benchmarks package
+from benchmarks.secagg_harness import run_round
 
 PRGS = ("none", "privfed", "flower")
 

@@ -203,3 +203,20 @@ def test_the_script_check_sees_a_missing_name(tmp_path):
     script = tmp_path / "bench.py"
     script.write_text("from privfed.config import TrainConfig, NoSuchThing\nimport privfed.no_such_module\n")
     assert missing_names(script) == ["privfed.config.NoSuchThing", "privfed.no_such_module"]
+
+
+def test_no_script_imports_from_tests():
+    """Benchmarks and examples run without the test suite; what they share with it lives in ``benchmarks/``."""
+    assert {str(p.relative_to(REPO)): imports_from_tests(p) for p in scripts() if imports_from_tests(p)} == {}
+
+
+def imports_from_tests(path: Path) -> list[str]:
+    """The modules of the test suite a file imports, lazily or not."""
+    return sorted(m for m in imports_of(path) if m.split(".")[0] == "tests")
+
+
+def test_the_script_check_sees_an_import_from_tests(tmp_path):
+    """Not vacuous: a lazy import from the test suite inside a function is caught."""
+    script = tmp_path / "bench.py"
+    script.write_text("import sys\n\ndef main():\n    from tests.federation.secagg_harness import run_round\n")
+    assert imports_from_tests(script) == ["tests.federation.secagg_harness", "tests.federation.secagg_harness.run_round"]

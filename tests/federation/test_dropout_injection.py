@@ -8,7 +8,7 @@ from flwr.app.message_type import MessageType
 from flwr.common import ConfigRecord, Context, Metadata, RecordDict
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Stage
 
-from tests.federation.dropout_injection import (
+from benchmarks.dropout_injection import (
     FAILURE_STAGES,
     DropoutPlan,
     InjectedDropout,

@@ -19,6 +19,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
+from benchmarks.dropout_injection import InjectedDropout
 from privfed.config import build_config
 from privfed.errors import PrivfedError
 from privfed.federation import local_runtime
@@ -26,7 +27,6 @@ from privfed.federation.local_runtime import LocalGrid
 from privfed.federation.local_workers import ClientWorkers, worker_count
 from privfed.federation.simulation import simulate
 from privfed.run.plan import plan_run
-from tests.federation.dropout_injection import InjectedDropout
 from tests.run_records import jsonl, same
 
 TINY = [

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.federation.dropout_injection import DropoutPlan, expected_round
+from benchmarks.dropout_injection import DropoutPlan, expected_round
 
 pytestmark = pytest.mark.slow  # a 20-client SecAgg+ simulation of four rounds
 

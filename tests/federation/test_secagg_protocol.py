@@ -18,8 +18,9 @@ from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
+from benchmarks.secagg_harness import mean_of, run_round
 from privfed.federation.secagg_masking import decode_weighted_mean
-from tests.federation.secagg_harness import drops_at, in_process_secagg, mean_of, run_round  # noqa: F401 (fixture)
+from tests.federation.secagg_harness import drops_at, in_process_secagg  # noqa: F401 (fixture)
 from tests.secagg.test_masks import spec_mask
 
 TOLERANCE = 1e-3  # fixed-point error of the secure sum at these sizes is about 1e-5
@@ -96,8 +97,8 @@ def test_a_reply_that_breaks_a_stage_halts_the_round_instead_of_the_run(case, st
 
 
 def test_an_error_raised_by_privfeds_own_server_code_is_not_taken_for_a_client_fault(monkeypatch):
+    from benchmarks.secagg_harness import StandInStrategy
     from privfed.federation.reply_checks import RejectedReply, check_masked_vector
-    from tests.federation.secagg_harness import StandInStrategy
 
     def failing_aggregate(self, server_round, results, failures):
         check_masked_vector([], [(1,)], modulus=2)  # privfed code raising while the server aggregates

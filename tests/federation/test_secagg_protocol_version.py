@@ -14,9 +14,9 @@ from flwr.client.mod.secure_aggregation.secaggplus_mod import secaggplus_mod
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 from flwr.supercore.task_identity import TaskIdentity
 
+from benchmarks.secagg_harness import mean_of, run_round
 from privfed.federation.secagg_client import MaskProtocolRefused, privfed_secaggplus_mod
 from privfed.secagg.masks import PROTOCOL_KEY, PROTOCOL_VERSION
-from tests.federation.secagg_harness import mean_of, run_round
 
 TOLERANCE = 1e-3
 

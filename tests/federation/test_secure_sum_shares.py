@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from flwr.common.secure_aggregation.secaggplus_constants import Stage
 
+from benchmarks.secagg_harness import run_round
 from privfed.federation.secagg_masking import SHARE_KEY
-from tests.federation.secagg_harness import drops_at, in_process_secagg, run_round  # noqa: F401 (fixture)
+from tests.federation.secagg_harness import drops_at, in_process_secagg  # noqa: F401 (fixture)
 
 MODULUS = 2**32
 LENGTH = 33

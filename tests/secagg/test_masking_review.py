@@ -12,11 +12,11 @@ from flwr.common.secure_aggregation.quantization import quantize as flower_quant
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Stage
 from flwr.supercore.task_identity import TaskIdentity
 
+from benchmarks.secagg_harness import mean_of, run_round
 from privfed.federation.secagg_client import privfed_secaggplus_mod
 from privfed.secagg.mask_pool import MaskPool
 from privfed.secagg.masks import PROTOCOL_KEY, expand_mask
 from privfed.secagg.quantization import quantize
-from tests.federation.secagg_harness import mean_of, run_round
 
 #: Three slices of 2^16 + 4 words each (a cipher chunk is 2^16 words): every slice but the last ends two blocks past a
 #: chunk, and the last is short of a block.
