@@ -158,6 +158,7 @@ def claimed_run(
     """
     from privfed.run.directory import RunDirectory
     from privfed.run.plan import plan_resume, plan_run
+    from privfed.run.resume import has_resume_point
 
     with ExitStack() as held:  # the run directory stays claimed until training ends
         if resume is None:
@@ -171,6 +172,8 @@ def claimed_run(
             held.enter_context(plan.run_dir.claimed())
         else:
             check_path(resume, "the run directory (--resume)")
+            if not RunDirectory(resume).holds_a_run() and not has_resume_point(RunDirectory(resume)):
+                raise PrivfedError(f"{resume} holds no privfed run; nothing to resume")  # refused before its lock is made
             held.enter_context(RunDirectory(resume).claimed())  # before the resume rewrites anything
             plan, point = plan_resume(resume, dict(overrides or {}))
             check_machine(plan.config)

@@ -205,6 +205,29 @@ def _shape(entry: LedgerEntry) -> tuple[str, ...]:
     return entry.mechanism, *(event.name for event in entry.events)
 
 
+#: Relative difference below which two charges' parameters are the same charge (a recalibration's last digits).
+SAME_CHARGE_TOLERANCE = 1e-9
+
+
+def same_events(events: tuple[PrivacyEvent, ...], others: tuple[PrivacyEvent, ...]) -> bool:
+    """Whether two charges' events are one cost: the same names and parameters, equal to :data:`SAME_CHARGE_TOLERANCE`."""
+    if tuple(e.name for e in events) != tuple(e.name for e in others):
+        return False
+    return all(
+        mine.params.keys() == theirs.params.keys()
+        and all(math.isclose(v, theirs.params[k], rel_tol=SAME_CHARGE_TOLERANCE) for k, v in mine.params.items())
+        for mine, theirs in zip(events, others)
+    )
+
+
+def _same_charge(entry: LedgerEntry, other: LedgerEntry) -> bool:
+    """Whether two charges of one round are one cost: the same mechanism, events and k (the guarantee's words may
+    differ: a replayed round's reply accepted, its first one unanswered)."""
+    return entry.mechanism == other.mechanism and entry.guarantee.k == other.guarantee.k and same_events(
+        entry.events, other.events
+    )
+
+
 class PrivacyLedger:
     """Records every client's DP costs and answers "what has the worst-off client spent?".
 
@@ -240,7 +263,7 @@ class PrivacyLedger:
         self._min_k: int | None = None
         self._epsilon_cache: dict[tuple[int, str], float] = {}
         self._last_round: dict[int, int] = {}
-        self._charged: dict[tuple[int, int, str, int | None], LedgerEntry] = {}
+        self._charged: dict[tuple[int, int, str, int | None], list[LedgerEntry]] = {}
 
     def last_round(self, run: int) -> int | None:
         """The latest round charged in ``run`` (None: none yet)."""
@@ -278,78 +301,52 @@ class PrivacyLedger:
         """Adds a release or a DP-SGD entry (and appends it to the ledger file, on disk before it returns).
 
         An entry with events and no delta is recorded at the ledger's delta.
-        A second entry of the same kind for the same client, round and run is
-        not recorded: a resumed run replaying the round a kill interrupted
-        after its charges were written must not charge them twice. One of
-        other events (by name: another mechanism or kind of noise) is refused
-        (ValueError); of two whose parameters alone differ (recalibrated on
-        another machine, or a line added to the file by hand) the costlier
-        stands, so no second charge can lower what a round cost.
+        A second charge of the same client, round, kind and run is not
+        recorded when it is the same charge (a resumed run replaying the round
+        a kill interrupted after its charges were written): the same events,
+        parameters equal to :data:`SAME_CHARGE_TOLERANCE` (a recalibration's
+        last digits), and the same k. One of other events (another mechanism
+        or kind of noise) is refused (ValueError). Any other is counted beside
+        the first, so the ledger composes both: a second charge can only raise
+        what a round cost, never lower it.
         """
-        earlier = self._charged.get(_charge_key(entry))
-        if earlier is not None:
-            if _shape(earlier) != _shape(entry):
-                raise ValueError(f"client {entry.client}'s {entry.kind} of round {entry.round} was charged already, for other events")
-            if earlier.events == entry.events:
-                return
-            costlier = self._costs_more(entry, earlier)
-            logger.warning("client %d's %s of round %d was charged already, at other parameters: the %s charge stands",
-                           entry.client, entry.kind, entry.round, "new" if costlier else "first")
-            if not costlier:
-                return
         if entry.events and entry.delta is None:
             if self.delta is None:
                 raise ValueError("a ledger without a delta cannot record a DP cost")
             entry = dataclasses.replace(entry, delta=float(self.delta))
+        earlier = self._charged.get(_charge_key(entry), [])
+        if earlier:
+            if _shape(earlier[0]) != _shape(entry):
+                raise ValueError(f"client {entry.client}'s {entry.kind} of round {entry.round} was charged already, for other events")
+            if any(_same_charge(entry, other) for other in earlier):
+                return
+            logger.warning("client %d's %s of round %d was charged already, at other parameters: both charges count",
+                           entry.client, entry.kind, entry.round)
         self._add(entry)
         if self.path is not None:
             append_line(self.path, json.dumps(entry.to_dict()))
 
-    def _costs_more(self, entry: LedgerEntry, other: LedgerEntry) -> bool:
-        """Whether ``entry``'s events alone cost more epsilon than ``other``'s (two charges of one round)."""
-        if self.delta is None:
-            return False  # nothing here is DP: neither has events to price
-        delta = self.pricing_delta()
-        price = lambda e: composed_epsilon(e.events, delta, reference_epsilon=self.reference_epsilon)  # noqa: E731
-        return price(entry) > price(other)
-
     def _add(self, entry: LedgerEntry) -> None:
-        """Counts ``entry`` in memory; of two charges of one client, round and run, only the costlier counts."""
+        """Counts ``entry`` in memory, beside any other charge of its client, round and run (see :meth:`record`)."""
         part = DP_SGD if entry.kind == DP_SGD else RELEASES
-        if part == RELEASES and entry.guarantee.k is not None:  # the smaller k of two charges stands
+        if part == RELEASES and entry.guarantee.k is not None:  # the smallest k of any charge stands
             self._min_k = entry.guarantee.k if self._min_k is None else min(self._min_k, entry.guarantee.k)
-        key = _charge_key(entry)
-        earlier = self._charged.get(key)
-        if earlier is not None and _shape(earlier) == _shape(entry):
-            if not self._costs_more(entry, earlier):
-                return
-            self._forget(earlier)
-            self._charged[key] = entry
-        else:  # a first charge, or one of other events, which only a file written by hand holds: both count
-            self._charged.setdefault(key, entry)
+        charged = self._charged.setdefault(_charge_key(entry), [])
+        if any(_same_charge(entry, other) for other in charged):
+            return  # a file holding one charge twice (a crash between the append and the resume point) pays it once
+        charged.append(entry)
         if entry.run is not None:
             self._last_round[entry.run] = max(entry.round, self._last_round.get(entry.run, entry.round))
         if part == RELEASES:
             self._releases[entry.client] += 1
         if entry.events:
             self._events[part][entry.client].extend(entry.events)
-            charged = entry.delta if entry.delta is not None else self.legacy_delta or self.delta
-            if charged is not None and (self._entry_delta is None or charged < self._entry_delta):
-                self._entry_delta = charged
+            delta = entry.delta if entry.delta is not None else self.legacy_delta or self.delta
+            if delta is not None and (self._entry_delta is None or delta < self._entry_delta):
+                self._entry_delta = delta
                 self._epsilon_cache.clear()
             for p in (part, COMBINED):
                 self._epsilon_cache.pop((entry.client, p), None)
-
-    def _forget(self, entry: LedgerEntry) -> None:
-        """Uncounts a charge a costlier one of the same round replaces."""
-        part = DP_SGD if entry.kind == DP_SGD else RELEASES
-        if part == RELEASES:
-            self._releases[entry.client] -= 1
-        events = self._events[part][entry.client]
-        for event in entry.events:
-            events.remove(event)
-        for p in (part, COMBINED):
-            self._epsilon_cache.pop((entry.client, p), None)
 
     def pricing_delta(self, delta: float | None = None) -> float:
         """The delta to compute epsilons at: ``delta`` (default the ledger's), or an entry's own when smaller.

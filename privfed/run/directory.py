@@ -67,10 +67,12 @@ class RunDirectory:
         """
         if not self.path.is_dir():
             raise PrivfedError(f"{self.path} is not a directory")
-        try:
-            handle = open(self.path / LOCK_FILE, "a")  # noqa: SIM115 (entered below, once opening cannot fail)
+        lock = self.path / LOCK_FILE
+        try:  # never through a link: the lock is created in this folder or not at all
+            handle = os.fdopen(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644), "a")
         except OSError as err:
-            raise PrivfedError(f"cannot write in {self.path}: {err.strerror}") from None
+            why = f"{lock} is a link; remove it" if lock.is_symlink() else f"cannot write in {self.path}: {err.strerror}"
+            raise PrivfedError(why) from None
         with handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -138,11 +140,12 @@ class RunDirectory:
             )
 
     def _first_file(self) -> str | None:
-        """Some file under the folder other than its lock file (a path relative to it), or None."""
+        """Some file under the folder other than its lock file (a path relative to it; a link named like the lock
+        counts), or None."""
         for folder, folders, names in os.walk(self.path):  # a link to a folder is not walked, but counts as a file
             for name in names + [name for name in folders if Path(folder, name).is_symlink()]:
                 found = Path(folder, name).relative_to(self.path)
-                if found != Path(LOCK_FILE):
+                if found != Path(LOCK_FILE) or Path(folder, name).is_symlink():
                     return str(found)
         return None
 

@@ -432,10 +432,11 @@ class RunDriver:
         """
         if report.round == 0:
             return
-        if report.update_dropped is None:
+        dropped = report.update_dropped if report.unusable is None else "no usable reply"  # neither applies an update
+        if dropped is None:
             self._dropped = []
             return
-        self._dropped.append(report.update_dropped)
+        self._dropped.append(dropped)
         if len(self._dropped) < NO_UPDATE_LIMIT:
             return
         first = report.round - len(self._dropped) + 1
@@ -446,6 +447,15 @@ class RunDriver:
             f"rounds {first} to {report.round} applied no model update ({reasons}); the model is unchanged since "
             f"round {first - 1} and the run stops",
         )
+
+    def _nothing_applied(self) -> str:
+        """Why a run that applied no model update in any training round failed."""
+        done, rounds = self._rounds_done, self.config.rounds
+        ended = "" if done == rounds else f"the runtime ended after round {done} of {rounds}; "
+        if done == 0:
+            return f"{ended}no training round ran; the model is unchanged since round 0"
+        why = "; ".join(dict.fromkeys(self._dropped))
+        return f"{ended}rounds 1 to {done} applied no model update ({why}); the model is unchanged since round 0"
 
     def _stop_if_budget_runs_out(self, round_index: int) -> None:
         """Stops before the round whose releases could take a client past its budget."""
@@ -516,11 +526,9 @@ class RunDriver:
             self.stop = Stop(
                 RUNTIME_ENDED, self._rounds_done, f"the runtime ended after round {self._rounds_done} of {self.config.rounds}"
             )
-        if self.stop is None and 0 < self._rounds_done <= len(self._dropped):  # shorter than NO_UPDATE_LIMIT
-            self.stop = Stop(
-                NO_UPDATES, self._rounds_done, f"rounds 1 to {self._rounds_done} applied no model update "
-                f"({'; '.join(dict.fromkeys(self._dropped))}); the model is unchanged since round 0"
-            )
+        ended = self.stop is None or self.stop.cause == RUNTIME_ENDED
+        if ended and self._rounds_done <= len(self._dropped):  # no training round applied an update, however few ran
+            self.stop = Stop(NO_UPDATES, self._rounds_done, self._nothing_applied())
         if self._last_knn is None or self._rounds_done == 0:
             self._last_knn = self.monitor(self.server.network.online.backbone)
         privacy = self.privacy_summary()

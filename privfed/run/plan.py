@@ -18,7 +18,7 @@ from privfed.data.federated import FederatedSplit, cached_dataset
 from privfed.errors import PrivfedError
 from privfed.models.resnet import BACKBONES
 from privfed.privacy.budget import PrivacyPlan, plan_privacy
-from privfed.privacy.ledger import DP_SGD
+from privfed.privacy.ledger import DP_SGD, same_events
 from privfed.run.directory import RunDirectory, default_run_dir
 from privfed.run.resume import (
     SERVER_LEDGER,
@@ -191,8 +191,9 @@ def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, Resu
 
 
 def _check_charges_after_point(directory: RunDirectory, point: ResumePoint, plan: RunPlan) -> None:
-    """Refuses a charge after the point in the server's ledger that this run would not make (another mechanism or
-    other events): replaying its round, the ledger would refuse the run's own charge mid-run.
+    """Refuses a charge after the point in the server's ledger that this run would not make (another mechanism, other
+    events or other parameters): replaying its round, the ledger would refuse the run's own charge mid-run, or a line
+    added by hand would stand in for it.
 
     Raises:
         PrivfedError: naming the ledger, the client and the round.
@@ -204,13 +205,13 @@ def _check_charges_after_point(directory: RunDirectory, point: ResumePoint, plan
     dp_sgd = plan.privacy.dp_sgd
     path = directory.path / SERVER_LEDGER
     for entry in entries_after_point(directory, point).get(path, []):
-        names = tuple(event.name for event in entry.events)
         if entry.kind == DP_SGD:
             sizes = plan.client_sizes
             planned = None if dp_sgd is None or not 0 <= entry.client < len(sizes) else dp_sgd.round_events(sizes[entry.client])
-            fits = planned is not None and (entry.mechanism, *names) == (DP_SGD, *(e.name for e in planned))
+            fits = planned is not None and entry.mechanism == DP_SGD and same_events(entry.events, planned)
         else:
-            fits = releases is not None and (entry.mechanism, *names) == (*releases, *(e.name for e in plan.privacy.per_release_events))
+            fits = releases is not None and (entry.mechanism,) == releases
+            fits = fits and same_events(entry.events, plan.privacy.per_release_events)
         if not fits:
             raise PrivfedError(
                 f"{path} charges client {entry.client} in round {entry.round} with {entry.mechanism} events this run "

@@ -3,9 +3,10 @@
 The ledger is not copied into ``checkpoints/resume.pt``: ``ledger.jsonl``
 holds every charge before the round ends, and charges of rounds redone after
 a kill stay there, since those releases did reach the server. The point binds
-what it does not copy: ``config.json`` (run id included) and, for the server's
-ledger and each client's, its number of entries and their SHA-256. A resume
-refuses a folder whose bound files were changed, cut or removed since; the
+the folder: it keeps a copy of ``config.json`` (run id included), compared
+value by value, and, for the server's ledger and each client's, its number of
+entries and their SHA-256. A resume refuses a folder whose bound files were
+changed, cut, removed or replaced by a link since; the
 threat is a careless or hand edit of the run folder between two processes,
 which would otherwise resume under another configuration or with a smaller
 ε spent than was. It is a digest, not a signature: whoever rewrites
@@ -77,9 +78,11 @@ SERVER_LEDGER = "ledger.jsonl"
 
 def ledger_names(run_dir: RunDirectory) -> list[str]:
     """The run's ledger files, as paths in its folder: the server's and each simulated client's."""
-    names = [SERVER_LEDGER] if (run_dir.path / SERVER_LEDGER).is_file() else []
+    server = run_dir.path / SERVER_LEDGER
+    names = [SERVER_LEDGER] if server.is_file() or server.is_symlink() else []
     folder = run_dir.client_ledgers
-    return names + sorted(f"{folder.name}/{path.name}" for path in folder.glob("*.jsonl") if path.is_file())
+    found = (path for path in folder.glob("*.jsonl") if path.is_file() or path.is_symlink())
+    return names + sorted(f"{folder.name}/{path.name}" for path in found)
 
 
 def _lines(data: bytes) -> list[bytes]:
@@ -127,6 +130,10 @@ def ended_cleanly(run_dir: RunDirectory, point: ResumePoint) -> bool:
     )
 
 
+def has_resume_point(run_dir: RunDirectory) -> bool:
+    return (run_dir.checkpoints / RESUME_FILE).is_file()
+
+
 def read_resume_point(run_dir: RunDirectory) -> ResumePoint:
     """The run's resume point.
 
@@ -134,7 +141,7 @@ def read_resume_point(run_dir: RunDirectory) -> ResumePoint:
         PrivfedError: when the run has none, or it cannot be read.
     """
     path = run_dir.checkpoints / RESUME_FILE
-    if not path.is_file():
+    if not has_resume_point(run_dir):
         raise PrivfedError(
             f"{run_dir.path} has no resume point ({path}): it stopped before its first checkpoint, so nothing can be "
             "resumed; start it again with another --out (or delete this folder)"
@@ -268,6 +275,8 @@ def entries_after_point(run_dir: RunDirectory, point: ResumePoint) -> dict[Path,
     for name in sorted(set(ledger_names(run_dir)) | set(point.ledgers)):
         path = run_dir.path / name
         seal = point.ledgers.get(name, {"entries": 0, "sha256": _seal(b"")["sha256"]})
+        if path.is_symlink():  # its charges would be appended outside the run folder
+            raise PrivfedError(f"{path} is a link, not a ledger of this run's own: {UNKNOWN_SPENT}")
         if not path.is_file():
             raise PrivfedError(f"{path} is gone, but the resume point recorded {_entries(seal['entries'])} in it: {UNKNOWN_SPENT}")
         lines = _lines(_read_bytes(path))

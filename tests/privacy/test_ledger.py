@@ -123,8 +123,8 @@ def test_a_second_charge_for_a_charged_round_of_other_events_is_refused_and_the_
     assert ledger.releases(0) == 1 and len(path.read_text().splitlines()) == 1
 
 
-def test_a_replayed_charge_recalibrated_to_other_digits_is_logged_and_the_first_stands(tmp_path, caplog):
-    """A resumed process calibrates again, maybe on another machine: the last bits may differ, and the run must go on."""
+def test_a_replayed_charge_recalibrated_to_other_digits_is_the_same_charge(tmp_path, caplog):
+    """A resumed process calibrates again, maybe on another machine: the last bits may differ, and the round is paid once."""
     path = tmp_path / "ledger.jsonl"
     PrivacyLedger(mechanism="ldp", delta=DELTA, path=path).record(LedgerEntry(0, 1, "ldp", DP, RELEASE))
     resumed = PrivacyLedger.resume(path, mechanism="ldp", delta=DELTA)
@@ -133,7 +133,7 @@ def test_a_replayed_charge_recalibrated_to_other_digits_is_logged_and_the_first_
     recalibrated = (*RELEASE[:-1], PrivacyEvent(last.name, nudged))
     assert recalibrated != RELEASE
     resumed.record(LedgerEntry(0, 1, "ldp", DP, recalibrated))
-    assert "at other parameters: the first charge stands" in caplog.text
+    assert "charged already" not in caplog.text
     assert resumed.releases(0) == 1 and len(path.read_text().splitlines()) == 1
     assert resumed.spent(0) == PrivacyLedger.resume(path, mechanism="ldp", delta=DELTA).spent(0)
 
@@ -144,17 +144,31 @@ def test_a_new_ledger_file_is_on_disk_name_and_all_before_the_charge_returns(tmp
     assert [path for path, folder in synced if folder] == [str(tmp_path)]
 
 
-def test_of_two_charges_of_one_round_at_other_parameters_the_costlier_stands_in_memory_and_on_reload(tmp_path):
-    """A cheap line added by hand before a replayed round must not stand in for the round's real charge."""
+def test_of_two_charges_of_one_round_at_other_parameters_both_count_in_memory_and_on_reload(tmp_path, caplog):
+    """A line added by hand before a replayed round cannot stand in for the round's real charge, however it is priced:
+    the ledger composes both, which can only raise epsilon (a charge costlier alone may compose to less)."""
     cheap = (*RELEASE[:-1], PrivacyEvent("gaussian", {"noise_multiplier": 20.0, "count": 1.0}))
     path = tmp_path / "ledger.jsonl"
     path.write_text(json.dumps(LedgerEntry(0, 1, "ldp", DP, cheap, delta=DELTA).to_dict()) + "\n")
     resumed = PrivacyLedger.resume(path, mechanism="ldp", delta=DELTA)
     resumed.record(LedgerEntry(0, 1, "ldp", DP, RELEASE))
+    assert "at other parameters: both charges count" in caplog.text
     real = PrivacyLedger(mechanism="ldp", delta=DELTA)
     real.record(LedgerEntry(0, 1, "ldp", DP, RELEASE))
-    assert resumed.spent(0) == pytest.approx(real.spent(0)) and resumed.releases(0) == 1
+    assert resumed.spent(0) > real.spent(0) and resumed.releases(0) == 2
     reloaded = PrivacyLedger.resume(path, mechanism="ldp", delta=DELTA)
-    assert reloaded.spent(0) == pytest.approx(real.spent(0)) and reloaded.releases(0) == 1
-    resumed.record(LedgerEntry(0, 1, "ldp", DP, cheap))  # a cheaper one after the costlier: not written, not counted
-    assert len(path.read_text().splitlines()) == 2 and resumed.spent(0) == pytest.approx(real.spent(0))
+    assert reloaded.spent(0) == pytest.approx(resumed.spent(0)) and reloaded.releases(0) == 2
+    resumed.record(LedgerEntry(0, 1, "ldp", DP, cheap))  # the same as a charge it holds: not written, not counted
+    assert len(path.read_text().splitlines()) == 2 and resumed.spent(0) == pytest.approx(reloaded.spent(0))
+
+
+def test_a_second_k_anonymous_charge_of_a_round_with_a_smaller_k_lowers_the_stated_k(tmp_path):
+    """A kanon charge has no events: a hand-written line of a larger k must not hide the round's real k."""
+    path = tmp_path / "ledger.jsonl"
+    large, small = (Guarantee(kind="k-anonymity", statement="", k=k) for k in (1000, 3))
+    PrivacyLedger(mechanism="kanon", delta=None, path=path).record(LedgerEntry(0, 1, "kanon", large, ()))
+    resumed = PrivacyLedger.resume(path, mechanism="kanon", delta=None)
+    resumed.record(LedgerEntry(0, 1, "kanon", small, ()))
+    assert resumed.min_k == 3 and PrivacyLedger.resume(path, mechanism="kanon", delta=None).min_k == 3
+    resumed.record(LedgerEntry(0, 1, "kanon", small, ()))  # the same charge again: not written
+    assert len(path.read_text().splitlines()) == 2
