@@ -237,7 +237,7 @@ class LocalGrid(Grid):
 
         One per pull: privfed's SecAgg+ stage adds each masked vector to its
         sum before the next one exists, so the server never holds a round's
-        vectors at once (:mod:`privfed.federation.secagg_workflow`).
+        vectors at once (:mod:`privfed.secagg.workflow`).
         """
         if self._workers is not None:
             pending = [message_id for message_id in message_ids if message_id in self._pending]

@@ -19,7 +19,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
 from benchmarks.secagg_harness import mean_of, run_round
-from privfed.federation.secagg_masking import decode_weighted_mean
+from privfed.secagg.masking import decode_weighted_mean
 from tests.federation.secagg_harness import drops_at, in_process_secagg  # noqa: F401 (fixture)
 from tests.secagg.test_masks import spec_mask
 

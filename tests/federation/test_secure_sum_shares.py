@@ -12,7 +12,7 @@ import pytest
 from flwr.common.secure_aggregation.secaggplus_constants import Stage
 
 from benchmarks.secagg_harness import run_round
-from privfed.federation.secagg_masking import SHARE_KEY
+from privfed.secagg.masking import SHARE_KEY
 from tests.federation.secagg_harness import drops_at, in_process_secagg  # noqa: F401 (fixture)
 
 MODULUS = 2**32
