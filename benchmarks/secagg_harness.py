@@ -2,7 +2,7 @@
 
 The SecAgg+ benchmarks time and measure it, and the SecAgg+ tests drive it
 (their fixture and dropping clients are in
-``tests/federation/secagg_harness.py``); it lives here because benchmarks
+``tests/secagg/harness.py``); it lives here because benchmarks
 import nothing from tests.
 
 No Ray and no simulation: each message goes straight to the node's
