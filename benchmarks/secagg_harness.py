@@ -2,16 +2,16 @@
 
 The SecAgg+ benchmarks time and measure it, and the SecAgg+ tests drive it
 (their fixture and dropping clients are in
-``tests/federation/secagg_harness.py``); it lives here because benchmarks
+``tests/secagg/harness.py``); it lives here because benchmarks
 import nothing from tests.
 
 No Ray and no simulation: each message goes straight to the node's
-SecAgg+ mod (:func:`privfed.federation.secagg_client.privfed_secaggplus_mod`,
+SecAgg+ mod (:func:`privfed.secagg.client_mod.privfed_secaggplus_mod`,
 by default) with a fit that returns the node's fixed update. A node's
 ``behaviour`` may replace or tamper with its honest reply, so tests can drop
 clients at any stage or send hostile replies, and read what the server
 aggregated. The strategy is a small stand-in with the workflow's interface
-(:class:`privfed.federation.secagg_workflow.RoundCloser`).
+(:class:`privfed.secagg.workflow.RoundCloser`).
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from flwr.server import LegacyContext
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
 
-from privfed.federation.secagg_client import privfed_secaggplus_mod
-from privfed.federation.secagg_masking import SHARE_KEY
-from privfed.federation.secagg_workflow import _CapturingSecAggPlusWorkflow
+from privfed.secagg.client_mod import privfed_secaggplus_mod
+from privfed.secagg.masking import SHARE_KEY
+from privfed.secagg.workflow import _CapturingSecAggPlusWorkflow
 
 #: ``behaviour(stage, honest_reply) -> reply``: raise to drop out, or return a (tampered) reply.
 Behaviour = Callable[[str, Callable[[], Message]], Message]

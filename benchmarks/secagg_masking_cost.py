@@ -5,11 +5,11 @@ shared state (every floating-point tensor, 23.4 M values), encoded as the
 client's SecAgg+ mod receives it (:func:`privfed.secagg.encoding.encode_update`).
 Timed, one call each:
 
-- ``quantise``: :func:`privfed.federation.secagg_masking.encode_update`
+- ``quantise``: :func:`privfed.secagg.masking.encode_update`
   (the weight factor, Flower's stochastic quantisation);
-- ``mask, k neighbours``: :func:`~privfed.federation.secagg_masking.mask_update`
+- ``mask, k neighbours``: :func:`~privfed.secagg.masking.mask_update`
   with the private mask and ``k`` pairwise masks;
-- ``unmask, per dropped client``: :func:`~privfed.federation.secagg_masking.unmask_sum`
+- ``unmask, per dropped client``: :func:`~privfed.secagg.masking.unmask_sum`
   taking one dropped client's ``k`` pairwise masks off the sum;
 - ``int64 sums`` (in-process only): the masking in int64 arrays, from
   :func:`~privfed.secagg.masks.expand_mask`, as the code before the uint32
@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 
 from privfed.config import build_config
-from privfed.federation.secagg_masking import encode_update, mask_update, unmask_sum
 from privfed.methods import build_network
 from privfed.orchestra.model_state import shared_state
 from privfed.secagg import encoding
+from privfed.secagg.masking import encode_update, mask_update, unmask_sum
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "paper-cifar10-cross-device.toml"
 CLIPPING, LEVELS, MODULUS, MAX_WEIGHT = 8.0, 2**22, 2**32, 100.0

@@ -19,6 +19,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("privfed", "mechanisms", "attacks")
 
+#: privfed.secagg's Flower-free core, which privfed.privacy and the run's plan import.
+SECAGG_CORE = tuple(f"privfed.secagg.{m}" for m in ("masks", "mask_pool", "quantization", "encoding", "settings"))
+#: privfed.secagg's modules that run the protocol over Flower: a layer above the core, used by privfed.federation.
+SECAGG_ON_FLOWER = tuple(f"privfed.secagg.{m}" for m in ("masking", "client_encoding", "client_mod", "workflow"))
+
 
 def loaded_after(statement: str) -> set[str]:
     """Top-level names of the modules a fresh interpreter has loaded after ``statement``."""
@@ -44,6 +49,16 @@ def test_mechanisms_loads_no_privfed_module():
 def test_the_core_loads_no_flower(package):
     modules = loaded_after("\n".join(f"import {m}" for m in submodules(package.replace(".", "/"))))
     assert not {m for m in modules if m.split(".")[0] in ("flwr", "ray")}
+
+
+def test_the_secagg_core_loads_no_flower():
+    modules = loaded_after("\n".join(f"import {m}" for m in ("privfed.secagg", *SECAGG_CORE)))
+    assert not {m for m in modules if m.split(".")[0] in ("flwr", "ray")}
+
+
+def test_every_secagg_module_is_in_the_core_or_on_flower():
+    """A new module of privfed/secagg/ must be placed on one side (the core is checked to stay Flower-free)."""
+    assert set(submodules("privfed/secagg")) == {"privfed.secagg", *SECAGG_CORE, *SECAGG_ON_FLOWER}
 
 
 def test_the_server_side_driver_and_its_plan_do_not_know_the_runtime():
@@ -82,7 +97,12 @@ def import_graph(root: Path = REPO) -> dict[str, set[str]]:
 
 
 def layer(module: str) -> str:
-    """``mechanisms``, ``attacks``, a subpackage of privfed (``privfed.federation``) or a top-level privfed module."""
+    """``mechanisms``, ``attacks``, a subpackage of privfed (``privfed.federation``) or a top-level privfed module.
+
+    privfed.secagg is two layers: its core, and its modules on Flower (``privfed.secagg[flower]``).
+    """
+    if module in SECAGG_ON_FLOWER:
+        return "privfed.secagg[flower]"
     parts = module.split(".")
     if parts[0] != "privfed" or len(parts) == 1:
         return parts[0]
@@ -218,5 +238,5 @@ def imports_from_tests(path: Path) -> list[str]:
 def test_the_script_check_sees_an_import_from_tests(tmp_path):
     """Not vacuous: a lazy import from the test suite inside a function is caught."""
     script = tmp_path / "bench.py"
-    script.write_text("import sys\n\ndef main():\n    from tests.federation.secagg_harness import run_round\n")
-    assert imports_from_tests(script) == ["tests.federation.secagg_harness", "tests.federation.secagg_harness.run_round"]
+    script.write_text("import sys\n\ndef main():\n    from tests.secagg.harness import run_round\n")
+    assert imports_from_tests(script) == ["tests.secagg.harness", "tests.secagg.harness.run_round"]

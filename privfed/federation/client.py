@@ -7,7 +7,7 @@ never from the server's word (what the server may send:
 model delta and the mechanism's release; the memory never reaches the reply.
 Between rounds the client keeps only its ledger and its last reply
 (:mod:`privfed.federation.reply_store`). Under SecAgg+ it rescales the delta
-(:mod:`privfed.secagg.encoding`) before privfed's SecAgg+ mod masks it.
+(:mod:`privfed.secagg.client_encoding`) before privfed's SecAgg+ mod masks it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from flwr.common import (
     GetPropertiesIns,
     GetPropertiesRes,
     Status,
-    bytes_to_ndarray,
     ndarray_to_bytes,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
@@ -45,9 +44,7 @@ from privfed.federation.messages import (
     state_to_arrays,
 )
 from privfed.federation.partitions import PARTITION_KEY
-from privfed.federation.records import record_item
 from privfed.federation.reply_store import ReplyStore, StoredReply, instructions_digest
-from privfed.federation.secagg_masking import SHARE_KEY
 from privfed.methods import build_network, get_method
 from privfed.orchestra.client_update import run_client_round
 from privfed.orchestra.cohort_training import TrainedMember, trains_in_cohort
@@ -55,12 +52,10 @@ from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.orchestra.model_state import StateDict, shared_keys
 from privfed.privacy.client_guard import ClientGuard, RoundRefused, declared_budget
 from privfed.privacy.ledger import events_to_json
-from privfed.secagg.encoding import (
-    encode_metrics,
-    encode_update,
-    initial_scales,
-    secagg_weight_ratio,
-)
+from privfed.records import record_item
+from privfed.secagg.client_encoding import check_secagg_encoding, prepare_for_secagg
+from privfed.secagg.encoding import encode_metrics
+from privfed.secagg.masking import SHARE_KEY
 from privfed.secagg.settings import SecAggPlusSettings, secagg_settings
 
 logger = logging.getLogger(__name__)
@@ -347,47 +342,6 @@ def reported_metrics(metrics: dict[str, float], *, report: bool) -> dict[str, fl
     iterative clustering's convergence).
     """
     return dict(metrics) if report else {}
-
-
-def check_secagg_encoding(fit: dict, declared: SecAggPlusSettings, keys: list[str]) -> np.ndarray:
-    """The round's public SecAgg+ scales; refuses a training round without SecAgg+ or with other encodings than declared.
-
-    The client divides its overflow indicators by its own weight ratio at the
-    declared ``max_weight`` and quantisation; other values would make a
-    raised flag count other than 1 and name the client again. The public
-    scales must be finite and no smaller than the initial ones (the strategy
-    only grows them): a tiny scale would turn a finite update into Inf, and
-    the failure of that client's round would tell the server that its update
-    passed a threshold the server chose.
-
-    Raises:
-        RoundRefused: naming the setting.
-    """
-    if "secagg_scales" not in fit:
-        raise RoundRefused("the run declared SecAgg+; the server asked for an update without it")
-    own = declared.encoding_config()
-    sent = {key: fit.get(key) for key in own}
-    if any(value is None or float(value) != float(own[key]) for key, value in sent.items()):
-        raise RoundRefused(f"the server's SecAgg+ encoding {sent} differs from the declared run's {own}")
-    scales = bytes_to_ndarray(record_item(fit["secagg_scales"], bytes))
-    smallest = initial_scales(keys)
-    if scales.shape != smallest.shape or not (np.isfinite(scales).all() and (scales >= smallest).all()):
-        raise RoundRefused("the server's SecAgg+ scales are not finite, or below the initial scales, or of another shape")
-    return scales
-
-
-def prepare_for_secagg(arrays: list[np.ndarray], scales: np.ndarray, settings: SecAggPlusSettings, num_samples: int) -> list[np.ndarray]:
-    """The update rescaled and encoded for SecAgg+ with the declared encoding and this round's public scales."""
-    if num_samples > settings.max_weight:
-        raise ValueError(
-            f"this client holds {num_samples} samples but SecAgg+'s max_weight is {settings.max_weight:g}; "
-            "client and server disagree on the data partition"
-        )
-    quantization_range = settings.quantization_range
-    weight_ratio = secagg_weight_ratio(num_samples, max_weight=settings.max_weight, quantization_range=quantization_range)
-    return encode_update(
-        arrays, scales, weight_ratio=weight_ratio, clipping_range=settings.clipping_range, quantization_range=quantization_range,
-    )
 
 
 def is_finite(tensor: torch.Tensor) -> bool:

@@ -20,9 +20,9 @@ from flwr.client import Client, ClientApp
 from flwr.common import Context
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 
-from privfed.federation.records import record_item
-from privfed.federation.secagg_client import FITRES_METRICS, privfed_secaggplus_mod
-from privfed.federation.secagg_masking import SHARE_KEY
+from privfed.records import record_item
+from privfed.secagg.client_mod import FITRES_METRICS, privfed_secaggplus_mod
+from privfed.secagg.masking import SHARE_KEY
 from privfed.secagg.settings import ENCODING_IN_FLOWER_STATE
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class UnmaskedRoundRefused(RuntimeError):
 
 
 def secaggplus_when_requested(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
-    """privfed's SecAgg+ client mod (:mod:`privfed.federation.secagg_client`), for the messages of a SecAgg+ round only.
+    """privfed's SecAgg+ client mod (:mod:`privfed.secagg.client_mod`), for the messages of a SecAgg+ round only.
 
     The same ClientApp then serves round 0 (plain), ``--no-secagg`` runs and
     secure rounds; Flower's mod alone fails on messages without its records.

@@ -23,6 +23,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from flwr.common.constant import (
     SUPERLINK_NODE_ID,
     ErrorCode,
 )
+from flwr.server import ServerApp
 from flwr.serverapp.grid import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
@@ -51,7 +53,7 @@ from privfed.federation.server_app import make_server_app
 from privfed.orchestra.cohort_training import trains_in_cohort
 from privfed.orchestra.local_training import LocalTrainingConfig
 from privfed.run.driver import ProgressCallback
-from privfed.run.interruption import run_stop_request
+from privfed.run.interruption import StopRequest, run_stop_request
 from privfed.run.plan import RunPlan
 from privfed.run.resume import ResumePoint
 
@@ -63,39 +65,63 @@ logger = logging.getLogger(__name__)
 SIMULATED_RUN_KEY = 0
 
 
-def run_locally(
-    plan: RunPlan,
-    progress: ProgressCallback | None = None,
-    *,
-    verbose: bool = False,
-    outer_mods: Sequence[Mod] = (),
-    inner_mods: Sequence[Mod] = (),
-    resume: ResumePoint | None = None,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SimulatedRun:
+    """What either runtime runs: a planned training, and how ``privfed train`` or a library call asked for it.
+
+    Both runtimes build the same apps from it (:meth:`client_app`, :meth:`server_app`); only the transport differs.
+
+    Attributes:
+        plan: The planned run.
+        progress: Called with each round's and the finish's event.
+        verbose: Flower's and Ray's own logs on.
+        outer_mods: ClientApp mods outside privfed's SecAgg+ mod: they see what the server receives
+            (:func:`privfed.federation.client_app.make_client_app`).
+        inner_mods: ClientApp mods inside it: they see the plaintext reply.
+        resume: Where a resumed run continues (:mod:`privfed.run.resume`).
+    """
+
+    plan: RunPlan
+    progress: ProgressCallback | None = None
+    verbose: bool = False
+    outer_mods: Sequence[Mod] = ()
+    inner_mods: Sequence[Mod] = ()
+    resume: ResumePoint | None = None
+
+    def client_app(self) -> ClientApp:
+        """The ClientApp of every simulated node: held to the declared run, its ledger in the run directory."""
+        return make_client_app(
+            declared=self.plan.config, state_dir=self.plan.run_dir.client_ledgers, run_key=SIMULATED_RUN_KEY,
+            outer_mods=self.outer_mods, inner_mods=self.inner_mods,
+        )
+
+    def server_app(self, outcome: dict[str, Any], stop: StopRequest) -> ServerApp:
+        """The ServerApp, which leaves the summary (or its error) in ``outcome`` (:func:`summary_of`)."""
+        progress = forgetting_replies(self.progress, self.plan.run_dir.client_ledgers)
+        return make_server_app(self.plan, progress, outcome, stop=stop, resume=self.resume)
+
+
+def run_locally(run: SimulatedRun) -> dict[str, Any]:
     """Runs a planned training with ``num_clients`` in-process nodes; returns the summary.
 
-    Arguments as :func:`privfed.federation.simulation.simulate`: inside
-    :func:`privfed.run.interruption.signals_stop_runs` the first Ctrl-C stops
-    after the current round, a second at once; the clients'
+    Inside :func:`privfed.run.interruption.signals_stop_runs` the first
+    Ctrl-C stops after the current round, a second at once; the clients'
     guards keep their ledgers in the run directory under the same run key
     as on Ray, so a run may be resumed on either runtime.
 
     Raises:
         Whatever the ServerApp raised.
     """
-    config = plan.config
+    config = run.plan.config
     outcome: dict[str, Any] = {}
-    ledgers = plan.run_dir.client_ledgers
-    client_app = make_client_app(
-        declared=config, state_dir=ledgers, run_key=SIMULATED_RUN_KEY, outer_mods=outer_mods, inner_mods=inner_mods
-    )
+    client_app = run.client_app()
     cohort = cohort_of(config)
     grid = LocalGrid(
         client_app, config.num_clients, cohort=cohort, workers=1 if cohort is not None else worker_count(config),
-        partition_sizes=plan.split.client_sizes(),
+        partition_sizes=run.plan.split.client_sizes(),
     )
-    with flower_logging(verbose), superlink_identity(grid.run.run_id), run_stop_request() as stop, closing(grid):
-        server_app = make_server_app(plan, forgetting_replies(progress, ledgers), outcome, stop=stop, resume=resume)
+    with flower_logging(run.verbose), superlink_identity(grid.run.run_id), run_stop_request() as stop, closing(grid):
+        server_app = run.server_app(outcome, stop)
         server_app(grid, Context(grid.run.run_id, 0, {}, RecordDict(), {}))
     return summary_of(outcome)
 
@@ -237,7 +263,7 @@ class LocalGrid(Grid):
 
         One per pull: privfed's SecAgg+ stage adds each masked vector to its
         sum before the next one exists, so the server never holds a round's
-        vectors at once (:mod:`privfed.federation.secagg_workflow`).
+        vectors at once (:mod:`privfed.secagg.workflow`).
         """
         if self._workers is not None:
             pending = [message_id for message_id in message_ids if message_id in self._pending]

@@ -26,7 +26,7 @@ Client -> server (``FitRes``):
                 server needs every client's release separately. ``dp_sgd_events``
                 (JSON list, empty without DP-SGD and in round 0) is the
                 round's DP-SGD cost; under DP-SGD the training losses are not sent.
-                An aggregated mechanism's share (:data:`privfed.federation.secagg_masking.SHARE_KEY`, bytes) is
+                An aggregated mechanism's share (:data:`privfed.secagg.masking.SHARE_KEY`, bytes) is
                 in the metrics only between the client and its SecAgg+ mod, which
                 moves it into the masked vector, after the update's arrays.
 """

@@ -2,7 +2,7 @@
 
 ``DefaultWorkflow`` with a legacy strategy is the shape Flower's SecAgg+
 needs: with ``secagg`` on (the default) its ``fit_workflow`` runs SecAgg+ in
-every training round (:mod:`privfed.federation.secagg_workflow`).
+every training round (:mod:`privfed.secagg.workflow`).
 
 Two entry points: :func:`make_server_app` for ``privfed train`` (the run is
 planned by the CLI), and the module-level ``app`` for ``flwr run .`` (the
@@ -22,12 +22,12 @@ from flwr.server.workflow import DefaultWorkflow
 from privfed.config import config_from_run_config
 from privfed.federation.partitions import discover_partitions
 from privfed.federation.reply_checks import ReplyRules
-from privfed.federation.secagg_workflow import OrchestraFitWorkflow
 from privfed.federation.strategy import NODE_WAIT_SECONDS, OrchestraStrategy
 from privfed.run.driver import ProgressCallback, RunDriver
 from privfed.run.interruption import StopRequest
 from privfed.run.plan import RunPlan, plan_run
 from privfed.run.resume import ResumePoint
+from privfed.secagg.workflow import OrchestraFitWorkflow
 
 
 def build_strategy(plan: RunPlan, driver: RunDriver, partition_of: dict[int, int]) -> OrchestraStrategy:

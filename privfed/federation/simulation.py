@@ -1,9 +1,10 @@
 """``privfed train``'s runtimes: :func:`simulate` picks one; Flower's Ray simulation engine is here.
 
 The ``local`` runtime (:mod:`privfed.federation.local_runtime`) runs the
-same apps in this process, and holds what both runtimes share (the clients'
-run key, the summary's hand-over); ``ray`` runs each client in a Ray
-worker, in parallel. Ray is an optional extra (``pip install 'privfed[ray]'``), so it
+same apps in this process, and holds what both runtimes share (the
+:class:`~privfed.federation.local_runtime.SimulatedRun` they build their
+apps from, the clients' run key, the summary's hand-over); ``ray`` runs
+each client in a Ray worker, in parallel. Ray is an optional extra (``pip install 'privfed[ray]'``), so it
 and ``flwr.simulation`` are imported only when a run asks for Ray.
 """
 
@@ -22,15 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from privfed.errors import PrivfedError
-from privfed.federation.client_app import Mod, make_client_app
+from privfed.federation.client_app import Mod
 from privfed.federation.local_runtime import (
-    SIMULATED_RUN_KEY,
+    SimulatedRun,
     flower_logging,
-    forgetting_replies,
     run_locally,
     summary_of,
 )
-from privfed.federation.server_app import make_server_app
 from privfed.run.driver import ProgressCallback
 from privfed.run.interruption import STOP_SIGNALS, run_stop_request
 from privfed.run.plan import RunPlan
@@ -54,8 +53,9 @@ def simulate(
 ) -> dict[str, Any]:
     """Runs a planned training on the runtime its configuration names (``runtime``); returns the summary.
 
-    Both runtimes run the same ServerApp and ClientApp with the same
-    arguments; see :func:`simulate_on_ray` for what they share. Either
+    The arguments are those of :class:`~privfed.federation.local_runtime.SimulatedRun`,
+    from which both runtimes build the same ServerApp and ClientApp; see
+    :func:`simulate_on_ray` for what they share. Either
     leaves process-wide state (log levels, warning filters, signal handlers)
     as it found it, so a library call may run it.
     """
@@ -65,7 +65,10 @@ def simulate(
         require("opacus", feature="DP-SGD (--dp-sgd)")
 
     runner = simulate_on_ray if plan.config.runtime == "ray" else run_locally
-    return runner(plan, progress, verbose=verbose, outer_mods=outer_mods, inner_mods=inner_mods, resume=resume)
+    run = SimulatedRun(
+        plan, progress, verbose=verbose, outer_mods=tuple(outer_mods), inner_mods=tuple(inner_mods), resume=resume
+    )
+    return runner(run)
 
 
 def require_ray() -> None:
@@ -83,15 +86,7 @@ def require_ray() -> None:
         ) from None
 
 
-def simulate_on_ray(
-    plan: RunPlan,
-    progress: ProgressCallback | None = None,
-    *,
-    verbose: bool = False,
-    outer_mods: Sequence[Mod] = (),
-    inner_mods: Sequence[Mod] = (),
-    resume: ResumePoint | None = None,
-) -> dict[str, Any]:
+def simulate_on_ray(run: SimulatedRun) -> dict[str, Any]:
     """Runs a planned training with ``num_clients`` virtual SuperNodes; returns the summary.
 
     Where the CLI asked for it (:func:`privfed.run.interruption.signals_stop_runs`),
@@ -106,16 +101,14 @@ def simulate_on_ray(
 
     Each virtual node holds the server to the planned run's configuration,
     as the user declared it, and keeps its own privacy ledger in the run
-    directory (:mod:`privfed.privacy.client_guard`). ``outer_mods`` and
-    ``inner_mods`` go into the ClientApp
-    (:func:`privfed.federation.client_app.make_client_app`).
+    directory (:mod:`privfed.privacy.client_guard`).
 
     Raises:
         PrivfedError: where Ray is not installed (:func:`require_ray`).
         Whatever the ServerApp raised, re-raised in this process.
     """
     require_ray()
-    config = plan.config
+    config, verbose = run.plan.config, run.verbose
     outcome: dict[str, Any] = {}
     resources: dict[str, Any] = {"num_cpus": config.client_cpus, "num_gpus": config.client_gpus}
     init_args: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": verbose}
@@ -126,13 +119,8 @@ def simulate_on_ray(
         # Ray first: its driver installs a SIGTERM handler that aborts the process, which ours then replace.
         with ray_session(init_args) as ray_dir, run_stop_request(on_exit_now=lambda: end_ray_now(ray_dir)) as stop:
             run_simulation(
-                server_app=make_server_app(
-                    plan, forgetting_replies(progress, plan.run_dir.client_ledgers), outcome, stop=stop, resume=resume
-                ),
-                client_app=make_client_app(
-                    declared=config, state_dir=plan.run_dir.client_ledgers, run_key=SIMULATED_RUN_KEY,
-                    outer_mods=outer_mods, inner_mods=inner_mods,
-                ),
+                server_app=run.server_app(outcome, stop),
+                client_app=run.client_app(),
                 num_supernodes=config.num_clients,
                 backend_config={"client_resources": resources, "init_args": init_args},
                 verbose_logging=verbose,

@@ -226,7 +226,7 @@ class OrchestraStrategy(Strategy):
         ``res`` is the reply as a fit result and ``masked`` its masked vector
         (either None where Flower could not read it). Called before the masked
         vectors are added up; a rejection halts the round
-        (:mod:`privfed.federation.secagg_workflow`), since leaving the vector
+        (:mod:`privfed.secagg.workflow`), since leaving the vector
         out would have the protocol reveal its sender's pairwise key. The
         masked update's values are unreadable here; its form, plaintext
         release and metrics are not.

@@ -4,7 +4,7 @@ Which neighbours share masks, how many shares rebuild a key, the clipping
 and quantisation ranges: all follow from the configuration and the client
 sizes, so they are fixed once, in the run's plan, and recorded in
 ``summary.json``. The workflow that runs the protocol is in
-:mod:`privfed.federation.secagg_workflow`.
+:mod:`privfed.secagg.workflow`.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from flwr.common import FitIns, bytes_to_ndarray, ndarrays_to_parameters
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE
 
 from privfed.federation.client_app import make_client_fn
-from privfed.federation.secagg_masking import SHARE_KEY
 from privfed.orchestra.model_state import shared_keys
 from privfed.privacy.client_guard import RoundRefused
+from privfed.secagg.masking import SHARE_KEY
 from tests.federation.honest_round import honest_round, small_round_config
 
 #: Four clients, all sampled: SecAgg+ shares among 4 with threshold 3, so K_min is 3.

@@ -28,12 +28,12 @@ from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 
 from privfed.config import build_config
 from privfed.federation.client_app import FIT_CONFIG_RECORD, make_client_app
-from privfed.federation.local_runtime import LocalGrid, cohort_of, superlink_identity
+from privfed.federation.local_runtime import SIMULATED_RUN_KEY, LocalGrid, cohort_of, superlink_identity
 from privfed.federation.messages import tensor_to_bytes
 from privfed.federation.reply_store import ReplyStore, reply_file
-from privfed.federation.secagg_masking import SHARE_KEY
-from privfed.federation.simulation import SIMULATED_RUN_KEY, simulate
+from privfed.federation.simulation import simulate
 from privfed.run.plan import plan_resume, plan_run
+from privfed.secagg.masking import SHARE_KEY
 from tests.federation import honest_round
 from tests.run_records import jsonl, same
 

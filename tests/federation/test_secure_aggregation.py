@@ -5,7 +5,7 @@ masking records each client's plaintext update (what never leaves the node);
 a spy on the strategy records what the server-side code receives. From round
 2 on, one client per round drops out, each at a different stage of the
 protocol (see DROPOUTS). Flower's own mask expansion is replaced by one
-that raises (tests/federation/flower_prg.py), in this process, where the
+that raises (tests/secagg/flower_prg.py), in this process, where the
 local runtime runs the server and every client, so the run also shows that
 no code path calls it.
 """
@@ -29,7 +29,7 @@ from privfed.federation.simulation import simulate
 from privfed.federation.strategy import OrchestraStrategy
 from privfed.run.plan import plan_run
 from privfed.secagg.masks import MASK_PRG
-from tests.federation import flower_prg
+from tests.secagg import flower_prg
 
 #: Orchestra round -> (the client that drops out, the SecAgg+ stage whose request it fails).
 DROPOUTS = {2: (0, "collect_masked_vectors"), 3: (1, "setup"), 4: (2, "share_keys")}

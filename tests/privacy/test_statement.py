@@ -232,7 +232,7 @@ def test_every_statement_says_clients_accept_only_their_own_calibration_and_what
 
 @EVERY_MODE
 def test_every_statement_says_a_deviating_server_can_unmask_a_client_within_a_secagg_round(mechanism, dp_sgd):
-    """The attack of tests/federation/test_secagg_deviating_server.py."""
+    """The attack of tests/secagg/test_deviating_server.py."""
     s, _ = statement_of_mode(mechanism, dp_sgd)
     assert "withholds neighbours' key shares from a client and reports their holders dropped unmasks" in s.text
 

@@ -107,8 +107,8 @@ def whole(tmp_path_factory) -> Path:
 
 
 def _killed_and_resumed(folder: Path, at: int) -> Path:
+    from privfed.federation.local_runtime import SIMULATED_RUN_KEY
     from privfed.federation.reply_store import ReplyStore
-    from privfed.federation.simulation import SIMULATED_RUN_KEY
 
     out = folder / f"killed-{at}"
     killed = _run("killed", str(out), str(at))

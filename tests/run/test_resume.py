@@ -16,7 +16,8 @@ import torch
 
 from privfed.config import build_config
 from privfed.errors import PrivfedError
-from privfed.federation.simulation import SIMULATED_RUN_KEY, simulate
+from privfed.federation.local_runtime import SIMULATED_RUN_KEY
+from privfed.federation.simulation import simulate
 from privfed.run.directory import RunDirectory
 from privfed.run.interruption import signals_stop_runs
 from privfed.run.plan import plan_resume, plan_run

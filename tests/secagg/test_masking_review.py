@@ -13,7 +13,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.supercore.task_identity import TaskIdentity
 
 from benchmarks.secagg_harness import mean_of, run_round
-from privfed.federation.secagg_client import privfed_secaggplus_mod
+from privfed.secagg.client_mod import privfed_secaggplus_mod
 from privfed.secagg.mask_pool import MaskPool
 from privfed.secagg.masks import PROTOCOL_KEY, expand_mask
 from privfed.secagg.quantization import quantize

@@ -15,7 +15,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.supercore.task_identity import TaskIdentity
 
 from benchmarks.secagg_harness import mean_of, run_round
-from privfed.federation.secagg_client import MaskProtocolRefused, privfed_secaggplus_mod
+from privfed.secagg.client_mod import MaskProtocolRefused, privfed_secaggplus_mod
 from privfed.secagg.masks import PROTOCOL_KEY, PROTOCOL_VERSION
 
 TOLERANCE = 1e-3

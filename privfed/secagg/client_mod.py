@@ -27,8 +27,8 @@ from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_separate
 
-from privfed.federation.records import record_list
-from privfed.federation.secagg_masking import SHARE_KEY, encode_update, mask_update, pairwise_seed
+from privfed.records import record_list
+from privfed.secagg.masking import SHARE_KEY, encode_update, mask_update, pairwise_seed
 from privfed.secagg.masks import PROTOCOL_KEY, PROTOCOL_VERSION
 
 CallNext = Callable[[Message, Context], Message]

@@ -1,4 +1,4 @@
-"""An aggregated mechanism's shares in SecAgg+ rounds (tests/federation/secagg_harness.py): summed, never in plaintext.
+"""An aggregated mechanism's shares in SecAgg+ rounds (tests/secagg/harness.py): summed, never in plaintext.
 
 privfed's real client mod moves each node's share from its plaintext reply
 into its masked vector; privfed's workflow splits the shares' sum off the
@@ -12,8 +12,8 @@ import pytest
 from flwr.common.secure_aggregation.secaggplus_constants import Stage
 
 from benchmarks.secagg_harness import run_round
-from privfed.federation.secagg_masking import SHARE_KEY
-from tests.federation.secagg_harness import drops_at, in_process_secagg  # noqa: F401 (fixture)
+from privfed.secagg.masking import SHARE_KEY
+from tests.secagg.harness import drops_at, in_process_secagg  # noqa: F401 (fixture)
 
 MODULUS = 2**32
 LENGTH = 33

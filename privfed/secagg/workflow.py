@@ -37,11 +37,10 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 from flwr.server.workflow.default_workflows import default_fit_workflow
 
-from privfed.federation import secagg_masking
-from privfed.federation.records import record_item, record_list
-from privfed.federation.secagg_masking import decode_weighted_mean, pairwise_seed, split_share, unmask_sum
-from privfed.secagg import mask_pool
+from privfed.records import record_item, record_list
+from privfed.secagg import mask_pool, masking
 from privfed.secagg import masks as secagg_masks
+from privfed.secagg.masking import decode_weighted_mean, pairwise_seed, split_share, unmask_sum
 from privfed.secagg.masks import PROTOCOL_KEY, PROTOCOL_VERSION
 from privfed.secagg.settings import SecAggPlusSettings
 
@@ -423,7 +422,7 @@ def _hand_to_strategy(mean: list[np.ndarray], server_round: int, context: Legacy
 
 
 #: Modules whose errors while handling replies are the clients' doing (a bad share rebuilds a bad secret).
-_REPLY_HANDLING = {__name__, secagg_masking.__name__, secagg_masks.__name__, mask_pool.__name__}
+_REPLY_HANDLING = {__name__, masking.__name__, secagg_masks.__name__, mask_pool.__name__}
 
 
 def _raised_by_privfed(err: BaseException) -> bool:

@@ -7,14 +7,14 @@ import os
 import numpy as np
 import pytest
 
-from privfed.federation.secagg_masking import (
+from privfed.secagg.mask_pool import MaskPool
+from privfed.secagg.masking import (
     decode_weighted_mean,
     encode_update,
     mask_update,
     split_share,
     unmask_sum,
 )
-from privfed.secagg.mask_pool import MaskPool
 
 CLIPPING, LEVELS, MODULUS = 8.0, 2**22, 2**32
 PAIRWISE = os.urandom(32)

@@ -25,8 +25,8 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.supercore.task_identity import TaskIdentity
 
 from privfed.federation.client_app import SECAGG_MIN_CLIENTS, check_secagg_round
-from privfed.federation.secagg_client import privfed_secaggplus_mod
-from privfed.federation.secagg_masking import decode_weighted_mean, pairwise_seed, unmask_sum
+from privfed.secagg.client_mod import privfed_secaggplus_mod
+from privfed.secagg.masking import decode_weighted_mean, pairwise_seed, unmask_sum
 from privfed.secagg.masks import PROTOCOL_KEY, PROTOCOL_VERSION
 from privfed.secagg.settings import default_threshold
 

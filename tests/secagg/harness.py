@@ -13,7 +13,7 @@ from flwr.app import Message
 from flwr.supercore.task_identity import TaskIdentity
 
 from benchmarks.secagg_harness import Behaviour
-from tests.federation.flower_prg import replace_flowers_prg
+from tests.secagg.flower_prg import replace_flowers_prg
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
-"""SecAgg+ rounds with dropouts at every stage and hostile replies, in-process (tests/federation/secagg_harness.py).
+"""SecAgg+ rounds with dropouts at every stage and hostile replies, in-process (tests/secagg/harness.py).
 
 privfed's real client mod masks and Flower's exchanges keys; privfed's
 workflow runs the server side. Flower's own mask expansion is replaced by
-one that raises (tests/federation/flower_prg.py), so every round here also
+one that raises (tests/secagg/flower_prg.py), so every round here also
 shows that no code path calls it. Each test states when the round must
 complete (and with what sum) or halt, and that it never crashes.
 """
@@ -19,8 +19,8 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
 from benchmarks.secagg_harness import mean_of, run_round
-from privfed.federation.secagg_masking import decode_weighted_mean
-from tests.federation.secagg_harness import drops_at, in_process_secagg  # noqa: F401 (fixture)
+from privfed.secagg.masking import decode_weighted_mean
+from tests.secagg.harness import drops_at, in_process_secagg  # noqa: F401 (fixture)
 from tests.secagg.test_masks import spec_mask
 
 TOLERANCE = 1e-3  # fixed-point error of the secure sum at these sizes is about 1e-5

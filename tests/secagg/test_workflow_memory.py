@@ -16,9 +16,9 @@ import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
 from benchmarks.secagg_harness import mean_of, run_round
-from privfed.federation.secagg_workflow import MaskedSum
 from privfed.secagg.settings import default_num_shares, default_threshold
-from tests.federation.flower_prg import replace_flowers_prg
+from privfed.secagg.workflow import MaskedSum
+from tests.secagg.flower_prg import replace_flowers_prg
 
 CLIENTS, VALUES = 40, 50_000  # measured: Flower's stage 47.7 vectors, this one 14.3
 VECTOR_BYTES = (VALUES + 1) * 8  # one masked vector: the int64 update and its weight
