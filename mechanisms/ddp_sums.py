@@ -70,7 +70,7 @@ from mechanisms.ldp_sums import (
 from mechanisms.noise import discrete_gaussian, poisson_sample_mask, secure_source
 from mechanisms.registry import register_mechanism
 
-#: Largest modulus: SecAgg+'s (``privfed.federation.secagg_masking.MAX_MODULUS``; ``mechanisms`` never imports privfed).
+#: Largest modulus: SecAgg+'s (``privfed.secagg.masking.MAX_MODULUS``; ``mechanisms`` never imports privfed).
 MAX_MODULUS = 2**32
 #: Smallest per-client noise scale, in grid units: ``tau * d`` of Kairouz et al. is then below ``1e-30``.
 MIN_SHARE_SIGMA = 3.0
