@@ -23,7 +23,7 @@ from privfed.config import (
     checked_options,
     validate,
 )
-from privfed.durable import check_path, make_folder
+from privfed.durable import check_path, make_directory
 from privfed.errors import PrivfedError
 
 if TYPE_CHECKING:
@@ -175,18 +175,6 @@ def claimed_run(
             plan, point = plan_resume(resume, dict(overrides or {}))
             check_machine(plan.config)
         yield plan, point
-
-
-def make_directory(path: Path, *, kind: str) -> None:
-    """Creates ``path``, or says in one line why it cannot (a file in the way, no permission)."""
-    try:
-        make_folder(path)  # its name on disk: the run's ledger is in it
-    except FileExistsError:
-        raise PrivfedError(f"cannot create the {kind} {path}: a file is in the way") from None
-    except OSError as err:
-        raise PrivfedError(f"cannot create the {kind} {path}: {err.strerror}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise PrivfedError(f"cannot write in the {kind} {path}: permission denied")
 
 
 def check_machine(config: TrainConfig) -> None:
