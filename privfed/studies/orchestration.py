@@ -1,13 +1,14 @@
 """Runs a study into its directory, as ``privfed study`` and :func:`privfed.study` do, and writes its results.
 
-Everything that can fail before a cell trains fails first: a cell's plan,
-its data, the directory. The directory is then held (``run.lock``) while
+Everything that can fail before a cell trains fails first: the data, a
+cell's plan, the directory. The directory is then held (``run.lock``) while
 the cells run. The attack is passed in, so this package never imports the
 attacks (``tests/test_layering.py``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from privfed.studies.runner import Progress, recorded_cells, run_study
 RunProgress = Callable[[str], Callable[[dict[str, Any]], None]]
 
 
-def study_folder(study_file: str | Path, out: str | Path | None) -> Path:
+def study_folder(study_file: str | os.PathLike[str], out: str | os.PathLike[str] | None) -> Path:
     """The study directory: ``out``, else ``studies/<the file's name>``."""
     return Path(out) if out is not None else Path("studies") / Path(study_file).stem
 
