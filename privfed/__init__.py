@@ -25,15 +25,17 @@ except PackageNotFoundError:  # sources used without installing them
     __version__ = "0+unknown"
 
 if TYPE_CHECKING:
-    from privfed.api import Run, attack, evaluate, load_encoder, train
+    from privfed.api import Run, attack, evaluate, load_encoder, study, train, tune
     from privfed.config import TrainConfig
     from privfed.errors import PrivfedError
 
 #: The public names, and the module each one comes from.
-_API = {**dict.fromkeys(("Run", "attack", "evaluate", "load_encoder", "train"), "privfed.api"),
+_API = {**dict.fromkeys(("Run", "attack", "evaluate", "load_encoder", "study", "train", "tune"), "privfed.api"),
         "TrainConfig": "privfed.config", "PrivfedError": "privfed.errors"}
 
-__all__ = ["PrivfedError", "Run", "TrainConfig", "__version__", "attack", "evaluate", "load_encoder", "train"]
+__all__ = [
+    "PrivfedError", "Run", "TrainConfig", "__version__", "attack", "evaluate", "load_encoder", "study", "train", "tune",
+]
 
 
 def __getattr__(name: str) -> Any:

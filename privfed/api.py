@@ -1,7 +1,7 @@
-"""privfed's Python API: train a run, load its encoder, evaluate it and attack it.
+"""privfed's Python API: train a run, load its encoder, evaluate it and attack it; run a study or a tuning study.
 
-These are the code paths of ``privfed train``, ``evaluate`` and ``attack``
-(the commands call them), without what only a command line may do to its
+These are the code paths of ``privfed train``, ``evaluate``, ``attack``,
+``study`` and ``tune`` (the commands call them), without what only a command line may do to its
 process: a call leaves the Flower log level, the warning filters and the
 signal handlers as it found them. Bad input raises :class:`PrivfedError`
 with the same one-line message the CLI prints.
@@ -9,6 +9,7 @@ with the same one-line message the CLI prints.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -23,7 +24,7 @@ from privfed.config import (
     checked_options,
     validate,
 )
-from privfed.durable import check_path, make_folder
+from privfed.durable import check_path, make_directory
 from privfed.errors import PrivfedError
 
 if TYPE_CHECKING:
@@ -32,6 +33,10 @@ if TYPE_CHECKING:
     from privfed.evaluation.features import StepProgress
     from privfed.run.plan import RunPlan
     from privfed.run.resume import ResumePoint
+    from privfed.studies.cell_work import AttackRun
+    from privfed.studies.grid import Study
+    from privfed.studies.orchestration import RunProgress
+    from privfed.studies.results import StudyResult, TuneResult
 
 #: A run, as the functions below accept it: a :class:`Run` or its directory.
 RunLike = Union["Run", str, "os.PathLike[str]"]
@@ -178,18 +183,6 @@ def claimed_run(
             plan, point = plan_resume(resume, dict(overrides or {}))
             check_machine(plan.config)
         yield plan, point
-
-
-def make_directory(path: Path, *, kind: str) -> None:
-    """Creates ``path``, or says in one line why it cannot (a file in the way, no permission)."""
-    try:
-        make_folder(path)  # its name on disk: the run's ledger is in it
-    except FileExistsError:
-        raise PrivfedError(f"cannot create the {kind} {path}: a file is in the way") from None
-    except OSError as err:
-        raise PrivfedError(f"cannot create the {kind} {path}: {err.strerror}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise PrivfedError(f"cannot write in the {kind} {path}: permission denied")
 
 
 def check_machine(config: TrainConfig) -> None:
@@ -383,3 +376,108 @@ def check_attack_settings(method: str, settings: Mapping[str, Any], *, where: st
         get_attack_class(method)(seed=0, **settings)
     except (TypeError, ValueError) as err:
         raise PrivfedError(f"{where}: {err}") from None
+
+
+def study(
+    study_file: str | os.PathLike[str],
+    *,
+    out: str | os.PathLike[str] | None = None,
+    report: bool = False,
+    reuse_stale: bool = False,
+    dataset: str | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    download: bool | None = None,
+    log: Callable[[str], None] | None = None,
+    run_progress: RunProgress | None = None,
+    progress: StepProgress | None = None,
+) -> StudyResult:
+    """Runs every cell of a study not yet finished (train, evaluate, attack), as ``privfed study`` does.
+
+    Writes ``results.csv``, ``results.md`` and the plots into the study
+    directory (docs/studies.md); a cell that fails is recorded as failed and
+    the study goes on.
+
+    Args:
+        study_file: A study TOML file, or a shipped study's name (``privacy-cpu-cifar10``).
+        out: The study directory; default ``studies/<the file's name>``.
+        report: Run nothing: write the tables and plots of the cells recorded so far.
+        reuse_stale: Keep finished cells whose configuration changed since they ran.
+        dataset: Train every cell on this data instead of the study's.
+        data_dir: Where torchvision datasets live; default the study's.
+        download: Allow downloading CIFAR into ``data_dir``; default the study's.
+        log: Called with a line as the study starts, keeps or fails a cell.
+        run_progress: Called with each cell's run name; the callback it returns hears that run's events.
+        progress: Hears the probes' and the attack's stages (``stage, done, total, figures``).
+
+    Returns:
+        The study directory, its cells' records and the files written.
+
+    Raises:
+        PrivfedError: a bad study file or attack setting, a cell that cannot
+            run, missing data, stale cells, no recorded cell (``report``).
+        StudyStopped: Ctrl-C stopped it; its ``result`` has the tables of the cells recorded so far.
+    """
+    from privfed.federation.local_runtime import own_process_state
+    from privfed.studies.orchestration import report_study_file, run_study_file, study_folder
+
+    path = Path(study_file)
+    spec = _load_study(path, dataset=dataset, data_dir=data_dir, download=download)
+    folder = study_folder(path, out)
+    if report:
+        return report_study_file(spec, path, folder)
+    attack = _study_attack(spec, path, progress)
+    with own_process_state():  # each cell's run seeds torch's and numpy's generators
+        return run_study_file(
+            spec, path, folder, attack=attack, reuse_stale=reuse_stale, log=log, run_progress=run_progress,
+            progress=progress,
+        )
+
+
+def tune(
+    study_file: str | os.PathLike[str],
+    *,
+    out: str | os.PathLike[str] | None = None,
+    reuse_stale: bool = False,
+    dataset: str | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    download: bool | None = None,
+    log: Callable[[str], None] | None = None,
+    run_progress: RunProgress | None = None,
+    progress: StepProgress | None = None,
+) -> TuneResult:
+    """Runs a study as :func:`study` does and ranks its settings without labels by Align + 0.2 Unif (paper §5).
+
+    The linear-probe accuracy stands beside each score, to check the choice;
+    the ranking is written to ``tuning.md`` in the study directory.
+    Arguments, and what is raised, as for :func:`study`.
+
+    Returns:
+        The study's result, the ranking (Markdown) and ``tuning.md``'s path.
+    """
+    from privfed.studies.results import write_tuning
+
+    result = study(
+        study_file, out=out, reuse_stale=reuse_stale, dataset=dataset, data_dir=data_dir, download=download, log=log,
+        run_progress=run_progress, progress=progress,
+    )
+    return write_tuning(result, name=Path(study_file).stem)
+
+
+def _load_study(
+    path: Path, *, dataset: str | None, data_dir: str | os.PathLike[str] | None, download: bool | None
+) -> Study:
+    """The study file with the given options over its ``[base]`` (None: not given)."""
+    from privfed.studies.grid import Study
+
+    overrides = {"dataset": dataset, "data_dir": None if data_dir is None else os.fspath(data_dir), "download": download}
+    return Study.load(path, overrides=overrides)
+
+
+def _study_attack(spec: Study, path: Path, progress: StepProgress | None) -> AttackRun | None:
+    """The attack a study's cells run, its settings checked first (an unknown one fails before anything trains)."""
+    if spec.attack is None:
+        return None
+    from attacks.evaluation import attack_last_round
+
+    check_attack_settings(spec.attack, spec.attack_settings, where=f"study file {path}: [attack_settings] for {spec.attack}")
+    return functools.partial(attack_last_round, attack_settings=spec.attack_settings or None, progress=progress)

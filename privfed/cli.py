@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import os
 import sys
@@ -13,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -23,6 +22,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="'click.utils.get_[a-z]+_stream' is deprecated", category=DeprecationWarning)
     import typer
 
+from privfed import __version__, api
 from privfed.cli_help import CHOICES, HELP_MAX_WIDTH, HelpCommand, RegistryChoice, attack_names
 from privfed.cli_progress import ProgressView, RoundProgress
 from privfed.cli_streams import forgiving_streams
@@ -30,18 +30,20 @@ from privfed.config import (
     DEFAULTS,
     TrainConfig,
     build_config,
+    check_seed,
     field_types,
     option_help,
     option_panel,
 )
 from privfed.durable import FULL_DISK, check_path
 from privfed.errors import PrivfedError
+from privfed.run.interruption import signals_stop_runs
+from privfed.run.stop import INTERRUPTED, run_failed, stop_cause
 
 if TYPE_CHECKING:
     from privfed.run.plan import RunPlan
     from privfed.run.resume import ResumePoint
-    from privfed.studies.grid import Study
-    from privfed.studies.runner import CellRecord
+    from privfed.studies.results import StudyResult, TuneResult
 
 app = typer.Typer(
     add_completion=False,
@@ -55,8 +57,6 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from privfed import __version__
-
         typer.echo(f"privfed {__version__}")
         raise typer.Exit()
 
@@ -154,12 +154,10 @@ def train(
     **options: Any,
 ) -> None:
     """Train Orchestra on simulated federated clients with Flower."""
-    from privfed.api import claimed_run
-
     if resume is not None and config is not None:
         raise PrivfedError("--resume continues the recorded configuration; drop --config")
     planned = build_config(config, **options) if resume is None else None
-    with claimed_run(planned, resume=resume, overrides=options) as (plan, point):
+    with api.claimed_run(planned, resume=resume, overrides=options) as (plan, point):
         if point is not None:
             typer.echo(f"privfed: resuming {resume} after round {point.round}")
         try:
@@ -197,8 +195,6 @@ def _full_disk(err: OSError, plan: RunPlan) -> PrivfedError:
 
 def train_exit_code(summary: dict[str, Any]) -> int:
     """What `privfed train` exits with for a run that ended with ``summary``: 0, or why it did not finish."""
-    from privfed.run.stop import INTERRUPTED, run_failed, stop_cause
-
     if stop_cause(summary) == INTERRUPTED:
         return INTERRUPTED_EXIT_CODE
     if run_failed(summary):
@@ -260,11 +256,9 @@ def evaluate(
     knn_temperature: float = config_option("knn_temperature"),
 ) -> None:
     """Re-evaluate a saved encoder on any labelled datasets, or draw its representations; appends to RUN_DIR/evaluation.json."""
-    from privfed.api import evaluate as evaluate_run
-
     view = ProgressView()
     try:
-        result = evaluate_run(
+        result = api.evaluate(
             run_dir,
             train_data=train_data,
             test_data=test_data,
@@ -327,13 +321,10 @@ def attack(
     )),
 ) -> None:
     """Invert a run's recorded releases as a semi-honest server would; writes RUN_DIR/attack.json and attack.png."""
-    from privfed.api import attack as attack_run
-    from privfed.config import check_seed
-
     check_seed("--seed", seed)
     view = ProgressView()
     try:
-        result = attack_run(
+        result = api.attack(
             run_dir, method=method, aux=aux, rounds=_parse_rounds(rounds), device=device, seed=seed,
             max_vectors=max_vectors, steps=steps, progress=view.attack_step, log=view.echo,
         )
@@ -392,11 +383,8 @@ def study(
     download: bool | None = STUDY_DOWNLOAD,
 ) -> None:
     """Run every cell of a study (train, evaluate, attack), skipping finished ones; write results.csv and results.md."""
-    overrides = {"dataset": dataset, "data_dir": data_dir, "download": download}  # on top of [base]; None: not given
-    if report:
-        _report_study_file(study_file, out, overrides)
-    else:
-        _run_study_file(study_file, out, overrides, reuse_stale=reuse_stale)
+    _echo_written(_studied(api.study, study_file, out=out, report=report, reuse_stale=reuse_stale, dataset=dataset,
+                           data_dir=data_dir, download=download))
 
 
 @app.command(cls=HelpCommand)
@@ -412,105 +400,46 @@ def tune(
     download: bool | None = STUDY_DOWNLOAD,
 ) -> None:
     """Rank hyperparameters without labels by Align + 0.2 Unif (paper §5), with the label-based accuracy beside it; writes tuning.md."""
-    from privfed.studies.tables import tuning_ranking
-
-    overrides = {"dataset": dataset, "data_dir": data_dir, "download": download}
-    records, folder = _run_study_file(study_file, out, overrides, reuse_stale=reuse_stale)
-    ranking = tuning_ranking(records)
-    (folder / "tuning.md").write_text(
-        f"# Tuning {study_file.stem}\n\nHigher score first; the accuracy is for comparison only (it "
-        f"needs labels).\n\n{ranking}"
-    )
-    typer.echo(ranking)
-    typer.echo(f"wrote {folder / 'tuning.md'}")
+    result = _studied(api.tune, study_file, out=out, reuse_stale=reuse_stale, dataset=dataset, data_dir=data_dir,
+                      download=download)
+    _echo_written(result.study)
+    typer.echo(result.ranking)
+    typer.echo(f"wrote {result.path}")
 
 
-def _run_study_file(
-    study_file: Path, out: Path | None, overrides: dict[str, Any], *, reuse_stale: bool = False
-) -> tuple[list[CellRecord], Path]:
-    """Runs (or continues) a study and writes its tables; returns its records and directory."""
-    from privfed.api import make_directory
-    from privfed.run.directory import RunDirectory
-    from privfed.studies.cell_work import check_cells_plan, study_row
-    from privfed.studies.grid import Study
-    from privfed.studies.runner import recorded_cells, run_study
+Studied = TypeVar("Studied", "StudyResult", "TuneResult")
 
-    spec = Study.load(study_file, overrides=overrides)
-    attack = None
-    if spec.attack is not None:
-        from attacks.evaluation import attack_last_round
-        from privfed.api import check_attack_settings
 
-        # an unknown attack or setting fails before anything trains
-        check_attack_settings(spec.attack, spec.attack_settings, where=f"study file {study_file}: [attack_settings] for {spec.attack}")
-        attack = functools.partial(attack_last_round, attack_settings=spec.attack_settings or None)
-    _check_study_data(spec)
-    folder = out or Path("studies") / study_file.stem
-    check_path(folder, "the study directory")
-    check_cells_plan(spec, folder)  # a cell that cannot run stops the study before any trains
-    make_directory(folder, kind="study directory")
+def _studied(call: Callable[..., Studied], study_file: Path, **options: Any) -> Studied:
+    """``privfed.study`` or ``privfed.tune`` with its progress drawn; Ctrl-C exits 130 after naming what it wrote."""
+    from privfed.studies.results import StudyStopped  # not at the top: the studies' modules would add ~0.1 s to --help
+
     view = ProgressView()  # inside a cell: bars on a terminal, nothing in a log (its lines are the cells')
-    if attack is not None:
-        attack = functools.partial(attack, progress=view.step)
 
-    def work(cell: Any, cell_folder: Path) -> dict[str, Any]:
-        try:
-            return study_row(
-                cell, cell_folder, attack_method=spec.attack, attack=attack, finetune=spec.finetune,
-                round_progress=RoundProgress(view, lines=False, label=f"{cell.run_name} rounds"), step_progress=view.step,
-            )
-        finally:
-            view.close()
+    def line(text: str) -> None:
+        view.close()  # the study's lines come between cells: the bars of the cell before go
+        view.echo(text)
 
-    with RunDirectory(folder).claimed():
-        try:
-            records = run_study(spec, folder, work, progress=view.echo, reuse_stale=reuse_stale)
-        except KeyboardInterrupt as stop:
-            typer.echo(f"study stopped ({stop}); the same command continues it", err=True)
-            _write_study_results(spec, study_file, folder, recorded_cells(spec, folder))
-            raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
-        _write_study_results(spec, study_file, folder, records)
-    return records, folder
+    try:
+        result = call(study_file, log=line, run_progress=lambda name: RoundProgress(view, lines=False, label=f"{name} rounds"),
+                      progress=view.step, **options)
+    except StudyStopped as stop:
+        view.close()
+        typer.echo(f"study stopped ({stop}); the same command continues it", err=True)
+        _echo_written(stop.result)
+        raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
+    finally:
+        view.close()
+    return result
 
 
-def _check_study_data(spec: Study) -> None:
-    """Stops before the first cell when a cell's data is missing (instead of every cell failing alike)."""
-    from privfed.data.datasets import check_dataset_present
-
-    for config in {cell.config for cell in spec.cells()}:
-        for dataset in filter(None, (config.dataset, config.test_dataset)):
-            check_dataset_present(dataset, data_dir=Path(config.data_dir), download=config.download)
-
-
-def _report_study_file(study_file: Path, out: Path | None, overrides: dict[str, Any]) -> None:
-    """Writes a study's tables and plots from its recorded runs, running nothing (e.g. while it is stopped)."""
-    from privfed.studies.grid import Study
-    from privfed.studies.runner import recorded_cells
-
-    spec = Study.load(study_file, overrides=overrides)
-    folder = out or Path("studies") / study_file.stem
-    check_path(folder, "the study directory")
-    records = recorded_cells(spec, folder) if folder.is_dir() else []
-    if not records:
-        raise PrivfedError(f"{folder} holds no recorded run of {study_file}; run the study first")
-    _write_study_results(spec, study_file, folder, records)
-
-
-def _write_study_results(spec: Study, study_file: Path, folder: Path, records: list[CellRecord]) -> None:
-    """results.csv, results.md and the plots of ``records`` (every cell, or those recorded when stopped)."""
-    from privfed.studies.plots import write_study_plots
-    from privfed.studies.tables import write_csv, write_markdown
-
-    if not records:
+def _echo_written(result: StudyResult) -> None:
+    """The ``wrote ...`` line: the study's tables and plots, and how many runs they hold (nothing when none)."""
+    if not result.written:
         return
-    cells = len(spec.cells())
-    write_csv(records, folder / "results.csv")
-    write_markdown(records, folder / "results.md", title=f"Study {study_file.stem}", cells=cells)
-    pictures = write_study_plots(records, folder)
-    failed = sum(not r.finished for r in records)
-    written = ", ".join(str(p) for p in [folder / "results.csv", folder / "results.md", *pictures])
-    partial = f" of the study's {cells}" if len(records) < cells else ""
-    typer.echo(f"wrote {written} ({len(records) - failed} runs{partial}, {failed} failed)")
+    written = ", ".join(str(path) for path in result.written)
+    partial = f" of the study's {result.cells}" if len(result.records) < result.cells else ""
+    typer.echo(f"wrote {written} ({len(result.records) - result.failed} runs{partial}, {result.failed} failed)")
 
 
 @app.command(name="attacks", cls=HelpCommand)
@@ -613,8 +542,6 @@ def main(argv: list[str] | None = None) -> None:
 
 def _run(argv: list[str] | None) -> None:
     """Runs one command; every way it can end becomes an exit code (and one line on stderr for bad input)."""
-    from privfed.run.interruption import signals_stop_runs
-
     try:
         with signals_stop_runs():  # only the command line lets Ctrl-C stop a run after its round
             code = app(args=argv, prog_name="privfed", standalone_mode=False)  # a typer.Exit's code is returned

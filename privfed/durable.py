@@ -54,6 +54,18 @@ def make_folder(folder: Path) -> Path:
     return folder
 
 
+def make_directory(path: Path, *, kind: str) -> None:
+    """Creates ``path``, or says in one line why it cannot (a file in the way, no permission)."""
+    try:
+        make_folder(path)  # its name on disk: a run's ledger is in it
+    except FileExistsError:
+        raise PrivfedError(f"cannot create the {kind} {path}: a file is in the way") from None
+    except OSError as err:
+        raise PrivfedError(f"cannot create the {kind} {path}: {err.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PrivfedError(f"cannot write in the {kind} {path}: permission denied")
+
+
 def write_whole(path: Path, write: Callable[[Path], object], *, tmp: Path | None = None) -> Path:
     """``write`` into a temporary file (``tmp``; default ``.NAME.tmp``), flushed to disk and renamed over ``path``:
     never half a file, nor the old one back after a crash."""

@@ -3,6 +3,7 @@ input is a PrivfedError."""
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import re
@@ -167,7 +168,7 @@ def test_importing_privfed_loads_neither_torch_nor_flower():
     code = "import sys, privfed; print(privfed.__version__, 'torch' in sys.modules, 'flwr' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
     assert out.split() == [privfed.__version__, "False", "False"]
-    assert privfed.train is privfed.api.train and "evaluate" in dir(privfed)
+    assert privfed.train is privfed.api.train and {"evaluate", "study", "tune"} <= set(dir(privfed))
     with pytest.raises(AttributeError):
         privfed.no_such_name  # noqa: B018
 
@@ -184,3 +185,42 @@ def test_a_ray_run_from_python_puts_back_the_sigterm_handler_ray_replaces(tmp_pa
         state.assert_untouched()
     assert run.summary["stopped_early"] is None
     assert {name: os.environ.get(name) for name in before} == before
+
+
+def _without_wall_time(text: str) -> str:
+    """``results.md`` less its table's ``wall_seconds`` column (the one figure two runs of a cell never share)."""
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("| setting |"))
+    column = [part.strip() for part in header.split("|")].index("wall_seconds")
+    return "\n".join(
+        "|".join(part for i, part in enumerate(line.split("|")) if i != column) if line.startswith("|") else line
+        for line in lines
+    )
+
+
+def test_a_study_from_python_writes_what_privfed_study_writes_and_tune_ranks_it_alike(tmp_path, run_privfed):
+    study_file = tmp_path / "tiny.toml"
+    study_file.write_text("seeds = [0]\n[base]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in TINY.items()))
+    command = run_privfed("study", str(study_file), "--out", str(tmp_path / "cli"))
+    assert command.returncode == 0, command.stderr[-3000:]
+    lines: list[str] = []
+    with ProcessState() as state:
+        result = privfed.study(study_file, out=tmp_path / "api", log=lines.append)
+        state.assert_untouched()
+    assert lines == ["[1/1] base-seed0 (0 done, 1 to run)"]
+    assert [p.relative_to(result.folder) for p in result.written] == [
+        Path("results.csv"), Path("results.md"), Path("accuracy-by-setting.png")]
+    shown = ", ".join(str(tmp_path / "cli" / p.relative_to(result.folder)) for p in result.written)
+    assert f"wrote {shown} (1 runs, 0 failed)" in command.stdout
+    rows = {side: [{k: v for k, v in row.items() if k != "wall_seconds"}
+                   for row in csv.DictReader((tmp_path / side / "results.csv").open())] for side in ("cli", "api")}
+    assert rows["api"] == rows["cli"] and rows["api"][0]["knn"] and not rows["api"][0].get("error")
+    assert _without_wall_time((tmp_path / "api" / "results.md").read_text()) == _without_wall_time(
+        (tmp_path / "cli" / "results.md").read_text())
+    # The cells are finished: tune trains nothing, and ranks both alike.
+    tuned = privfed.tune(study_file, out=tmp_path / "api")
+    command = run_privfed("tune", str(study_file), "--out", str(tmp_path / "cli"))
+    assert command.returncode == 0, command.stderr[-3000:]
+    assert tuned.ranking in command.stdout and f"wrote {tmp_path / 'cli' / 'tuning.md'}" in command.stdout
+    assert tuned.path.read_text() == (tmp_path / "cli" / "tuning.md").read_text()
+    assert tuned.study.records == result.records

@@ -40,7 +40,7 @@ def _append_one(args: tuple[str, int]) -> None:
 def test_a_new_run_directory_is_on_disk_under_its_name_before_its_ledger_is(tiny_config, tmp_path, synced):
     """The ledger's name is flushed into the run directory; the directory's own name must be too, or a crash takes the
     whole run, its spent budget with it."""
-    from privfed.api import make_directory
+    from privfed.durable import make_directory
 
     run = tmp_path / "runs" / "a"
     make_directory(run, kind="run directory")

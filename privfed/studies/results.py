@@ -1,0 +1,88 @@
+"""A study's results: the files written from its cells' records, and what a run of the study gives back.
+
+The records may be every cell's or those recorded so far (a stopped study,
+``--report``); the tables then say they are partial. This module loads
+no torch (the plots load it when drawn), so the command line imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from privfed.studies.grid import Study
+from privfed.studies.runner import CellRecord
+from privfed.studies.tables import tuning_ranking, write_csv, write_markdown
+
+TUNING_FILE = "tuning.md"
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    """A study's directory, its cells' records and the files written from them.
+
+    Attributes:
+        folder: The study directory.
+        records: The cells that have a record, in the study's order.
+        cells: How many cells the study has (more than ``records`` while it is unfinished).
+        written: ``results.csv``, ``results.md`` and the plots drawn; empty when no cell has a record.
+    """
+
+    folder: Path
+    records: tuple[CellRecord, ...]
+    cells: int
+    written: tuple[Path, ...]
+
+    @property
+    def failed(self) -> int:
+        """The recorded cells that ended in an error (``cell.json``'s ``error``)."""
+        return sum(not record.finished for record in self.records)
+
+
+class StudyStopped(KeyboardInterrupt):
+    """Ctrl-C stopped the study after the tables and plots of the cells recorded so far were written (``result``).
+
+    The same call (or command) continues it.
+    """
+
+    def __init__(self, reason: str, result: StudyResult) -> None:
+        super().__init__(reason)
+        self.result = result
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """A tuning study's result and its ranking.
+
+    Attributes:
+        study: The study's own result (its tables and plots).
+        ranking: The settings ranked by tuning score, as ``tuning.md`` holds it (Markdown).
+        path: ``tuning.md``.
+    """
+
+    study: StudyResult
+    ranking: str
+    path: Path
+
+
+def write_results(study: Study, folder: Path, records: list[CellRecord], *, name: str) -> StudyResult:
+    """Writes the tables and plots of ``records`` into ``folder`` (nothing when there are none); ``name`` titles them."""
+    from privfed.studies.plots import write_study_plots  # matplotlib and torch: only once there is something to draw
+
+    cells = len(study.cells())
+    if not records:
+        return StudyResult(folder, (), cells, ())
+    write_csv(records, folder / "results.csv")
+    write_markdown(records, folder / "results.md", title=f"Study {name}", cells=cells)
+    pictures = write_study_plots(records, folder)
+    return StudyResult(folder, tuple(records), cells, (folder / "results.csv", folder / "results.md", *pictures))
+
+
+def write_tuning(result: StudyResult, *, name: str) -> TuneResult:
+    """Ranks the study's settings by the label-free tuning score and writes ``tuning.md`` beside its tables."""
+    ranking = tuning_ranking(list(result.records))
+    path = result.folder / TUNING_FILE
+    path.write_text(
+        f"# Tuning {name}\n\nHigher score first; the accuracy is for comparison only (it needs labels).\n\n{ranking}"
+    )
+    return TuneResult(result, ranking, path)
