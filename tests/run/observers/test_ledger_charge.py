@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 
 from privfed.orchestra.round_report import Rejection, RoundReport
-from privfed.run.observers.ledger_charge import IN_PROGRESS_STATEMENT, REJECTED_STATEMENT, ChargeReleases, ChargeTraining
+from privfed.run.observers.ledger_charge import (
+    IN_PROGRESS_STATEMENT,
+    REJECTED_STATEMENT,
+    ChargeReleases,
+    ChargeTraining,
+)
 from privfed.run.plan import plan_run
 from tests.run.observers.small_run import finished, ledger_of, mechanism_of, release
 
