@@ -2,7 +2,7 @@
 
 The default run (``privfed train``'s defaults) is trained with a resume
 point after every round, and the time spent writing them is measured inside
-the run: the driver's :func:`privfed.run.resume.write_resume_point` is wrapped
+the run: the resume-point observer's :func:`privfed.run.resume.write_resume_point` is wrapped
 in a timer. The overhead is that time over the run's wall time, so it does
 not depend on how busy the machine is. ``--end-to-end`` also trains each
 seed with ``checkpoint_every=0`` (only at a stop and the end), interleaved,
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import privfed.run.driver
+import privfed.run.observers.resume_point
 from privfed.config import build_config
 from privfed.federation.simulation import simulate
 from privfed.run.plan import plan_run
@@ -29,7 +29,7 @@ from privfed.run.resume import RESUME_FILE, write_resume_point
 
 
 class TimedWrites:
-    """Wraps the driver's resume-point writer and adds up the seconds it takes."""
+    """Wraps the resume-point observer's writer and adds up the seconds it takes."""
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
@@ -44,12 +44,12 @@ class TimedWrites:
 def train(every: int, seed: int, rounds: int | None, folder: Path) -> tuple[dict[str, Any], TimedWrites]:
     out = folder / f"every{every}-seed{seed}"
     timed = TimedWrites()
-    privfed.run.driver.write_resume_point = timed  # type: ignore[assignment]
+    privfed.run.observers.resume_point.write_resume_point = timed  # type: ignore[assignment]
     try:
         overrides = {} if rounds is None else {"rounds": rounds}
         summary = simulate(plan_run(build_config(checkpoint_every=every, seed=seed, out=str(out), device="cpu", **overrides)))
     finally:
-        privfed.run.driver.write_resume_point = write_resume_point  # type: ignore[assignment]
+        privfed.run.observers.resume_point.write_resume_point = write_resume_point  # type: ignore[assignment]
     summary["resume_point_bytes"] = (out / "checkpoints" / RESUME_FILE).stat().st_size
     return summary, timed
 

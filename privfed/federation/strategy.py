@@ -98,7 +98,8 @@ class OrchestraStrategy(Strategy):
         self.clients_per_round = clients_per_round
         self.on_round_end = on_round_end
         self._keys = shared_keys(server.network)
-        self.stop_reason: str | None = None  # once set, no further round is configured: training ends cleanly
+        #: The driver's reason to stop (its round hook's answer); once set, no further round is configured.
+        self.stop_reason: str | None = None
         self._rng = np.random.default_rng(seed)
         self.partition_of = partition_of
         self.reply_rules = reply_rules
@@ -199,12 +200,10 @@ class OrchestraStrategy(Strategy):
         self._rejected.extend(rejected)
         if not accepted:
             # Nothing to apply: the round is logged and charged (the rejected replies reached the server), the
-            # model stays as it was, and the run stops with a summary that says why instead of a traceback.
+            # model stays as it was, and the driver stops the run with a summary that says why.
             reason = self._unusable_reason(server_round, len(failures))
             logger.warning("%s", reason)
             self._close_round(server_round, [], None, {}, unusable=reason)
-            if self.stop_reason is None:
-                self.stop_reason = reason
             return ndarrays_to_parameters(state_to_arrays(self.server.global_state(), self._keys)), {}
         trains, dropped = self.next_round_trains, None
         try:

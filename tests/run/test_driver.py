@@ -138,9 +138,11 @@ def test_after_a_kill_the_round_in_progress_charges_its_silent_clients(ldp_after
 
 
 def test_after_a_clean_stop_no_silent_client_is_charged(tiny_config, tmp_path):
-    driver = started(tiny_config.replace(mechanism="ldp", epsilon=2.0, rounds=3, checkpoint_every=1, out=str(tmp_path / "run")))
-    driver.stop_request = StopRequest()
-    driver.stop_request.request("interrupted by SIGINT")  # Ctrl-C during round 0: the run stops after it, as a real one
+    request = StopRequest()
+    config = tiny_config.replace(mechanism="ldp", epsilon=2.0, rounds=3, checkpoint_every=1, out=str(tmp_path / "run"))
+    driver = RunDriver(plan_run(config), stop=request)
+    driver.start()
+    request.request("interrupted by SIGINT")  # Ctrl-C during round 0: the run stops after it, as a real one
     release = honest_ldp_release(driver)
     assert driver.on_round_end(report((0, release), (1, release), (2, release))).startswith("interrupted by SIGINT")
     driver.finish(secure_aggregation={"enabled": False})
@@ -276,8 +278,8 @@ def test_a_round_charged_before_a_kill_and_replayed_in_other_words_charges_nothi
     driver.on_round_end(report((0, release), (1, release), (2, release)))
     first = RoundReport(round=1, completed=1, failures=0, seconds=0.1, server_stats={}, sampled_clients=(0, 1, 2),
                         releases=[(0, release)], training_events=[(0, ())], rejected=[Rejection(1, "bad")])
-    driver._charge_releases(first)
-    driver._record_training(first)  # killed here: no metrics line, no resume point, no summary
+    driver.charge_releases.charge(first)
+    driver.charge_training.charge(first)  # killed here: no metrics line, no resume point, no summary
     charged = [line for line in ledger_lines(driver) if line["round"] == 1]
     assert sorted((line["client"], line["kind"]) for line in charged) == [(0, "dp_sgd"), (0, "release"), (1, "dp_sgd"),
                                                                           (1, "release")]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import privfed.run.driver as driver
+import privfed.run.observers.resume_point as resume_point
 from privfed.config import build_config
 from privfed.federation.simulation import simulate
 from privfed.privacy.ledger import PrivacyLedger
@@ -62,7 +62,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def dying_at(monkeypatch: pytest.MonkeyPatch, run: Path, point: str) -> None:
     """Makes the server die at ``point`` of round :data:`KILLED_ROUND` (each write made whole first, as a kill finds it)."""
-    record, append_metrics, write_point = PrivacyLedger.record, RunDirectory.append_metrics, driver.write_resume_point
+    record, append_metrics, write_point = PrivacyLedger.record, RunDirectory.append_metrics, resume_point.write_resume_point
 
     def charging(ledger: PrivacyLedger, entry) -> None:
         ours = ledger.path == run / "ledger.jsonl" and entry.round == KILLED_ROUND  # not a client's own ledger
@@ -87,7 +87,7 @@ def dying_at(monkeypatch: pytest.MonkeyPatch, run: Path, point: str) -> None:
 
     monkeypatch.setattr(PrivacyLedger, "record", charging)
     monkeypatch.setattr(RunDirectory, "append_metrics", logging)
-    monkeypatch.setattr(driver, "write_resume_point", pointing)
+    monkeypatch.setattr(resume_point, "write_resume_point", pointing)
 
 
 @pytest.mark.parametrize("point", POINTS)

@@ -1,0 +1,48 @@
+"""``--record-releases``: keeps each round as the server saw it, the state it sent and the releases it got.
+
+The file format is :mod:`privfed.run.recording`'s; ``privfed attack`` reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mechanisms.base import Mechanism
+from privfed.orchestra.server import OrchestraServer
+from privfed.run.directory import RunDirectory
+from privfed.run.observers.base import FinishedRound, RoundObserver
+from privfed.run.recording import RecordedRound, write_round
+
+
+class RecordReleases(RoundObserver):
+    """Writes ``RUN_DIR/releases/round-XXXX.pt`` for every round (nothing for a method that releases nothing).
+
+    The state every client of round r started from is the server's after
+    round r-1 (or the initial one), which is why it is remembered here until
+    the next round ends: build this observer once the server holds the state
+    of the first round to come.
+    """
+
+    def __init__(
+        self, run_dir: RunDirectory, server: OrchestraServer, mechanism: type[Mechanism] | None, params: dict[str, Any]
+    ) -> None:
+        self.run_dir = run_dir
+        self.server = server
+        self.mechanism = mechanism
+        self.params = params
+        self._sent = server.global_state(), server.centroids
+
+    def after_round(self, finished: FinishedRound) -> None:
+        state, centroids = self._sent
+        report = finished.report
+        if self.mechanism is not None:
+            recorded = RecordedRound.of(
+                report.round,
+                model_state=state,
+                centroids=centroids,
+                mechanism=self.mechanism.name,
+                mechanism_params=self.params,
+                releases=report.releases,
+            )
+            write_round(self.run_dir.releases, recorded)
+        self._sent = self.server.global_state(), self.server.centroids
