@@ -107,7 +107,8 @@ class StopRules(RoundObserver):
         if rounds_done == 0:
             return f"{ended}no training round ran; the model is unchanged since round 0"
         why = "; ".join(dict.fromkeys(self.dropped))
-        return f"{ended}rounds 1 to {rounds_done} applied no model update ({why}); the model is unchanged since round 0"
+        span = "round 1" if rounds_done == 1 else f"rounds 1 to {rounds_done}"
+        return f"{ended}{span} applied no model update ({why}); the model is unchanged since round 0"
 
     def _stop(self, cause: str, round_index: int, message: str, *, overrides: bool = False) -> None:
         """Records the run's stop and tells the progress display; the first stands unless this one ``overrides`` it."""

@@ -60,9 +60,18 @@ def test_a_spent_budget_outranks_an_earlier_stop(tiny_config, tmp_path):
 
 def test_a_runtime_that_ends_early_is_a_stop_and_the_figures_survive_a_resume(tiny_config, tmp_path):
     rules, _ = rules_for(tiny_config.replace(rounds=3), tmp_path)
-    rules.after_round(finished(round_(1, dropped="halted")))
-    rules.at_end(1)
-    assert rules.stop.cause == RUNTIME_ENDED and rules.reason == "the runtime ended after round 1 of 3"
+    rules.after_round(finished(round_(1)))
+    rules.after_round(finished(round_(2, dropped="halted")))
+    rules.at_end(2)
+    assert rules.stop.cause == RUNTIME_ENDED and rules.reason == "the runtime ended after round 2 of 3"
     again, _ = rules_for(tiny_config.replace(rounds=3), tmp_path / "again")
     again.restore(rules.figures(), round_index=3)  # no round left: the run ends as it stopped
     assert again.stop == rules.stop and again.dropped == ["halted"]
+
+
+def test_a_runtime_that_ends_early_having_applied_no_update_is_a_failed_run(tiny_config, tmp_path):
+    rules, _ = rules_for(tiny_config.replace(rounds=3), tmp_path)
+    rules.after_round(finished(round_(1, dropped="halted")))
+    rules.at_end(1)
+    assert rules.stop.cause == NO_UPDATES
+    assert rules.reason.startswith("the runtime ended after round 1 of 3; round 1 applied no model update")
