@@ -119,6 +119,7 @@ def test_mechanisms_lists_kanon(run_privfed):
 
 
 def test_a_run_directory_in_use_is_not_resumed(tmp_path, run_privfed):
+    (tmp_path / "config.json").write_text("{}")  # a run's folder (one that holds none is refused before its lock)
     with RunDirectory(tmp_path).claimed():  # as a training process holds it
         assert_user_error(run_privfed("train", "--resume", str(tmp_path)), "in use by another privfed process")
 

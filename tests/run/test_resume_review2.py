@@ -59,6 +59,7 @@ def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
 # --- 1. The binding: ledgers and config.json ------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a real stopped run (test_resume_integrity's), copied per test
 def test_reordered_server_ledger_lines_are_refused(run, no_training, capsys):
     ledger = run / "ledger.jsonl"
     lines = ledger.read_text().splitlines(keepends=True)
@@ -66,6 +67,7 @@ def test_reordered_server_ledger_lines_are_refused(run, no_training, capsys):
     assert f"{ledger}'s first 8 entries are not those the resume point recorded" in resume_refused(run, capsys)
 
 
+@pytest.mark.slow  # a real stopped run (test_resume_integrity's), copied per test
 def test_a_recorded_server_ledger_line_duplicated_at_the_end_is_refused(run, no_training, capsys):
     ledger = run / "ledger.jsonl"
     last = ledger.read_text().splitlines(keepends=True)[-1]
@@ -74,6 +76,7 @@ def test_a_recorded_server_ledger_line_duplicated_at_the_end_is_refused(run, no_
     assert f"{ledger} charges round 1 after the entries its resume point (round 1) recorded" in resume_refused(run, capsys)
 
 
+@pytest.mark.slow  # a real stopped run (test_resume_integrity's), copied per test
 def test_client_ledgers_of_one_run_are_alike_so_swapping_them_changes_nothing(run):
     """A client's own ledger names itself client 0 (its node's only client): clients of one size that took part in
     the same rounds keep byte-identical files, and a swap of two is no edit at all."""
@@ -110,12 +113,14 @@ def test_two_client_ledgers_that_differ_swapped_are_refused(tiny_config, tmp_pat
         plan_resume(folder, {})
 
 
+@pytest.mark.slow  # a real stopped run (test_resume_integrity's), copied per test
 def test_a_client_ledger_renamed_to_a_client_that_has_none_is_refused(run, no_training, capsys):
     ledger = client_ledger(run)
     ledger.rename(ledger.with_name("privfed-ledger-partition-99.jsonl"))
     assert f"{ledger} is gone, but the resume point recorded 2 entries in it" in resume_refused(run, capsys)
 
 
+@pytest.mark.slow  # a real stopped run (test_resume_integrity's), copied per test
 @pytest.mark.parametrize("edit", ["trailing space", "CRLF", "blank line appended", "no final newline"])
 def test_whitespace_edits_of_a_ledger_are_refused_in_one_line(run, no_training, capsys, edit):
     ledger = run / "ledger.jsonl"
@@ -129,6 +134,7 @@ def test_whitespace_edits_of_a_ledger_are_refused_in_one_line(run, no_training, 
     assert str(ledger) in resume_refused(run, capsys)
 
 
+@pytest.mark.slow  # a real stopped run (test_resume_integrity's), copied per test
 def test_an_extra_client_ledger_is_accepted_and_only_adds_charges(run):
     """Not bound (the point never knew it), and harmless: every entry in it is a charge more, none is a refund."""
     extra = client_ledger(run).with_name("privfed-ledger-partition-7.jsonl")
@@ -137,6 +143,7 @@ def test_an_extra_client_ledger_is_accepted_and_only_adds_charges(run):
     assert point.round == 1 and "client-ledgers/privfed-ledger-partition-7.jsonl" not in point.ledgers
 
 
+@pytest.mark.slow  # a real stopped run (test_resume_integrity's), copied per test
 def test_config_json_rewritten_with_other_key_order_and_layout_resumes(run):
     """The binding compares config.json's values, not its bytes: a re-serialised file is the same run."""
     path = run / "config.json"
@@ -145,6 +152,7 @@ def test_config_json_rewritten_with_other_key_order_and_layout_resumes(run):
     assert plan_resume(run, {})[1].round == 1
 
 
+@pytest.mark.slow  # a real stopped run (test_resume_integrity's), copied per test
 def test_config_json_with_an_added_key_is_refused_in_one_line(run, no_training, capsys):
     path = run / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "note": "mine"}))
@@ -156,11 +164,13 @@ def test_config_json_with_an_added_key_is_refused_in_one_line(run, no_training, 
     ["--epsilon", "50"], ["--mechanism", "kanon"], ["--seed", "2"], ["--dataset", "shapes:400"], ["--delta", "1e-3"],
     ["--num-clients", "5"], ["--dp-sgd"], ["--memory-size", "64"], ["--lr", "0.5"],
 ], ids=lambda flags: " ".join(flags))
+@pytest.mark.slow  # a real stopped run (test_resume_integrity's), copied per test
 def test_other_flags_on_resume_are_refused_in_one_line(run, no_training, capsys, flags):
     line = refused(["train", "--resume", str(run), *flags], run, capsys)
     assert "--resume continues the recorded run; it cannot change" in line
 
 
+@pytest.mark.slow  # a real stopped run (test_resume_integrity's), copied per test
 def test_a_resume_point_of_another_run_of_the_same_configuration_is_refused_even_with_its_config(run, tmp_path,
                                                                                                 no_training, capsys):
     """Another run of the same configuration and seed, its config.json and resume.pt both copied in: its ledgers
@@ -316,6 +326,7 @@ def test_out_naming_a_file_is_refused_in_one_line_and_the_file_is_untouched(tmp_
     assert out.read_text() == "a user's file"
 
 
+@pytest.mark.slow  # a real stopped run (test_resume_integrity's), copied per test
 def test_a_link_to_a_used_folder_as_out_is_refused(runs, tmp_path):
     link = tmp_path / "link"
     os.symlink(runs / "stopped", link)
