@@ -267,10 +267,13 @@ def entries_after_point(run_dir: RunDirectory, point: ResumePoint) -> dict[Path,
     A client's may also be of an earlier round it was admitted to late: that only adds to its own charges.
 
     Raises:
-        PrivfedError: naming the file, when one the point recorded is gone, has fewer entries, or its recorded
-            entries changed; when a line after them is not a ledger entry; and when the server's ledger charges
-            a round up to the point's after it.
+        PrivfedError: naming the file, when it or its folder is a link, when one the point recorded is gone, has
+            fewer entries, or its recorded entries changed; when a line after them is not a ledger entry; and when
+            the server's ledger charges a round up to the point's after it.
     """
+    for folder in (run_dir.client_ledgers, run_dir.checkpoints):
+        if folder.is_symlink():  # what the run writes there would land outside its folder
+            raise PrivfedError(f"{folder} is a link, not a folder of this run's own: {UNKNOWN_SPENT}")
     found: dict[Path, list[LedgerEntry]] = {}
     for name in sorted(set(ledger_names(run_dir)) | set(point.ledgers)):
         path = run_dir.path / name

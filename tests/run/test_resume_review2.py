@@ -211,6 +211,19 @@ def test_a_resume_does_not_append_to_a_ledger_linked_from_outside_the_run(tiny_c
     assert elsewhere.read_bytes() == before
 
 
+@pytest.mark.parametrize("folder", ["client-ledgers", "checkpoints"])
+def test_a_resume_refuses_a_run_folder_whose_ledger_or_checkpoint_folder_is_a_link(tiny_config, tmp_path, folder):
+    driver = ldp_stopped_after_round_0(tiny_config, tmp_path)
+    inside = driver.run_dir.path / folder
+    if not inside.exists():
+        inside.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(inside, elsewhere)
+    os.symlink(elsewhere, inside)
+    with pytest.raises(PrivfedError, match=f"{folder} is a link"):
+        plan_resume(driver.run_dir.path, {})
+
+
 def gaussian_heavy(events: tuple[PrivacyEvent, ...], *, alone_above: float, delta: float) -> tuple[PrivacyEvent, ...]:
     """``events`` with the discrete Laplace parts made almost free and the Gaussian's noise lowered until the whole
     costs just more than ``alone_above`` on its own: "costlier" by the ledger's rule for two charges of one round."""
