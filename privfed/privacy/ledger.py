@@ -308,32 +308,32 @@ class PrivacyLedger:
         last digits), and the same k. One of other events (another mechanism
         or kind of noise) is refused (ValueError). Any other is counted beside
         the first, so the ledger composes both: a second charge can only raise
-        what a round cost, never lower it.
+        what a round cost (up to the PLD grid's rounding, which more events make finer).
         """
         if entry.events and entry.delta is None:
             if self.delta is None:
                 raise ValueError("a ledger without a delta cannot record a DP cost")
             entry = dataclasses.replace(entry, delta=float(self.delta))
         earlier = self._charged.get(_charge_key(entry), [])
+        if earlier and _shape(earlier[0]) != _shape(entry):
+            raise ValueError(f"client {entry.client}'s {entry.kind} of round {entry.round} was charged already, for other events")
+        if not self._add(entry):
+            return
         if earlier:
-            if _shape(earlier[0]) != _shape(entry):
-                raise ValueError(f"client {entry.client}'s {entry.kind} of round {entry.round} was charged already, for other events")
-            if any(_same_charge(entry, other) for other in earlier):
-                return
             logger.warning("client %d's %s of round %d was charged already, at other parameters: both charges count",
                            entry.client, entry.kind, entry.round)
-        self._add(entry)
         if self.path is not None:
             append_line(self.path, json.dumps(entry.to_dict()))
 
-    def _add(self, entry: LedgerEntry) -> None:
-        """Counts ``entry`` in memory, beside any other charge of its client, round and run (see :meth:`record`)."""
+    def _add(self, entry: LedgerEntry) -> bool:
+        """Counts ``entry`` in memory, beside any other charge of its client, round and run (see :meth:`record`);
+        False when it is the same as one counted already, which then stands alone."""
         part = DP_SGD if entry.kind == DP_SGD else RELEASES
         if part == RELEASES and entry.guarantee.k is not None:  # the smallest k of any charge stands
             self._min_k = entry.guarantee.k if self._min_k is None else min(self._min_k, entry.guarantee.k)
         charged = self._charged.setdefault(_charge_key(entry), [])
         if any(_same_charge(entry, other) for other in charged):
-            return  # a file holding one charge twice (a crash between the append and the resume point) pays it once
+            return False  # also a file holding one charge twice, read back: it is paid once
         charged.append(entry)
         if entry.run is not None:
             self._last_round[entry.run] = max(entry.round, self._last_round.get(entry.run, entry.round))
@@ -347,6 +347,7 @@ class PrivacyLedger:
                 self._epsilon_cache.clear()
             for p in (part, COMBINED):
                 self._epsilon_cache.pop((entry.client, p), None)
+        return True
 
     def pricing_delta(self, delta: float | None = None) -> float:
         """The delta to compute epsilons at: ``delta`` (default the ledger's), or an entry's own when smaller.

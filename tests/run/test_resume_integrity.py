@@ -39,27 +39,7 @@ def stopped_run(out: Path) -> None:
     assert summary["rounds"] == 1 and summary["stopped_early"].startswith("interrupted")
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run stopped after round 1."""
-    folder = tmp_path_factory.mktemp("integrity")
-    stopped_run(folder / "stopped")
-    return folder
-
-
-@pytest.fixture
-def run(runs: Path, tmp_path: Path) -> Path:
-    """A copy of the stopped run, to damage."""
-    shutil.copytree(runs / "stopped", tmp_path / "run")
-    return tmp_path / "run"
-
-
-@pytest.fixture
-def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fails the test at once if the resume reaches the runtime (it must be refused before)."""
-    import privfed.federation.simulation as simulation
-
-    monkeypatch.setattr(simulation, "simulate", lambda *a, **k: pytest.fail("the run was not refused"))
+# runs, run and no_training: tests/run/conftest.py
 
 
 def files(folder: Path) -> dict[str, bytes]:
