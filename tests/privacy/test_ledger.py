@@ -138,6 +138,16 @@ def test_a_replayed_charge_recalibrated_to_other_digits_is_the_same_charge(tmp_p
     assert resumed.spent(0) == PrivacyLedger.resume(path, mechanism="ldp", delta=DELTA).spent(0)
 
 
+def test_a_replayed_charge_off_by_more_than_the_tolerance_counts_beside_the_first(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger = PrivacyLedger(mechanism="ldp", delta=DELTA, path=path)
+    ledger.record(LedgerEntry(0, 1, "ldp", DP, RELEASE))
+    last = RELEASE[-1]
+    nudged = {**last.params, "noise_multiplier": last.params["noise_multiplier"] * (1 - 1e-6)}
+    ledger.record(LedgerEntry(0, 1, "ldp", DP, (*RELEASE[:-1], PrivacyEvent(last.name, nudged))))
+    assert ledger.releases(0) == 2 and len(path.read_text().splitlines()) == 2
+
+
 def test_a_new_ledger_file_is_on_disk_name_and_all_before_the_charge_returns(tmp_path, synced):
     """A crash must not lose a client's ledger, or its budget would start again: the folder is flushed as the file appears."""
     PrivacyLedger(mechanism="ldp", delta=DELTA, path=tmp_path / "ledger.jsonl").record(LedgerEntry(0, 1, "ldp", DP, RELEASE))

@@ -30,30 +30,9 @@ from privfed.run.resume import ResumePoint, read_resume_point, write_resume_poin
 from privfed.run.stop import INTERRUPTED, NO_UPDATES, UNUSABLE_ROUND, Stop
 from privfed.secagg.encoding import DecodedAggregate, max_useful_scale, next_scales
 from tests.run.test_driver import dropped, honest_ldp_release, report, resumed, started, vectors
-from tests.run.test_resume_integrity import client_ledger, refused, resume_refused, stopped_run
+from tests.run.test_resume_integrity import client_ledger, refused, resume_refused
 
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """test_resume_integrity's run stopped after round 1."""
-    folder = tmp_path_factory.mktemp("review2")
-    stopped_run(folder / "stopped")
-    return folder
-
-
-@pytest.fixture
-def run(runs: Path, tmp_path: Path) -> Path:
-    """A copy of the stopped run, to attack."""
-    shutil.copytree(runs / "stopped", tmp_path / "run")
-    return tmp_path / "run"
-
-
-@pytest.fixture
-def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fails the test at once if the resume reaches the runtime (it must be refused before)."""
-    import privfed.federation.simulation as simulation
-
-    monkeypatch.setattr(simulation, "simulate", lambda *a, **k: pytest.fail("the run was not refused"))
+# runs, run and no_training: tests/run/conftest.py
 
 
 # --- 1. The binding: ledgers and config.json ------------------------------------------------------------------------
@@ -366,6 +345,16 @@ def test_a_run_lock_link_does_not_make_the_run_write_outside_its_folder(tmp_path
             pass
     except PrivfedError:
         return  # refused: the claim holds
+    assert not target.exists()
+
+
+def test_a_run_lock_that_is_a_link_is_never_opened_through(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    target = tmp_path / "elsewhere.txt"
+    os.symlink(target, out / "run.lock")
+    with pytest.raises(PrivfedError, match=r"run\.lock is a link"), RunDirectory(out).claimed():
+        pass
     assert not target.exists()
 
 
