@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from mechanisms.ddp_sums import decode_table, lloyd_step, share_sigma, table_share
-from mechanisms.ldp import clip_to_radius
+from mechanisms.dp_pieces import clip_to_radius
 from mechanisms.ldp_sums import (
     count_scale,
     integer_table,

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from mechanisms.accounting import calibration_discretisation, epsilon_of
-from mechanisms.base import DIFFERENTIAL_PRIVACY, Guarantee, Mechanism, PrivacyEvent, Release, replace_one_dp_guarantee
+from mechanisms.base import DIFFERENTIAL_PRIVACY, Guarantee, PrivacyEvent, Release, ReleaseMechanism, replace_one_dp_guarantee
 
 #: Gaussian mechanisms per release: the cell sums and the cell counts.
 GAUSSIANS = 2
@@ -45,7 +45,7 @@ def _epsilon(noise_multiplier: float, delta: float, compositions: int, discretis
     return epsilon_of([event], delta, discretisation=discretisation)
 
 
-class GaussianCellSums(Mechanism):
+class GaussianCellSums(ReleaseMechanism):
     """(epsilon, delta)-DP noisy cell sums and counts over a public random partition."""
 
     name = "gauss-cells"

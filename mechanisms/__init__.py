@@ -9,7 +9,16 @@ from mechanisms import kanon as _kanon  # noqa: F401
 from mechanisms import ldp as _ldp  # noqa: F401
 from mechanisms import ldp_sums as _ldp_sums  # noqa: F401
 from mechanisms import reps as _reps  # noqa: F401
-from mechanisms.base import Guarantee, Mechanism, PrivacyEvent, Release
+from mechanisms.base import (
+    Guarantee,
+    Mechanism,
+    PrivacyEvent,
+    Release,
+    ReleaseMechanism,
+    SecureSumMechanism,
+    round_releases,
+)
+from mechanisms.planning import MechanismPlan, PlanRequest, SecureSumSetup
 from mechanisms.registry import (
     MechanismRegistrationError,
     UnknownMechanismError,
@@ -23,13 +32,19 @@ from mechanisms.registry import (
 __all__ = [
     "Guarantee",
     "Mechanism",
+    "MechanismPlan",
     "MechanismRegistrationError",
+    "PlanRequest",
     "PrivacyEvent",
     "Release",
+    "ReleaseMechanism",
+    "SecureSumMechanism",
+    "SecureSumSetup",
     "UnknownMechanismError",
     "available_mechanisms",
     "create_mechanism",
     "dp_mechanisms",
     "get_mechanism_class",
     "register_mechanism",
+    "round_releases",
 ]

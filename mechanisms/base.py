@@ -10,11 +10,15 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
+
+from mechanisms.planning import MechanismPlan, PlanRequest
 
 
 @dataclass(frozen=True)
@@ -97,235 +101,18 @@ NO_GUARANTEE = "none"
 GUARANTEE_KINDS = (DIFFERENTIAL_PRIVACY, K_ANONYMITY, NO_GUARANTEE)
 
 
-class Mechanism(abc.ABC):
-    """Turns a client's representations into what the server may see.
-
-    Subclasses set ``name``, ``description`` and ``guarantee_kind`` (and
-    ``releases_raw_data`` if they send representations as they are), and
-    implement :meth:`release` and :meth:`guarantee`. Constructor arguments
-    must be keyword-only so that configs can build mechanisms by name with
-    ``**params``.
-
-    A mechanism also describes its own privacy, so that privfed can budget
-    and state it without knowing its name: a differentially private one
-    implements :meth:`calibrate` (a total budget turned into constructor
-    arguments) and :meth:`privacy_events` (what one release costs). Its
-    guarantee must hold with respect to replacing one row of the ``reps``
-    it releases from by another (one representation, replace-one, as
-    :mod:`mechanisms.accounting` composes its events): that is the unit
-    privfed's ledger composes and its privacy statement quotes. privfed
-    hands a mechanism at most one row per image of the client (the latest
-    view of the images in its memory; of every image when the mechanism
-    samples its input, :attr:`secret_sampling`). A k-anonymous mechanism
-    takes a keyword-only ``min_k``, the run's smallest anonymity set, and
-    never releases a vector that averages fewer rows.
-
-    What privfed checks and what it trusts: the server recomposes the events
-    of a calibrated mechanism with its own accountant, charges every release
-    the events it planned, and refuses a release whose events or guarantee
-    kind differ from the plan and the class. Each client, in turn, accepts
-    only the parameters of its own calibration, builds the mechanism from
-    them (so the constructor must refuse noise its samplers cannot draw)
-    and charges their :meth:`privacy_events`. Neither can
-    see inside :meth:`release`: that the noise drawn there is the noise
-    :meth:`privacy_events` declares, and that the sensitivity is what the
-    events assume, is the mechanism's own promise.
-    """
-
-    name: ClassVar[str]
-    description: ClassVar[str]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Makes every :meth:`release` and :meth:`release_with_members` a subclass defines refuse non-finite input.
-
-        The check sits here, not in each mechanism, so that a direct caller
-        of any mechanism that defines these in its class body, built-in or
-        third-party, gets it (see :func:`check_representations`). One taken
-        from a class outside :class:`Mechanism`, a classmethod, or one set
-        after the class is made escapes it; :func:`checked_release` does not.
-        """
-        super().__init_subclass__(**kwargs)
-        for name in ("release", "release_with_members"):
-            method = cls.__dict__.get(name)
-            if callable(method) and not getattr(method, "__isabstractmethod__", False):
-                setattr(cls, name, _refusing_non_finite(method))
-
-    #: One of :data:`GUARANTEE_KINDS`: what every release of this mechanism carries.
-    #: A mechanism that does not say is taken to guarantee nothing.
-    guarantee_kind: ClassVar[str] = NO_GUARANTEE
-    #: True when the release contains client representations themselves (no protection at all).
-    releases_raw_data: ClassVar[bool] = False
-    #: True when :meth:`calibrate` takes ``sampling_rate`` and a mechanism built with it below 1 releases from a
-    #: secret Poisson sample of its input, drawn in :meth:`release` (see :attr:`input_sampling_rate`).
-    secret_sampling: ClassVar[bool] = False
-    #: True when clients send a :meth:`share` inside the secure sum instead of a :meth:`release`, and the
-    #: server reads only the sum, through :meth:`combine` (distributed DP).
-    aggregated: ClassVar[bool] = False
-
-    @property
-    def input_sampling_rate(self) -> float:
-        """Chance that a row handed to :meth:`release` enters it; below 1, privfed hands it one row per image of the client."""
-        return 1.0
-
-    @classmethod
-    def is_differentially_private(cls) -> bool:
-        """Whether releases carry privacy events that compose into an (epsilon, delta)."""
-        return cls.guarantee_kind == DIFFERENTIAL_PRIVACY
-
-    @classmethod
-    def calibrate(cls, *, epsilon: float, delta: float, num_releases: int) -> dict[str, Any]:
-        """Constructor arguments whose ``num_releases`` releases compose to at most ``(epsilon, delta)``.
-
-        The server calls this once per run and sends the result to every
-        client, so it must be JSON-able and fix every noise scale
-        explicitly: clients build the mechanism with ``cls(**params)`` and
-        must not re-calibrate. ``num_releases=1`` gives a per-release budget.
-        Only differentially private mechanisms implement it.
-
-        Raises:
-            NotImplementedError: for mechanisms that are not differentially private.
-        """
-        raise NotImplementedError(f"mechanism {cls.name!r} is not differentially private: it has no budget")
-
-    def privacy_events(self) -> tuple[PrivacyEvent, ...]:
-        """What one release costs, for the run's ledger (empty when not differentially private)."""
-        return ()
-
-    def rows_per_vector(self, *, rows: int, dim: int, num_centroids: int) -> float | None:
-        """Fewest representations a released vector must stand for to rise above the noise (None: no such floor).
-
-        privfed prints it before training (``privfed train``'s plan), next to
-        the rows clients hold: a client with fewer rows releases padding.
-        """
-        return None
-
-    # The three bounds below bound one client's pull on the server: each takes ``num_reps``, the most rows the
-    # caller can hand :meth:`release` (privfed: one per image in the client's memory, so the smaller of its size
-    # and the memory's; its size under DP-SGD, whose Poisson memory has no cap). The server rejects a release
-    # beyond them, so a large client weighs no more than an honest one of the same mechanism could.
-
-    @classmethod
-    def max_vectors(cls, *, num_reps: int, num_centroids: int) -> int:
-        """The most vectors an honest release from at most ``num_reps`` representations holds (the server rejects more)."""
-        return num_centroids
-
-    @classmethod
-    def max_total_weight(cls, *, num_reps: int, params: dict[str, Any]) -> float:
-        """The largest total weight an honest release from at most ``num_reps`` representations carries.
-
-        Weights count representations, so by default they total at most
-        ``num_reps`` (the server rejects heavier releases, which would let
-        one client outweigh the others in the global clustering). A
-        differentially private mechanism's weights carry noise the base
-        class cannot bound, so by default they may total
-        :data:`DP_WEIGHT_ROOM` times ``num_reps`` (at least that many, for a
-        tiny client); such a mechanism should override this with a bound on
-        its own noise, as ``ldp`` does.
-        """
-        if cls.is_differentially_private():
-            return DP_WEIGHT_ROOM * max(num_reps, 1)
-        return float(num_reps)
-
-    @classmethod
-    def max_k(cls, *, num_reps: int, num_vectors: int, params: dict[str, Any]) -> int | None:
-        """The largest anonymity set an honest release of ``num_vectors`` vectors from at most ``num_reps`` representations has.
-
-        None for a mechanism that is not k-anonymous (it states no k). A
-        k-anonymous release averages disjoint sets of at least ``k`` rows
-        per vector (rows are distinct images), so by default ``k`` is at most
-        ``num_reps // num_vectors``; the server credits no larger ``k``
-        whatever the release claims. A release of no vectors has no ``k``.
-        """
-        if cls.guarantee_kind != K_ANONYMITY or num_vectors <= 0:
-            return None
-        return num_reps // num_vectors
-
-    @abc.abstractmethod
-    def release(
-        self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
-    ) -> Release:
-        """Computes the release for one client.
-
-        Args:
-            reps: ``[n, D]`` L2-normalised representations held by the client,
-                one per distinct image.
-            num_centroids: ``L``, how many centroids the protocol expects.
-            generator: Source of randomness for non-private choices
-                (initialisation); DP noise must come from a secure source.
-        """
-
-    @abc.abstractmethod
-    def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
-        """The guarantee a release of ``num_reps`` representations would carry."""
-
-    def release_with_members(
-        self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
-    ) -> tuple[Release, torch.Tensor | None]:
-        """:meth:`release`, and which released vector each row of ``reps`` fed, where the mechanism knows it.
-
-        The members never leave a client: privfed asks for them only when it
-        replays a recorded round to score an inversion attack
-        (:mod:`attacks.scoring`), so that a reconstruction can be compared
-        with the images behind the vector it came from.
-
-        Returns:
-            ``(release, members)``: ``members[i]`` is the index of the
-            released vector row ``i`` contributed to, ``-1`` for none; None
-            when the mechanism cannot say (the default).
-        """
-        return self.release(reps, num_centroids=num_centroids, generator=generator), None
-
-    # An aggregated mechanism (:attr:`aggregated`) takes keyword-only ``min_shares`` (the fewest shares every
-    # secure sum holds: the run's SecAgg+ reconstruction threshold) and ``modulus`` (SecAgg+'s), which privfed adds
-    # to its calibration, as it adds ``min_k`` for a k-anonymous one. Its clients release nothing in round 0,
-    # which has no secure sum; the server starts from random centroids instead.
-
-    def share(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> np.ndarray:
-        """An aggregated mechanism's contribution to the secure sum: integers mod the protocol's modulus."""
-        raise NotImplementedError(f"mechanism {self.name!r} releases per client; it has no share for a secure sum")
-
-    def share_length(self, *, num_cells: int, dim: int) -> int:
-        """How many integers :meth:`share` returns with ``num_cells`` global centroids of dimension ``dim``."""
-        raise NotImplementedError(f"mechanism {self.name!r} releases per client; it has no share for a secure sum")
-
-    def check_secure_sum(self, *, threshold: int, modulus: int) -> None:
-        """Refuses (ValueError) a secure sum whose reconstruction threshold or modulus would not hold this share's noise.
-
-        A client calls it with the SecAgg+ settings the round was set up with,
-        before it computes anything.
-        """
-        raise NotImplementedError(f"mechanism {self.name!r} releases per client; it joins no secure sum")
-
-    def check_sum_capacity(self, *, max_summed: int, max_rows: int, num_cells: int, dim: int) -> None:  # noqa: B027 (optional hook)
-        """Refuses (ValueError) a run whose secure sum of ``max_summed`` shares could wrap the modulus (no-op by default).
-
-        ``max_rows`` is the most representations one client holds.
-        """
-
-    def combine(self, total: np.ndarray, *, centroids: torch.Tensor, num_summed: int) -> torch.Tensor:
-        """An aggregated mechanism's server side: the new global centroids from the sum of ``num_summed`` shares."""
-        raise NotImplementedError(f"mechanism {self.name!r} releases per client; it combines no secure sum")
-
-    def observe_global_centroids(self, centroids: torch.Tensor) -> None:  # noqa: B027 (optional hook)
-        """Sees the public global centroids before a release (no-op by default).
-
-        Lets a mechanism use public, data-independent context, such as a
-        hashing centre, without widening :meth:`release`.
-        """
-
-
 def _refusing_non_finite(method: Any) -> Any:
-    """``method`` (a release), preceded by :func:`check_representations` on its ``reps``."""
+    """``method`` (a release or share), preceded by :func:`check_representations` on its ``reps``."""
     if getattr(method, "_refuses_non_finite", False):
         return method
 
     @functools.wraps(method)
-    def release(self: Mechanism, reps: torch.Tensor, **kwargs: Any) -> Any:
+    def checked(self: Mechanism, reps: torch.Tensor, **kwargs: Any) -> Any:
         check_representations(reps)
         return method(self, reps, **kwargs)
 
-    release._refuses_non_finite = True  # type: ignore[attr-defined]
-    return release
+    checked._refuses_non_finite = True  # type: ignore[attr-defined]
+    return checked
 
 
 def check_representations(reps: torch.Tensor) -> None:
@@ -347,6 +134,254 @@ def check_representations(reps: torch.Tensor) -> None:
         raise ValueError(f"{bad} of {reps.shape[0]} representations hold NaN or Inf; nothing is released")
 
 
+class Mechanism(abc.ABC):
+    """What every mechanism tells privfed: its guarantee, what a round costs, and its own plan.
+
+    There are two kinds, each an interface of its own: a
+    :class:`ReleaseMechanism` sends each client's :class:`Release` to the
+    server, a :class:`SecureSumMechanism` sends a share that the server reads
+    only inside SecAgg+'s sum. Subclasses set ``name``, ``description`` and
+    ``guarantee_kind``; constructor arguments are keyword-only, so a plan's
+    parameters build the mechanism with ``cls(**params)``.
+
+    A differentially private mechanism implements :meth:`calibrate` and
+    :meth:`privacy_events`; its guarantee holds for replacing one row of the
+    representations it is handed by another (replace-one, as
+    :mod:`mechanisms.accounting` composes), the unit privfed's ledger
+    composes. privfed hands it at most one row per image of the client.
+    What privfed checks of a mechanism and what it trusts: docs/privacy.md,
+    "What a mechanism promises".
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    #: One of :data:`GUARANTEE_KINDS`: what every release carries (default: nothing).
+    guarantee_kind: ClassVar[str] = NO_GUARANTEE
+    #: True when what is sent holds client representations themselves (no protection at all).
+    releases_raw_data: ClassVar[bool] = False
+    #: The settings a run may give the mechanism (``privfed train``'s mechanism flags), with their defaults.
+    settings: ClassVar[Mapping[str, Any]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Makes every :meth:`ReleaseMechanism.release`, ``release_with_members`` and :meth:`SecureSumMechanism.share`
+        a subclass defines in its body refuse non-finite input (:func:`check_representations`)."""
+        super().__init_subclass__(**kwargs)
+        for name in ("release", "release_with_members", "share"):
+            method = cls.__dict__.get(name)
+            if callable(method) and not getattr(method, "__isabstractmethod__", False):
+                setattr(cls, name, _refusing_non_finite(method))
+
+    @classmethod
+    @abc.abstractmethod
+    def releases_in(cls, *, train: bool) -> bool:
+        """Whether a client sends anything of its representations in a round (``train`` False: an initialisation round)."""
+
+    @classmethod
+    def max_releases(cls, rounds: int) -> int:
+        """Releases one client makes when sampled in round 0 and every one of ``rounds`` training rounds."""
+        return rounds + int(cls.releases_in(train=False))
+
+    @classmethod
+    def is_differentially_private(cls) -> bool:
+        return cls.guarantee_kind == DIFFERENTIAL_PRIVACY
+
+    @classmethod
+    def calibrate(cls, *, epsilon: float, delta: float, num_releases: int) -> dict[str, Any]:
+        """Constructor arguments whose ``num_releases`` releases compose to at most ``(epsilon, delta)``.
+
+        JSON-able, with every noise scale explicit: clients build the
+        mechanism from them and never re-calibrate. Only DP mechanisms have it.
+        """
+        raise NotImplementedError(f"mechanism {cls.name!r} is not differentially private: it has no budget")
+
+    @classmethod
+    def calibration_options(cls, request: PlanRequest, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Keyword arguments :meth:`calibrate` takes besides the budget (none by default)."""
+        return {}
+
+    @classmethod
+    def checked_settings(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The class's :attr:`settings` with ``given`` over them; refuses one it does not take or of another type.
+
+        Raises:
+            ValueError: naming the setting.
+        """
+        unknown = sorted(set(given) - set(cls.settings))
+        if unknown:
+            takes = ", ".join(sorted(cls.settings)) or "none"
+            raise ValueError(f"mechanism {cls.name} takes no setting {unknown[0]!r} (it takes: {takes})")
+        for key, value in given.items():
+            if type(value) is not type(cls.settings[key]):
+                raise ValueError(f"mechanism {cls.name}'s {key} must be {type(cls.settings[key]).__name__}, got {value!r}")
+        return {**cls.settings, **given}
+
+    @classmethod
+    def planned_parameters(cls, request: PlanRequest, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """The constructor arguments every client builds the mechanism with: a DP one's calibration to the budget."""
+        if not cls.is_differentially_private():
+            return {}
+        if request.epsilon is None:
+            raise ValueError("it is differentially private and needs an epsilon")
+        params = cls.calibrate(
+            epsilon=request.epsilon, delta=request.delta, num_releases=request.num_releases,
+            **cls.calibration_options(request, settings),
+        )
+        try:
+            return json.loads(json.dumps(params))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"its calibrated parameters are not JSON: {err}") from None
+
+    @classmethod
+    def plan(cls, request: PlanRequest) -> MechanismPlan:
+        """The run's parameters for this mechanism and what one release costs.
+
+        Building the mechanism here refuses noise its samplers cannot draw
+        before any round is charged.
+
+        Raises:
+            ValueError: when the request does not fit the mechanism.
+        """
+        mechanism = cls(**(params := cls.planned_parameters(request, cls.checked_settings(request.settings))))
+        return MechanismPlan(params=params, events=mechanism.privacy_events(), mechanism=mechanism)
+
+    def privacy_events(self) -> tuple[PrivacyEvent, ...]:
+        """What one release costs, for the run's ledger (empty when not differentially private)."""
+        return ()
+
+    @property
+    def input_sampling_rate(self) -> float:
+        """Chance that a row handed to the mechanism enters its output; below 1, privfed hands it one row per image."""
+        return 1.0
+
+    @abc.abstractmethod
+    def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
+        """The guarantee what is sent from ``num_reps`` representations carries."""
+
+    def observe_global_centroids(self, centroids: torch.Tensor) -> None:  # noqa: B027 (optional hook)
+        """Sees the public global centroids before a round (no-op by default): public, data-independent context."""
+
+
+class ReleaseMechanism(Mechanism):
+    """Each client sends the server a :class:`Release` in every round it takes part in, round 0 included.
+
+    The bounds below (:meth:`max_vectors`, :meth:`max_total_weight`,
+    :meth:`max_k`) take ``num_reps``, the most rows privfed can hand
+    :meth:`release`; the server rejects a release beyond them, so a large
+    client weighs no more than an honest one could.
+    """
+
+    @classmethod
+    def releases_in(cls, *, train: bool) -> bool:
+        return True
+
+    @abc.abstractmethod
+    def release(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
+        """Computes the release for one client.
+
+        Args:
+            reps: ``[n, D]`` L2-normalised representations, one per distinct image.
+            num_centroids: ``L``, how many centroids the protocol expects.
+            generator: Randomness for non-private choices; DP noise must come from a secure source.
+        """
+
+    def release_with_members(
+        self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
+    ) -> tuple[Release, torch.Tensor | None]:
+        """:meth:`release`, and which released vector each row fed (``-1``: none; None: the mechanism cannot say).
+
+        The members never leave a client: only replays that score an
+        inversion attack ask for them (:mod:`attacks.scoring`).
+        """
+        return self.release(reps, num_centroids=num_centroids, generator=generator), None
+
+    def rows_per_vector(self, *, rows: int, dim: int, num_centroids: int) -> float | None:
+        """Fewest representations a released vector must stand for to rise above the noise (None: no floor)."""
+        return None
+
+    @classmethod
+    def max_vectors(cls, *, num_reps: int, num_centroids: int) -> int:
+        """The most vectors an honest release holds."""
+        return num_centroids
+
+    @classmethod
+    def max_total_weight(cls, *, num_reps: int, params: dict[str, Any]) -> float:
+        """The largest total weight an honest release carries.
+
+        Weights count representations, so ``num_reps`` by default; a DP
+        mechanism's noisy weights get :data:`DP_WEIGHT_ROOM` times that unless
+        it bounds its own noise, as ``ldp`` does.
+        """
+        if cls.is_differentially_private():
+            return DP_WEIGHT_ROOM * max(num_reps, 1)
+        return float(num_reps)
+
+    @classmethod
+    def max_k(cls, *, num_reps: int, num_vectors: int, params: dict[str, Any]) -> int | None:
+        """The largest anonymity set an honest k-anonymous release has (None: not k-anonymous, or no vectors).
+
+        Vectors average disjoint sets of rows, so by default ``num_reps // num_vectors``.
+        """
+        if cls.guarantee_kind != K_ANONYMITY or num_vectors <= 0:
+            return None
+        return num_reps // num_vectors
+
+
+class SecureSumMechanism(Mechanism):
+    """Clients send a :meth:`share` inside SecAgg+'s sum; the server reads only the sum, through :meth:`combine`.
+
+    The constructor takes keyword-only ``min_shares`` (the fewest shares every
+    sum holds: the run's SecAgg+ reconstruction threshold) and ``modulus``
+    (SecAgg+'s), which :meth:`planned_parameters` adds. Round 0 has no secure
+    sum, so nothing is sent then; the server starts from random centroids.
+    """
+
+    @classmethod
+    def releases_in(cls, *, train: bool) -> bool:
+        return train
+
+    @classmethod
+    def planned_parameters(cls, request: PlanRequest, settings: Mapping[str, Any]) -> dict[str, Any]:
+        if request.secure_sum is None:
+            raise ValueError("it sends its shares inside SecAgg+'s sum: drop --no-secagg")
+        sums = request.secure_sum
+        return {**super().planned_parameters(request, settings), "min_shares": sums.threshold, "modulus": sums.modulus}
+
+    @classmethod
+    def plan(cls, request: PlanRequest) -> MechanismPlan:
+        """:meth:`Mechanism.plan`, refusing a run whose sums could wrap the modulus."""
+        plan = super().plan(request)
+        assert request.secure_sum is not None and isinstance(plan.mechanism, SecureSumMechanism)  # planned_parameters
+        plan.mechanism.check_sum_capacity(
+            max_summed=request.secure_sum.max_summed, max_rows=max(request.client_sizes, default=0),
+            num_cells=request.num_global_centroids, dim=request.dim,
+        )
+        return plan
+
+    @abc.abstractmethod
+    def share(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> np.ndarray:
+        """This client's contribution to the secure sum: integers mod the protocol's modulus."""
+
+    @abc.abstractmethod
+    def share_length(self, *, num_cells: int, dim: int) -> int:
+        """How many integers :meth:`share` returns with ``num_cells`` global centroids of dimension ``dim``."""
+
+    @abc.abstractmethod
+    def check_secure_sum(self, *, threshold: int, modulus: int) -> None:
+        """Refuses (ValueError) a round's SecAgg+ setup that would not hold this share's noise; a client asks first."""
+
+    def check_sum_capacity(self, *, max_summed: int, max_rows: int, num_cells: int, dim: int) -> None:
+        """Refuses (ValueError) a run whose sum of ``max_summed`` shares could wrap the modulus (no-op by default)."""
+
+    @abc.abstractmethod
+    def combine(self, total: np.ndarray, *, centroids: torch.Tensor, num_summed: int) -> torch.Tensor:
+        """The server's side: the new global centroids from the sum of ``num_summed`` shares."""
+
+
+def round_releases(mechanism: type[Mechanism] | Mechanism | None, *, train: bool) -> bool:
+    """Whether a round sends anything of the clients' representations: the one place privfed asks."""
+    return mechanism is not None and mechanism.releases_in(train=train)
+
+
 def replace_one_dp_guarantee(epsilon: float, delta: float, *, accounting: str, covers: str) -> Guarantee:
     """The guarantee of one replace-one DP release of a client's representations, as its statement quotes it."""
     return Guarantee(
@@ -361,7 +396,7 @@ def replace_one_dp_guarantee(epsilon: float, delta: float, *, accounting: str, c
     )
 
 
-def checked_release(mechanism: Mechanism, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
+def checked_release(mechanism: ReleaseMechanism, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
     """``mechanism.release``, refusing non-finite input and malformed output.
 
     Every caller in privfed releases through this, so a third-party
@@ -380,7 +415,7 @@ def checked_release(mechanism: Mechanism, reps: torch.Tensor, *, num_centroids: 
 
 
 def checked_release_with_members(
-    mechanism: Mechanism, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
+    mechanism: ReleaseMechanism, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
 ) -> tuple[Release, torch.Tensor | None]:
     """``mechanism.release_with_members`` with :func:`checked_release`'s checks (for replays that score attacks)."""
     check_representations(reps)
@@ -391,7 +426,7 @@ def checked_release_with_members(
     return release, members
 
 
-def _check_output(mechanism: Mechanism, reps: torch.Tensor, release: Release) -> None:
+def _check_output(mechanism: ReleaseMechanism, reps: torch.Tensor, release: Release) -> None:
     if release.num_vectors and release.vectors.shape[1] != reps.shape[1]:
         raise ValueError(
             f"mechanism {mechanism.name} released {release.vectors.shape[1]}-dimensional vectors "

@@ -41,33 +41,29 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mechanisms.base import (
-    DIFFERENTIAL_PRIVACY,
-    Guarantee,
-    Mechanism,
-    PrivacyEvent,
-    Release,
-    check_representations,
-    replace_one_dp_guarantee,
-)
-from mechanisms.ldp import clip_to_radius
+from mechanisms.base import DIFFERENTIAL_PRIVACY, Guarantee, PrivacyEvent, SecureSumMechanism, replace_one_dp_guarantee
+from mechanisms.dp_pieces import MAX_DIMENSION, clip_to_radius
 from mechanisms.ldp_sums import (
-    MAX_DIMENSION,
+    SECRET_SAMPLE_SETTINGS,
     THRESHOLD_STDS,
     LdpSumsMechanism,
     count_scale,
     integer_table,
     nearest_cells,
     row_bound,
+    secret_sample_options,
     sums_grid,
     table_in_data_units,
 )
 from mechanisms.noise import discrete_gaussian, poisson_sample_mask, secure_source
+from mechanisms.planning import PlanRequest
 from mechanisms.registry import register_mechanism
 
 #: Largest modulus: SecAgg+'s (``privfed.secagg.masking.MAX_MODULUS``; ``mechanisms`` never imports privfed).
@@ -209,7 +205,7 @@ DEFAULT_MOMENTUM = 0.5
 
 
 @register_mechanism
-class DdpSumsMechanism(Mechanism):
+class DdpSumsMechanism(SecureSumMechanism):
     """``ldp-sums``'s table with the noise split over the clients of a secure sum.
 
     Each client's :meth:`share` is its table plus ``1/sqrt(K_min)`` of the
@@ -221,8 +217,11 @@ class DdpSumsMechanism(Mechanism):
     name = "ddp-sums"
     description = "per-cell sums and counts summed under SecAgg+, each client adding a discrete Gaussian share"
     guarantee_kind = DIFFERENTIAL_PRIVACY
-    secret_sampling = True
-    aggregated = True
+    settings = SECRET_SAMPLE_SETTINGS
+
+    @classmethod
+    def calibration_options(cls, request: PlanRequest, settings: Mapping[str, Any]) -> dict[str, Any]:
+        return secret_sample_options(request, settings)
 
     @classmethod
     def calibrate(
@@ -286,12 +285,8 @@ class DdpSumsMechanism(Mechanism):
             covers="what the server learns from the secure sum",
         )
 
-    def release(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
-        raise NotImplementedError("ddp-sums sends a share inside the secure sum, not a release")
-
     def share(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> np.ndarray:
         """This client's table plus its noise share, flattened, mod ``m``; the cells are the observed centroids."""
-        check_representations(reps)
         if self.centres is None:
             raise ValueError("ddp-sums needs the global centroids every client partitions by (round 0 included)")
         return table_share(

@@ -21,12 +21,14 @@ assignment makes empty clusters impossible.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 
-from mechanisms.base import K_ANONYMITY, Guarantee, Mechanism, Release
+from mechanisms.base import K_ANONYMITY, Guarantee, Release, ReleaseMechanism
 from mechanisms.clustering import balanced_kmeans
+from mechanisms.planning import PlanRequest
 from mechanisms.registry import register_mechanism
 
 #: Smallest anonymity set a centroid may have unless the run asks otherwise.
@@ -34,18 +36,31 @@ DEFAULT_MIN_K = 5
 
 
 @register_mechanism
-class KAnonymousCentroids(Mechanism):
+class KAnonymousCentroids(ReleaseMechanism):
     """Equal-size clustering so each centroid hides at least ``min_k`` images."""
 
     name = "kanon"
     description = "up to L equal-size spherical k-means centroids; each averages >= k >= min_k distinct images"
     guarantee_kind = K_ANONYMITY
+    #: ``min_k``: the run's smallest anonymity set (``--kanon-min-k``).
+    settings: ClassVar[Mapping[str, Any]] = {"min_k": DEFAULT_MIN_K}
 
     def __init__(self, *, min_k: int = DEFAULT_MIN_K, num_iters: int = 10) -> None:
         if min_k < 2:
             raise ValueError(f"min_k must be at least 2 (a centroid of one image is that image), got {min_k}")
         self.min_k = min_k
         self.num_iters = num_iters
+
+    @classmethod
+    def planned_parameters(cls, request: PlanRequest, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """``min_k``, refused when no client's memory holds that many images (no centroid could be released)."""
+        largest = min(max(request.client_sizes, default=0), request.memory_size)
+        if largest < settings["min_k"]:
+            raise ValueError(
+                f"no client holds min_k ({settings['min_k']}) images in its memory (the most is {largest}), so it "
+                "could release no centroid: use fewer clients, more data, a larger --memory-size or a lower --kanon-min-k"
+            )
+        return {"min_k": settings["min_k"]}
 
     @classmethod
     def max_total_weight(cls, *, num_reps: int, params: dict[str, Any]) -> float:

@@ -63,8 +63,24 @@ import torch.nn.functional as F
 
 from mechanisms import accounting
 from mechanisms.accounting import BudgetSplit, NoiseParameters
-from mechanisms.base import DIFFERENTIAL_PRIVACY, Guarantee, Mechanism, PrivacyEvent, Release, replace_one_dp_guarantee
+from mechanisms.base import (
+    DIFFERENTIAL_PRIVACY,
+    Guarantee,
+    PrivacyEvent,
+    Release,
+    ReleaseMechanism,
+    replace_one_dp_guarantee,
+)
 from mechanisms.clustering import sinkhorn_kmeans
+from mechanisms.dp_pieces import (
+    DEFAULT_DELTA,
+    DEFAULT_EPSILON,
+    MAX_DIMENSION,
+    WEIGHT_NOISE_SCALES,
+    Grid,
+    clip_to_radius,
+    pad_centres,
+)
 from mechanisms.noise import (
     check_decay,
     check_sigma,
@@ -75,18 +91,9 @@ from mechanisms.noise import (
 )
 from mechanisms.registry import register_mechanism
 
-#: Default delta (per release and, for :func:`ldp_parameters`, over the run).
-DEFAULT_DELTA = 1e-5
-#: Default per-release epsilon when the mechanism is built without a budget.
-DEFAULT_EPSILON = 1.0
 #: Tree depth: 2**10 cells is far more than the L <= 16 clusters a client
 #: needs, and every extra level is one more charged count query.
 DEFAULT_MAX_DEPTH = 10
-#: Room the server leaves above a client's size for the noise in ldp's weights, in units of the leaf-count noise scale.
-WEIGHT_NOISE_SCALES = 1000.0
-#: Widest representations a release takes: the leaf-sum noise grows with the dimension, and the mechanism checks
-#: at this width that the sampler can draw it (privfed's projection_dim is at most this too).
-MAX_DIMENSION = 2**16
 
 
 # ---------------------------------------------------------------------------
@@ -175,12 +182,6 @@ def check_drawable(noise: NoiseParameters, grid: Grid) -> None:
         check_sigma(noise.sum_noise_multiplier * grid.sensitivity)
     except ValueError as err:
         raise ValueError(f"ldp sum_noise_multiplier {noise.sum_noise_multiplier!r}: {err}") from None
-
-
-def clip_to_radius(x: torch.Tensor, radius: float) -> torch.Tensor:
-    """Scales rows longer than ``radius`` back onto the ball (bounds sensitivity)."""
-    norms = x.norm(dim=1, keepdim=True)
-    return x * torch.clamp(radius / norms.clamp_min(1e-30), max=1.0)
 
 
 def simhash_prefix_codes(x: torch.Tensor, hyperplanes: torch.Tensor, center: torch.Tensor) -> np.ndarray:
@@ -306,26 +307,6 @@ def leaf_membership(codes: np.ndarray, tree: Tree) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class Grid:
-    """Integer grid for the leaf sums.
-
-    Points are rounded to multiples of ``step = r / resolution``. Rounding
-    moves each coordinate by at most half a step, so one point's rounded
-    vector has L2 norm at most ``resolution + sqrt(D)/2`` steps: that is the
-    sensitivity the discrete Gaussian is scaled to.
-    """
-
-    step: float
-    sensitivity: float
-
-    @staticmethod
-    def for_dimension(dim: int, radius: float, resolution: float | None = None) -> Grid:
-        # 50 sqrt(D) steps per radius keeps the rounding overhead at 1% of the noise.
-        res = resolution if resolution is not None else 50.0 * math.sqrt(max(dim, 1))
-        return Grid(step=radius / res, sensitivity=res + math.sqrt(dim) / 2.0)
-
-
-@dataclass(frozen=True)
 class Coreset:
     """Noisy leaf statistics and the weighted points made from them."""
 
@@ -412,34 +393,12 @@ def weighted_spherical_kmeans(
     return centres_t, cluster_weights
 
 
-def pad_centres(
-    centres: torch.Tensor, weights: torch.Tensor, num_centroids: int, dim: int, *, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exactly ``num_centroids`` rows; padding rows have weight 0.
-
-    Pads by repeating released centres (public already) or, when there are
-    none, with random unit vectors from ``generator``: never with anything
-    derived from raw representations.
-    """
-    have = centres.shape[0]
-    if have >= num_centroids:
-        return centres[:num_centroids], weights[:num_centroids]
-    if have == 0:
-        filler = F.normalize(torch.randn(num_centroids, dim, generator=generator, dtype=torch.float64), dim=1)
-    else:
-        filler = centres[torch.arange(num_centroids - have) % have]
-    return (
-        torch.cat([centres, filler[: num_centroids - have]]),
-        torch.cat([weights, torch.zeros(num_centroids - have, dtype=weights.dtype)]),
-    )
-
-
 # ---------------------------------------------------------------------------
 # the mechanism
 
 
 @register_mechanism
-class LshCoresetMechanism(Mechanism):
+class LshCoresetMechanism(ReleaseMechanism):
     """(epsilon, delta)-DP centroids from a noisy SimHash prefix-tree coreset."""
 
     name = "ldp"

@@ -23,7 +23,7 @@ of per-cell sums and counts pays for everything.
    (default ``max(3 * count noise std, 1)``) is a candidate; the ``L``
    candidates with the largest noisy counts are released as their unit noisy
    sums, weighted by their noisy counts, and padded to exactly ``L`` rows of
-   weight 0 as ``ldp`` pads (:func:`mechanisms.ldp.pad_centres`). The
+   weight 0 as ``ldp`` pads (:func:`mechanisms.dp_pieces.pad_centres`). The
    threshold only keeps cells that are not mostly count noise; unlike
    ``ldp``'s it does not ask the sum to outweigh its noise, because the
    server averages the same cell over many clients, where that noise shrinks.
@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -83,32 +84,42 @@ from mechanisms import accounting
 from mechanisms.base import (
     DIFFERENTIAL_PRIVACY,
     Guarantee,
-    Mechanism,
     PrivacyEvent,
     Release,
+    ReleaseMechanism,
     replace_one_dp_guarantee,
 )
-from mechanisms.ldp import Grid, clip_to_radius, pad_centres
+from mechanisms.dp_pieces import (
+    DEFAULT_DELTA,
+    DEFAULT_EPSILON,
+    MAX_DIMENSION,
+    WEIGHT_NOISE_SCALES,
+    Grid,
+    clip_to_radius,
+    pad_centres,
+)
 from mechanisms.noise import (
     check_sigma,
     discrete_gaussian,
     poisson_sample_mask,
     secure_source,
 )
+from mechanisms.planning import PlanRequest
 from mechanisms.registry import register_mechanism
 
-#: Default delta when the mechanism is built on its own (privfed passes the run's).
-DEFAULT_DELTA = 1e-5
-#: Default per-release epsilon when the mechanism is built without a budget.
-DEFAULT_EPSILON = 1.0
-#: Widest representations a release takes; the constructor checks the sampler can draw the noise up to here.
-MAX_DIMENSION = 2**16
-#: Room the server leaves above a client's size for the noise in the weights, in count-noise standard deviations.
-WEIGHT_NOISE_SCALES = 1000.0
 #: How many count-noise standard deviations the default threshold asks of a released cell.
 THRESHOLD_STDS = 3.0
 #: Largest ratio of the count noise's std to the noise multiplier, over all dimensions (``s / res <= 1.01``), unsampled.
 COUNT_STD_PER_MULTIPLIER = 1.01
+
+
+#: The setting of a mechanism that releases from a secret Poisson sample of every image's representation.
+SECRET_SAMPLE_SETTINGS = {"secret_sample": True}
+
+
+def secret_sample_options(request: PlanRequest, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``sampling_rate`` for :meth:`LdpSumsMechanism.calibrate`: the run's secret-sample rate, or 1 when turned off."""
+    return {"sampling_rate": request.secret_sample_rate if settings["secret_sample"] else 1.0}
 
 
 def sums_grid(dim: int) -> Grid:
@@ -248,7 +259,7 @@ def released_cells(noisy_counts: np.ndarray, noisy_sums: torch.Tensor, *, thresh
 
 
 @register_mechanism
-class LdpSumsMechanism(Mechanism):
+class LdpSumsMechanism(ReleaseMechanism):
     """(epsilon, delta)-DP noisy sums and counts per cell of a public partition (the previous global centroids)."""
 
     name = "ldp-sums"
@@ -257,8 +268,11 @@ class LdpSumsMechanism(Mechanism):
         "(epsilon, delta) per release"
     )
     guarantee_kind = DIFFERENTIAL_PRIVACY
+    settings = SECRET_SAMPLE_SETTINGS
 
-    secret_sampling = True
+    @classmethod
+    def calibration_options(cls, request: PlanRequest, settings: Mapping[str, Any]) -> dict[str, Any]:
+        return secret_sample_options(request, settings)
 
     @classmethod
     def calibrate(

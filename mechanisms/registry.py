@@ -16,7 +16,7 @@ from collections.abc import Callable, Container
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
-from mechanisms.base import GUARANTEE_KINDS, NO_GUARANTEE, Mechanism
+from mechanisms.base import GUARANTEE_KINDS, NO_GUARANTEE, Mechanism, ReleaseMechanism, SecureSumMechanism
 
 ENTRY_POINT_GROUP = "privfed.mechanisms"
 
@@ -41,9 +41,13 @@ def check_privacy_description(cls: type[Mechanism]) -> None:
     """Refuses a class whose privacy description privfed could not budget or state.
 
     Raises:
-        MechanismRegistrationError: for an unknown guarantee kind, or a
+        MechanismRegistrationError: for a class of neither kind, an unknown guarantee kind, or a
             differentially private mechanism without its own calibration and events.
     """
+    if not issubclass(cls, (ReleaseMechanism, SecureSumMechanism)):
+        raise MechanismRegistrationError(
+            f"mechanism {cls.name!r} must subclass mechanisms.base.ReleaseMechanism or SecureSumMechanism"
+        )
     if cls.guarantee_kind not in GUARANTEE_KINDS:
         raise MechanismRegistrationError(
             f"mechanism {cls.name!r} has guarantee_kind {cls.guarantee_kind!r}; choose from {', '.join(GUARANTEE_KINDS)}"

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from mechanisms.base import NO_GUARANTEE, Guarantee, Mechanism, Release
+from mechanisms.base import NO_GUARANTEE, Guarantee, Release, ReleaseMechanism
 from mechanisms.registry import register_mechanism
 
 
 @register_mechanism
-class RawRepresentations(Mechanism):
+class RawRepresentations(ReleaseMechanism):
     """Releases its input unchanged, one unit of weight per representation."""
 
     name = "reps"

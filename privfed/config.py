@@ -120,16 +120,18 @@ class TrainConfig:
         "DP mechanisms: fix the epsilon of each single release instead; with --epsilon too, a run whose releases "
         "would exceed it is refused.",
     )
-    secret_sample: bool = option(
-        True,
-        "DP mechanisms that support it (ldp-sums): each release uses a secret Poisson sample of the client's images, "
-        "drawn from the OS CSPRNG at rate memory_size / (median client size), and the ledger counts the amplification. "
-        "Off: the release uses the memory, with no amplification.",
+    secret_sample: bool | None = option(
+        None,
+        "Mechanisms that take it (ldp-sums, ddp-sums): each release uses a secret Poisson sample of the client's "
+        "images, drawn from the OS CSPRNG at rate memory_size / (median client size), and the ledger counts the "
+        "amplification. Off: the release uses the memory, with no amplification.",
+        default_text="the mechanism's: on",
     )
-    kanon_min_k: int = option(
-        5,
-        "k-anonymous mechanisms (kanon): fewest distinct images a released centroid may average. A client with "
+    kanon_min_k: int | None = option(
+        None,
+        "Mechanisms that take it (kanon): fewest distinct images a released centroid may average. A client with "
         "fewer than L*k images releases fewer centroids, one with fewer than k releases none.",
+        default_text="the mechanism's: 5",
     )
     # secure aggregation of model updates (Flower SecAgg+)
     secagg: bool = option(
@@ -227,6 +229,11 @@ class TrainConfig:
         return self.mechanism if get_method(self.method).releases else None
 
     @property
+    def mechanism_settings(self) -> dict[str, Any]:
+        """The release mechanism's settings this run gives (:attr:`mechanisms.base.Mechanism.settings`; unset: its default)."""
+        return {setting: getattr(self, name) for name, setting in MECHANISM_SETTINGS.items() if getattr(self, name) is not None}
+
+    @property
     def cluster_head_outputs(self) -> int | None:
         """SpecLoss's cluster head width (one output per global centroid, as in the authors' code); None for other methods."""
         from privfed.methods import get_method
@@ -255,6 +262,9 @@ class TrainConfig:
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
 
+
+#: The options that give the release mechanism a setting, and the setting each gives.
+MECHANISM_SETTINGS = {"secret_sample": "secret_sample", "kanon_min_k": "min_k"}
 
 #: The built-in defaults, for commands (``evaluate``) and functions that share an option with training.
 DEFAULTS = TrainConfig()
@@ -541,8 +551,6 @@ def validate(config: TrainConfig) -> None:
         mechanism = get_mechanism_class(config.mechanism)
     except (UnknownMechanismError, MechanismRegistrationError) as err:
         raise PrivfedError(str(err)) from None
-    if config.kanon_min_k < 2:
-        raise PrivfedError(f"kanon_min_k must be at least 2 (a centroid of one image is that image), got {config.kanon_min_k}")
     for name, choices in (("global_clustering", GLOBAL_CLUSTERINGS), ("runtime", RUNTIMES), ("device", DEVICES)):
         if getattr(config, name) not in choices:
             raise PrivfedError(f"unknown {name.replace('_', ' ')} {getattr(config, name)!r} (choose from {', '.join(choices)})")
@@ -565,31 +573,33 @@ def validate(config: TrainConfig) -> None:
 
 
 def check_mechanism_options(config: TrainConfig, *, releasing: bool, mechanism: Any) -> None:
-    """Refuses a mechanism option set away from its default where it does nothing, so no run records it as if used.
+    """Refuses a mechanism option given where it does nothing, so no run records it as if used.
 
     ``releasing``: whether the method releases anything; ``mechanism``: the
-    release mechanism's class. A default value passes (presets and studies may
-    spell defaults out); ``--epsilon`` is checked with the budget
-    (:func:`privfed.privacy.budget.plan_privacy`).
+    release mechanism's class, which names the settings it takes. The
+    mechanism checks their values when it plans the run.
 
     Raises:
         PrivfedError: naming the option and why it does not apply.
     """
-    from mechanisms.base import K_ANONYMITY
+    from mechanisms import available_mechanisms, get_mechanism_class
 
-    changed = [name for name in ("mechanism", "kanon_min_k", "secret_sample") if getattr(config, name) != getattr(DEFAULTS, name)]
-    flags = {"mechanism": "--mechanism", "kanon_min_k": "--kanon-min-k", "secret_sample": "--no-secret-sample"}
+    given = [name for name in MECHANISM_SETTINGS if getattr(config, name) is not None]
+    changed = (["mechanism"] if config.mechanism != DEFAULTS.mechanism else []) + given
     if not releasing and changed:
-        raise PrivfedError(
-            f"method {config.method} releases nothing, so {', '.join(flags[n] for n in changed)} "
-            f"{'does' if len(changed) == 1 else 'do'} not apply"
-        )
-    if "kanon_min_k" in changed and mechanism.guarantee_kind != K_ANONYMITY:
-        raise PrivfedError(f"--kanon-min-k applies to k-anonymous mechanisms (kanon), not {config.mechanism}")
-    if "secret_sample" in changed and not mechanism.secret_sampling:
-        raise PrivfedError(
-            f"--no-secret-sample applies to mechanisms that sample a release's images in secret (ldp-sums), not {config.mechanism}"
-        )
+        flags = ", ".join(_flag(config, name) for name in changed)
+        raise PrivfedError(f"method {config.method} releases nothing, so {flags} {'does' if len(changed) == 1 else 'do'} not apply")
+    for name in given:
+        setting = MECHANISM_SETTINGS[name]
+        if setting not in mechanism.settings:
+            takers = ", ".join(m for m in available_mechanisms() if setting in get_mechanism_class(m).settings) or "none"
+            raise PrivfedError(f"{_flag(config, name)} applies to mechanisms that take {setting} ({takers}), not {config.mechanism}")
+
+
+def _flag(config: TrainConfig, name: str) -> str:
+    """The command-line flag that set option ``name`` as it is (``--no-secret-sample`` for a switch turned off)."""
+    flag = name.replace("_", "-")
+    return f"--no-{flag}" if getattr(config, name) is False else f"--{flag}"
 
 
 def config_from_run_config(run_config: dict[str, Any]) -> TrainConfig:

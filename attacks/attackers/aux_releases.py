@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from attacks.base import AttackTarget
-from mechanisms import create_mechanism
+from mechanisms import ReleaseMechanism, create_mechanism
 from privfed.data.augment import orchestra_views, to_float
 
 
@@ -75,6 +75,8 @@ def aux_releases(
     images, as a client's does.
     """
     mechanism = create_mechanism(target.mechanism, **target.mechanism_params)
+    if not isinstance(mechanism, ReleaseMechanism):
+        raise ValueError(f"mechanism {target.mechanism} releases nothing per client to learn from")
     if target.centroids is not None:
         mechanism.observe_global_centroids(target.centroids)
     images = to_float(aux_images)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from mechanisms import create_mechanism, get_mechanism_class
-from mechanisms.base import Mechanism, Release, checked_release_with_members
+from mechanisms.base import Mechanism, Release, ReleaseMechanism, checked_release_with_members
 from privfed.config import TrainConfig
 from privfed.data.federated import FederatedSplit
 from privfed.device import resolve_device
@@ -97,6 +97,7 @@ def replay_round(
         return memory, None, None
     # The same mechanism choices again, this time with the members they make.
     assert private.memory is not None and private.release_generator_state is not None  # kept by a round that released
+    assert isinstance(mechanism, ReleaseMechanism)  # only a release mechanism's round releases
     replayed, members = checked_release_with_members(
         mechanism, private.memory, num_centroids=config.num_local_centroids,
         generator=torch.Generator().set_state(private.release_generator_state),

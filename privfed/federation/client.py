@@ -32,7 +32,7 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 
-from mechanisms import Mechanism, create_mechanism
+from mechanisms import Mechanism, SecureSumMechanism, create_mechanism
 from privfed.config import TrainConfig
 from privfed.data.federated import FederatedSplit
 from privfed.device import resolve_device
@@ -174,7 +174,7 @@ class OrchestraClient(Client):
         # Before anything is charged: the client's own mechanism, and the sum that must hold an aggregated one's noise.
         mechanism = self._mechanism(train)
         stored = declared.replies.get(declared.run, round_index)  # read once: the last reply may be model-sized
-        replayed = self._replayed(stored, round_index, digest, shares=train and mechanism is not None and mechanism.aggregated)
+        replayed = self._replayed(stored, round_index, digest, shares=train and isinstance(mechanism, SecureSumMechanism))
         if replayed is not None:
             return replayed
         # Before anything touches the data: the round is checked and charged, or refused.
@@ -277,7 +277,7 @@ class OrchestraClient(Client):
             built = create_mechanism(name, **params)
         except (TypeError, ValueError) as err:
             raise RoundRefused(f"the declared {name} parameters do not build the mechanism: {err}") from None
-        if not (train and built.aggregated):
+        if not (train and isinstance(built, SecureSumMechanism)):
             return built
         if self.secure_sum is None:
             raise RoundRefused(f"{name} trains only in SecAgg+ rounds, and this round set none up")

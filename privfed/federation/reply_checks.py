@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from flwr.common import FitRes, bytes_to_ndarray, parameters_to_ndarrays
 
-from mechanisms.base import K_ANONYMITY, Guarantee, Mechanism, PrivacyEvent, Release
+from mechanisms.base import K_ANONYMITY, Guarantee, Mechanism, PrivacyEvent, Release, ReleaseMechanism
 from privfed.federation.messages import RELEASE_KEYS, has_release
 from privfed.methods import STEP_VALUES
 from privfed.orchestra.round_report import Rejection
@@ -298,7 +298,7 @@ def _array(metrics: dict[str, Any], key: str) -> np.ndarray:
 
 def _release(metrics: dict[str, Any], *, rules: ReplyRules, size: int) -> Release | None:
     mechanism = rules.mechanism
-    if mechanism is None or mechanism.aggregated:
+    if mechanism is None or not issubclass(mechanism, ReleaseMechanism):
         if has_release(metrics):
             why = "the run's method releases nothing" if mechanism is None else f"{mechanism.name} shares into the secure sum"
             raise RejectedReply(f"it holds a release, but {why}")
@@ -354,7 +354,7 @@ def _guarantee(value: Any) -> Guarantee:
     return Guarantee(**value)
 
 
-def _credited_k(release: Release, *, rules: ReplyRules, mechanism: type[Mechanism], num_reps: int) -> int | None:
+def _credited_k(release: Release, *, rules: ReplyRules, mechanism: type[ReleaseMechanism], num_reps: int) -> int | None:
     """The anonymity set the server credits: no more than the claim, the lightest vector, or the mechanism's
     largest honest k from the client's ``num_reps`` representations (:meth:`Mechanism.max_k`)."""
     if release.num_vectors == 0:

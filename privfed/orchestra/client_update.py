@@ -18,7 +18,15 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from mechanisms.base import Mechanism, PrivacyEvent, Release, checked_release
+from mechanisms.base import (
+    Mechanism,
+    PrivacyEvent,
+    Release,
+    ReleaseMechanism,
+    SecureSumMechanism,
+    checked_release,
+    round_releases,
+)
 from privfed.methods import Batch, get_method
 from privfed.models.network import OrchestraNetwork, ema_update
 from privfed.orchestra.cohort_training import TrainedMember
@@ -122,8 +130,7 @@ def run_client_round(
     generator = torch.Generator().manual_seed(seed)
     load_shared_state(network, global_state)
     events: tuple[PrivacyEvent, ...] = ()
-    # An aggregated mechanism's round 0 has no secure sum to share into, so it needs no memory then.
-    releases = mechanism is not None and (train or not mechanism.aggregated)
+    releases = round_releases(mechanism, train=train)
     samples_every_image = releases and mechanism is not None and mechanism.input_sampling_rate < 1
     if not train:
         memory = examples = None
@@ -153,9 +160,9 @@ def run_client_round(
         assert memory is not None  # every releasing path above filled it
         start = time.perf_counter()
         release_state = generator.get_state()
-        if mechanism.aggregated:
+        if isinstance(mechanism, SecureSumMechanism):
             share = mechanism.share(memory, num_centroids=num_local_centroids, generator=generator)
-        else:
+        elif isinstance(mechanism, ReleaseMechanism):
             release = checked_release(mechanism, memory, num_centroids=num_local_centroids, generator=generator)
         metrics["release_seconds"] = time.perf_counter() - start
     if config.dp_sgd is not None:

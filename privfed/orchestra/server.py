@@ -6,7 +6,7 @@ clients released is clustered. Where the centroids come from is the run's
 method's choice (:mod:`privfed.methods`): clustered releases,
 random centroids drawn once, or none. How the mean delta was formed (plain FedAvg or
 secure aggregation) is the runtime's business: the server never needs one
-client's delta. An aggregated mechanism (``Mechanism.aggregated``) replaces
+client's delta. A secure-sum mechanism (:class:`~mechanisms.base.SecureSumMechanism`) replaces
 the releases by one secure sum of the clients' shares, which the mechanism
 itself turns into the next centroids; its run starts from random centroids.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mechanisms.base import Mechanism, Release
+from mechanisms.base import Release, SecureSumMechanism
 from privfed.methods import CLUSTERED, FIXED_RANDOM, ORCHESTRA, Method
 from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.global_clustering import KMEANS, global_centroids, random_centroids
@@ -50,10 +50,8 @@ class OrchestraServer:
         method: Method = ORCHESTRA,
         global_clustering: str = KMEANS,
         cluster_temperature: float | None = None,
-        aggregator: Mechanism | None = None,
+        aggregator: SecureSumMechanism | None = None,
     ) -> None:
-        if aggregator is not None and not aggregator.aggregated:
-            raise ValueError(f"mechanism {aggregator.name!r} releases per client; it aggregates no secure sum")
         self.aggregator = aggregator
         self.network = network
         self.method = method

@@ -2,9 +2,9 @@
 
 ``--epsilon`` is the total (epsilon, delta) one client's releases may spend
 over the whole run. A client can be sampled in every round, so the plan
-assumes the worst case of ``rounds + 1`` releases (round 0 included; ``rounds``
-for an aggregated mechanism, whose round 0 releases nothing) and calibrates
-each release so that their composition stays within the budget.
+assumes the worst case (:meth:`~mechanisms.base.Mechanism.max_releases`) and
+the mechanism calibrates each release so that their composition stays within
+the budget (:meth:`~mechanisms.base.Mechanism.plan`).
 
 ``--dp-sgd`` adds a second, separately calibrated part: the encoder updates'
 DP-SGD noise (see :mod:`privfed.privacy.dp_sgd_plan`), for the worst case of
@@ -15,13 +15,12 @@ combination will be.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from mechanisms import Mechanism, dp_mechanisms, get_mechanism_class
-from mechanisms.base import K_ANONYMITY, PrivacyEvent
+from mechanisms import Mechanism, PlanRequest, ReleaseMechanism, SecureSumSetup, dp_mechanisms, get_mechanism_class
+from mechanisms.base import PrivacyEvent
 from privfed.config import DEFAULTS, TrainConfig
 from privfed.errors import PrivfedError
 from privfed.privacy.dp_sgd_plan import DpSgdPlan, plan_dp_sgd
@@ -74,6 +73,7 @@ class PrivacyPlan:
             and ``--memory-size`` (expected, under DP-SGD's Poisson memory), or
             the expected size of its secret sample.
         sampling_rate: Rate of the releases' secret Poisson sample (1: none; ``memory_rows`` are then expected sizes).
+        reference_epsilon: Sets the accountant's grid, for the server's ledger and every client's alike.
     """
 
     mechanism: str | None
@@ -90,6 +90,7 @@ class PrivacyPlan:
     rows_per_vector: float | None = None
     memory_rows: tuple[int, ...] = ()
     sampling_rate: float = 1.0
+    reference_epsilon: float = 1.0
 
     @property
     def rows_sampled(self) -> bool:
@@ -145,140 +146,126 @@ class PrivacyPlan:
 
 
 def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
-    """Calibrates the mechanism and DP-SGD to their budgets, or refuses a run that cannot fit.
+    """The mechanism's own plan for the run's budget, composed with DP-SGD's, or a refusal of a run that cannot fit.
 
     Raises:
         PrivfedError: when the options are inconsistent or a fixed per-release
             epsilon would exceed the total budget (the message says what fits).
     """
     check_dp_sgd_options(config)
-    releases = max_releases(config)
     delta = config.delta if config.delta is not None else default_delta(client_sizes)
     dp_sgd = _plan_dp_sgd(config, client_sizes, delta)
-    hint = "; for DP-SGD's budget use --dp-sgd-epsilon" if config.dp_sgd else ""
-    if config.release_mechanism is None:
-        if config.epsilon is not None or config.epsilon_per_release is not None:
-            raise PrivfedError(f"method {config.method} releases nothing, so --epsilon and --epsilon-per-release do not apply{hint}")
-        return PrivacyPlan(mechanism=None, delta=delta if dp_sgd else None, dp_sgd=dp_sgd)
-    mechanism_class = get_mechanism_class(config.mechanism)
-    if not mechanism_class.is_differentially_private():
-        if config.epsilon is not None or config.epsilon_per_release is not None:
-            dp = ", ".join(dp_mechanisms())
-            raise PrivfedError(f"--epsilon applies to differentially private mechanisms ({dp}), not {config.mechanism}{hint}")
-        # A k-anonymous mechanism takes the run's smallest anonymity set as its min_k.
-        params = {"min_k": config.kanon_min_k} if mechanism_class.guarantee_kind == K_ANONYMITY else {}
-        params.update(secure_sum_parameters(config, client_sizes))
-        return PrivacyPlan(
-            mechanism=config.mechanism, params=params, max_releases=releases, delta=delta if dp_sgd else None, dp_sgd=dp_sgd
-        )
-    if config.epsilon is None and config.epsilon_per_release is None:
-        raise PrivfedError(f"mechanism {config.mechanism} needs --epsilon (total budget per client) or --epsilon-per-release")
-    sample = {"sampling_rate": rate} if (rate := secret_sample_rate(config, client_sizes)) < 1 else {}
+    reference = config.epsilon or config.epsilon_per_release or 1.0
+    mechanism_class = None if config.release_mechanism is None else get_mechanism_class(config.mechanism)
+    _check_budget_options(config, mechanism_class)
+    if mechanism_class is None:
+        return PrivacyPlan(mechanism=None, delta=delta if dp_sgd else None, dp_sgd=dp_sgd, reference_epsilon=reference)
+    releases = mechanism_class.max_releases(config.rounds)
     total = config.epsilon_per_release is None  # --epsilon alone: the budget covers every release
-    epsilon = config.epsilon if total else config.epsilon_per_release
-    assert epsilon is not None  # refused above when both are unset
-    params = calibrated_parameters(mechanism_class, epsilon=epsilon, delta=delta, num_releases=releases if total else 1, **sample)
-    params.update(secure_sum_parameters(config, client_sizes))
-    try:  # the mechanism refuses noise its samplers cannot draw: better now than after a round was charged
-        mechanism = mechanism_class(**params)
-        events = mechanism.privacy_events()
-        if mechanism_class.aggregated:
-            mechanism.check_sum_capacity(
-                max_summed=config.clients_per_round, max_rows=max(client_sizes, default=0),
-                num_cells=config.num_global_centroids, dim=config.projection_dim,
-            )
+    try:
+        mechanism_plan = mechanism_class.plan(plan_request(config, client_sizes, delta=delta, releases=releases if total else 1))
     except ValueError as err:
-        raise PrivfedError(f"mechanism {config.mechanism} cannot release at this budget: {err}") from None
+        raise PrivfedError(f"mechanism {config.mechanism} cannot run as planned: {err}") from None
+    events = mechanism_plan.events
+    common = dict(
+        mechanism=config.mechanism, params=mechanism_plan.params, max_releases=releases, dp_sgd=dp_sgd,
+        reference_epsilon=reference, **_release_floor(mechanism_plan.mechanism, config, client_sizes),
+    )
+    if not mechanism_class.is_differentially_private():
+        return PrivacyPlan(delta=delta if dp_sgd else None, **common)
     if not events:
         raise PrivfedError(f"mechanism {config.mechanism} claims differential privacy but its releases report no privacy events")
-    reference = config.epsilon or config.epsilon_per_release
-    assert reference is not None  # refused above when both are unset
     planned = composed_epsilon(events * releases, delta, reference_epsilon=reference)
-    fitting = None
-    if config.epsilon is not None and planned > config.epsilon:
-        fitting = max(
-            (n for n in range(releases) if composed_epsilon(events * n, delta, reference_epsilon=reference) <= config.epsilon),
-            default=0,
-        )
-        # Refuse what is certain to exceed: not even round 0 plus one training
-        # round fits, or every client takes part in every round.
-        if fitting < 2 or config.participation >= 1.0:
-            if config.epsilon_per_release is not None:
-                each = f"at epsilon {config.epsilon_per_release} each"
-                remedy = "drop --epsilon-per-release to calibrate every release to the budget"
-            else:  # the mechanism's own calibration overshoots privfed's accountant
-                each = f"as {config.mechanism} calibrates them"
-                remedy = f"fix {config.mechanism}'s calibrate()"
-            raise PrivfedError(
-                f"{releases} releases {each} compose to epsilon {planned:.3f} > budget {config.epsilon} "
-                f"(delta {delta:.2g}); at most {max(fitting - 1, 0)} training rounds fit "
-                f"(--rounds {max(fitting - 1, 0)}), or {remedy}"
-            )
     combined = None
     if dp_sgd is not None:
         training = dp_sgd.round_events(dp_sgd.worst_client_size) * config.rounds
         combined = composed_epsilon([*events * releases, *training], delta, reference_epsilon=reference)
     return PrivacyPlan(
-        mechanism=config.mechanism,
-        params=params,
         delta=delta,
         budget=config.epsilon,
-        max_releases=releases,
         planned_epsilon=planned,
         per_release_events=events,
         # On a grid fine for one release (the total's grid would round it up by up to 1 % of the total).
         epsilon_per_release=composed_epsilon(
             events, delta, reference_epsilon=config.epsilon_per_release or reference / releases
         ),
-        fitting_releases=fitting,
-        dp_sgd=dp_sgd,
+        fitting_releases=_fitting_releases(config, events, releases, delta, planned, reference),
         planned_combined_epsilon=combined,
-        **_release_floor(mechanism, config, client_sizes),
+        **common,
     )
 
 
-def max_releases(config: TrainConfig) -> int:
-    """Releases one client makes when sampled in every round: round 0 too, unless the mechanism is aggregated."""
-    mechanism = config.release_mechanism
-    aggregated = mechanism is not None and get_mechanism_class(mechanism).aggregated
-    return config.rounds + (0 if aggregated else 1)
+def _check_budget_options(config: TrainConfig, mechanism_class: type[Mechanism] | None) -> None:
+    """Refuses ``--epsilon`` where nothing is DP to spend it, and a DP mechanism without one."""
+    given = config.epsilon is not None or config.epsilon_per_release is not None
+    hint = "; for DP-SGD's budget use --dp-sgd-epsilon" if config.dp_sgd else ""
+    if mechanism_class is None and given:
+        raise PrivfedError(f"method {config.method} releases nothing, so --epsilon and --epsilon-per-release do not apply{hint}")
+    if mechanism_class is None:
+        return
+    if not mechanism_class.is_differentially_private() and given:
+        dp = ", ".join(dp_mechanisms())
+        raise PrivfedError(f"--epsilon applies to differentially private mechanisms ({dp}), not {config.mechanism}{hint}")
+    if mechanism_class.is_differentially_private() and not given:
+        raise PrivfedError(f"mechanism {config.mechanism} needs --epsilon (total budget per client) or --epsilon-per-release")
 
 
-def secure_sum_parameters(config: TrainConfig, client_sizes: list[int]) -> dict[str, int]:
-    """An aggregated mechanism's ``min_shares`` and ``modulus``: the run's SecAgg+ threshold and modulus ({} otherwise).
-
-    Raises:
-        PrivfedError: for an aggregated mechanism in a run without SecAgg+.
-    """
-    if not get_mechanism_class(config.mechanism).aggregated:
-        return {}
+def plan_request(config: TrainConfig, client_sizes: list[int], *, delta: float, releases: int) -> PlanRequest:
+    """What the run asks of its mechanism: the budget of ``releases`` releases, its settings, data and secure sums."""
     settings = secagg_settings(config, client_sizes)
-    if settings is None:
-        raise PrivfedError(f"mechanism {config.mechanism} sends its shares inside SecAgg+'s sum: drop --no-secagg")
-    return {"min_shares": settings.reconstruction_threshold, "modulus": settings.modulus_range}
+    return PlanRequest(
+        epsilon=config.epsilon if config.epsilon_per_release is None else config.epsilon_per_release,
+        delta=delta,
+        num_releases=releases,
+        settings=config.mechanism_settings,
+        client_sizes=tuple(client_sizes),
+        memory_size=config.memory_size,
+        dim=config.projection_dim,
+        num_global_centroids=config.num_global_centroids,
+        secure_sum=None if settings is None else SecureSumSetup(
+            threshold=settings.reconstruction_threshold, modulus=settings.modulus_range,
+            max_summed=config.clients_per_round,
+        ),
+    )
 
 
-def secret_sample_rate(config: TrainConfig, client_sizes: list[int]) -> float:
-    """Rate of the releases' secret Poisson sample: ``memory_size`` rows expected of the median client (1: none).
-
-    One rate for the run, so every client's release costs the same events and
-    each client can check it against its own calibration.
-    """
-    if not config.secret_sample or not get_mechanism_class(config.mechanism).secret_sampling:
-        return 1.0
-    return min(1.0, config.memory_size / max(statistics.median(client_sizes or [0]), 1))
+def _fitting_releases(
+    config: TrainConfig, events: tuple[PrivacyEvent, ...], releases: int, delta: float, planned: float, reference: float
+) -> int | None:
+    """Releases one client can make within ``--epsilon`` (None: all of them); refuses a run certain to overrun."""
+    if config.epsilon is None or planned <= config.epsilon:
+        return None
+    fitting = max(
+        (n for n in range(releases) if composed_epsilon(events * n, delta, reference_epsilon=reference) <= config.epsilon),
+        default=0,
+    )
+    # Refuse what is certain to exceed: not even round 0 plus one training
+    # round fits, or every client takes part in every round.
+    if fitting < 2 or config.participation >= 1.0:
+        if config.epsilon_per_release is not None:
+            each = f"at epsilon {config.epsilon_per_release} each"
+            remedy = "drop --epsilon-per-release to calibrate every release to the budget"
+        else:  # the mechanism's own calibration overshoots privfed's accountant
+            each = f"as {config.mechanism} calibrates them"
+            remedy = f"fix {config.mechanism}'s calibrate()"
+        raise PrivfedError(
+            f"{releases} releases {each} compose to epsilon {planned:.3f} > budget {config.epsilon} "
+            f"(delta {delta:.2g}); at most {max(fitting - 1, 0)} training rounds fit "
+            f"(--rounds {max(fitting - 1, 0)}), or {remedy}"
+        )
+    return fitting
 
 
 def _release_floor(mechanism: Mechanism, config: TrainConfig, client_sizes: list[int]) -> dict[str, Any]:
     """What one release can carry: the mechanism's floor against the rows each client's memory holds."""
     # Under DP-SGD too: the Poisson memory's expected size is min(size, memory_size).
     rate = mechanism.input_sampling_rate
-    rows = tuple(
-        round(rate * size) if rate < 1 else min(config.memory_size, size) for size in client_sizes
-    )
-    floor = mechanism.rows_per_vector(
-        rows=int(statistics.median(rows)), dim=config.projection_dim, num_centroids=config.num_local_centroids
-    )
+    rows = tuple(round(rate * size) if rate < 1 else min(config.memory_size, size) for size in client_sizes)
+    floor = None
+    if isinstance(mechanism, ReleaseMechanism):
+        floor = mechanism.rows_per_vector(
+            rows=int(statistics.median(rows)), dim=config.projection_dim, num_centroids=config.num_local_centroids
+        )
     return {"rows_per_vector": floor, "memory_rows": rows, "sampling_rate": rate}
 
 
@@ -318,20 +305,3 @@ def _plan_dp_sgd(config: TrainConfig, client_sizes: list[int], delta: float) -> 
         noise_multiplier=config.dp_sgd_noise_multiplier,
         target_epsilon=config.dp_sgd_epsilon,
     )
-
-
-def calibrated_parameters(
-    mechanism_class: type[Mechanism], *, epsilon: float, delta: float, num_releases: int, **sample: float
-) -> dict[str, Any]:
-    """The mechanism's own calibration, checked to be something the server can send to clients.
-
-    ``sample`` holds ``sampling_rate`` for a mechanism that draws a secret sample (:attr:`Mechanism.secret_sampling`).
-
-    Raises:
-        PrivfedError: when the parameters are not JSON-able.
-    """
-    params = mechanism_class.calibrate(epsilon=epsilon, delta=delta, num_releases=num_releases, **sample)
-    try:
-        return json.loads(json.dumps(params))
-    except (TypeError, ValueError) as err:
-        raise PrivfedError(f"mechanism {mechanism_class.name}'s calibrated parameters are not JSON: {err}") from None

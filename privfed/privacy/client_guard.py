@@ -40,7 +40,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from mechanisms import get_mechanism_class
+from mechanisms import get_mechanism_class, round_releases
 from mechanisms.base import Guarantee, PrivacyEvent
 from privfed.config import MIN_DELTA, TrainConfig
 from privfed.data.federated import FederatedSplit
@@ -119,7 +119,7 @@ def declared_budget(
 @lru_cache(maxsize=16)  # a client process plans the declared run once, not every round
 def _declared_budget(declared: TrainConfig, num_samples: int, node_cap: tuple[float, float] | None) -> ClientBudget:
     plan = plan_privacy(declared, FederatedSplit.of(declared).client_sizes())
-    reference = declared.epsilon or declared.epsilon_per_release or 1.0
+    reference = plan.reference_epsilon
     release_cap = None
     if plan.is_dp:
         assert plan.delta is not None  # a DP plan quotes its epsilons at a delta
@@ -198,8 +198,7 @@ class ClientGuard:
             RoundRefused: when the round is outside the run or would overrun a cap.
         """
         mechanism = self.budget.mechanism
-        # An aggregated mechanism's round 0 has no secure sum, so nothing is released and nothing charged.
-        releasing = mechanism is not None and (train or not get_mechanism_class(mechanism).aggregated)
+        releasing = round_releases(None if mechanism is None else get_mechanism_class(mechanism), train=train)
         releases = self.budget.release_events if releasing else ()
         if not 0 <= round_index <= self.budget.rounds:
             raise RoundRefused(f"round {round_index} is outside the declared run's rounds 0 to {self.budget.rounds}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
-from mechanisms.base import K_ANONYMITY, Mechanism
+from mechanisms.base import K_ANONYMITY, Mechanism, SecureSumMechanism
 from privfed.methods import ORCHESTRA, Method
 from privfed.privacy.ledger import WorstCase
 from privfed.secagg.masks import MASK_PRG
@@ -199,7 +199,7 @@ def _sample_clause(rate: float) -> str:
 
 
 def _secure_sum_clause(min_shares: int | None) -> str:
-    """The trust an aggregated mechanism's epsilon rests on (its noise is split over the clients of a secure sum)."""
+    """The trust a secure-sum mechanism's epsilon rests on (its noise is split over the clients of a secure sum)."""
     return (
         f"the guarantee for the secure sums holds against a server that follows SecAgg+ and sees only the secure sums, "
         f"if each sum holds the shares of at least {_k(min_shares)} clients (the SecAgg+ threshold) that do not collude "
@@ -207,13 +207,13 @@ def _secure_sum_clause(min_shares: int | None) -> str:
     )
 
 
-#: What an aggregated mechanism's epsilon rests on: the threat model, stated where the guarantee is.
+#: What a secure-sum mechanism's epsilon rests on: the threat model, stated where the guarantee is.
 SECURE_SUM_TRUST_SHORT = (
     "the secure sums' epsilon assumes an honest-but-curious server that follows SecAgg+ and sees only sums of at "
     "least the SecAgg+ threshold of clients' shares, none colluding with it"
 )
 
-#: What an aggregated mechanism's epsilon does not cover.
+#: What a secure-sum mechanism's epsilon does not cover.
 SECURE_SUM_TRUST = Item(
     "a server that colludes with clients, sees their shares, or deviates from SecAgg+: each share holds only part "
     "of the noise",
@@ -230,29 +230,30 @@ def _release_clauses(
     k: int | None,
     sampling_rate: float,
     min_shares: int | None,
+    summed: bool,
 ) -> Parts:
-    """What protects the released vectors, by the kind of guarantee the mechanism gives."""
+    """What protects the released vectors, by the kind of guarantee the mechanism gives (``summed``: a secure-sum one)."""
     if mechanism is None:  # nothing released: nothing to protect or to disclaim here
         return [], []
     name = mechanism.name
     if mechanism.is_differentially_private():
         assert worst is not None  # privacy_statement refuses a DP run without it
-        what = "secure sums of shares" if mechanism.aggregated else "released centroids"
-        short_what = "secure sums of the clients' shares" if mechanism.aggregated else "released centroids"
+        what = "secure sums of shares" if summed else "released centroids"
+        short_what = "secure sums of the clients' shares" if summed else "released centroids"
         amplified = ", amplified by a secret Poisson sample of the representations" if sampling_rate < 1 else ""
         short = f"{short_what}: in the epsilon, per {_unit(dp_sgd)}{amplified}"
         releases = f"{what} ({name}): epsilon {_eps(worst.releases_worst)} at delta {_delta(worst.delta)} alone"
         if sampling_rate < 1:
-            rows = f"{'computed' if mechanism.aggregated else 'released'} from a secret sample of one representation per image"
+            rows = f"{'computed' if summed else 'released'} from a secret sample of one representation per image"
             sample, amplification = f"; {_sample_clause(sampling_rate)}", []
         else:
-            verb = "computed" if mechanism.aggregated else "released"
+            verb = "computed" if summed else "released"
             rows, sample = f"{verb} from at most one representation per image in the memory", ""
             amplification = [Item(
                 "subsampling amplification for releases: none is claimed",
                 "subsampling amplification for releases: none is claimed (the memory is not a secret Poisson sample)",
             )]
-        trust = [Item(SECURE_SUM_TRUST_SHORT, _secure_sum_clause(min_shares))] if mechanism.aggregated else []
+        trust = [Item(SECURE_SUM_TRUST_SHORT, _secure_sum_clause(min_shares))] if summed else []
         if dp_sgd:
             return [Item(short, f"{releases}, per {EXAMPLE_UNIT}, {rows}{sample}"), *trust], amplification
         return [Item(short, f"{releases}, per representation replaced by another, {rows}{sample}"), *trust], [
@@ -362,6 +363,7 @@ def _lead(
     worst: WorstCase | None,
     k: int | None,
     sampling_rate: float,
+    summed: bool,
 ) -> str:
     """The long text's first sentences: the strongest claim the run supports."""
     if mechanism is None:
@@ -380,10 +382,10 @@ def _lead(
     name = mechanism.name
     is_dp = mechanism.is_differentially_private()
     # A share alone holds only part of the noise: what is private is the secure sum the server sees.
-    summed = "the secure sums of the clients' shares (hence the summed tables and the global centroids)"
+    sums = "the secure sums of the clients' shares (hence the summed tables and the global centroids)"
     if dp_sgd and is_dp:
         assert worst is not None  # privacy_statement refuses a DP run without it
-        released = summed if mechanism.aggregated else "released centroids"
+        released = sums if summed else "released centroids"
         return (
             f"Encoder updates and {released} together are ({_eps(worst.epsilon)}, {_delta(worst.delta)})-"
             f"differentially private with respect to {EXAMPLE_UNIT}, for the "
@@ -409,7 +411,7 @@ def _lead(
         )
     if is_dp:
         assert worst is not None  # privacy_statement refuses a DP run without it
-        what = f"Over the whole run, {summed} are, for every client," if mechanism.aggregated else (
+        what = f"Over the whole run, {sums} are, for every client," if summed else (
             "Every client's released centroids over the whole run are"
         )
         return (
@@ -445,6 +447,7 @@ def _headline(
     sampling_rate: float,
     min_shares: int | None,
     name: str,
+    summed: bool,
 ) -> str:
     """At most a few lines: what is protected, by what, at what epsilon or k; never more than the long text claims.
 
@@ -466,20 +469,20 @@ def _headline(
             "of each client's representations" + ("; SecAgg+ shows an honest-but-curious server only their sum."
                                                   if secagg else ", in the clear.")
         )
-    if mechanism.aggregated:  # SecAgg+ is required: the trust clause names it, and the updates go inside it too
+    if summed:  # SecAgg+ is required: the trust clause names it, and the updates go inside it too
         trust = f" if an honest-but-curious server sees only SecAgg+ sums over >= {_k(min_shares)} non-colluding clients"
         updates = "model updates are not DP"
     else:
         trust = ""
     if mechanism.is_differentially_private():
         if dp_sgd:
-            what = "the secure sums of shares" if mechanism.aggregated else "released centroids"
+            what = "the secure sums of shares" if summed else "released centroids"
             return (
                 f"Each client's model updates and {what} are together {at} w.r.t. replacing one of its training "
                 f"examples (DP-SGD{' + ' + name if name else ''}, worst-off client){trust}."
             )
         how = ", ".join(part for part in (name, "worst-off client", "secret sample" if sampling_rate < 1 else "") if part)
-        what = "The secure sums of shares are, over the run and per client," if mechanism.aggregated else (
+        what = "The secure sums of shares are, over the run and per client," if summed else (
             "Each client's released centroids are, over the run,"
         )
         return f"{what} {at} w.r.t. replacing one of its representations ({how}){trust}; {updates}."
@@ -502,12 +505,12 @@ def _headline(
     return f"No guarantee: what is released{named} is not protected; {updates}."
 
 
-def _details(mechanism: type[Mechanism] | None) -> str:
+def _details(mechanism: type[Mechanism] | None, *, summed: bool) -> str:
     """The docs/privacy.md section with the long text of this kind of release (a plug-in's too: it is by kind)."""
     if mechanism is None:
         anchor = "statement-no-release"
     elif mechanism.is_differentially_private():
-        anchor = "statement-secure-sums" if mechanism.aggregated else "statement-dp-releases"
+        anchor = "statement-secure-sums" if summed else "statement-dp-releases"
     elif mechanism.guarantee_kind == K_ANONYMITY:
         anchor = "statement-k-anonymity"
     elif mechanism.releases_raw_data:
@@ -544,16 +547,18 @@ def privacy_statement(
             whether they train on their labels.
         report_metrics: Whether clients send those metrics (``--report-client-metrics``).
         release_sampling_rate: Rate of the releases' secret Poisson sample (1: none).
-        min_shares: An aggregated mechanism's ``K_min``: the fewest clients' shares in each secure sum.
+        min_shares: A secure-sum mechanism's ``K_min``: the fewest clients' shares in each secure sum.
     """
     if (dp_sgd or (mechanism is not None and mechanism.is_differentially_private())) and worst is None:
         raise ValueError("a run with a DP part needs the ledger's worst case")
+    summed = mechanism is not None and issubclass(mechanism, SecureSumMechanism)  # the server sees only sums
     covered: list[Item] = []
     uncovered: list[Item] = []
     for part_covers, part_not_covered in (
         _encoder_update_clauses(dp_sgd=dp_sgd, worst=worst, secagg=secagg),
         _release_clauses(
-            mechanism, dp_sgd=dp_sgd, worst=worst, k=k, sampling_rate=release_sampling_rate, min_shares=min_shares
+            mechanism, dp_sgd=dp_sgd, worst=worst, k=k, sampling_rate=release_sampling_rate, min_shares=min_shares,
+            summed=summed,
         ),
     ):
         covered += part_covers
@@ -563,17 +568,17 @@ def privacy_statement(
     uncovered += _public_facts(
         dp_sgd=dp_sgd, secagg=secagg, releases=mechanism is not None, method=method, report_metrics=report_metrics
     )
-    if mechanism is not None and mechanism.aggregated:
+    if summed:
         uncovered.append(SECURE_SUM_TRUST)
     uncovered.append(DEVIATING_SERVER)
     def headline(name: str) -> str:
         return _headline(mechanism, dp_sgd=dp_sgd, worst=worst, k=k, secagg=secagg,
-                         sampling_rate=release_sampling_rate, min_shares=min_shares, name=name)
+                         sampling_rate=release_sampling_rate, min_shares=min_shares, name=name, summed=summed)
 
     short = headline("" if mechanism is None else mechanism.name)
     if len(short) > HEADLINE_LIMIT:  # only a plug-in's long name can do that
         short = headline("")
-    lead = _lead(mechanism, dp_sgd=dp_sgd, worst=worst, k=k, sampling_rate=release_sampling_rate)
+    lead = _lead(mechanism, dp_sgd=dp_sgd, worst=worst, k=k, sampling_rate=release_sampling_rate, summed=summed)
     return PrivacyStatement(
-        headline=short, lead=lead, covered=tuple(covered), uncovered=tuple(uncovered), details=_details(mechanism)
+        headline=short, lead=lead, covered=tuple(covered), uncovered=tuple(uncovered), details=_details(mechanism, summed=summed)
     )

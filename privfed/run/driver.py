@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from mechanisms import get_mechanism_class
-from mechanisms.base import Mechanism
+from mechanisms.base import SecureSumMechanism
 from privfed.data import heterogeneity_stats
 from privfed.device import resolve_device
 from privfed.methods import STEP_VALUES, build_network, get_method
@@ -156,7 +156,7 @@ class RunDriver:
             self.run_dir.path / "ledger.jsonl",
             mechanism=self.mechanism_name,
             delta=self.plan.privacy.delta,
-            reference_epsilon=config.epsilon or config.epsilon_per_release or 1.0,
+            reference_epsilon=self.plan.privacy.reference_epsilon,
         )
         monitor = build_monitor(self.plan, self.device)
         self.heterogeneity = heterogeneity_stats(monitor.train_labels.numpy(), self.plan.split.partition())
@@ -254,9 +254,9 @@ class RunDriver:
         self._rounds_done = finished.report.round
         self._emit({"event": "round", **line})
 
-    def _aggregator(self) -> Mechanism | None:
-        """The server's side of an aggregated mechanism, from the plan's parameters (None for any other)."""
-        if self.mechanism_class is None or not self.mechanism_class.aggregated:
+    def _aggregator(self) -> SecureSumMechanism | None:
+        """The server's side of a secure-sum mechanism, from the plan's parameters (None for any other)."""
+        if self.mechanism_class is None or not issubclass(self.mechanism_class, SecureSumMechanism):
             return None
         return self.mechanism_class(**self.plan.privacy.params)
 

@@ -100,14 +100,13 @@ MIN_CLIENT_IMAGES = 2
 
 
 def check_training_data(config: TrainConfig, split: FederatedSplit, sizes: list[int]) -> None:
-    """Refuses training data no client could learn from or release: before round 0, not in every client's round 0.
+    """Refuses training data no client could learn from: before round 0, not in every client's round 0.
 
     Raises:
         PrivfedError: for non-square images (the quarter-turn rotations and
             square crops need them), clients none of which holds
             :data:`MIN_CLIENT_IMAGES` images (a client with fewer makes no
-            step), or a k-anonymous mechanism none of whose clients holds
-            ``kanon_min_k`` images.
+            step).
     """
     height, width = split.train_data().images.shape[1:3]
     if height != width:
@@ -119,19 +118,6 @@ def check_training_data(config: TrainConfig, split: FederatedSplit, sizes: list[
             f"{config.dataset} across {config.num_clients} clients leaves each with at most {max(sizes)} image, and a "
             f"client needs {MIN_CLIENT_IMAGES} to train (a batch of two, for BatchNorm): use fewer clients or more data"
         )
-    if config.release_mechanism is None:
-        return
-    from mechanisms import get_mechanism_class
-    from mechanisms.base import K_ANONYMITY
-
-    if get_mechanism_class(config.mechanism).guarantee_kind == K_ANONYMITY:
-        largest = min(max(sizes), config.memory_size)
-        if largest < config.kanon_min_k:
-            raise PrivfedError(
-                f"no client holds kanon_min_k ({config.kanon_min_k}) images in its memory (the most is {largest}), "
-                f"so {config.mechanism} could release no centroid: use fewer clients, more data, a larger --memory-size or a "
-                "lower --kanon-min-k"
-            )
 
 
 def _one_class_warnings(config: TrainConfig, split: FederatedSplit) -> tuple[str, ...]:

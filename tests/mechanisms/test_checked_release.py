@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mechanisms import Guarantee, Mechanism, Release, create_mechanism
+from mechanisms import Guarantee, Mechanism, Release, ReleaseMechanism, create_mechanism
 from mechanisms.base import checked_release
 
 
@@ -35,7 +35,7 @@ def test_finite_representations_are_released_as_the_mechanism_says(name):
     assert release.num_vectors > 0 and release.vectors.shape[1] == 16
 
 
-class Broken(Mechanism):
+class Broken(ReleaseMechanism):
     """Releases whatever ``output`` says, to check the outgoing half."""
 
     name = "broken"

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mechanisms import accounting, create_mechanism
+from mechanisms import SecureSumMechanism, accounting, create_mechanism
 from mechanisms.ddp_sums import (
     MIN_SHARE_SIGMA,
     centred_residue,
@@ -28,7 +28,7 @@ from mechanisms.ddp_sums import (
     share_sigma,
     table_share,
 )
-from mechanisms.ldp import clip_to_radius
+from mechanisms.dp_pieces import clip_to_radius
 from mechanisms.ldp_sums import cell_table, count_scale, nearest_cells, sums_grid
 from tests.mechanisms.test_ldp_audit import epsilon_lower_bound
 
@@ -160,11 +160,12 @@ def test_the_mechanism_charges_ldp_sums_event_and_shares_instead_of_releasing():
 
     params = DdpSumsMechanism.calibrate(epsilon=10.0, delta=1e-6, num_releases=21, sampling_rate=0.5)
     mechanism = DdpSumsMechanism(**params, min_shares=4)
-    assert mechanism.aggregated and mechanism.privacy_events() == create_mechanism("ldp-sums", **params).privacy_events()
+    assert isinstance(mechanism, SecureSumMechanism)
+    assert mechanism.privacy_events() == create_mechanism("ldp-sums", **params).privacy_events()
     assert "ddp-sums" in available_mechanisms()
     assert mechanism.share_length(num_cells=16, dim=32) == 16 * 33
-    with pytest.raises(NotImplementedError, match="secure sum"):
-        mechanism.release(unit(5, 4, seed=1), num_centroids=2, generator=torch.Generator())
+    assert not hasattr(mechanism, "release")  # the secure-sum kind has no per-client release
+    assert not DdpSumsMechanism.releases_in(train=False) and DdpSumsMechanism.max_releases(20) == 20
 
 
 def test_shares_of_k_clients_combine_into_the_exact_lloyd_step_at_little_noise():

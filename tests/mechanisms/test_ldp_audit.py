@@ -31,7 +31,8 @@ from scipy.stats import beta
 from mechanisms import accounting, create_mechanism
 from mechanisms.accounting import REPLACED_COUNTS, REPLACEMENT_SHIFT, NoiseParameters
 from mechanisms.base import PrivacyEvent
-from mechanisms.ldp import Grid, Tree, clip_to_radius, leaf_membership, noisy_leaf_statistics, simhash_prefix_codes
+from mechanisms.dp_pieces import Grid, clip_to_radius
+from mechanisms.ldp import Tree, leaf_membership, noisy_leaf_statistics, simhash_prefix_codes
 
 
 def level_counts(codes: np.ndarray, level: int) -> np.ndarray:

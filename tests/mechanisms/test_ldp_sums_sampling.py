@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from mechanisms import accounting, create_mechanism
-from mechanisms.ldp import clip_to_radius
+from mechanisms.dp_pieces import clip_to_radius
 from mechanisms.ldp_sums import (
     LdpSumsMechanism,
     cell_table,

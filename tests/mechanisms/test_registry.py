@@ -6,6 +6,7 @@ from mechanisms import (
     Mechanism,
     MechanismRegistrationError,
     Release,
+    ReleaseMechanism,
     UnknownMechanismError,
     available_mechanisms,
     create_mechanism,
@@ -28,7 +29,7 @@ def test_third_party_mechanism_can_register_without_editing_privfed(monkeypatch)
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
 
     @register_mechanism
-    class FirstVector(Mechanism):
+    class FirstVector(ReleaseMechanism):
         name = "first-vector-test"
         description = "test mechanism"
 
@@ -49,7 +50,7 @@ def test_name_clash_is_rejected(monkeypatch):
     with pytest.raises(ValueError, match="already taken"):
 
         @register_mechanism
-        class Clash(Mechanism):
+        class Clash(ReleaseMechanism):
             name = "kanon"
             description = "clash"
 
@@ -72,7 +73,7 @@ def _mechanism(name: str, **attributes) -> type[Mechanism]:
     def release(self, reps, *, num_centroids, generator):
         raise NotImplementedError
 
-    return type(name, (Mechanism,), {"name": name, "description": "test", "guarantee": guarantee, "release": release, **attributes})
+    return type(name, (ReleaseMechanism,), {"name": name, "description": "test", "guarantee": guarantee, "release": release, **attributes})
 
 
 def test_a_mechanism_that_does_not_say_claims_nothing(monkeypatch):
@@ -81,6 +82,16 @@ def test_a_mechanism_that_does_not_say_claims_nothing(monkeypatch):
     assert cls.guarantee_kind == "none" and not cls.is_differentially_private() and not cls.releases_raw_data
     with pytest.raises(NotImplementedError, match="not differentially private"):
         cls.calibrate(epsilon=1.0, delta=1e-5, num_releases=3)
+
+
+def test_a_class_of_neither_kind_is_refused(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    neither = type("neither", (Mechanism,), {"name": "neither", "description": "test", **{
+        name: getattr(_mechanism("x"), name) for name in ("guarantee", "release", "releases_in")
+    }})
+    with pytest.raises(MechanismRegistrationError, match=r"must subclass .*ReleaseMechanism or SecureSumMechanism"):
+        register_mechanism(neither)
+    assert "neither" not in registry._REGISTRY
 
 
 def test_a_dp_claim_without_its_own_calibration_and_events_is_refused(monkeypatch):

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from mechanisms import create_mechanism, get_mechanism_class
-from mechanisms.base import DP_WEIGHT_ROOM, Mechanism
+from mechanisms.base import DP_WEIGHT_ROOM, ReleaseMechanism
 
 
 def clustered_reps(n: int, seed: int, dim: int = 16) -> torch.Tensor:
@@ -50,7 +50,7 @@ def test_only_ldp_leaves_room_for_noise_and_only_reps_sends_a_vector_per_represe
 
 def test_a_dp_mechanism_that_does_not_bound_its_noise_still_has_a_finite_weight_bound():
     class Unbounded(get_mechanism_class("ldp")):  # a plugin that leaves max_total_weight to the base class
-        max_total_weight = classmethod(Mechanism.max_total_weight.__func__)
+        max_total_weight = classmethod(ReleaseMechanism.max_total_weight.__func__)
 
     assert Unbounded.max_total_weight(num_reps=10, params={}) == 10 * DP_WEIGHT_ROOM
     assert Unbounded.max_total_weight(num_reps=0, params={}) == DP_WEIGHT_ROOM

@@ -1,4 +1,4 @@
-"""A small third-party *aggregated* mechanism, installed only through the ``privfed.mechanisms`` entry point.
+"""A small third-party secure-sum mechanism, installed only through the ``privfed.mechanisms`` entry point.
 
 Each client's share is its exact per-cell table (the cells are the public
 global centroids): every representation, clipped to norm 1, is rounded to
@@ -14,16 +14,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mechanisms.base import Guarantee, Mechanism, Release
+from mechanisms.base import Guarantee, SecureSumMechanism
 
 #: Fixed-point units per unit of a coordinate.
 SCALE = 2**10
 
 
-class CellMeanMechanism(Mechanism):
+class CellMeanMechanism(SecureSumMechanism):
     name = "cellmean"
     description = "exact per-cell sums of the representations, summed under SecAgg+ (test plugin, no privacy)"
-    aggregated = True
 
     def __init__(self, *, min_shares: int, modulus: int) -> None:
         self.min_shares = min_shares
@@ -35,9 +34,6 @@ class CellMeanMechanism(Mechanism):
 
     def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
         return Guarantee(kind="none", statement="no protection beyond the secure sum")
-
-    def release(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
-        raise NotImplementedError("cellmean shares into the secure sum")
 
     def share_length(self, *, num_cells: int, dim: int) -> int:
         return num_cells * (dim + 1)

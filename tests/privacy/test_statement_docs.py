@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from mechanisms import available_mechanisms, get_mechanism_class
+from mechanisms import SecureSumMechanism, available_mechanisms, get_mechanism_class
 from privfed.config import TrainConfig, build_config
 from privfed.errors import PrivfedError
 from privfed.methods import available_methods
-from privfed.privacy.budget import secret_sample_rate, secure_sum_parameters
+from privfed.privacy.budget import plan_request
 from privfed.privacy.ledger import WorstCase
 from privfed.privacy.statement import EVERY_MODE_ANCHOR, HEADLINE_LIMIT, PrivacyStatement, privacy_statement
 
@@ -34,18 +34,32 @@ def allowed_configs() -> list[TrainConfig]:
     configs = []
     for method, spec in available_methods().items():
         mechanisms = list(available_mechanisms()) if spec.releases else ["kanon"]  # mechanism does not apply
-        for mechanism, secagg, dp_sgd, sample in itertools.product(mechanisms, (True, False), (False, True), (True, False)):
+        for mechanism, secagg, dp_sgd, sample in itertools.product(mechanisms, (True, False), (False, True), (None, False)):
             try:
                 config = build_config(
                     method=method, mechanism=mechanism, secagg=secagg, dp_sgd=dp_sgd, secret_sample=sample,
                     dataset="shapes:300", num_clients=4, participation=1.0, num_local_centroids=4,
                     num_global_centroids=8, memory_size=32,
                 )
-                secure_sum_parameters(config, SIZES)  # refuses an aggregated mechanism without SecAgg+
             except PrivfedError:
                 continue
+            if summed(mechanism) and plan_request(config, SIZES, delta=1e-6, releases=1).secure_sum is None:
+                continue  # a secure-sum mechanism's plan refuses a run without SecAgg+
             configs.append(config)
     return configs
+
+
+def summed(mechanism: str | None) -> bool:
+    return mechanism is not None and issubclass(get_mechanism_class(mechanism), SecureSumMechanism)
+
+
+def sampling_rate(config: TrainConfig) -> float:
+    """The releases' secret-sample rate, as the mechanism's own plan computes it (1: none)."""
+    if config.release_mechanism is None:
+        return 1.0
+    cls = get_mechanism_class(config.release_mechanism)
+    options = cls.calibration_options(plan_request(config, SIZES, delta=1e-6, releases=1), cls.checked_settings(config.mechanism_settings))
+    return options.get("sampling_rate", 1.0)
 
 
 def statement_of(config: TrainConfig, *, report_metrics: bool, k: int = 12345, min_shares: int = 1234) -> PrivacyStatement:
@@ -56,8 +70,8 @@ def statement_of(config: TrainConfig, *, report_metrics: bool, k: int = 12345, m
     return privacy_statement(
         mechanism=cls, dp_sgd=config.dp_sgd, worst=LONG_NUMBERS if is_dp else None, k=k, secagg=config.secagg,
         method=available_methods()[config.method], report_metrics=report_metrics,
-        release_sampling_rate=secret_sample_rate(config, SIZES),
-        min_shares=min_shares if cls is not None and cls.aggregated else None,
+        release_sampling_rate=sampling_rate(config),
+        min_shares=min_shares if summed(name) else None,
     )
 
 
@@ -68,7 +82,7 @@ MODES = [(config, report) for config in CONFIGS for report in (False, True)]
 def mode_id(mode: tuple[TrainConfig, bool]) -> str:
     config, report = mode
     return "-".join([config.method, str(config.release_mechanism), "secagg" * config.secagg or "clear",
-                     "dpsgd" * config.dp_sgd or "nodpsgd", "sample" * config.secret_sample or "nosample",
+                     "dpsgd" * config.dp_sgd or "nodpsgd", "sample" * (config.secret_sample is not False) or "nosample",
                      "metrics" * report or "nometrics"])
 
 
@@ -76,7 +90,7 @@ def test_the_modes_include_every_registered_mechanism_with_and_without_secagg_an
     seen = {(c.release_mechanism, c.secagg, c.dp_sgd) for c in CONFIGS}
     for mechanism in available_mechanisms():
         assert (mechanism, True, False) in seen and (mechanism, True, True) in seen
-        assert ((mechanism, False, False) in seen) != get_mechanism_class(mechanism).aggregated
+        assert ((mechanism, False, False) in seen) != summed(mechanism)
     assert {(None, True, True), (None, False, False)} <= seen
 
 
@@ -106,7 +120,7 @@ def test_the_headline_claims_dp_only_where_the_covers_do_and_names_the_neighbour
             assert "replaced by another (replace-one)" in item
     if not claims_dp:
         assert s.headline.startswith(("No DP", "No guarantee"))
-    if config.release_mechanism is not None and get_mechanism_class(config.release_mechanism).aggregated:
+    if summed(config.release_mechanism):
         assert "honest-but-curious" in s.headline and any("none colluding" in c for c in s.covers)
 
 

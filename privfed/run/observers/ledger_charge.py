@@ -8,7 +8,7 @@ client's copy: the strategy has already checked every reply against the plan
 
 from __future__ import annotations
 
-from mechanisms.base import DIFFERENTIAL_PRIVACY, K_ANONYMITY, NO_GUARANTEE, Guarantee, Mechanism
+from mechanisms.base import DIFFERENTIAL_PRIVACY, K_ANONYMITY, NO_GUARANTEE, Guarantee, Mechanism, SecureSumMechanism
 from privfed.orchestra.round_report import RoundReport
 from privfed.privacy import PrivacyLedger
 from privfed.privacy.ledger import LedgerEntry
@@ -80,9 +80,7 @@ class ChargeReleases(RoundObserver):
         charged_ks: list[int] = []
         if mechanism is None:
             return charged_ks
-        if mechanism.aggregated:
-            if report.round == 0:
-                return charged_ks  # no secure sum, so no share
+        if issubclass(mechanism, SecureSumMechanism) and mechanism.releases_in(train=report.round > 0):
             # Each accepted reply's masked vector carries its share, whether or not the sum completed.
             for client, _ in report.training_events:
                 self.ledger.record(LedgerEntry(client, report.round, mechanism.name, self.charged_guarantee(None), expected))
