@@ -1,8 +1,9 @@
-"""The centroid-release interface every mechanism implements.
+"""The two mechanism interfaces, and what they exchange with privfed.
 
 A mechanism decides what a client's representations turn into before they
-leave the client. The training core only sees :class:`Release` objects, so a
-new mechanism never needs changes outside its own module.
+leave the client: a :class:`Release` the server reads
+(:class:`ReleaseMechanism`), or a share it reads only inside SecAgg+'s sum
+(:class:`SecureSumMechanism`). A new mechanism needs no change outside its own module.
 """
 
 from __future__ import annotations

@@ -620,4 +620,21 @@ def load_saved_config(path: Path) -> TrainConfig:
     """
     raw = read_json_object(path)
     raw.pop(RUN_ID_KEY, None)
+    for name, old in LEGACY_SETTING_DEFAULTS.items():
+        if raw.get(name) == old and MECHANISM_SETTINGS[name] not in _settings_of(raw.get("mechanism")):
+            raw[name] = None  # written by every run before the option became the mechanism's own
     return TrainConfig(**checked_options(raw, source=str(path)))
+
+
+#: What ``config.json`` held for every run before these options were left unset unless given.
+LEGACY_SETTING_DEFAULTS = {"secret_sample": True, "kanon_min_k": 5}
+
+
+def _settings_of(mechanism: Any) -> Any:
+    """The settings a registered mechanism takes (none for a name not registered: its run fails elsewhere)."""
+    from mechanisms import MechanismRegistrationError, UnknownMechanismError, get_mechanism_class
+
+    try:
+        return get_mechanism_class(str(mechanism)).settings
+    except (UnknownMechanismError, MechanismRegistrationError):
+        return {}

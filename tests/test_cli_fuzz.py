@@ -91,7 +91,7 @@ def option_cases() -> list[Case]:
         cases.append(Case(f"seed={value}", train(f"--seed={value}"), ("seed",)))
     cases += [
         Case("checkpoint_every=-1", train("--checkpoint-every=-1"), ("checkpoint_every",)),
-        Case("kanon_min_k=1", train("--kanon-min-k=1"), ("kanon_min_k",)),
+        Case("kanon_min_k=1", train("--kanon-min-k=1"), ("min_k",)),
         Case("batch_size=1", train("--batch-size=1"), ("batch_size",)),
         Case("shares without secagg", train("--no-secagg", "--secagg-shares=3"), ("--secagg-shares",)),
         Case("threshold without secagg", train("--no-secagg", "--secagg-threshold=2"), ("--secagg-threshold",)),
@@ -219,8 +219,8 @@ def too_little_data_cases() -> list[Case]:
         Case("train test shapes huge", train("--test-dataset", huge), ("shapes:N",)),
         Case("evaluate shapes huge", ("evaluate", "{run}", "--train-data", huge, "--test-data", "shapes:300"), ("shapes:N",)),
         Case("one image per client", train("--dataset", "shapes:10", "-K", "10"), ("at most 1 image",)),
-        Case("memory below k", train("--memory-size=4", "-L", "4"), ("kanon_min_k",)),
-        Case("no client holds k", train("--kanon-min-k=1000"), ("kanon_min_k",)),
+        Case("memory below k", train("--memory-size=4", "-L", "4"), ("min_k",)),
+        Case("no client holds k", train("--kanon-min-k=1000"), ("min_k",)),
         Case("non-square images", train("--dataset", "arrays:{tmp}/non-square.npz", "-K", "4"), ("square",)),
         Case("tsne of 3 images", evaluate_on("tsne", "three", "three-too"), ("t-SNE",)),
         *(Case(f"{protocol} of an empty test split", evaluate_on(protocol, "one", "one"), ("test image",))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import tomllib
 from pathlib import Path
@@ -127,3 +128,23 @@ def test_a_damaged_saved_config_is_one_error_naming_the_file(tmp_path):
     path.write_bytes(b"\xff{}")
     with pytest.raises(PrivfedError, match="is not UTF-8 text"):
         load_saved_config(path)
+
+
+def test_mechanism_flags_become_the_mechanisms_settings_and_are_refused_where_none_takes_them():
+    assert build_config(mechanism="kanon", kanon_min_k=7).mechanism_settings == {"min_k": 7}
+    assert build_config(mechanism="ldp-sums", epsilon=1.0, secret_sample=False).mechanism_settings == {"secret_sample": False}
+    assert build_config().mechanism_settings == {}  # unset: each mechanism's own default
+    with pytest.raises(PrivfedError, match=r"--kanon-min-k applies to mechanisms that take min_k \(kanon\), not ldp"):
+        build_config(mechanism="ldp", epsilon=1.0, kanon_min_k=5)
+    with pytest.raises(PrivfedError, match=r"--no-secret-sample applies to mechanisms that take secret_sample \(ddp-sums, ldp-sums\)"):
+        build_config(secret_sample=False)
+
+
+def test_a_saved_config_from_before_mechanism_settings_reads_its_written_defaults_as_unset(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**DEFAULTS.to_dict(), "mechanism": "ldp", "epsilon": 1.0, "kanon_min_k": 5, "secret_sample": True}))
+    config = load_saved_config(path)
+    assert config.kanon_min_k is None and config.secret_sample is None
+    path.write_text(json.dumps({**DEFAULTS.to_dict(), "mechanism": "kanon", "kanon_min_k": 5, "secret_sample": False}))
+    config = load_saved_config(path)
+    assert config.kanon_min_k == 5 and config.secret_sample is False  # kanon takes min_k; False was given
