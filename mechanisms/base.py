@@ -254,6 +254,10 @@ class Mechanism(abc.ABC):
         """Chance that a row handed to the mechanism enters its output; below 1, privfed hands it one row per image."""
         return 1.0
 
+    def rows_per_vector(self, *, rows: int, dim: int, num_centroids: int) -> float | None:
+        """Fewest representations a vector must stand for to rise above the noise (None: no floor); the plan prints it."""
+        return None
+
     @abc.abstractmethod
     def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
         """The guarantee what is sent from ``num_reps`` representations carries."""
@@ -294,10 +298,6 @@ class ReleaseMechanism(Mechanism):
         inversion attack ask for them (:mod:`attacks.scoring`).
         """
         return self.release(reps, num_centroids=num_centroids, generator=generator), None
-
-    def rows_per_vector(self, *, rows: int, dim: int, num_centroids: int) -> float | None:
-        """Fewest representations a released vector must stand for to rise above the noise (None: no floor)."""
-        return None
 
     @classmethod
     def max_vectors(cls, *, num_reps: int, num_centroids: int) -> int:

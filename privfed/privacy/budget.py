@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from mechanisms import Mechanism, PlanRequest, ReleaseMechanism, SecureSumSetup, dp_mechanisms, get_mechanism_class
+from mechanisms import Mechanism, PlanRequest, SecureSumSetup, dp_mechanisms, get_mechanism_class
 from mechanisms.base import PrivacyEvent
 from privfed.config import DEFAULTS, TrainConfig
 from privfed.errors import PrivfedError
@@ -261,11 +261,9 @@ def _release_floor(mechanism: Mechanism, config: TrainConfig, client_sizes: list
     # Under DP-SGD too: the Poisson memory's expected size is min(size, memory_size).
     rate = mechanism.input_sampling_rate
     rows = tuple(round(rate * size) if rate < 1 else min(config.memory_size, size) for size in client_sizes)
-    floor = None
-    if isinstance(mechanism, ReleaseMechanism):
-        floor = mechanism.rows_per_vector(
-            rows=int(statistics.median(rows)), dim=config.projection_dim, num_centroids=config.num_local_centroids
-        )
+    floor = mechanism.rows_per_vector(
+        rows=int(statistics.median(rows)), dim=config.projection_dim, num_centroids=config.num_local_centroids
+    )
     return {"rows_per_vector": floor, "memory_rows": rows, "sampling_rate": rate}
 
 
