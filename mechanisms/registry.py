@@ -44,9 +44,9 @@ def check_privacy_description(cls: type[Mechanism]) -> None:
         MechanismRegistrationError: for a class of neither kind, an unknown guarantee kind, or a
             differentially private mechanism without its own calibration and events.
     """
-    if not issubclass(cls, (ReleaseMechanism, SecureSumMechanism)):
+    if issubclass(cls, ReleaseMechanism) == issubclass(cls, SecureSumMechanism):
         raise MechanismRegistrationError(
-            f"mechanism {cls.name!r} must subclass mechanisms.base.ReleaseMechanism or SecureSumMechanism"
+            f"mechanism {cls.name!r} must subclass exactly one of mechanisms.base.ReleaseMechanism and SecureSumMechanism"
         )
     if cls.guarantee_kind not in GUARANTEE_KINDS:
         raise MechanismRegistrationError(

@@ -7,6 +7,7 @@ from mechanisms import (
     MechanismRegistrationError,
     Release,
     ReleaseMechanism,
+    SecureSumMechanism,
     UnknownMechanismError,
     available_mechanisms,
     create_mechanism,
@@ -84,14 +85,16 @@ def test_a_mechanism_that_does_not_say_claims_nothing(monkeypatch):
         cls.calibrate(epsilon=1.0, delta=1e-5, num_releases=3)
 
 
-def test_a_class_of_neither_kind_is_refused(monkeypatch):
+def test_a_class_of_neither_kind_or_of_both_is_refused(monkeypatch):
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     neither = type("neither", (Mechanism,), {"name": "neither", "description": "test", **{
         name: getattr(_mechanism("x"), name) for name in ("guarantee", "release", "releases_in")
     }})
-    with pytest.raises(MechanismRegistrationError, match=r"must subclass .*ReleaseMechanism or SecureSumMechanism"):
-        register_mechanism(neither)
-    assert "neither" not in registry._REGISTRY
+    both = type("both", (_mechanism("x"), SecureSumMechanism), {"name": "both"})
+    for cls in (neither, both):
+        with pytest.raises(MechanismRegistrationError, match=r"must subclass exactly one of .*ReleaseMechanism and SecureSumMechanism"):
+            register_mechanism(cls)
+    assert not {"neither", "both"} & set(registry._REGISTRY)
 
 
 def test_a_dp_claim_without_its_own_calibration_and_events_is_refused(monkeypatch):
