@@ -1,17 +1,11 @@
 """SecAgg+ for Orchestra's encoder updates: the fit step of every Flower round.
 
 Only model deltas are summed securely. The released centroids are not a sum
-(the server clusters every client's release separately), so they travel as
-their own message content next to the masked vector, protected by the
-release mechanism.
-
-Flower's workflow runs the message flow; privfed states its protocol
-version at setup (clients that do not answer with it are left out) and
-unmasks the sum itself, with the masks of
-:mod:`privfed.secagg.masks`.
-
-Round 0 only initialises: clients send no update, so it runs Flower's plain
-fit workflow instead of a key exchange over nothing.
+(the server clusters each release separately): they travel next to the
+masked vector, protected by the release mechanism. Flower's workflow runs
+the message flow; privfed states its protocol version at setup and unmasks
+the sum itself (:mod:`privfed.secagg.masks`). Round 0 sends no update, so it
+runs Flower's plain fit workflow.
 """
 
 from __future__ import annotations
@@ -51,7 +45,6 @@ REJECTED_REPLY = 4001
 #: Error code of a setup reply from a client that does not run the server's protocol version.
 OTHER_PROTOCOL = 4002
 
-
 #: Seconds between pulls while no reply has arrived (Flower's in-memory grid waits 0.1 s).
 PULL_INTERVAL = 0.1
 
@@ -80,11 +73,8 @@ class RoundCloser(Protocol):
 def screen_masked_reply(reply: Message, strategy: RoundCloser) -> tuple[Message, FitRes | None, list[np.ndarray] | None]:
     """The reply as read (its fit result and masked vector), or an error in its place if the strategy rejects it.
 
-    The error keeps the reply out of the masked sum. The workflow then halts
-    the round (:meth:`_CapturingSecAggPlusWorkflow.collect_masked_vectors_stage`):
-    its sender's masked vector reached the server, and unmasking the others
-    would reveal that sender's pairwise key, leaving its update behind only
-    its self-mask.
+    A rejected reply halts the round: its masked vector reached the server,
+    and unmasking the others would leave its update behind its self-mask alone.
     """
     if reply.has_error():
         return reply, None, None
@@ -110,9 +100,8 @@ def screen_masked_reply(reply: Message, strategy: RoundCloser) -> tuple[Message,
 class MaskedSum:
     """The masked vectors' sum mod the modulus, added to as each arrives, so the server holds one vector at a time.
 
-    Every vector must have the first one's arrays and shapes: numpy would
-    broadcast a hostile one silently. The int64 total stays exact for up to
-    2^31 vectors, each reduced below the modulus (at most 2^32) first.
+    Every vector must have the first one's shapes (numpy would broadcast a
+    hostile one). The int64 total is exact for up to 2^31 vectors below 2^32.
     """
 
     def __init__(self, modulus: int) -> None:
@@ -141,10 +130,8 @@ class MaskedSum:
 class _ProtocolGrid:
     """A grid that states privfed's protocol version in the setup request and leaves out clients that do not run it.
 
-    A client on another protocol (an older privfed, or Flower's own mod)
-    would mask with other masks, and its vector would spoil the sum. Left
-    out at setup, it has shared no keys and is forgotten like any early
-    dropout (:func:`forget_nodes_without_shares`).
+    Another protocol's masks would spoil the sum; left out at setup, such a
+    client shared no keys and is forgotten like an early dropout.
     """
 
     def __init__(self, grid: Grid) -> None:
@@ -176,13 +163,10 @@ class _ProtocolGrid:
 def forget_nodes_without_shares(state: Any) -> None:
     """Drops the nodes that left before sharing their keys from the round's SecAgg+ state.
 
-    Flower 1.41 keeps every sampled node as a candidate dropout to unmask. A
-    node that left during setup or the key exchange gave no neighbour shares
-    of its secrets, so its neighbours fail on the request for them, and one
-    such node halts the whole round. It also never entered anyone's pairwise
-    masks (clients mask only with neighbours whose shares they received), so
-    there is nothing of it to remove: as in Bell et al. (2020), the dropouts
-    to unmask are those that shared keys but sent no masked vector.
+    Flower 1.41 asks for such a node's shares at unmasking, which no
+    neighbour holds, so one of them halted the round. It is in nobody's
+    pairwise masks either: as in Bell et al. (2020), the dropouts to unmask
+    are those that shared keys but sent no masked vector.
     """
     keyed = set(state.active_node_ids)
     state.sampled_node_ids = keyed
@@ -195,18 +179,10 @@ def forget_nodes_without_shares(state: Any) -> None:
 class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
     """Flower's SecAgg+, made to survive dropouts and hostile clients, handing the replies' plaintext to the strategy.
 
-    - Clients that leave before the key exchange completes are forgotten
-      (:func:`forget_nodes_without_shares`), and the threshold is checked
-      only where a secret may still be needed (:meth:`_check_threshold`).
-    - Masked replies pass the strategy's checks (:func:`screen_masked_reply`);
-      a rejected one halts the round. Each is summed as it arrives
-      (:meth:`_collect_masked_vectors`).
-    - A client's reply that breaks a stage (e.g. unknown node ids, shares
-      that do not combine) halts the round instead of crashing the run.
-
-    The releases and metrics in the masked replies reached the server
-    whether or not the protocol completes; if it halts, the strategy still
-    accounts for them.
+    Early dropouts are forgotten, masked replies are screened and summed as
+    they arrive, and a reply that breaks a stage halts the round instead of
+    the run. The releases and metrics in the masked replies reached the
+    server whether or not the protocol completes; the strategy accounts for them.
     """
 
     def __init__(self, strategy: RoundCloser, **kwargs: Any) -> None:
@@ -234,11 +210,7 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         return proceed
 
     def _collect_masked_vectors(self, grid: Grid, context: LegacyContext, state: Any, *, rejected: list[int]) -> bool:
-        """Flower's stage, summing each masked vector as its reply arrives (:meth:`_take_masked_reply`) instead of once all have.
-
-        Flower's stage held every reply until all had arrived: clients x update
-        size (9 GB for 50 clients of ResNet-18's online and target networks).
-        """
+        """Flower's stage, summing each masked vector as it arrives rather than holding all (9 GB: 50 ResNet-18 clients)."""
         server_round = record_item(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND], int)
         requests = [_masked_vector_request(node, state, server_round) for node in state.active_node_ids]
         del state.forward_ciphertexts, state.forward_srcs, state.nid_to_fitins
@@ -254,7 +226,7 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
     def _take_masked_reply(
         self, reply: Message, state: Any, masked_sum: MaskedSum, replied: set[int], rejected: list[int]
     ) -> None:
-        """Screens one reply; an accepted one joins the sum, its fit result (without the vector) the legacy results."""
+        """Screens one reply; an accepted one joins the sum, its fit result the legacy results."""
         reply, res, masked = screen_masked_reply(reply, self.strategy)
         node = reply.metadata.src_node_id
         if reply.has_error():
@@ -274,11 +246,9 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
     def _unmask(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
         """Collects the shares, rebuilds the secrets, takes the masks off the sum and hands the mean to the strategy.
 
-        Each survivor (a client whose masked vector is in the sum) is asked
-        for its neighbours' shares: of the private mask seed of each
-        survivor, and of the first private key of each client that dropped
-        after sharing its keys. No client is asked for both secrets of one
-        client.
+        Each survivor is asked for its neighbours' shares: of each survivor's
+        private mask seed, and of each dropout's first private key; never
+        both of one client.
         """
         server_round = record_item(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND], int)
         survivors = set(state.active_node_ids)
@@ -325,11 +295,9 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
     def _check_threshold(self, state: Any) -> bool:
         """Flower's check that every node keeps ``threshold`` live neighbours, for the nodes that matter.
 
-        Before the key exchange ends, only live nodes do: a node that left has
-        shared no secret. Afterwards every node that shared keys does, since
-        a dropout's pairwise key must be rebuilt from its neighbours' shares.
-        Flower checks every sampled node throughout, so in a round with
-        partial neighbourhoods early dropouts halted rounds that could finish.
+        Before the key exchange ends, only live nodes (a node that left shared
+        no secret); afterwards every node that shared keys, since a dropout's
+        pairwise key is rebuilt from its neighbours' shares.
         """
         nodes = state.sampled_node_ids if getattr(state, _KEYS_SHARED, False) else state.active_node_ids
         for node_id in nodes:
@@ -341,9 +309,7 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
     def _halting_on_errors(self, stage: Callable[..., bool], grid: Grid, context: LegacyContext, state: Any) -> bool:
         """Runs one of Flower's stages; an error from handling a client's reply halts the round.
 
-        An error raised by privfed's own server code on the way (the strategy
-        sampling clients or aggregating, the driver logging the round) is the
-        run's to handle and goes on up.
+        An error from privfed's own server code (strategy, driver) goes on up.
         """
         try:
             return stage(grid, context, state)
@@ -355,11 +321,7 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
 
 
 def replies_as_they_arrive(grid: Grid, messages: list[Message], *, timeout: float | None) -> Iterator[Message]:
-    """Pushes the messages and yields each reply as it is pulled, until all have replied or ``timeout`` has passed.
-
-    What ``Grid.send_and_receive`` waits for, handed over one reply at a
-    time, so the caller can drop each before the next is pulled.
-    """
+    """``Grid.send_and_receive``, one reply at a time, so the caller can drop each before the next is pulled."""
     waiting = set(grid.push_messages(messages))
     deadline = None if timeout is None else time.monotonic() + timeout
     while waiting and (deadline is None or time.monotonic() < deadline):
