@@ -52,11 +52,9 @@ def state_to_arrays(state: StateDict, keys: list[str]) -> list[np.ndarray]:
 
 
 def arrays_to_state(arrays: list[np.ndarray], keys: list[str], *, copy: bool = True) -> StateDict:
-    """The arrays as a state dict; ``copy=False`` shares writable arrays the caller owns and no one else holds.
+    """The arrays as a state dict; ``copy=False`` shares writable arrays no one else holds (read-only ones are copied).
 
-    Arrays just read from a message (:func:`flwr.common.parameters_to_ndarrays`
-    reads each into a fresh array) need no second copy: at ResNet-18 size
-    that copy is about 0.1 s per model. A read-only array is copied anyway.
+    Arrays just read from a message need no second copy (0.1 s per ResNet-18).
     """
     if len(arrays) != len(keys):
         raise ValueError(f"expected {len(keys)} arrays for the network state, got {len(arrays)}")

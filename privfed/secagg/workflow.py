@@ -70,33 +70,6 @@ class RoundCloser(Protocol):
     def note_secure_sum(self, total: np.ndarray, *, num_summed: int) -> None: ...
 
 
-def screen_masked_reply(reply: Message, strategy: RoundCloser) -> tuple[Message, FitRes | None, list[np.ndarray] | None]:
-    """The reply as read (its fit result and masked vector), or an error in its place if the strategy rejects it.
-
-    A rejected reply halts the round: its masked vector reached the server,
-    and unmasking the others would leave its update behind its self-mask alone.
-    """
-    if reply.has_error():
-        return reply, None, None
-    try:
-        res: FitRes | None = compat.recorddict_to_fitres(reply.content, keep_input=True)
-    except Exception:  # a reply Flower cannot even read as a FitRes
-        res = None
-    try:
-        masked: list[np.ndarray] | None = [
-            bytes_to_ndarray(b)
-            for b in record_list(reply.content.config_records[RECORD_KEY_CONFIGS][SecAggKey.MASKED_PARAMETERS], bytes)
-        ]
-    except Exception:  # no masked vector, or not arrays
-        masked = None
-    reason = strategy.check_masked_reply(reply.metadata.src_node_id, res, masked)
-    if reason is None:
-        return reply, res, masked
-    error = Error(code=REJECTED_REPLY, reason=f"rejected by the server: {reason}")
-    # Flower's overloads omit the metadata form; the rejected reply keeps the client's metadata.
-    return Message(metadata=reply.metadata, error=error), None, None  # type: ignore[call-overload]
-
-
 class MaskedSum:
     """The masked vectors' sum mod the modulus, added to as each arrives, so the server holds one vector at a time.
 
@@ -136,7 +109,6 @@ class _ProtocolGrid:
 
     def __init__(self, grid: Grid) -> None:
         self._grid = grid
-        self.other_protocol: list[int] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
@@ -154,10 +126,10 @@ class _ProtocolGrid:
         runs = None if configs is None else configs.get(PROTOCOL_KEY)
         if runs == PROTOCOL_VERSION:
             return reply
-        self.other_protocol.append(reply.metadata.src_node_id)
         logger.warning("a client runs SecAgg+ protocol %r, not %r: it is left out of the round", runs, PROTOCOL_VERSION)
         error = Error(code=OTHER_PROTOCOL, reason=f"runs SecAgg+ protocol {runs!r}")
-        return Message(metadata=reply.metadata, error=error)  # type: ignore[call-overload]  # as in screen_masked_reply
+        # Flower's overloads omit the metadata form; the error reply keeps the client's metadata.
+        return Message(metadata=reply.metadata, error=error)  # type: ignore[call-overload]
 
 
 def forget_nodes_without_shares(state: Any) -> None:
@@ -226,13 +198,32 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
     def _take_masked_reply(
         self, reply: Message, state: Any, masked_sum: MaskedSum, replied: set[int], rejected: list[int]
     ) -> None:
-        """Screens one reply; an accepted one joins the sum, its fit result the legacy results."""
-        reply, res, masked = screen_masked_reply(reply, self.strategy)
+        """Screens one reply; an accepted one joins the sum, its fit result the legacy results.
+
+        One the strategy rejects halts the round: its masked vector reached the
+        server, and unmasking the others would leave its update behind its self-mask alone.
+        """
         node = reply.metadata.src_node_id
         if reply.has_error():
             if reply.error.code == REJECTED_REPLY:
                 rejected.append(node)
             state.failures.append(Exception(reply.error))
+            return
+        try:
+            res: FitRes | None = compat.recorddict_to_fitres(reply.content, keep_input=True)
+        except Exception:  # a reply Flower cannot even read as a FitRes
+            res = None
+        try:
+            masked: list[np.ndarray] | None = [
+                bytes_to_ndarray(b)
+                for b in record_list(reply.content.config_records[RECORD_KEY_CONFIGS][SecAggKey.MASKED_PARAMETERS], bytes)
+            ]
+        except Exception:  # no masked vector, or not arrays
+            masked = None
+        reason = self.strategy.check_masked_reply(node, res, masked)
+        if reason is not None:
+            rejected.append(node)
+            state.failures.append(Exception(Error(code=REJECTED_REPLY, reason=f"rejected by the server: {reason}")))
             return
         if res is None:
             raise ValueError(f"node {node} sent a reply that is not a fit result")
