@@ -38,10 +38,10 @@ def supernode_key_file(partition_id: int) -> str:
 
 
 def subject_alternative_names(hosts: Iterable[str]) -> list[x509.GeneralName]:
-    """SAN entries for ``hosts``: IP addresses as such (clients never match an IP against a DNS entry), others as DNS names.
+    """SAN entries for ``hosts``: IP addresses as such (clients never match an IP to a DNS name), others as DNS names.
 
     Raises:
-        PrivfedError: A host that is neither an IP nor a DNS name (typically ``host:port`` or a URL).
+        PrivfedError: A host that is neither (typically ``host:port`` or a URL).
     """
     names: dict[object, x509.GeneralName] = {}
     for raw in hosts:
@@ -99,10 +99,7 @@ def _certificate(
 
 
 def supernode_key_pair(comment: str = "") -> tuple[bytes, bytes]:
-    """One SuperNode's authentication keys: (OpenSSH private key, OpenSSH public key line ending in ``comment``).
-
-    The private key is unencrypted: ``flower-supernode`` loads it without a passphrase.
-    """
+    """One SuperNode's keys: (OpenSSH private key, unencrypted for ``flower-supernode``; public line + ``comment``)."""
     key = ec.generate_private_key(ec.SECP384R1())
     private = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
@@ -205,7 +202,7 @@ class CredentialPaths:
 
 
 def _write(path: Path, data: bytes, private: bool) -> None:
-    """Creates ``path`` with its final mode from the start: a private key is never readable by others, even for an instant."""
+    """Creates ``path`` with its final mode from the start: a private key is never readable by others, even briefly."""
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o644)
     with os.fdopen(fd, "wb") as handle:
@@ -215,11 +212,7 @@ def _write(path: Path, data: bytes, private: bool) -> None:
 
 
 def write_credentials(credentials: Credentials, directory: Path, *, force: bool = False) -> CredentialPaths:
-    """Writes ``credentials`` into ``directory``, or nothing: existing files without ``force`` fail before any write.
-
-    Raises:
-        PrivfedError: Some files exist and ``force`` is false.
-    """
+    """Writes ``credentials`` into ``directory``, or nothing: existing files without ``force`` raise PrivfedError."""
     paths = CredentialPaths.in_directory(directory, len(credentials.supernode_keys))
     existing = [p for p in paths.all_files() if p.exists()]
     if existing and not force:
@@ -227,8 +220,9 @@ def write_credentials(credentials: Credentials, directory: Path, *, force: bool 
         raise PrivfedError(f"refusing to overwrite existing files ({names}); use --force to replace them")
     paths.directory.mkdir(parents=True, exist_ok=True)
     private = set(paths.private_files())
-    files = [credentials.ca_certificate, credentials.ca_key, credentials.superlink_certificate, credentials.superlink_key]
-    files += [f for pair in zip(credentials.supernode_keys, credentials.supernode_public_keys, strict=True) for f in pair]
+    c = credentials
+    files = [c.ca_certificate, c.ca_key, c.superlink_certificate, c.superlink_key]
+    files += [f for pair in zip(c.supernode_keys, c.supernode_public_keys, strict=True) for f in pair]
     for path, data in zip(paths.all_files(), files, strict=True):
         _write(path, data, private=path in private)
     return paths

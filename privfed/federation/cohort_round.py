@@ -33,10 +33,8 @@ ClientRound = tuple[int, int, int, str]
 
 
 class AdmittedToCohort(BaseException):
-    """A client was admitted and handed its training to the round's cohort: its first pass ends here.
-
-    Not an ``Exception``: like a kill, it must pass every handler that would record the round as failed.
-    """
+    """A client handed its training to the round's cohort; not an ``Exception``, so that, like a kill, no handler
+    records the round as failed."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +47,7 @@ class CohortJob:
 
 @dataclass
 class CohortRound:
-    """The clients of one round that train together (one cohort per digest of equal instructions), and their trainings."""
+    """The clients of one round that train together (one cohort per set of equal instructions), and their trainings."""
 
     config: TrainConfig
     local: LocalTrainingConfig

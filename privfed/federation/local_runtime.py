@@ -91,11 +91,8 @@ class SimulatedRun:
 def run_locally(run: SimulatedRun) -> dict[str, Any]:
     """Runs a planned training with ``num_clients`` in-process nodes; returns the summary.
 
-    Ctrl-C behaves as on Ray (:func:`privfed.federation.simulation.simulate_on_ray`),
-    and a run may be resumed on either runtime (:data:`SIMULATED_RUN_KEY`).
-
-    Raises:
-        Whatever the ServerApp raised.
+    Ctrl-C behaves as on Ray (:func:`privfed.federation.simulation.simulate_on_ray`), and
+    a run may be resumed on either runtime (:data:`SIMULATED_RUN_KEY`). Raises whatever the ServerApp raised.
     """
     config = run.plan.config
     outcome: dict[str, Any] = {}
@@ -113,10 +110,8 @@ def run_locally(run: SimulatedRun) -> dict[str, Any]:
 
 @contextmanager
 def flower_logging(verbose: bool) -> Iterator[None]:
-    """Flower's INFO lines and Ray's FutureWarnings off for a run unless ``verbose``; both as they were after it.
-
-    The ``flwr`` logger's handlers are restored too: Flower's ``verbose_logging`` changes them.
-    """
+    """Flower's INFO lines and Ray's FutureWarnings off for a run unless ``verbose``; both (and the ``flwr`` logger's
+    handlers, which Flower's ``verbose_logging`` changes) as they were after it."""
     flwr_logger = logging.getLogger("flwr")
     level, propagate = flwr_logger.level, flwr_logger.propagate
     handlers = [(handler, handler.level, handler.formatter) for handler in flwr_logger.handlers]
@@ -137,7 +132,7 @@ def flower_logging(verbose: bool) -> Iterator[None]:
 
 @contextmanager
 def superlink_identity(run_id: int) -> Iterator[None]:
-    """This process's Flower task identity (stamped on the ServerApp's messages) as the SuperLink's while the block runs."""
+    """This process's Flower task identity (stamped on the ServerApp's messages) as the SuperLink's, in the block."""
     saved = TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
     try:
@@ -147,11 +142,8 @@ def superlink_identity(run_id: int) -> Iterator[None]:
 
 
 def cohort_of(config: TrainConfig) -> Callable[[], CohortRound] | None:
-    """How a round's clients train together under ``config`` (None: one at a time).
-
-    ``clients_per_step`` 0 batches every client of a round on a CUDA device
-    and none elsewhere: on a CPU the batched step is slower (docs/performance.md).
-    """
+    """How a round's clients train together (None: one at a time); ``clients_per_step`` 0 batches them on CUDA only,
+    as on a CPU the batched step is slower (docs/performance.md)."""
     device = resolve_device(config.device)
     local = LocalTrainingConfig.from_run(config)
     automatic = config.clients_per_step == 0
@@ -178,8 +170,8 @@ class LocalGrid(Grid):
         self._run = Run.create_empty(run_id if run_id is not None else secrets.randbits(63))
         nodes = node_ids(num_nodes)
         self._contexts = {  # each node's own, kept across its messages, as Flower's simulation registers it
-            node: Context(self._run.run_id, node, {PARTITION_ID_KEY: partition, NUM_PARTITIONS_KEY: num_nodes}, RecordDict(), {})
-            for partition, node in enumerate(nodes)
+            node: Context(self._run.run_id, node, {PARTITION_ID_KEY: i, NUM_PARTITIONS_KEY: num_nodes}, RecordDict(), {})
+            for i, node in enumerate(nodes)
         }
         self._pending: dict[str, Message] = {}
         self._new_cohort = cohort
@@ -218,7 +210,9 @@ class LocalGrid(Grid):
         if self._new_cohort is not None and len(training) > 1:
             self._cohort = self._admit_together(training, self._new_cohort())
         if self._workers_wanted > 1 and ids:
-            self._started_workers().submit([(message_id, self._pending[message_id]) for message_id in ids])
+            if self._workers is None:  # forked at the first message, inside the run's logging settings
+                self._workers = ClientWorkers(self._answer, self._contexts, self._workers_wanted, self._node_sizes)
+            self._workers.submit([(message_id, self._pending[message_id]) for message_id in ids])
         return ids
 
     def _admit_together(self, messages: list[Message], cohort: CohortRound) -> CohortRound:
@@ -233,10 +227,8 @@ class LocalGrid(Grid):
         return cohort
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        """The reply to the first pending message among ``message_ids``, computed now by its node.
-
-        One per pull, so the SecAgg+ stage sums each masked vector before the next exists.
-        """
+        """The reply to the first pending message among ``message_ids``: one per pull, so SecAgg+ sums each masked
+        vector before the next exists."""
         if self._workers is not None:
             pending = [message_id for message_id in message_ids if message_id in self._pending]
             if not pending:
@@ -250,7 +242,7 @@ class LocalGrid(Grid):
         return []
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        """Every reply (none is ever late), in the order of ``messages``, so the server's float sums add in one order."""
+        """Every reply (none is late), in the order of ``messages``, so the server's float sums add in one order."""
         ids = list(self.push_messages(messages))
         replies: list[Message] = []
         while pulled := list(self.pull_messages(ids)):
@@ -263,12 +255,6 @@ class LocalGrid(Grid):
         if self._workers is not None:
             self._workers.close()
             self._workers = None
-
-    def _started_workers(self) -> ClientWorkers:
-        """The worker processes, forked at the first message: inside the run's logging settings, which they inherit."""
-        if self._workers is None:
-            self._workers = ClientWorkers(self._answer, self._contexts, self._workers_wanted, self._node_sizes)
-        return self._workers
 
     def _answer(self, message: Message, context: Context) -> tuple[Message, Context]:
         """In a worker: the node's reply to ``message`` given its latest ``context``, and that context after it."""
@@ -322,10 +308,7 @@ def summary_of(outcome: dict[str, Any]) -> dict[str, Any]:
 
 
 def forgetting_replies(progress: ProgressCallback | None, folder: Path) -> ProgressCallback:
-    """``progress``, after removing the clients' stored replies no resume can replay any more.
-
-    See :func:`privfed.federation.reply_store.forget_replies`.
-    """
+    """``progress``, after removing the stored replies no resume can replay (:func:`forget_replies`)."""
 
     def hook(event: dict[str, Any]) -> None:
         if event["event"] == "round":
@@ -340,11 +323,8 @@ def forgetting_replies(progress: ProgressCallback | None, folder: Path) -> Progr
 
 @contextmanager
 def own_process_state() -> Iterator[None]:
-    """Runs the block as if in a process of its own: Python's, NumPy's and torch's generators and thread count come back after.
-
-    A client's seeding (SecAgg+'s rounding) must not reach the server, as on
-    Ray, nor a library call's run (:func:`privfed.api.train`) its caller.
-    """
+    """Runs the block as if in a process of its own: Python's, NumPy's and torch's generators and thread count come
+    back after, so a client's seeding never reaches the server (as on Ray), nor a library call's run its caller."""
     saved = random.getstate(), np.random.get_state(), torch.get_rng_state(), torch.get_num_threads()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     try:

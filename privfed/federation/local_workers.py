@@ -130,10 +130,8 @@ class ClientWorkers:
 
 
 def serve(conn: Connection, answer: Answer, parent_ends: Sequence[Connection]) -> None:
-    """A worker's loop: answer each (message, context) until the parent closes its end or dies.
-
-    Signals are the parent's: a first Ctrl-C lets the round finish (:mod:`privfed.run.interruption`).
-    """
+    """A worker's loop: answer each (message, context) until the parent closes its end or dies; signals are the
+    parent's (a first Ctrl-C lets the round finish)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for end in parent_ends:

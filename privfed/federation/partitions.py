@@ -36,8 +36,7 @@ def discover_partitions(grid: Grid, num_partitions: int, *, timeout: float) -> d
     """Node ID -> partition ID for every connected node.
 
     Raises:
-        RuntimeError: when nodes do not answer, or their partitions are not
-            exactly ``0 .. num_partitions - 1`` once each.
+        RuntimeError: when nodes do not answer, or do not hold ``0 .. num_partitions - 1`` once each.
     """
     nodes = wait_for_nodes(grid, num_partitions, timeout=timeout)
     messages = [

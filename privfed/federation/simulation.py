@@ -68,10 +68,7 @@ def simulate(
 
 
 def require_ray() -> None:
-    """Refuses the Ray runtime, with the command that installs it, where Ray or Flower's simulation is missing.
-
-    The warning filters their import adds are taken back.
-    """
+    """Refuses the Ray runtime, with the command that installs it, where Ray or Flower's simulation is missing."""
     try:
         with warnings.catch_warnings():
             import flwr.simulation  # noqa: F401

@@ -116,10 +116,8 @@ def take_share(reply: Message) -> np.ndarray | None:
 
 
 def _store_neighbour_shares(state: SecAggPlusState, configs: ConfigRecord) -> list[int]:
-    """Decrypts the shares the neighbours sent through the server; returns who sent them.
-
-    The client masks with exactly these neighbours: the only ones whose pairwise key the server can rebuild if they drop.
-    """
+    """Decrypts the shares the neighbours sent through the server; returns who sent them: the neighbours to mask with,
+    since the server can rebuild only their pairwise keys if they drop."""
     sources = record_list(configs[Key.SOURCE_LIST], int)
     ciphertexts = record_list(configs[Key.CIPHERTEXT_LIST], bytes)
     if len(sources) != len(ciphertexts):

@@ -27,21 +27,15 @@ HIGH_GROWTH = 2.0
 
 
 def initial_scales(keys: list[str]) -> np.ndarray:
-    """Starting scales: BatchNorm statistics move far more in a round than weights do.
-
-    In the first round running variances move by up to ~40, running means by
-    a few units, weights by well under 1.
-    """
+    """Starting scales: in the first round BatchNorm's running variances move by up to ~40, weights by well under 1."""
     return np.array(
         [16.0 if k.endswith("running_var") else 4.0 if k.endswith("running_mean") else 1.0 for k in keys]
     )
 
 
 def secagg_weight_ratio(num_examples: float, *, max_weight: float, quantization_range: int) -> float:
-    """The factor SecAgg+ multiplies a client's values by: ``num_examples / max_weight``, rounded as Flower rounds it.
-
-    An indicator divided by exactly this value contributes exactly 1.
-    """
+    """The factor SecAgg+ multiplies a client's values by: ``num_examples / max_weight``, rounded as Flower rounds it
+    (an indicator divided by it adds exactly 1)."""
     if not 0 < num_examples <= max_weight:
         raise ValueError(f"a client of {num_examples:g} samples is outside SecAgg+'s max_weight {max_weight:g}")
     ratio = round(num_examples / max_weight * quantization_range) / quantization_range
@@ -58,20 +52,15 @@ def encode_update(
     clipping_range: float,
     quantization_range: int | None = None,
 ) -> list[np.ndarray]:
-    """The arrays a client hands to SecAgg+: scaled tensors, then the two indicator vectors.
+    """The arrays a client hands to SecAgg+: each tensor divided by its public scale, then the two indicator vectors.
 
-    Args:
-        delta: The client's model delta, one array per travelling tensor.
-        scales: One public scale per tensor (from the server).
-        weight_ratio: The factor SecAgg+ applies (:func:`secagg_weight_ratio`).
-        clipping_range: At least 1, so that a raised indicator survives the clipping.
-        quantization_range: When given, the clipping range must put the
-            indicators on its grid (:func:`privfed.secagg.settings.indicators_are_exact`).
+    A clipping range below 1 would clip a raised indicator away; with a
+    ``quantization_range`` it must also put the indicators on the grid
+    (:func:`privfed.secagg.settings.indicators_are_exact`).
 
     Raises:
         ValueError: for a delta that is not finite (SecAgg+ would quantise a
-            NaN to garbage no indicator flags), or a range that cannot carry
-            the indicators exactly.
+            NaN to garbage no indicator flags), or a range that cannot carry the indicators.
     """
     if len(delta) != len(scales):
         raise ValueError(f"{len(delta)} tensors but {len(scales)} scales")
@@ -169,12 +158,7 @@ def decode_aggregate(
 
 
 def max_useful_scale(quantization_range: int) -> float:
-    """The largest scale worth growing to: ``Q / 2``.
-
-    The grid step in the tensor's own units is ``scale * 2c / Q``; beyond
-    ``Q / 2`` it exceeds the clipping range ``c``, and every plausible value
-    is rounded to noise.
-    """
+    """The largest scale worth growing to, ``Q / 2``: beyond, the grid step ``scale * 2c / Q`` exceeds the range c."""
     return quantization_range / 2
 
 

@@ -68,8 +68,7 @@ class MaskPool:
     def add_masks(self, arrays: Sequence[np.ndarray], terms: Sequence[Term], modulus: int) -> list[np.ndarray]:
         """``arrays`` (integers) plus each term's mask times its sign, mod ``modulus``: int64 arrays of their shapes.
 
-        Only a power-of-two modulus up to 2^32 can use the pool: other masks,
-        drawn by rejection, cannot be cut into slices.
+        Only a power-of-two modulus up to 2^32 uses the pool: other masks, drawn by rejection, cannot be sliced.
         """
         if any(not np.issubdtype(np.asarray(a).dtype, np.integer) for a in arrays):
             raise ValueError("masks are added to integer arrays")

@@ -82,10 +82,7 @@ def mask_update(
     modulus: int,
     pool: MaskPool | None = None,
 ) -> list[np.ndarray]:
-    """``encoded`` plus the client's private mask and its pairwise masks, mod ``modulus``.
-
-    ``pool`` (default: :func:`~privfed.secagg.mask_pool.shared_pool`) does not change the result.
-    """
+    """``encoded`` plus the client's private mask and its pairwise masks, mod ``modulus``, whatever the ``pool``."""
     _check_modulus(modulus)
     terms = [(private_seed, 1)]
     terms += [(seed, 1 if node_id > neighbour else -1) for neighbour, seed in pairwise_seeds.items()]
@@ -123,8 +120,7 @@ def decode_weighted_mean(
 ) -> list[np.ndarray]:
     """The weighted mean of ``num_summed`` clients' updates from the sum of their encodings.
 
-    Each encoding shifts its values by ``+clipping_range``; :func:`dequantize`
-    takes one shift off, the other ``num_summed - 1`` go here.
+    Each encoding shifts by ``+clipping_range``: :func:`dequantize` takes one off, the other ``num_summed - 1`` go here.
     """
     weight, values = factor_extract(total)
     if int(weight) <= 0:

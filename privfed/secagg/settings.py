@@ -109,11 +109,7 @@ def default_threshold(num_shares: int) -> int:
 
 
 def secagg_settings(config: TrainConfig, client_sizes: list[int]) -> SecAggPlusSettings | None:
-    """The run's SecAgg+ parameters, or None when it is off.
-
-    Raises:
-        PrivfedError: for settings the protocol cannot run with.
-    """
+    """The run's SecAgg+ parameters, or None when it is off; PrivfedError for settings the protocol cannot run with."""
     if not config.secagg:
         return None
     sampled = config.clients_per_round

@@ -101,11 +101,8 @@ class MaskedSum:
 
 
 class _ProtocolGrid:
-    """A grid that states privfed's protocol version in the setup request and leaves out clients that do not run it.
-
-    Another protocol's masks would spoil the sum; left out at setup, such a
-    client shared no keys and is forgotten like an early dropout.
-    """
+    """A grid that states privfed's protocol version at setup and leaves out clients on another protocol, whose masks
+    would spoil the sum (having shared no keys, they are forgotten like early dropouts)."""
 
     def __init__(self, grid: Grid) -> None:
         self._grid = grid
@@ -182,7 +179,7 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         return proceed
 
     def _collect_masked_vectors(self, grid: Grid, context: LegacyContext, state: Any, *, rejected: list[int]) -> bool:
-        """Flower's stage, summing each masked vector as it arrives rather than holding all (9 GB: 50 ResNet-18 clients)."""
+        """Flower's stage, summing each masked vector as it arrives, not holding all (9 GB for 50 ResNet-18 clients)."""
         server_round = record_item(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND], int)
         requests = [_masked_vector_request(node, state, server_round) for node in state.active_node_ids]
         del state.forward_ciphertexts, state.forward_srcs, state.nid_to_fitins
@@ -214,10 +211,8 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         except Exception:  # a reply Flower cannot even read as a FitRes
             res = None
         try:
-            masked: list[np.ndarray] | None = [
-                bytes_to_ndarray(b)
-                for b in record_list(reply.content.config_records[RECORD_KEY_CONFIGS][SecAggKey.MASKED_PARAMETERS], bytes)
-            ]
+            vector = record_list(reply.content.config_records[RECORD_KEY_CONFIGS][SecAggKey.MASKED_PARAMETERS], bytes)
+            masked: list[np.ndarray] | None = [bytes_to_ndarray(b) for b in vector]
         except Exception:  # no masked vector, or not arrays
             masked = None
         reason = self.strategy.check_masked_reply(node, res, masked)
@@ -298,10 +293,8 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         return True
 
     def _halting_on_errors(self, stage: Callable[..., bool], grid: Grid, context: LegacyContext, state: Any) -> bool:
-        """Runs one of Flower's stages; an error from handling a client's reply halts the round.
-
-        An error from privfed's own server code (strategy, driver) goes on up.
-        """
+        """Runs one of Flower's stages; an error from handling a client's reply halts the round, one from privfed's own
+        server code (strategy, driver) goes on up."""
         try:
             return stage(grid, context, state)
         except Exception as err:
