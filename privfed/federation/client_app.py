@@ -39,14 +39,12 @@ def make_client_fn(
 ) -> Callable[[Context], Client]:
     """``client_fn`` for a run declared as ``declared`` (None: the run config Flower hands the node).
 
-    Every client holds the server to the declared run with its own budget and
-    ledger (:mod:`privfed.privacy.client_guard`), kept in the node's
-    ``state-dir`` (or ``state_dir``) so that it survives restarts and later
-    runs; without one it lasts one message. The guard answers each round of
-    a run once; ``run_key`` names the run (default: Flower's run id, new for
-    every ``flwr run``), so a resume must pass the key of the run it
-    continues. Next to the ledger the client keeps its last reply
-    (:mod:`privfed.federation.reply_store`).
+    Each client's guard (:mod:`privfed.privacy.client_guard`) keeps its ledger
+    and last reply (:mod:`privfed.federation.reply_store`) in the node's
+    ``state-dir`` (or ``state_dir``), so they survive restarts and later runs;
+    without one they last one message. It answers each round of a run once:
+    ``run_key`` names the run (default: Flower's run id, new for every
+    ``flwr run``), so a resume passes the key of the run it continues.
     """
 
     def client_fn(context: Context) -> Client:
@@ -126,13 +124,10 @@ class UnmaskedRoundRefused(RuntimeError):
 def secaggplus_when_requested(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
     """privfed's SecAgg+ client mod (:mod:`privfed.secagg.client_mod`), for the messages of a SecAgg+ round only.
 
-    The same ClientApp then serves round 0, ``--no-secagg`` runs and secure
-    rounds. A server that leaves SecAgg+'s records out of a training round
-    would get the update unmasked, so the node refuses such a round when the
-    message carries SecAgg+ scales or the node sets ``require-secagg``. A
-    SecAgg+ training round must carry privfed's SecAgg+ settings, which
-    encode its indicators and metrics; minimums on the round's size are
-    :func:`check_secagg_round`'s.
+    A training round without SecAgg+'s records would send the update unmasked:
+    it is refused when its message carries SecAgg+ scales or the node sets
+    ``require-secagg``. A SecAgg+ training round must carry privfed's SecAgg+
+    settings (docs/privacy.md, "What clients also refuse").
     """
     if msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, context)
@@ -159,14 +154,12 @@ def secaggplus_when_requested(msg: Message, context: Context, call_next: Callabl
 def check_secagg_round(configs: Mapping[str, Any], context: Context) -> None:
     """Refuses a SecAgg+ round too small to hide this node's update, by the node's own ``secagg-min-clients``.
 
-    Flower's mod accepts whatever the server sets: alone, with a threshold of
-    1, the node would hand back the only share of its mask seed. With the
-    minimum set, the node refuses at setup fewer clients or neighbours, or a
-    threshold below 2 or short of a strict majority, and at key sharing fewer
-    distinct nodes (itself included). Whatever the minimum, it refuses an
-    unmask request that lists a node as both surviving and dropped, or
-    itself as dropped. Not caught: neighbours the server invents (no
-    authenticated node keys).
+    Flower's mod accepts whatever the server sets (alone, with threshold 1, the
+    node would hand back its mask seed's only share). With the minimum set it
+    refuses fewer clients, shares or neighbours, or a threshold below 2 or short
+    of a strict majority; whatever the minimum, an unmask request that lists a
+    node as both surviving and dropped, or itself as dropped. Not caught:
+    neighbours the server invents (docs/privacy.md, "What clients also refuse").
     """
     stage = configs.get(Key.STAGE)
     if stage == Stage.UNMASK:
@@ -221,12 +214,10 @@ def rounding_seed(run_seed: int, round_index: int, partition: int) -> list[int]:
 def seeded_secagg_rounding(declared: TrainConfig | None) -> Mod:
     """A mod that makes SecAgg+'s stochastic rounding reproducible from the declared run's seed.
 
-    The rounding (:mod:`privfed.secagg.quantization`) draws from NumPy's
-    global generator right after the client replies; this mod seeds it then,
-    and :func:`secaggplus_when_requested` reseeds it from the OS once SecAgg+
-    is done, so nothing drawn later is predictable from the public seed. The
-    rounding only has to be unbiased, not secret; the masks do not use this
-    generator (:mod:`privfed.secagg.masks`).
+    The rounding (:mod:`privfed.secagg.quantization`) draws from NumPy's global
+    generator right after the client replies; :func:`secaggplus_when_requested`
+    reseeds it from the OS after SecAgg+, so later draws are not predictable.
+    The rounding need only be unbiased, not secret; the masks do not use it.
     """
 
     def mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:

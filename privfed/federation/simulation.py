@@ -85,13 +85,11 @@ def simulate_on_ray(run: SimulatedRun) -> dict[str, Any]:
     Where the CLI asked for it (:func:`privfed.run.interruption.signals_stop_runs`),
     the first Ctrl-C (SIGINT or SIGTERM) stops the run after the current
     round, with its summary and final checkpoint; a second one stops it at
-    once, Ray's processes with it. Ray runs in a temporary directory of its
-    own (:func:`ray_session`). Each virtual node holds the server to the
+    once, Ray's processes with it. Each virtual node holds the server to the
     declared run and keeps its own privacy ledger in the run directory.
 
     Raises:
-        PrivfedError: where Ray is not installed (:func:`require_ray`).
-        Whatever the ServerApp raised, re-raised in this process.
+        PrivfedError: where Ray is not installed. Else whatever the ServerApp raised.
     """
     require_ray()
     config, verbose = run.plan.config, run.verbose

@@ -22,10 +22,7 @@ def check_secagg_encoding(fit: dict, declared: SecAggPlusSettings, keys: list[st
     name the client. The scales must be finite and no smaller than the
     initial ones (the strategy only grows them): a tiny scale would turn a
     finite update into Inf, and the failed round would tell the server that
-    the update passed a threshold the server chose.
-
-    Raises:
-        RoundRefused: naming the setting.
+    the update passed a threshold the server chose. A refusal names the setting.
     """
     if "secagg_scales" not in fit:
         raise RoundRefused("the run declared SecAgg+; the server asked for an update without it")

@@ -133,14 +133,10 @@ def check_plausible(means: list[np.ndarray], *, clipping_range: float) -> None:
 def decode_aggregate(
     arrays: list[np.ndarray], scales: np.ndarray, *, weight_ratios: list[float], clipping_range: float | None = None
 ) -> DecodedAggregate:
-    """Undoes :func:`encode_update` on the securely aggregated weighted mean.
+    """Undoes :func:`encode_update` on SecAgg+'s weighted mean of the encoded arrays.
 
-    Args:
-        arrays: SecAgg+'s aggregate: weighted means of the encoded arrays.
-        scales: The scales the clients used this round.
-        weight_ratios: The public weight ratios of the clients in the sum,
-            whose total turns the indicators' mean back into a count.
-        clipping_range: When given, :func:`check_plausible` checks the aggregate.
+    The total of the clients' public ``weight_ratios`` turns the indicators'
+    mean back into counts; with a ``clipping_range``, :func:`check_plausible` checks the aggregate.
     """
     num_tensors = len(scales)
     if len(arrays) != num_tensors + 2:

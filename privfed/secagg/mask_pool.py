@@ -5,11 +5,9 @@ worker process adds every mask's words over its own slice of one vector in
 shared memory (:func:`~privfed.secagg.masks.add_mask_words`); addition mod
 2^32 is exact, so the bytes are the same with or without the pool.
 
-The workers are fresh interpreters (:func:`serve`): no ``fork`` (torch and
-fork do not mix), and unlike ``multiprocessing``'s spawn they never re-run
-the caller's main script. They start on the first job that pays and exit
-when this process closes their pipe; a pool that breaks leaves the job to
-this process, with the same result.
+The workers are fresh interpreters (:func:`serve`): torch and ``fork`` do not
+mix, and ``multiprocessing``'s spawn would re-run the caller's main script. A
+pool that breaks leaves the job to this process, with the same result.
 """
 
 from __future__ import annotations
@@ -106,11 +104,6 @@ class MaskPool:
             worker.forget()
         self._running, self._owner, self._lock = [], os.getpid(), threading.Lock()
 
-    def _workers(self) -> list[_Worker]:
-        if not self._running:
-            self._running = [_Worker() for _ in range(self.workers)]
-        return self._running
-
     def _add_in_workers(
         self, arrays: Sequence[np.ndarray], terms: Sequence[Term], modulus: int, size: int
     ) -> list[np.ndarray] | None:
@@ -119,8 +112,15 @@ class MaskPool:
         vector = np.ndarray((size,), dtype=np.uint32, buffer=shared.buf)
         try:
             _flatten(arrays, vector)
-            try:
-                self._run_slices(shared.name, size, list(terms))
+            try:  # each worker adds the masks over one slice, which starts on an AES block
+                if not self._running:
+                    self._running = [_Worker() for _ in range(self.workers)]
+                step = -(-size // (len(self._running) * WORDS_PER_BLOCK)) * WORDS_PER_BLOCK
+                busy = list(zip(self._running, range(0, size, step)))
+                for worker, low in busy:
+                    worker.send((shared.name, size, low, min(low + step, size), list(terms)))
+                for worker, _ in busy:
+                    worker.receive()
             except Exception as error:  # workers that cannot start, died or failed
                 logger.warning("SecAgg+ masks are added in-process from now on: the mask workers failed (%r)", error)
                 self._broken = True
@@ -131,17 +131,6 @@ class MaskPool:
             del vector
             shared.close()
             shared.unlink()
-
-    def _run_slices(self, name: str, size: int, terms: list[Term]) -> None:
-        """Each worker adds the masks over one slice; returns once all are done."""
-        workers = self._workers()
-        step = -(-size // (len(workers) * WORDS_PER_BLOCK)) * WORDS_PER_BLOCK  # slices start on an AES block
-        busy = []
-        for worker, low in zip(workers, range(0, size, step)):
-            worker.send((name, size, low, min(low + step, size), terms))
-            busy.append(worker)
-        for worker in busy:
-            worker.receive()
 
     def _stop(self) -> None:
         running, self._running = self._running, []

@@ -97,15 +97,11 @@ def unmask_sum(
     modulus: int,
     pool: MaskPool | None = None,
 ) -> list[np.ndarray]:
-    """The sum of the survivors' encoded updates, from the sum of their masked vectors.
+    """The sum of the survivors' encoded updates, from the sum of their masked vectors (mod ``modulus``).
 
-    Args:
-        masked_sum: The survivors' masked vectors, summed mod ``modulus``.
-        private_seeds: Each survivor's private mask seed, rebuilt from its shares.
-        dropped_pairwise_seeds: For each client that dropped after sharing its
-            keys, the seed it shared with each surviving neighbour.
-        modulus: The protocol's modulus.
-        pool: As in :func:`mask_update`.
+    ``private_seeds`` holds each survivor's private mask seed, and
+    ``dropped_pairwise_seeds`` the seed each client that dropped after sharing
+    its keys shared with each surviving neighbour (all rebuilt from shares).
     """
     _check_modulus(modulus)
     terms = [(seed, -1) for seed in private_seeds.values()]

@@ -1,13 +1,8 @@
 """SecAgg+ masks: expanding a secret seed into a uniform integer vector with a cryptographic PRG (docs/privacy.md, "SecAgg+ masks").
 
 Flower 1.41 folds every seed to 32 bits (flwrlabs/flower#7522); here the
-whole seed keys an AES-256-CTR stream through HKDF-SHA256. A key is only
-ever used for this one stream, so the fixed counter start is safe.
-
-The stream is read as little-endian words of 32 bits for a modulus up to
-2^32, of 64 bits above. A power-of-two modulus keeps a word's low bits; any
-other rejects the words at or above the largest multiple of the modulus and
-reduces the rest: both exactly uniform. With 32-bit words, entry ``i`` of a
+whole seed keys an AES-256-CTR stream through HKDF-SHA256, for this one stream
+only, so the fixed counter start is safe. With 32-bit words, entry ``i`` of a
 power-of-two mask depends only on word ``i``, so a slice of the mask can be
 made on its own (:func:`add_mask_words`).
 """

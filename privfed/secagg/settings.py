@@ -45,14 +45,10 @@ ENCODING_IN_FLOWER_STATE = {
 class SecAggPlusSettings:
     """The SecAgg+ parameters of a run (recorded in ``summary.json``).
 
-    Attributes:
-        num_shares: Neighbours of each client, itself included; its key is split into this many shares.
-        reconstruction_threshold: Shares needed to rebuild a key.
-        clipping_range: Values are clipped to ``±clipping_range`` before quantisation.
-        max_weight: Largest FedAvg weight (client size); weights are divided by it.
-        quantization_range: Fixed-point levels over the clipping range.
-        modulus_range: Modulus of the masked sums.
-        timeout: Seconds each protocol stage waits for replies (None: all replies).
+    A client's key is split into ``num_shares`` shares (its neighbours, itself
+    included), ``reconstruction_threshold`` of which rebuild it. Weights are
+    divided by ``max_weight`` (the largest client). ``timeout``: seconds each
+    stage waits for replies (None: all replies).
     """
 
     num_shares: int
