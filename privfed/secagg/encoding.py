@@ -135,8 +135,8 @@ def decode_aggregate(
 ) -> DecodedAggregate:
     """Undoes :func:`encode_update` on SecAgg+'s weighted mean of the encoded arrays.
 
-    The total of the clients' public ``weight_ratios`` turns the indicators'
-    mean back into counts; with a ``clipping_range``, :func:`check_plausible` checks the aggregate.
+    The clients' public ``weight_ratios`` turn the indicators' mean back into
+    counts; with a ``clipping_range``, :func:`check_plausible` checks the mean.
     """
     num_tensors = len(scales)
     if len(arrays) != num_tensors + 2:

@@ -114,10 +114,8 @@ def unmask_sum(
 def decode_weighted_mean(
     total: list[np.ndarray], *, num_summed: int, clipping_range: float, quantization_range: int
 ) -> list[np.ndarray]:
-    """The weighted mean of ``num_summed`` clients' updates from the sum of their encodings.
-
-    Each encoding shifts by ``+clipping_range``: :func:`dequantize` takes one off, the other ``num_summed - 1`` go here.
-    """
+    """The weighted mean of ``num_summed`` clients' updates from the sum of their encodings, each shifted by
+    ``+clipping_range`` (:func:`dequantize` takes one shift off, the others go here)."""
     weight, values = factor_extract(total)
     if int(weight) <= 0:
         raise ValueError(f"the summed SecAgg+ weight is {int(weight)}, not positive")

@@ -132,10 +132,9 @@ class _ProtocolGrid:
 def forget_nodes_without_shares(state: Any) -> None:
     """Drops the nodes that left before sharing their keys from the round's SecAgg+ state.
 
-    Flower 1.41 asks for such a node's shares at unmasking, which no
-    neighbour holds, so one of them halted the round. It is in nobody's
-    pairwise masks either: as in Bell et al. (2020), the dropouts to unmask
-    are those that shared keys but sent no masked vector.
+    No neighbour holds their shares (Flower 1.41 halted the round asking for
+    them), and they are in nobody's masks: as in Bell et al. (2020), the
+    dropouts to unmask are those that shared keys but sent no masked vector.
     """
     keyed = set(state.active_node_ids)
     state.sampled_node_ids = keyed
@@ -232,9 +231,8 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
     def _unmask(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
         """Collects the shares, rebuilds the secrets, takes the masks off the sum and hands the mean to the strategy.
 
-        Each survivor is asked for its neighbours' shares: of each survivor's
-        private mask seed, and of each dropout's first private key; never
-        both of one client.
+        Survivors are asked for shares of each survivor's private mask seed and
+        of each dropout's first private key; never both of one client.
         """
         server_round = record_item(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND], int)
         survivors = set(state.active_node_ids)
@@ -279,12 +277,8 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         return True
 
     def _check_threshold(self, state: Any) -> bool:
-        """Flower's check that every node keeps ``threshold`` live neighbours, for the nodes that matter.
-
-        Before the key exchange ends, only live nodes (a node that left shared
-        no secret); afterwards every node that shared keys, since a dropout's
-        pairwise key is rebuilt from its neighbours' shares.
-        """
+        """Flower's check that every node keeps ``threshold`` live neighbours, for the nodes that matter: before the
+        key exchange ends the live ones (a node that left shared no secret), then every node that shared keys."""
         nodes = state.sampled_node_ids if getattr(state, _KEYS_SHARED, False) else state.active_node_ids
         for node_id in nodes:
             if len(state.nid_to_neighbours[node_id] & state.active_node_ids) < state.threshold:
