@@ -4,10 +4,8 @@ In the first pass (:class:`privfed.federation.local_runtime.LocalGrid`)
 each client runs its fit up to training (every check, the guard's charge,
 the "begun" record), hands its training to the :class:`CohortRound` and
 stops as a killed client would; a refused client is neither trained nor
-charged. The cohort then trains every admitted client at once. In the
-second pass each client answers as usual: its guard finds the round begun
-and unanswered (as after a kill), and the client takes its training from
-the cohort.
+charged. The cohort trains every admitted client at once; in the second
+pass each client finds its round begun (as after a kill) and takes its training.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """``privfed train --runtime local``: Flower's ServerApp and ClientApp in one process, without Ray.
 
-The apps are the Ray path's (:mod:`privfed.federation.simulation`); only the
-transport differs. :class:`LocalGrid` implements Flower's ``Grid`` and hands
-each message straight to the ClientApp, so Flower's workflows (SecAgg+
-included) run unchanged. Each node keeps its own ``Context``, as in Flower's
-simulation, and a client's exception becomes an error reply, as a crashed
-node's would. Ray costs more than a small run's rounds (docs/flower.md).
+The apps are the Ray path's (:mod:`privfed.federation.simulation`): :class:`LocalGrid`
+implements Flower's ``Grid`` and hands each message straight to the ClientApp,
+so Flower's workflows (SecAgg+ included) run unchanged, and a client's exception
+becomes an error reply, as a crashed node's would. Ray costs more than a small
+run's rounds (docs/flower.md).
 """
 
 from __future__ import annotations

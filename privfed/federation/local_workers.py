@@ -1,15 +1,12 @@
 """The local runtime's worker processes: a round's clients train side by side, one core each, as on Ray.
 
-One thread per client in parallel processes, rather than one client at a
-time on every core: torch's intra-op threads on small convolutions gain
-little on a quiet machine and lose up to 20 times on a shared one
-(docs/flower.md). A client trains with as many threads as it would in this
-process or on Ray, so the same seed gives the same run.
-
-Workers are forked: a fork inherits the ClientApp (whose mods may be
-closures no pickle carries) and starts in milliseconds. It is safe only for
-a single-threaded client on CPU (GNU OpenMP's thread pool and CUDA do not
-survive a fork); :func:`worker_count` says 1 otherwise.
+Rather than one client at a time on every core: torch's intra-op threads on
+small convolutions lose up to 20 times on a shared machine (docs/flower.md).
+A client trains with as many threads as it would alone, so the same seed
+gives the same run. Workers are forked, inheriting the ClientApp (whose mods
+no pickle may carry); that is safe only for a single-threaded client on CPU
+(GNU OpenMP's thread pool and CUDA do not survive a fork), else
+:func:`worker_count` says 1.
 """
 
 from __future__ import annotations

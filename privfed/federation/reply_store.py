@@ -1,15 +1,12 @@
 """A client's copy of its last reply, so that a replayed round gets the same message and nothing new.
 
-A resumed run sends the interrupted round again. A second answer would
+A resumed run sends the interrupted round again; a second answer would
 release new information (another release, a second SecAgg+ sum to
-difference), so a client keeps the reply it sent (one file next to its
-ledger) and sends exactly that again for the same round of the same run
-with the same instructions: nothing new leaves the node, nothing is charged twice.
-
-The store also records that a round was *begun* (as the guard charges it):
-a round begun but never answered was killed while computing, so nothing of
-it left the node (a reply is stored before it is returned), and it may be
-computed again without a second charge.
+difference). So a client sends its stored reply (one file next to its
+ledger) again for the same round of the same run with the same instructions,
+charged once. A round recorded as *begun* (as the guard charges it) but never
+answered was killed while computing: nothing of it left the node (a reply is
+stored before it is returned), so it may be computed again without a second charge.
 
 Under SecAgg+ the replay is masked with fresh keys; with the same cohort the
 sum is the interrupted round's. ``docs/privacy.md`` says what a server that
@@ -131,10 +128,9 @@ class StoredReply:
 class ReplyStore:
     """The last round a client began or answered, in ``path`` (None: in this process's memory only).
 
-    Only the latest round is kept: the guard never answers an earlier one in
-    a run that charges something (a run that charges nothing computes it
-    again). Writes replace the file whole, so a kill mid-write leaves the
-    previous content.
+    The guard never answers an earlier round in a run that charges something
+    (one that charges nothing computes it again). Writes replace the file
+    whole, so a kill mid-write leaves the previous content.
     """
 
     def __init__(self, path: Path | None = None) -> None:
