@@ -216,7 +216,7 @@ def seeded_secagg_rounding(declared: TrainConfig | None) -> Mod:
 
     The rounding (:mod:`privfed.secagg.quantization`) draws from NumPy's global
     generator right after the client replies; :func:`secaggplus_when_requested`
-    reseeds it from the OS after SecAgg+, so later draws are not predictable.
+    reseeds it from the OS after SecAgg+, so later draws are not predictable from the public seed.
     The rounding need only be unbiased, not secret; the masks do not use it.
     """
 

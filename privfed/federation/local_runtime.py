@@ -323,7 +323,7 @@ def forgetting_replies(progress: ProgressCallback | None, folder: Path) -> Progr
 @contextmanager
 def own_process_state() -> Iterator[None]:
     """Runs the block as if in a process of its own: Python's, NumPy's and torch's generators and thread count come
-    back after, so a client's seeding never reaches the server (as on Ray), nor a library call's run its caller."""
+    back after: a client's seeding never reaches the server (as on Ray), nor a library call's run its caller's."""
     saved = random.getstate(), np.random.get_state(), torch.get_rng_state(), torch.get_num_threads()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     try:

@@ -128,9 +128,9 @@ class StoredReply:
 class ReplyStore:
     """The last round a client began or answered, in ``path`` (None: in this process's memory only).
 
-    The guard never answers an earlier round in a run that charges something
-    (one that charges nothing computes it again). Writes replace the file
-    whole, so a kill mid-write leaves the previous content.
+    Only the latest round is kept: the guard never answers an earlier one in a
+    run that charges something (one that charges nothing computes it again).
+    Writes replace the file whole, so a kill mid-write leaves the previous content.
     """
 
     def __init__(self, path: Path | None = None) -> None:
@@ -142,8 +142,9 @@ class ReplyStore:
         """Holds the partition's computation lock while a message is answered; records a charged round that failed.
 
         Flower may start a second ClientApp process for a message while the
-        first computes: without the lock it would take the round, begun and
-        unanswered, for killed and compute a second release for one charge.
+        first computes (or two nodes share a state-dir): without the lock it
+        would take the round, begun and unanswered, for killed and compute a
+        second release for one charge.
         An error after the charge marks the round failed, so asking again
         never redraws noise.
         """

@@ -148,9 +148,9 @@ def ray_session(init_args: dict[str, Any]) -> Iterator[str]:
     """Starts Ray for a simulation in a temporary directory of its own; shuts it down and removes the directory after.
 
     Flower then uses this Ray instead of starting its own, which would leave
-    a ``/tmp/ray/session_*`` folder behind. The name is short: Ray's Unix
-    sockets inside it are limited to 107 bytes, so it cannot be the run
-    directory. Folders a ``kill -9`` left behind are removed first.
+    a ``/tmp/ray/session_*`` folder behind. The name is short: the paths of
+    Ray's Unix sockets inside it are limited to 107 bytes, so it cannot be the
+    run directory. Folders a ``kill -9`` left behind are removed first.
     """
     import ray
 

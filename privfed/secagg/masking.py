@@ -3,8 +3,8 @@
 A client adds to its quantised, weighted update its private mask and, per
 neighbour, a pairwise mask: added when its node id is the larger, subtracted
 otherwise, so the pair cancels in the sum. The server removes each
-survivor's private mask and the pairwise masks that clients dropped after
-sharing their keys left in their neighbours' vectors. Every mask comes
+survivor's private mask and the pairwise masks each client that dropped
+after sharing its keys left in its neighbours' vectors. Every mask comes
 from :mod:`privfed.secagg.masks`, added by :mod:`privfed.secagg.mask_pool`.
 """
 
@@ -27,7 +27,7 @@ from privfed.secagg.quantization import quantize
 SHARE_KEY = "secure_sum_share"
 
 #: Largest modulus the sums are exact for: a power of two up to it divides 2^32, where uint32 words wrap; any other
-#: runs in int64, where up to 2^31 masks or vectors of it stay below 2^63.
+#: runs in int64, where a sum of up to 2^31 masks or vectors below it stays below 2^63.
 MAX_MODULUS = 2**32
 
 

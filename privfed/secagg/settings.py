@@ -88,8 +88,11 @@ class SecAggPlusSettings:
 
 
 def default_num_shares(num_sampled: int) -> int:
-    """Every sampled client up to :data:`COMPLETE_GRAPH_LIMIT`, then an odd ``~3 log2 k``: logarithmic neighbourhoods
-    make SecAgg+ scale (Bell et al., 2020); the factor 3 makes dropouts or colluders unlikely to cut one small."""
+    """Every sampled client up to :data:`COMPLETE_GRAPH_LIMIT`, then an odd ``~3 log2 k``.
+
+    Logarithmic neighbourhoods make SecAgg+ scale (Bell et al., 2020); at federated round sizes the factor 3 keeps
+    the chance low that dropouts or colluders cut one small.
+    """
     if num_sampled <= COMPLETE_GRAPH_LIMIT:
         return num_sampled
     shares = math.ceil(3 * math.log2(num_sampled))

@@ -73,8 +73,8 @@ class RoundCloser(Protocol):
 class MaskedSum:
     """The masked vectors' sum mod the modulus, added to as each arrives, so the server holds one vector at a time.
 
-    Every vector must have the first one's shapes (numpy would broadcast a
-    hostile one). The int64 total is exact for up to 2^31 vectors below 2^32.
+    Every vector must have the first one's shapes (numpy would broadcast a hostile one). The int64 total is
+    exact for up to 2^31 vectors, each first reduced below the modulus (at most 2^32).
     """
 
     def __init__(self, modulus: int) -> None:
