@@ -1,6 +1,5 @@
-"""Running privfed under Flower's deployment runtime (SuperLink + SuperNodes).
+"""Running privfed under Flower's deployment runtime (SuperLink + SuperNodes), which ``privfed train`` does not need.
 
-The simulation path (``privfed train``) needs nothing from here. A real
-federation additionally needs TLS material for the SuperLink and one
-authentication key per SuperNode; :mod:`privfed.deployment.certs` makes both.
+A real federation needs TLS material for the SuperLink and one authentication
+key per SuperNode: :mod:`privfed.deployment.certs` makes both.
 """

@@ -38,14 +38,10 @@ def supernode_key_file(partition_id: int) -> str:
 
 
 def subject_alternative_names(hosts: Iterable[str]) -> list[x509.GeneralName]:
-    """SAN entries for ``hosts``: IP addresses as such, everything else as DNS names, without duplicates.
-
-    Clients match the address they dialled against the SAN list (never the
-    common name), so an IP must be an ``IPAddress`` entry.
+    """SAN entries for ``hosts``: IP addresses as such (clients never match an IP to a DNS name), others as DNS names.
 
     Raises:
-        PrivfedError: A host that is neither an IP nor a DNS name (typically
-            ``host:port`` or a URL), which no client could match.
+        PrivfedError: A host that is neither (typically ``host:port`` or a URL).
     """
     names: dict[object, x509.GeneralName] = {}
     for raw in hosts:
@@ -103,11 +99,7 @@ def _certificate(
 
 
 def supernode_key_pair(comment: str = "") -> tuple[bytes, bytes]:
-    """One SuperNode's authentication keys: (OpenSSH private key, OpenSSH public key line ending in ``comment``).
-
-    The public line is what the operator registers; the private key is
-    unencrypted because ``flower-supernode`` loads it without a passphrase.
-    """
+    """One SuperNode's keys: (OpenSSH private key, unencrypted for ``flower-supernode``; public line + ``comment``)."""
     key = ec.generate_private_key(ec.SECP384R1())
     private = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
@@ -139,9 +131,8 @@ def generate_credentials(
     """A CA, a SuperLink certificate for :data:`DEFAULT_HOSTS` + ``hosts``, and one key pair per SuperNode.
 
     The CA signs only end-entity certificates (``path_length=0``: a leaked
-    server key cannot mint CAs); the server certificate carries SAN, server-auth
-    usage and the authority key identifier, which strict verifiers (``ssl``,
-    httpx, gRPC) insist on. ``now`` pins the start of validity (tests).
+    server key cannot mint CAs); the server certificate carries what strict
+    verifiers (``ssl``, httpx, gRPC) insist on. ``now`` pins the start of validity.
 
     Raises:
         PrivfedError: A count or lifetime that cannot be right, or a host that is not one.
@@ -204,15 +195,6 @@ class CredentialPaths:
         """Files that must stay readable by their owner only."""
         return (self.ca_key, self.superlink_key, *self.supernode_keys)
 
-    def contents(self, credentials: Credentials) -> list[tuple[Path, bytes]]:
-        """Each file and what goes in it, paired by name."""
-        return [
-            (self.ca_certificate, credentials.ca_certificate), (self.ca_key, credentials.ca_key),
-            (self.superlink_certificate, credentials.superlink_certificate), (self.superlink_key, credentials.superlink_key),
-            *zip(self.supernode_keys, credentials.supernode_keys, strict=True),
-            *zip(self.supernode_public_keys, credentials.supernode_public_keys, strict=True),
-        ]
-
     def all_files(self) -> tuple[Path, ...]:
         """Every file, in the order they are reported to the user."""
         pairs = [f for pair in zip(self.supernode_keys, self.supernode_public_keys) for f in pair]
@@ -220,7 +202,7 @@ class CredentialPaths:
 
 
 def _write(path: Path, data: bytes, private: bool) -> None:
-    """Creates ``path`` with its final mode from the start (0600 for a private key: never readable by others, not even for an instant)."""
+    """Creates ``path`` with its final mode from the start: a private key is never readable by others, even briefly."""
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o644)
     with os.fdopen(fd, "wb") as handle:
@@ -230,11 +212,7 @@ def _write(path: Path, data: bytes, private: bool) -> None:
 
 
 def write_credentials(credentials: Credentials, directory: Path, *, force: bool = False) -> CredentialPaths:
-    """Writes ``credentials`` into ``directory``, or nothing: existing files without ``force`` fail before any write.
-
-    Raises:
-        PrivfedError: Some files exist and ``force`` is false.
-    """
+    """Writes ``credentials`` into ``directory``, or nothing: existing files without ``force`` raise PrivfedError."""
     paths = CredentialPaths.in_directory(directory, len(credentials.supernode_keys))
     existing = [p for p in paths.all_files() if p.exists()]
     if existing and not force:
@@ -242,7 +220,10 @@ def write_credentials(credentials: Credentials, directory: Path, *, force: bool 
         raise PrivfedError(f"refusing to overwrite existing files ({names}); use --force to replace them")
     paths.directory.mkdir(parents=True, exist_ok=True)
     private = set(paths.private_files())
-    for path, data in paths.contents(credentials):
+    c = credentials
+    files = [c.ca_certificate, c.ca_key, c.superlink_certificate, c.superlink_key]
+    files += [f for pair in zip(c.supernode_keys, c.supernode_public_keys, strict=True) for f in pair]
+    for path, data in zip(paths.all_files(), files, strict=True):
         _write(path, data, private=path in private)
     return paths
 

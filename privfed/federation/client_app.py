@@ -1,9 +1,8 @@
 """Flower ClientApp: wires privfed's client and Flower's SecAgg+ mod together.
 
-Kept light on purpose: in the deployment runtime Flower starts a fresh
-ClientApp process for every message, including SecAgg+'s key-exchange
-stages that never train, so torch and the mechanisms are only imported when
-a client is actually built (:mod:`privfed.federation.client`).
+Kept light: in deployment Flower starts a ClientApp process for every
+message, key exchanges included, so torch and the mechanisms are imported
+only when a client is built (:mod:`privfed.federation.client`).
 """
 
 from __future__ import annotations
@@ -40,16 +39,12 @@ def make_client_fn(
 ) -> Callable[[Context], Client]:
     """``client_fn`` for a run declared as ``declared`` (None: the run config Flower hands the node).
 
-    Every client holds the server to the declared run with its own budget and
-    ledger (:mod:`privfed.privacy.client_guard`). The ledger lives in the
-    node's ``state-dir`` (or ``state_dir``): a file per partition, so it
-    survives restarts, and a node's later runs spend from the same budget.
-    Without one, it lasts one message (each message builds the client anew). The guard answers
-    each round of a run once; ``run_key`` names the run (default: Flower's
-    run id, new for every ``flwr run``), so a resumed run must pass the key
-    of the run it continues. Next to the ledger the client keeps its last
-    reply, which it sends again when the same round of the same run is
-    replayed (:mod:`privfed.federation.reply_store`).
+    Each client's guard (:mod:`privfed.privacy.client_guard`) keeps its ledger
+    and last reply (:mod:`privfed.federation.reply_store`) in the node's
+    ``state-dir`` (or ``state_dir``), so they survive restarts and later runs;
+    without one they last one message. It answers each round of a run once:
+    ``run_key`` names the run (default: Flower's run id, new for every
+    ``flwr run``), so a resume passes the key of the run it continues.
     """
 
     def client_fn(context: Context) -> Client:
@@ -129,32 +124,24 @@ class UnmaskedRoundRefused(RuntimeError):
 def secaggplus_when_requested(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
     """privfed's SecAgg+ client mod (:mod:`privfed.secagg.client_mod`), for the messages of a SecAgg+ round only.
 
-    The same ClientApp then serves round 0 (plain), ``--no-secagg`` runs and
-    secure rounds; Flower's mod alone fails on messages without its records.
-    A server that leaves SecAgg+'s records out of a training round would
-    otherwise get the update unmasked, so the node refuses such a round when
-    the message itself says it is a SecAgg+ round (it carries SecAgg+ scales)
-    or when the node's own config requires SecAgg+ (``require-secagg``).
-    A SecAgg+ training round must also carry privfed's own SecAgg+ settings,
-    which encode its overflow indicators (and, if the run reports them, its
-    training metrics) into the masked sum. Minimums on the
-    round's size are :func:`check_secagg_round`'s.
+    A training round without SecAgg+'s records would send the update unmasked:
+    it is refused when its message carries SecAgg+ scales or the node sets
+    ``require-secagg``. A SecAgg+ training round must carry privfed's SecAgg+
+    settings (docs/privacy.md, "What clients also refuse").
     """
     if msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, context)
+    fit: Mapping[str, Any] = msg.content.config_records.get(FIT_CONFIG_RECORD, {})
+    trains = fit.get("task") == "train"
     if RECORD_KEY_CONFIGS in msg.content.config_records:
         check_secagg_round(msg.content.config_records[RECORD_KEY_CONFIGS], context)
-        fit: Mapping[str, Any] = msg.content.config_records.get(FIT_CONFIG_RECORD, {})
-        if fit.get("task") == "train" and "secagg_scales" not in fit:
-            # privfed masks its indicators (and any metrics) only with its own SecAgg+ settings.
-            raise UnmaskedRoundRefused("a SecAgg+ training round without privfed's SecAgg+ settings")
-        if fit.get("task") == "train":
+        if trains:
+            if "secagg_scales" not in fit:
+                raise UnmaskedRoundRefused("a SecAgg+ training round without privfed's SecAgg+ settings")
             check_encoding_matches_setup(fit, context.state.config_records.get(RECORD_KEY_STATE))
         reply = privfed_secaggplus_mod(msg, context, call_next)
         np.random.seed()  # fresh OS entropy: the rounding seed must not predict later draws in this process
         return reply
-    fit = msg.content.config_records.get(FIT_CONFIG_RECORD, {})
-    trains = fit.get("task") == "train"
     required = str(context.node_config.get(REQUIRE_SECAGG, False)).lower() in ("true", "1", "yes")
     if trains and ("secagg_scales" in fit or required):
         raise UnmaskedRoundRefused("this node sends training updates only through SecAgg+, and the round has none")
@@ -167,20 +154,16 @@ def secaggplus_when_requested(msg: Message, context: Context, call_next: Callabl
 def check_secagg_round(configs: Mapping[str, Any], context: Context) -> None:
     """Refuses a SecAgg+ round too small to hide this node's update, by the node's own ``secagg-min-clients``.
 
-    Flower's mod accepts whatever the server sets: with the node alone and a
-    threshold of 1 it hands back the only share of its mask seed, and the
-    server unmasks the update. With the minimum set, the node refuses at
-    setup a round of fewer clients or neighbours, a threshold below 2, or a
-    threshold that is not a strict majority of the shares, and at key sharing
-    fewer distinct nodes (itself included) than the minimum. Whatever the
-    minimum, at unmasking it refuses a request that lists a node as both
-    surviving and dropped, or itself as dropped: shares of both of a node's
-    secrets remove its masks. Not caught: neighbours the server invents (no
-    authenticated node keys).
+    Flower's mod accepts whatever the server sets (alone, with threshold 1, the
+    node would hand back its mask seed's only share). With the minimum set it
+    refuses fewer clients, shares or neighbours, or a threshold below 2 or short
+    of a strict majority; whatever the minimum, an unmask request that lists a
+    node as both surviving and dropped, or itself as dropped. Not caught:
+    neighbours the server invents (docs/privacy.md, "What clients also refuse").
     """
     stage = configs.get(Key.STAGE)
     if stage == Stage.UNMASK:
-        # Shares of both secrets of one node unmask it: an honest server never asks for both.
+        # Shares of both secrets of one node remove its masks: an honest server never asks for both.
         active, dead = set(configs.get(Key.ACTIVE_NODE_ID_LIST, [])), set(configs.get(Key.DEAD_NODE_ID_LIST, []))
         if active & dead or context.node_id in dead:
             raise UnmaskedRoundRefused("the server lists a node as both surviving and dropped")
@@ -205,9 +188,7 @@ def check_secagg_round(configs: Mapping[str, Any], context: Context) -> None:
 def check_encoding_matches_setup(fit: Mapping[str, Any], state: Mapping[str, Any] | None) -> None:
     """Refuses privfed's SecAgg+ encoding when it differs from the one Flower's mod set up the round with.
 
-    The client divides its indicators by its weight ratio as the fit config
-    says; Flower multiplies by the ratio it set up with. If the two differ a
-    raised flag no longer adds exactly 1, and the sum names the client again.
+    Otherwise a raised indicator would no longer add exactly 1, and the sum would name the client.
     """
     if state is None:
         raise UnmaskedRoundRefused("a SecAgg+ training round before SecAgg+ was set up on this node")
@@ -233,15 +214,10 @@ def rounding_seed(run_seed: int, round_index: int, partition: int) -> list[int]:
 def seeded_secagg_rounding(declared: TrainConfig | None) -> Mod:
     """A mod that makes SecAgg+'s stochastic rounding reproducible from the declared run's seed.
 
-    SecAgg+'s quantisation (:mod:`privfed.secagg.quantization`, Flower's rounding) rounds the
-    client's update stochastically with NumPy's global generator right after the client replies, so the
-    same seed gave slightly different aggregates on every run. This mod
-    sits just inside it and seeds that generator from the round's seed once
-    the reply exists; :func:`secaggplus_when_requested` reseeds it from the
-    OS as soon as SecAgg+ is done, so nothing drawn later (another mod, a
-    plugin) is predictable from the public seed. The rounding only has to be
-    unbiased, not secret, and the masks do not use this generator
-    (:mod:`privfed.secagg.masks`).
+    The rounding (:mod:`privfed.secagg.quantization`) draws from NumPy's global
+    generator right after the client replies; :func:`secaggplus_when_requested`
+    reseeds it from the OS after SecAgg+, so later draws are not predictable from the public seed.
+    The rounding need only be unbiased, not secret; the masks do not use it.
     """
 
     def mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
@@ -266,10 +242,9 @@ def make_client_app(
 ) -> ClientApp:
     """The ClientApp for a declared run (see :func:`make_client_fn`), optionally with extra mods.
 
-    An inner mod sees the client's plaintext reply before it is masked (what
-    never leaves the node); an outer mod sees what the server receives. Mods
-    see every message, not only fits: before round 0 the server asks each
-    node which partition it holds (a legacy ``get_properties`` message).
+    An inner mod sees the client's plaintext reply before it is masked; an
+    outer mod sees what the server receives. Mods see every message, not
+    only fits (e.g. the ``get_properties`` asking a node's partition).
     """
     return ClientApp(
         client_fn=make_client_fn(declared, state_dir, run_key),

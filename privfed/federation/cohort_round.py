@@ -1,16 +1,11 @@
 """A round's clients admitted one by one, then trained together, on the local runtime.
 
-The local runtime answers a round's training messages in two passes
-(:class:`privfed.federation.local_runtime.LocalGrid`). In the first, each
-client runs its fit as usual up to training: every check, its guard's charge
-and its reply store's "begun" record. There it hands its training to the
-round's :class:`CohortRound` and stops, as a killed client would
-(:class:`AdmittedToCohort`). A refused client never gets that far, so it is
-neither trained nor charged. The cohort then trains every admitted client at
-once (:func:`privfed.orchestra.cohort_training.train_cohort`). In the second
-pass each client answers as usual: its guard finds the round begun and
-unanswered, admits it without a second charge (as after a kill), and takes
-its finished training from the cohort instead of training.
+In the first pass (:class:`privfed.federation.local_runtime.LocalGrid`)
+each client runs its fit up to training (every check, the guard's charge,
+the "begun" record), hands its training to the :class:`CohortRound` and
+stops as a killed client would; a refused client is neither trained nor
+charged. The cohort trains every admitted client at once; in the second
+pass each client finds its round begun (as after a kill) and takes its training.
 """
 
 from __future__ import annotations
@@ -36,11 +31,8 @@ ClientRound = tuple[int, int, int, str]
 
 
 class AdmittedToCohort(BaseException):
-    """A client was admitted and handed its training to the round's cohort: its first pass ends here.
-
-    Not an ``Exception``: like a kill, it must pass every handler that would
-    record the round as failed.
-    """
+    """A client handed its training to the round's cohort; not an ``Exception``, so that, like a kill, no handler
+    records the round as failed."""
 
 
 @dataclass(frozen=True)
@@ -53,11 +45,7 @@ class CohortJob:
 
 @dataclass
 class CohortRound:
-    """The clients of one round that train together, and their trainings once done.
-
-    Clients train together only when the server sent them the same
-    instructions (model and centroids): each group of equal digests is a cohort.
-    """
+    """The clients of one round that train together (one cohort per set of equal instructions), and their trainings."""
 
     config: TrainConfig
     local: LocalTrainingConfig

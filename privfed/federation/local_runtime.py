@@ -1,15 +1,10 @@
 """``privfed train --runtime local``: Flower's ServerApp and ClientApp in one process, without Ray.
 
-The run uses the same apps as the Ray path (:mod:`privfed.federation.simulation`);
-only the transport differs. :class:`LocalGrid` implements Flower's public
-``Grid`` interface and hands each message straight to the ClientApp, one
-client after another, so Flower's own workflows (SecAgg+ included) run
-unchanged; a round's training may first be done for all its clients at
-once (:mod:`privfed.federation.cohort_round`). Each simulated node keeps its own ``Context`` (node id,
-``partition-id`` and ``num-partitions`` as Flower's simulation sets them,
-its state across messages), and a client's exception becomes an error
-reply, as a crashed node's would. Ray's start-up, workers and shutdown cost
-more than a small run's rounds (docs/flower.md measures both runtimes).
+The apps are the Ray path's (:mod:`privfed.federation.simulation`): :class:`LocalGrid`
+implements Flower's ``Grid`` and hands each message straight to the ClientApp,
+so Flower's workflows (SecAgg+ included) run unchanged, and a client's exception
+becomes an error reply, as a crashed node's would. Ray costs more than a small
+run's rounds (docs/flower.md).
 """
 
 from __future__ import annotations
@@ -59,9 +54,8 @@ from privfed.run.resume import ResumePoint
 
 logger = logging.getLogger(__name__)
 
-#: The run key of every simulated client's guard, on either runtime. Each simulated run keeps its clients' ledgers in its own
-#: directory, so to them the run, resumed or not, is one run: a round answered before a kill is not answered
-#: again after a resume. (Flower draws a new run id for every process, which made a resume a new run.)
+#: The run key of every simulated client's guard, on either runtime: the ledgers live in the run's own directory, so
+#: a resumed run is the same run to them (Flower's run id is new in every process).
 SIMULATED_RUN_KEY = 0
 
 
@@ -69,16 +63,8 @@ SIMULATED_RUN_KEY = 0
 class SimulatedRun:
     """What either runtime runs: a planned training, and how ``privfed train`` or a library call asked for it.
 
-    Both runtimes build the same apps from it (:meth:`client_app`, :meth:`server_app`); only the transport differs.
-
-    Attributes:
-        plan: The planned run.
-        progress: Called with each round's and the finish's event.
-        verbose: Flower's and Ray's own logs on.
-        outer_mods: ClientApp mods outside privfed's SecAgg+ mod: they see what the server receives
-            (:func:`privfed.federation.client_app.make_client_app`).
-        inner_mods: ClientApp mods inside it: they see the plaintext reply.
-        resume: Where a resumed run continues (:mod:`privfed.run.resume`).
+    Both runtimes build the same apps from it. ``outer_mods`` and ``inner_mods``
+    are :func:`privfed.federation.client_app.make_client_app`'s.
     """
 
     plan: RunPlan
@@ -96,7 +82,7 @@ class SimulatedRun:
         )
 
     def server_app(self, outcome: dict[str, Any], stop: StopRequest) -> ServerApp:
-        """The ServerApp, which leaves the summary (or its error) in ``outcome`` (:func:`summary_of`)."""
+        """The ServerApp, which leaves the summary (or its error) in ``outcome``."""
         progress = forgetting_replies(self.progress, self.plan.run_dir.client_ledgers)
         return make_server_app(self.plan, progress, outcome, stop=stop, resume=self.resume)
 
@@ -104,13 +90,8 @@ class SimulatedRun:
 def run_locally(run: SimulatedRun) -> dict[str, Any]:
     """Runs a planned training with ``num_clients`` in-process nodes; returns the summary.
 
-    Inside :func:`privfed.run.interruption.signals_stop_runs` the first
-    Ctrl-C stops after the current round, a second at once; the clients'
-    guards keep their ledgers in the run directory under the same run key
-    as on Ray, so a run may be resumed on either runtime.
-
-    Raises:
-        Whatever the ServerApp raised.
+    Ctrl-C behaves as on Ray (:func:`privfed.federation.simulation.simulate_on_ray`), and
+    a run may be resumed on either runtime (:data:`SIMULATED_RUN_KEY`). Raises whatever the ServerApp raised.
     """
     config = run.plan.config
     outcome: dict[str, Any] = {}
@@ -128,20 +109,15 @@ def run_locally(run: SimulatedRun) -> dict[str, Any]:
 
 @contextmanager
 def flower_logging(verbose: bool) -> Iterator[None]:
-    """Flower's INFO lines and Ray's FutureWarnings off for a run unless ``verbose``; both as they were after it.
-
-    A library call leaves process-wide state as it found it: the ``flwr``
-    logger (its level, and its handlers' levels and formats, which Flower's
-    ``verbose_logging`` changes) and :data:`warnings.filters`.
-    """
+    """Flower's INFO lines and Ray's FutureWarnings off for a run unless ``verbose``; both (and the ``flwr`` logger's
+    handlers, which Flower's ``verbose_logging`` changes) as they were after it."""
     flwr_logger = logging.getLogger("flwr")
     level, propagate = flwr_logger.level, flwr_logger.propagate
     handlers = [(handler, handler.level, handler.formatter) for handler in flwr_logger.handlers]
     with warnings.catch_warnings():
         if not verbose:
             flwr_logger.setLevel(logging.ERROR)
-            # Flower 1.41 marks run_simulation deprecated (in favour of `flwr run`, which
-            # privfed also supports; docs/flower.md says why privfed train stays here).
+            # Flower 1.41 marks run_simulation deprecated (docs/flower.md says why privfed train keeps it).
             warnings.filterwarnings("ignore", category=FutureWarning, module="ray")
         try:
             yield
@@ -155,10 +131,7 @@ def flower_logging(verbose: bool) -> Iterator[None]:
 
 @contextmanager
 def superlink_identity(run_id: int) -> Iterator[None]:
-    """This process's Flower task identity as the SuperLink's while the block runs; the previous one after.
-
-    Flower stamps every message the ServerApp creates with it.
-    """
+    """This process's Flower task identity (stamped on the ServerApp's messages) as the SuperLink's, in the block."""
     saved = TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
     try:
@@ -168,11 +141,8 @@ def superlink_identity(run_id: int) -> Iterator[None]:
 
 
 def cohort_of(config: TrainConfig) -> Callable[[], CohortRound] | None:
-    """How a round's clients train together under ``config`` (None: one at a time).
-
-    ``clients_per_step`` 0 batches every client of a round on a CUDA device
-    and none elsewhere: on a CPU the batched step is slower (docs/performance.md).
-    """
+    """How a round's clients train together (None: one at a time); ``clients_per_step`` 0 batches them on CUDA only,
+    as on a CPU the batched step is slower (docs/performance.md)."""
     device = resolve_device(config.device)
     local = LocalTrainingConfig.from_run(config)
     automatic = config.clients_per_step == 0
@@ -185,13 +155,10 @@ def cohort_of(config: TrainConfig) -> Callable[[], CohortRound] | None:
 class LocalGrid(Grid):
     """A Flower ``Grid`` whose nodes live in this process: ``pull_messages`` runs each pending message's ClientApp.
 
-    With a ``cohort`` a round's training messages are answered in two passes,
-    so that every admitted client trains in one batched computation
-    (:mod:`privfed.federation.cohort_round`). Otherwise, with ``workers``
-    above 1, the messages run as they are pushed, that many at a time in
-    forked processes (:mod:`privfed.federation.local_workers`), the largest
-    partitions (``partition_sizes``) first, and the first one done among
-    those pulled comes back; :meth:`close` ends them.
+    With a ``cohort`` a round's clients train in one batched computation
+    (:mod:`privfed.federation.cohort_round`); otherwise, with ``workers``
+    above 1, messages run as pushed in forked processes, the largest
+    partitions first (:mod:`privfed.federation.local_workers`).
     """
 
     def __init__(
@@ -201,19 +168,17 @@ class LocalGrid(Grid):
         self._app = client_app
         self._run = Run.create_empty(run_id if run_id is not None else secrets.randbits(63))
         nodes = node_ids(num_nodes)
-        self._contexts = {node: self._node_context(node, partition, num_nodes) for partition, node in enumerate(nodes)}
+        self._contexts = {  # each node's own, kept across its messages, as Flower's simulation registers it
+            node: Context(self._run.run_id, node, {PARTITION_ID_KEY: i, NUM_PARTITIONS_KEY: num_nodes}, RecordDict(), {})
+            for i, node in enumerate(nodes)
+        }
         self._pending: dict[str, Message] = {}
         self._new_cohort = cohort
         self._cohort: CohortRound | None = None
         self._workers_wanted = workers if cohort is None else 1
         sizes = dict(enumerate(partition_sizes))
-        self._node_sizes = {node: sizes.get(int(c.node_config[PARTITION_ID_KEY]), 0) for node, c in self._contexts.items()}
+        self._node_sizes = {node: sizes.get(partition, 0) for partition, node in enumerate(nodes)}
         self._workers: ClientWorkers | None = None
-
-    def _node_context(self, node_id: int, partition: int, num_nodes: int) -> Context:
-        """A node's own context, kept across its messages, as Flower's simulation registers it."""
-        node_config: dict[str, bool | float | int | str] = {PARTITION_ID_KEY: partition, NUM_PARTITIONS_KEY: num_nodes}
-        return Context(self._run.run_id, node_id, node_config, RecordDict(), {})
 
     def set_run(self, run: Run) -> None:
         self._run = run
@@ -244,7 +209,9 @@ class LocalGrid(Grid):
         if self._new_cohort is not None and len(training) > 1:
             self._cohort = self._admit_together(training, self._new_cohort())
         if self._workers_wanted > 1 and ids:
-            self._started_workers().submit([(message_id, self._pending[message_id]) for message_id in ids])
+            if self._workers is None:  # forked at the first message, inside the run's logging settings
+                self._workers = ClientWorkers(self._answer, self._contexts, self._workers_wanted, self._node_sizes)
+            self._workers.submit([(message_id, self._pending[message_id]) for message_id in ids])
         return ids
 
     def _admit_together(self, messages: list[Message], cohort: CohortRound) -> CohortRound:
@@ -259,12 +226,8 @@ class LocalGrid(Grid):
         return cohort
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        """The reply to the first pending message among ``message_ids``, computed now by its node.
-
-        One per pull: privfed's SecAgg+ stage adds each masked vector to its
-        sum before the next one exists, so the server never holds a round's
-        vectors at once (:mod:`privfed.secagg.workflow`).
-        """
+        """The reply to the first pending message among ``message_ids``: one per pull, so SecAgg+ sums each masked
+        vector before the next exists."""
         if self._workers is not None:
             pending = [message_id for message_id in message_ids if message_id in self._pending]
             if not pending:
@@ -278,10 +241,7 @@ class LocalGrid(Grid):
         return []
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        """Every reply, in the order of ``messages``: no reply is ever late, so ``timeout`` never cuts one off.
-
-        In order whichever worker finished first: the server's float sums then add the same terms in the same order.
-        """
+        """Every reply (none is late), in the order of ``messages``, so the server's float sums add in one order."""
         ids = list(self.push_messages(messages))
         replies: list[Message] = []
         while pulled := list(self.pull_messages(ids)):
@@ -295,12 +255,6 @@ class LocalGrid(Grid):
             self._workers.close()
             self._workers = None
 
-    def _started_workers(self) -> ClientWorkers:
-        """The worker processes, forked at the first message: inside the run's logging settings, which they inherit."""
-        if self._workers is None:
-            self._workers = ClientWorkers(self._answer, self._contexts, self._workers_wanted, self._node_sizes)
-        return self._workers
-
     def _answer(self, message: Message, context: Context) -> tuple[Message, Context]:
         """In a worker: the node's reply to ``message`` given its latest ``context``, and that context after it."""
         self._contexts[message.metadata.dst_node_id] = context
@@ -309,9 +263,8 @@ class LocalGrid(Grid):
     def _deliver(self, message: Message, *, quiet: bool = False) -> Message:
         """The node's reply to its own copy of ``message`` (the server may send one content object to many nodes).
 
-        ``quiet``: a cohort's first pass, which runs on a copy of the node's
-        context (what it changes there, e.g. SecAgg+'s stage, is the second
-        pass's to change) and logs no failure (the second pass will).
+        ``quiet``: a cohort's first pass, on a copy of the node's context
+        (the second pass changes it) and logging no failure (the second pass will).
         """
         context = self._contexts[message.metadata.dst_node_id]
         if quiet:
@@ -354,14 +307,7 @@ def summary_of(outcome: dict[str, Any]) -> dict[str, Any]:
 
 
 def forgetting_replies(progress: ProgressCallback | None, folder: Path) -> ProgressCallback:
-    """``progress``, after removing the clients' stored replies no resume can replay any more.
-
-    A resume replays only the round right after its resume point, and is
-    refused once a later round has been logged (:mod:`privfed.run.resume`); so
-    when round r is logged the replies for rounds before r are useless, and
-    once the run has its summary every one is
-    (:func:`privfed.federation.reply_store.forget_replies`).
-    """
+    """``progress``, after removing the stored replies no resume can replay (:func:`forget_replies`)."""
 
     def hook(event: dict[str, Any]) -> None:
         if event["event"] == "round":
@@ -376,13 +322,8 @@ def forgetting_replies(progress: ProgressCallback | None, folder: Path) -> Progr
 
 @contextmanager
 def own_process_state() -> Iterator[None]:
-    """Runs the block as if in a process of its own: Python's, NumPy's and torch's generators and thread count come back after.
-
-    For a client: on Ray each runs in a worker process, so its seeding
-    (NumPy's global generator for SecAgg+'s rounding, ``torch.set_num_threads``)
-    never reaches the server, and here it must not either. For a library
-    call (:func:`privfed.api.train`): the run's seeding does not reach the caller.
-    """
+    """Runs the block as if in a process of its own: Python's, NumPy's and torch's generators and thread count come
+    back after: a client's seeding never reaches the server (as on Ray), nor a library call's run its caller's."""
     saved = random.getstate(), np.random.get_state(), torch.get_rng_state(), torch.get_num_threads()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     try:

@@ -1,19 +1,12 @@
 """The local runtime's worker processes: a round's clients train side by side, one core each, as on Ray.
 
-One thread per client, in parallel processes, rather than one client at a
-time on every core: torch's intra-op threads on resnet8's small convolutions
-gain little on a quiet machine and lose up to 20 times on a shared one,
-where a thread another job preempts stalls every step (docs/flower.md
-measures both). A client trains with as many threads as it would in this
-process or on Ray, so the same seed gives the same run.
-
-Workers are forked, not spawned: a fork inherits the ClientApp (whose mods
-may be closures no pickle carries) and every imported module, so it starts
-in milliseconds. A fork is safe only for a single-threaded client on CPU:
-after the parent has run torch with several threads, a child that does too
-hangs (GNU OpenMP's thread pool does not survive a fork), and CUDA does not
-survive one at all. :func:`worker_count` says 1 otherwise, and the grid
-then answers in its own process.
+Rather than one client at a time on every core: torch's intra-op threads on
+small convolutions lose up to 20 times on a shared machine (docs/flower.md).
+A client trains with as many threads as it would alone, so the same seed
+gives the same run. Workers are forked, inheriting the ClientApp (whose mods
+no pickle may carry); that is safe only for a single-threaded client on CPU
+(GNU OpenMP's thread pool and CUDA do not survive a fork), else
+:func:`worker_count` says 1.
 """
 
 from __future__ import annotations
@@ -50,12 +43,10 @@ def worker_count(config: TrainConfig, cores: int | None = None) -> int:
 class ClientWorkers:
     """Forked processes that answer nodes' messages; the grid submits each message and takes the replies.
 
-    ``contexts`` is the grid's own map of node contexts: a message leaves
-    with its node's latest context and the worker's copy replaces it, so a
-    node has one message in progress at a time and its state carries over
-    as in one process. Replies are kept until taken. The heaviest nodes'
-    messages start first (``weights``, e.g. their images): a round ends when
-    its last client does, and a large client started last would train alone.
+    ``contexts`` is the grid's own map: a message leaves with its node's
+    latest context and the worker's copy replaces it, so a node's state
+    carries over as in one process. The heaviest nodes (``weights``) start
+    first: a large client started last would train alone.
     """
 
     def __init__(self, answer: Answer, contexts: dict[int, Context], count: int, weights: Mapping[int, float]) -> None:
@@ -136,13 +127,8 @@ class ClientWorkers:
 
 
 def serve(conn: Connection, answer: Answer, parent_ends: Sequence[Connection]) -> None:
-    """A worker's loop: answer each (message, context) until the parent closes its end or dies.
-
-    A worker busy when the parent dies (a second Ctrl-C, a kill) finishes its message, then ends.
-
-    Signals are the parent's to handle: a first Ctrl-C lets the round finish
-    (:mod:`privfed.run.interruption`), so a worker ignores it rather than die mid-client.
-    """
+    """A worker's loop: answer each (message, context) until the parent closes its end or dies; signals are the
+    parent's (a first Ctrl-C lets the round finish)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for end in parent_ends:

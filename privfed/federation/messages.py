@@ -1,34 +1,24 @@
 """How Orchestra's round data is packed into Flower's legacy messages.
 
-Server -> client (``FitIns``):
-    parameters  the travelling network state, one array per key of
-                :func:`privfed.orchestra.model_state.shared_keys`
-    config      ``task`` ("init" or "train"), ``round`` and ``centroids``
-                (bytes; absent in round 0 and for methods without centroids);
-                in SecAgg+ rounds also ``secagg_scales`` (bytes) and the
-                declared encoding (``secagg_max_weight``, ``secagg_clipping_range``,
-                ``secagg_quantization_range``, ``secagg_modulus_range``), which the
-                client checks against its own. Nothing else: a client reads the
-                rest from its declared run (:class:`privfed.federation.client.DeclaredRun`)
-                and refuses any other key.
+Server -> client (``FitIns``): ``parameters`` is the travelling network state,
+one array per key of :func:`privfed.orchestra.model_state.shared_keys`;
+``config`` holds ``task`` ("init" or "train"), ``round``, ``centroids`` (bytes;
+absent in round 0 and for methods without centroids) and, in SecAgg+ rounds,
+``secagg_scales`` (bytes) and the declared encoding (``secagg_max_weight``,
+``secagg_clipping_range``, ``secagg_quantization_range``, ``secagg_modulus_range``).
+Nothing else: a client reads the rest from its declared run and refuses any other key.
 
-Client -> server (``FitRes``):
-    parameters  the client's model delta, same keys (empty in round 0);
-                under SecAgg+ it is rescaled, followed by two indicator
-                vectors that sum to counts of clients and one array of
-                training metrics (:mod:`privfed.secagg.encoding`), masked,
-                and only the clients' weighted mean reaches the strategy
-    metrics     training metrics (in SecAgg+ rounds they travel inside the
-                masked parameters instead) plus the mechanism's release
-                (absent when the run's method releases nothing):
-                ``release_vectors``/``release_weights`` (bytes),
-                ``release_guarantee`` and ``release_events`` (JSON). These are not summed: the
-                server needs every client's release separately. ``dp_sgd_events``
-                (JSON list, empty without DP-SGD and in round 0) is the
-                round's DP-SGD cost; under DP-SGD the training losses are not sent.
-                An aggregated mechanism's share (:data:`privfed.secagg.masking.SHARE_KEY`, bytes) is
-                in the metrics only between the client and its SecAgg+ mod, which
-                moves it into the masked vector, after the update's arrays.
+Client -> server (``FitRes``): ``parameters`` is the model delta, same keys
+(empty in round 0); under SecAgg+ it is rescaled and followed by two indicator
+vectors and one array of training metrics (:mod:`privfed.secagg.encoding`),
+masked, so only the weighted mean reaches the strategy. ``metrics`` holds the
+training metrics (inside the masked sum under SecAgg+; not the losses under
+DP-SGD), the mechanism's release, not summed and absent for methods that release
+nothing (``release_vectors``/``release_weights`` as bytes, ``release_guarantee``
+and ``release_events`` as JSON), and the round's DP-SGD cost ``dp_sgd_events``
+(JSON list, empty without DP-SGD and in round 0). An aggregated mechanism's share
+(:data:`privfed.secagg.masking.SHARE_KEY`) is there only between the client and
+its SecAgg+ mod, which moves it into the masked vector.
 """
 
 from __future__ import annotations
@@ -52,12 +42,8 @@ def state_to_arrays(state: StateDict, keys: list[str]) -> list[np.ndarray]:
 
 
 def arrays_to_state(arrays: list[np.ndarray], keys: list[str], *, copy: bool = True) -> StateDict:
-    """The arrays as a state dict; ``copy=False`` shares writable arrays the caller owns and no one else holds.
-
-    Arrays just read from a message (:func:`flwr.common.parameters_to_ndarrays`
-    reads each into a fresh array) need no second copy: at ResNet-18 size
-    that copy is about 0.1 s per model. A read-only array is copied anyway.
-    """
+    """The arrays as a state dict; ``copy=False`` shares writable arrays no one else holds (e.g. just read from a
+    message: 0.1 s per ResNet-18 saved), read-only ones are copied."""
     if len(arrays) != len(keys):
         raise ValueError(f"expected {len(keys)} arrays for the network state, got {len(arrays)}")
     return {k: torch.from_numpy(np.array(a, copy=True) if copy or not a.flags.writeable else a) for k, a in zip(keys, arrays)}

@@ -1,11 +1,9 @@
 """Which data partition each Flower node holds, asked once before the first round.
 
-Flower identifies nodes by IDs the runtime draws at random, so sampling
-"the i-th node" would give another client set on every run with the same
-seed. The strategy samples partitions instead (seeded, see
-:class:`privfed.federation.strategy.OrchestraStrategy`), and this map tells
-it which node holds each one. Every node answers a legacy ``get_properties``
-message with its ``partition-id`` (:meth:`privfed.federation.client.OrchestraClient.get_properties`).
+Flower's node IDs are drawn at random, so sampling "the i-th node" would
+give another client set on every run with the same seed. The strategy
+samples partitions instead, and this map tells it which node holds each:
+every node answers a legacy ``get_properties`` message with its ``partition-id``.
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ def discover_partitions(grid: Grid, num_partitions: int, *, timeout: float) -> d
     """Node ID -> partition ID for every connected node.
 
     Raises:
-        RuntimeError: when nodes do not answer, or their partitions are not
-            exactly ``0 .. num_partitions - 1`` once each.
+        RuntimeError: when nodes do not answer, or do not hold ``0 .. num_partitions - 1`` once each.
     """
     nodes = wait_for_nodes(grid, num_partitions, timeout=timeout)
     messages = [

@@ -1,24 +1,15 @@
 """A client's copy of its last reply, so that a replayed round gets the same message and nothing new.
 
-A run killed mid-round and resumed sends that round again, to clients some of
-which had answered it. Computing a second answer would release new
-information (another release, another update, a second SecAgg+ sum to
-difference); refusing makes the resumed run end elsewhere. So a client keeps
-the reply it sent (:class:`ReplyStore`, one file next to its privacy ledger)
-and sends exactly that reply again when the same round of the same run comes
-with the same instructions: nothing new leaves the node and nothing is
-charged twice.
+A resumed run sends the interrupted round again; a second answer would
+release new information (another release, a second SecAgg+ sum to
+difference). So a client sends its stored reply (one file next to its
+ledger) again for the same round of the same run with the same instructions,
+charged once. A round recorded as *begun* (as the guard charges it) but never
+answered was killed while computing: nothing of it left the node (a reply is
+stored before it is returned), so it may be computed again without a second charge.
 
-The store also records that a round was *begun* (before the guard charges
-it): a round that was begun and charged but never stored a reply was
-killed while the client computed, so nothing of it left the node (a reply
-is stored before it is returned) and the client may compute it again without
-a second charge.
-
-Under SecAgg+ the replayed plaintext is masked again, with fresh keys: the
-masked vectors differ, but the masks cancel in the sum as before, and with
-the same cohort the sum is the one the interrupted round would have
-produced. ``docs/privacy.md`` and ``docs/flower.md`` say what a server that
+Under SecAgg+ the replay is masked with fresh keys; with the same cohort the
+sum is the interrupted round's. ``docs/privacy.md`` says what a server that
 replays a round with a *different* cohort could learn.
 """
 
@@ -62,11 +53,10 @@ def stored_round(path: Path) -> int | None:
 def forget_replies(folder: Path, before: int | None = None) -> None:
     """Removes the clients' stored replies in ``folder`` for rounds before ``before`` (None: every one).
 
-    For a simulation, whose clients keep their replies in the run directory:
-    a resumed run replays only the round after its resume point, so a reply
-    is useless once a later round has been logged, and every reply once the
-    run has its summary. Without this, every client that ever answered
-    would keep a model-sized file until the run's folder is deleted.
+    For a simulation, whose clients keep model-sized replies in the run
+    directory: a resume replays only the round after its resume point, so a
+    reply is useless once a later round has been logged, and every reply
+    once the run has its summary.
     """
     for path in folder.glob(REPLY_FILE.format("*")):
         if before is None or (stored_round(path) or 0) < before:
@@ -79,11 +69,9 @@ class _ArraysDigest:
     """The sha256 state after the model's arrays, kept for the last arrays hashed (the very same objects).
 
     On the local runtime every node of a round receives the same immutable
-    ``bytes`` objects (a deep copy keeps ``bytes`` as they are), so hashing
-    94 MB again per client (ResNet-18, about 0.1 s) is waste. Only identity
-    counts, never equality, and the arrays are held here (one model, until
-    other arrays are hashed) so their ids cannot pass to other objects: a hit
-    is the same content by construction.
+    ``bytes`` objects, so hashing them again per client (ResNet-18: 0.1 s) is
+    waste. Only identity counts, and the arrays are held here so that their
+    ids cannot pass to other objects: a hit is the same content by construction.
     """
 
     def __init__(self) -> None:
@@ -125,10 +113,9 @@ def instructions_digest(ins: FitIns) -> str:
 class StoredReply:
     """What the store holds for one round: the instructions' digest and the reply (None: begun, not answered).
 
-    ``failed``: the round was charged and its computation failed; the same
-    instructions get the same failure, never a fresh attempt (a failure can
-    depend on the data or the noise, and each retry would show the server one
-    more bit of it).
+    ``failed``: the charged round's computation failed; the same instructions
+    get the same failure, never a retry (a failure can depend on the data or
+    the noise, and each retry would show the server one more bit of it).
     """
 
     run: int
@@ -141,11 +128,9 @@ class StoredReply:
 class ReplyStore:
     """The last round a client began or answered, in ``path`` (None: in this process's memory only).
 
-    Only the latest round is kept: a round before it is never answered again
-    (:class:`privfed.privacy.client_guard.ClientGuard`) in a run that charges
-    something; a run that charges nothing (no mechanism, no DP-SGD) may be
-    asked again for any round and computes it again. Writes replace the
-    file whole, so a kill mid-write leaves the previous content.
+    Only the latest round is kept: the guard never answers an earlier one in a
+    run that charges something (one that charges nothing computes it again).
+    Writes replace the file whole, so a kill mid-write leaves the previous content.
     """
 
     def __init__(self, path: Path | None = None) -> None:
@@ -157,11 +142,11 @@ class ReplyStore:
         """Holds the partition's computation lock while a message is answered; records a charged round that failed.
 
         Flower may start a second ClientApp process for a message while the
-        first still computes (or two nodes may share a state-dir): without the
-        lock the second would see the round begun, unanswered, and pass it off
-        as killed, computing a second release for one charge. It waits here
-        and then finds the stored reply. Any error after the round was charged
-        (begun, no reply) marks it failed, so asking again never redraws noise.
+        first computes (or two nodes share a state-dir): without the lock it
+        would take the round, begun and unanswered, for killed and compute a
+        second release for one charge.
+        An error after the charge marks the round failed, so asking again
+        never redraws noise.
         """
         with locked(None if self.path is None else self.path.with_name(self.path.name + ".lock")):
             try:
@@ -173,7 +158,7 @@ class ReplyStore:
                 raise
 
     def begin(self, run: int, round_index: int, digest: str) -> None:
-        """Records that the client starts computing this round; the guard calls it as it charges the round, never on a refusal."""
+        """Records that the client starts computing this round (as the guard charges it)."""
         self._write(StoredReply(run, round_index, digest, None))
 
     def fail(self, run: int, round_index: int, digest: str) -> None:
@@ -218,8 +203,8 @@ class ReplyStore:
 
         write_whole(self.path, write, tmp=self.path.with_name(self.path.name + ".tmp"))
 
-    def _read(self, run: int | None = None, round_index: int | None = None) -> StoredReply | None:
-        """The stored round; its reply's arrays are read only when it is round ``round_index`` of ``run`` (if given)."""
+    def _read(self, run: int, round_index: int) -> StoredReply | None:
+        """The stored round; its reply's arrays are read only when it is round ``round_index`` of ``run``."""
         if self.path is None:
             return self._memory
         if not self.path.is_file():
@@ -230,8 +215,7 @@ class ReplyStore:
                 if header.get("format") != FORMAT:
                     return None
                 reply = None
-                other = (run is not None and header["run"] != run) or (round_index is not None and header["round"] != round_index)
-                if "tensors" in header and not other:
+                if "tensors" in header and header["run"] == run and header["round"] == round_index:
                     tensors = [data[f"tensor_{i}"].tobytes() for i in range(int(header["tensors"]))]
                     code, message = header["status"]
                     reply = FitRes(

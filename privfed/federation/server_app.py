@@ -1,14 +1,8 @@
-"""Flower ServerApp: runs Orchestra's rounds through ``DefaultWorkflow``.
+"""Flower ServerApp: runs Orchestra's rounds through ``DefaultWorkflow``, the shape Flower's SecAgg+ needs.
 
-``DefaultWorkflow`` with a legacy strategy is the shape Flower's SecAgg+
-needs: with ``secagg`` on (the default) its ``fit_workflow`` runs SecAgg+ in
-every training round (:mod:`privfed.secagg.workflow`).
-
-Two entry points: :func:`make_server_app` for ``privfed train`` (the run is
-planned by the CLI), and the module-level ``app`` for ``flwr run .`` (the
-configuration comes from ``[tool.flwr.app.config]``). The strategy is built
-here, with the server-side driver's round hook: the driver itself never
-sees Flower.
+Two entry points: :func:`make_server_app` for ``privfed train``, and the
+module-level ``app`` for ``flwr run .`` (configured in ``[tool.flwr.app.config]``).
+The strategy is built here with the driver's round hook: the driver never sees Flower.
 """
 
 from __future__ import annotations
@@ -53,10 +47,8 @@ def run_orchestra(
     stop: StopRequest | None = None,
     resume: ResumePoint | None = None,
 ) -> dict[str, Any]:
-    """Initial evaluation, ``rounds + 1`` Flower rounds (round 0 initialises), summary; ``stop`` ends it early.
-
-    A ``resume`` point makes it run only the rounds after that point's.
-    """
+    """Initial evaluation, ``rounds + 1`` Flower rounds (round 0 initialises; after ``resume``, only the rounds after
+    it), summary; ``stop`` ends it early."""
     driver = RunDriver(plan, progress, stop=stop, resume=resume)
     partition_of = discover_partitions(grid, plan.config.num_clients, timeout=NODE_WAIT_SECONDS)
     strategy = build_strategy(plan, driver, partition_of)

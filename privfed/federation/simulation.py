@@ -1,11 +1,9 @@
 """``privfed train``'s runtimes: :func:`simulate` picks one; Flower's Ray simulation engine is here.
 
 The ``local`` runtime (:mod:`privfed.federation.local_runtime`) runs the
-same apps in this process, and holds what both runtimes share (the
-:class:`~privfed.federation.local_runtime.SimulatedRun` they build their
-apps from, the clients' run key, the summary's hand-over); ``ray`` runs
-each client in a Ray worker, in parallel. Ray is an optional extra (``pip install 'privfed[ray]'``), so it
-and ``flwr.simulation`` are imported only when a run asks for Ray.
+same apps in this process and holds what both share; ``ray`` runs each
+client in a Ray worker. Ray is an optional extra (``pip install 'privfed[ray]'``),
+imported only when a run asks for it.
 """
 
 from __future__ import annotations
@@ -53,11 +51,9 @@ def simulate(
 ) -> dict[str, Any]:
     """Runs a planned training on the runtime its configuration names (``runtime``); returns the summary.
 
-    The arguments are those of :class:`~privfed.federation.local_runtime.SimulatedRun`,
-    from which both runtimes build the same ServerApp and ClientApp; see
-    :func:`simulate_on_ray` for what they share. Either
-    leaves process-wide state (log levels, warning filters, signal handlers)
-    as it found it, so a library call may run it.
+    The arguments are :class:`~privfed.federation.local_runtime.SimulatedRun`'s.
+    Either runtime leaves process-wide state (log levels, warning filters,
+    signal handlers) as it found it, so a library call may run it.
     """
     if plan.config.dp_sgd:  # the clients train here: refuse before round 0, not once per client
         from privfed.extras import require
@@ -72,10 +68,7 @@ def simulate(
 
 
 def require_ray() -> None:
-    """Refuses the Ray runtime, with the command that installs it, where Ray or Flower's simulation is missing.
-
-    Importing them adds process-wide warning filters (Flower's and Ray's own), which are taken back.
-    """
+    """Refuses the Ray runtime, with the command that installs it, where Ray or Flower's simulation is missing."""
     try:
         with warnings.catch_warnings():
             import flwr.simulation  # noqa: F401
@@ -92,20 +85,11 @@ def simulate_on_ray(run: SimulatedRun) -> dict[str, Any]:
     Where the CLI asked for it (:func:`privfed.run.interruption.signals_stop_runs`),
     the first Ctrl-C (SIGINT or SIGTERM) stops the run after the current
     round, with its summary and final checkpoint; a second one stops it at
-    once, and ends Ray's processes with it (:mod:`privfed.run.interruption`).
-    The Flower log level, the warning filters, the signal handlers and the
-    environment are as before after the run (:func:`flower_logging`).
-    Ray runs in a temporary directory of its own, removed at the end
-    (:func:`ray_session`). With ``resume`` it continues the
-    planned run from that point (:mod:`privfed.run.resume`).
-
-    Each virtual node holds the server to the planned run's configuration,
-    as the user declared it, and keeps its own privacy ledger in the run
-    directory (:mod:`privfed.privacy.client_guard`).
+    once, Ray's processes with it. Each virtual node holds the server to the
+    declared run and keeps its own privacy ledger in the run directory.
 
     Raises:
-        PrivfedError: where Ray is not installed (:func:`require_ray`).
-        Whatever the ServerApp raised, re-raised in this process.
+        PrivfedError: where Ray is not installed. Else whatever the ServerApp raised.
     """
     require_ray()
     config, verbose = run.plan.config, run.verbose
@@ -130,7 +114,7 @@ def simulate_on_ray(run: SimulatedRun) -> dict[str, Any]:
 
 @contextmanager
 def ray_settings() -> Iterator[None]:
-    """The environment Ray's processes start with for a run (one line per log record, no GPU override); as it was after."""
+    """The environment Ray's processes start with for a run (:data:`RAY_ENVIRONMENT`); as it was after."""
     saved = {name: os.environ.get(name) for name in RAY_ENVIRONMENT}
     for name, value in RAY_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
@@ -163,13 +147,10 @@ def signal_handlers_kept() -> Iterator[None]:
 def ray_session(init_args: dict[str, Any]) -> Iterator[str]:
     """Starts Ray for a simulation in a temporary directory of its own; shuts it down and removes the directory after.
 
-    Flower starts Ray only when it is not running yet, so the simulation uses
-    this one. Without a directory of its own every run would leave a
-    ``/tmp/ray/session_*`` folder behind. The directory's name is short on
-    purpose: Ray puts Unix sockets inside it, whose paths are limited to 107
-    bytes, so it cannot be the (arbitrarily deep) run directory. Folders that
-    a run killed with ``kill -9`` left behind are removed first
-    (:func:`remove_abandoned_ray_folders`).
+    Flower then uses this Ray instead of starting its own, which would leave
+    a ``/tmp/ray/session_*`` folder behind. The name is short: the paths of
+    Ray's Unix sockets inside it are limited to 107 bytes, so it cannot be the
+    run directory. Folders a ``kill -9`` left behind are removed first.
     """
     import ray
 
@@ -190,10 +171,8 @@ def ray_session(init_args: dict[str, Any]) -> Iterator[str]:
 def remove_abandoned_ray_folders(parent: Path) -> list[Path]:
     """Removes the ``privfed-ray-*`` folders in ``parent`` whose Ray session's driver process is gone; returns them.
 
-    Ray names a session folder after its driver's process id
-    (``session_<date>_<time>_<pid>``). A folder without a session yet
-    belongs to a run that is starting, and one whose driver id is alive may
-    be in use (or the id was reused): both are left alone.
+    Ray names a session folder ``session_<date>_<time>_<pid>``. A folder
+    without a session yet (a run starting), or whose driver id is alive, is left alone.
     """
     removed = []
     for folder in parent.glob(f"{RAY_FOLDER_PREFIX}*"):
@@ -217,12 +196,8 @@ def _process_exists(pid: int) -> bool:
 
 
 def end_ray_now(temp_dir: str) -> None:
-    """Before an immediate exit: SIGKILLs every process below this one (Ray's) and removes Ray's directory.
-
-    Ray's GCS and raylet die with this process (they ask the kernel to), but
-    the raylet's own children (agents, workers) only notice later; killed
-    here, none outlives the process.
-    """
+    """Before an immediate exit: SIGKILLs every process below this one (Ray's workers would outlive it a while) and
+    removes Ray's directory."""
     for pid in descendants(os.getpid()):
         with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

@@ -18,16 +18,11 @@ from privfed.secagg.settings import SecAggPlusSettings
 def check_secagg_encoding(fit: dict, declared: SecAggPlusSettings, keys: list[str]) -> np.ndarray:
     """The round's public SecAgg+ scales; refuses a training round without SecAgg+ or with other encodings than declared.
 
-    The client divides its overflow indicators by its own weight ratio at the
-    declared ``max_weight`` and quantisation; other values would make a
-    raised flag count other than 1 and name the client again. The public
-    scales must be finite and no smaller than the initial ones (the strategy
-    only grows them): a tiny scale would turn a finite update into Inf, and
-    the failure of that client's round would tell the server that its update
-    passed a threshold the server chose.
-
-    Raises:
-        RoundRefused: naming the setting.
+    Another encoding would make a raised indicator count other than 1 and
+    name the client. The scales must be finite and no smaller than the
+    initial ones (the strategy only grows them): a tiny scale would turn a
+    finite update into Inf, and the failed round would tell the server that
+    the update passed a threshold the server chose. A refusal names the setting.
     """
     if "secagg_scales" not in fit:
         raise RoundRefused("the run declared SecAgg+; the server asked for an update without it")

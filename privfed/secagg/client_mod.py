@@ -1,12 +1,10 @@
 """The client's side of privfed's SecAgg+: Flower's key exchange, privfed's masks.
 
-Flower's ``secaggplus_mod`` runs the stages that exchange keys and shares
-(setup, share keys, unmask). The stage that masks the update is privfed's
-own (:func:`_masked_vectors_stage`), so every mask is the protocol's
-(:mod:`privfed.secagg.masks`) and Flower's 32-bit mask expansion is never
-called. At setup the node refuses a server that
-does not state :data:`~privfed.secagg.masks.PROTOCOL_VERSION`,
-before it makes any key, and answers with the version it runs.
+Flower's ``secaggplus_mod`` runs the stages that exchange keys and shares;
+the stage that masks the update is privfed's (:func:`_masked_vectors_stage`),
+so Flower's 32-bit mask expansion is never called. At setup, before making
+any key, the node refuses a server that does not state
+:data:`~privfed.secagg.masks.PROTOCOL_VERSION`, and answers with it.
 """
 
 from __future__ import annotations
@@ -118,11 +116,8 @@ def take_share(reply: Message) -> np.ndarray | None:
 
 
 def _store_neighbour_shares(state: SecAggPlusState, configs: ConfigRecord) -> list[int]:
-    """Decrypts the shares the neighbours sent through the server; returns who sent them.
-
-    The client masks with exactly these neighbours: the server can rebuild
-    the pairwise key of any of them that drops, from the shares it holds.
-    """
+    """Decrypts the shares the neighbours sent through the server; returns who sent them: the neighbours to mask with,
+    since the server can rebuild only their pairwise keys if they drop."""
     sources = record_list(configs[Key.SOURCE_LIST], int)
     ciphertexts = record_list(configs[Key.CIPHERTEXT_LIST], bytes)
     if len(sources) != len(ciphertexts):

@@ -27,24 +27,15 @@ HIGH_GROWTH = 2.0
 
 
 def initial_scales(keys: list[str]) -> np.ndarray:
-    """Starting scales: BatchNorm statistics move far more in a round than weights do.
-
-    The first training round moves them most (from their initial 0 and 1 to
-    the data's statistics): running variances by up to ~40 on the embedded
-    shapes, running means by a few units, weights by well under 1.
-    """
+    """Starting scales: in the first round BatchNorm's running variances move by up to ~40, weights by well under 1."""
     return np.array(
         [16.0 if k.endswith("running_var") else 4.0 if k.endswith("running_mean") else 1.0 for k in keys]
     )
 
 
 def secagg_weight_ratio(num_examples: float, *, max_weight: float, quantization_range: int) -> float:
-    """The factor SecAgg+ multiplies a client's values by.
-
-    Flower rounds ``num_examples / max_weight`` to a multiple of
-    ``1 / quantization_range`` before using it; dividing an indicator by exactly
-    this value makes it contribute exactly 1 after the multiplication.
-    """
+    """The factor SecAgg+ multiplies a client's values by: ``num_examples / max_weight``, rounded as Flower rounds it
+    (an indicator divided by it adds exactly 1)."""
     if not 0 < num_examples <= max_weight:
         raise ValueError(f"a client of {num_examples:g} samples is outside SecAgg+'s max_weight {max_weight:g}")
     ratio = round(num_examples / max_weight * quantization_range) / quantization_range
@@ -61,22 +52,15 @@ def encode_update(
     clipping_range: float,
     quantization_range: int | None = None,
 ) -> list[np.ndarray]:
-    """The arrays a client hands to SecAgg+: scaled tensors, then the two indicator vectors.
+    """The arrays a client hands to SecAgg+: each tensor divided by its public scale, then the two indicator vectors.
 
-    Args:
-        delta: The client's model delta, one array per travelling tensor.
-        scales: One public scale per tensor (from the server).
-        weight_ratio: The factor SecAgg+ applies (:func:`secagg_weight_ratio`).
-        clipping_range: SecAgg+'s clipping range; at least 1, so that a raised
-            indicator survives the clipping.
-        quantization_range: SecAgg+'s quantisation range; when given, the
-            clipping range must put the indicators on its grid
-            (:func:`privfed.secagg.settings.indicators_are_exact`).
+    A clipping range below 1 would clip a raised indicator away; with a
+    ``quantization_range`` it must also put the indicators on the grid
+    (:func:`privfed.secagg.settings.indicators_are_exact`).
 
     Raises:
         ValueError: for a delta that is not finite (SecAgg+ would quantise a
-            NaN to garbage that no indicator flags), or a range that cannot
-            carry the indicators exactly.
+            NaN to garbage no indicator flags), or a range that cannot carry the indicators.
     """
     if len(delta) != len(scales):
         raise ValueError(f"{len(delta)} tensors but {len(scales)} scales")
@@ -110,9 +94,8 @@ class DecodedAggregate:
     """The FedAvg mean delta recovered from SecAgg+'s output.
 
     Attributes:
-        mean: Weighted-mean delta per tensor (rejected tensors are zero).
-        overflow_counts: Per tensor, how many clients' values were clipped; a
-            tensor with any has a wrong mean, which has been zeroed.
+        mean: Weighted-mean delta per tensor; zero where any client's values were clipped (``overflow_counts``).
+        overflow_counts: Per tensor, how many clients' values were clipped.
         high_counts: Per tensor, how many clients used over half the range.
     """
 
@@ -136,10 +119,9 @@ class ImplausibleAggregate(ValueError):
 def check_plausible(means: list[np.ndarray], *, clipping_range: float) -> None:
     """Raises :class:`ImplausibleAggregate` unless every value is finite and within the clipping range.
 
-    A weighted mean of values SecAgg+ clipped to ``[-c, c]`` stays there (up to
-    its fixed-point error). The weight factor inside a masked vector is not
-    checkable by the server, so a client can change the total Flower divides
-    by: to 0 (infinities) or to a tiny value (huge values).
+    A mean of values clipped to ``[-c, c]`` stays there, but a client can
+    change the masked weight factor Flower divides by: to 0 (infinities) or
+    to a tiny value (huge values).
     """
     bound = clipping_range * (1 + 1e-3) + 1e-6
     for index, mean in enumerate(means):
@@ -151,17 +133,10 @@ def check_plausible(means: list[np.ndarray], *, clipping_range: float) -> None:
 def decode_aggregate(
     arrays: list[np.ndarray], scales: np.ndarray, *, weight_ratios: list[float], clipping_range: float | None = None
 ) -> DecodedAggregate:
-    """Undoes :func:`encode_update` on the securely aggregated weighted mean.
+    """Undoes :func:`encode_update` on SecAgg+'s weighted mean of the encoded arrays.
 
-    Args:
-        arrays: SecAgg+'s aggregate: weighted means of the encoded arrays.
-        scales: The scales the clients used this round.
-        weight_ratios: The weight ratios of the clients in the sum (public:
-            :func:`secagg_weight_ratio` of their sizes). SecAgg+ divides its
-            sum by their total, which turns the indicators' sum of ones back
-            into a count.
-        clipping_range: When given, an aggregate outside it (or not finite)
-            raises :class:`ImplausibleAggregate` (see :func:`check_plausible`).
+    The clients' public ``weight_ratios`` turn the indicators' mean back into
+    counts; with a ``clipping_range``, :func:`check_plausible` checks the mean.
     """
     num_tensors = len(scales)
     if len(arrays) != num_tensors + 2:
@@ -179,14 +154,7 @@ def decode_aggregate(
 
 
 def max_useful_scale(quantization_range: int) -> float:
-    """The largest scale worth growing to: ``Q / 2``.
-
-    A tensor travels as ``value / scale`` on a grid of step ``2c / Q``, so its
-    step is ``scale * 2c / Q`` in the tensor's own units; beyond ``Q / 2`` that
-    step exceeds the clipping range ``c`` itself, and every value an update
-    can plausibly hold is rounded to noise. Growing further (one client that
-    raises its overflow flag every round grows a scale ×4 a round) buys nothing.
-    """
+    """The largest scale worth growing to, ``Q / 2``: beyond, the grid step ``scale * 2c / Q`` exceeds the range c."""
     return quantization_range / 2
 
 
@@ -197,8 +165,7 @@ def next_scales(scales: np.ndarray, decoded: DecodedAggregate, *, max_scale: flo
     return np.maximum(scales, np.minimum(scales * growth, max_scale))
 
 
-#: Training metrics that travel inside the secure sum in SecAgg+ rounds of a run
-#: that reports them (``--report-client-metrics``), each divided by a public
+#: Training metrics that travel inside the secure sum (``--report-client-metrics``), each divided by a public
 #: scale so that typical values fit the clipping range.
 SECURE_METRIC_SCALES: dict[str, float] = {
     "loss": 16.0,
@@ -215,14 +182,12 @@ SECURE_METRIC_SCALES: dict[str, float] = {
 def encode_metrics(metrics: dict[str, float], *, clipping_range: float) -> np.ndarray:
     """A client's training metrics as one more array of the secure sum: ``[value / scale, present]`` per metric.
 
-    Summed by SecAgg+ like the update, they reach the server as the round's
-    weighted means; over rounds whose cohorts change, these let the server
-    solve for each client's own values up to one common offset
-    (``tests/secagg/test_encoding.py``). ``present`` lets a
-    metric some clients do not report (no step taken, a term switched off)
-    average over the clients that do; whether a client reports a metric
-    follows from its public size and the run's method. Values beyond the
-    clipping range are clipped (a mean that is off, never a saturated sum).
+    The server sees the round's weighted means; over rounds whose cohorts
+    change, these let it solve for each client's own values up to one common
+    offset (``tests/secagg/test_encoding.py``). ``present`` lets a metric some
+    clients do not report average over those that do (whether a client
+    reports one follows from its public size and the run's method). Values
+    beyond the clipping range are clipped.
     """
     pairs = []
     for name, scale in SECURE_METRIC_SCALES.items():

@@ -1,19 +1,13 @@
 """Adding SecAgg+ masks to a vector, across worker processes when that pays (docs/performance.md, "SecAgg+ masking on the CPU").
 
-A client adds its private mask and one pairwise mask per neighbour; the
-server takes survivors' private masks and dropped clients' pairwise masks
-off the sum. ``cryptography``'s AES ran slower in threads than in sequence,
-so the work goes to processes: each worker adds every mask's words over its
-own slice of one vector in shared memory (:func:`~privfed.secagg.masks.add_mask_words`).
-Addition mod 2^32 is exact and each slice is made by the same function as
-in-process, so the bytes are the same with or without the pool.
+``cryptography``'s AES ran slower in threads than in sequence, so each
+worker process adds every mask's words over its own slice of one vector in
+shared memory (:func:`~privfed.secagg.masks.add_mask_words`); addition mod
+2^32 is exact, so the bytes are the same with or without the pool.
 
-The workers are fresh interpreters (:func:`serve`) that import only the
-mask PRG: no ``fork`` (torch and fork do not mix), and
-unlike ``multiprocessing``'s spawn they never re-run the caller's main
-script. They start on the first job that pays, serve later ones, and exit
-when this process closes their pipe. A pool that cannot start or breaks
-leaves the job to this process, with the same result.
+The workers are fresh interpreters (:func:`serve`): torch and ``fork`` do not
+mix, and ``multiprocessing``'s spawn would re-run the caller's main script. A
+pool that breaks leaves the job to this process, with the same result.
 """
 
 from __future__ import annotations
@@ -30,7 +24,7 @@ import threading
 from collections.abc import Sequence
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
@@ -41,8 +35,7 @@ logger = logging.getLogger(__name__)
 #: Environment variable that sets the number of workers (0 or 1: always in-process); unset, one per usable core.
 WORKERS_ENV = "PRIVFED_MASK_WORKERS"
 #: Fewest keystream words (vector length x masks) a job needs to go to the pool: 32 MB of AES, about 5 ms on one
-#: core of the 2-core dev machine; below, the pool's fixed costs (a message per worker, mapping the shared vector)
-#: eat the gain.
+#: core; below, the pool's fixed costs eat the gain.
 MIN_POOL_WORDS = 1 << 23
 
 #: A mask to add: its seed, and +1 (added) or -1 (taken off).
@@ -73,9 +66,7 @@ class MaskPool:
     def add_masks(self, arrays: Sequence[np.ndarray], terms: Sequence[Term], modulus: int) -> list[np.ndarray]:
         """``arrays`` (integers) plus each term's mask times its sign, mod ``modulus``: int64 arrays of their shapes.
 
-        A power-of-two modulus up to 2^32 runs in uint32 words, in the pool
-        when it pays; any other modulus runs in int64 here (its masks, drawn
-        by rejection, cannot be cut into slices).
+        Only a power-of-two modulus up to 2^32 uses the pool: other masks, drawn by rejection, cannot be sliced.
         """
         if any(not np.issubdtype(np.asarray(a).dtype, np.integer) for a in arrays):
             raise ValueError("masks are added to integer arrays")
@@ -99,11 +90,7 @@ class MaskPool:
         return _unflatten(vector, shapes, modulus)
 
     def pays(self, size: int, masks: int) -> bool:
-        """Whether a job of ``masks`` masks over ``size`` words goes to the workers.
-
-        Each job costs a shared vector and a message per worker; the masks'
-        AES work, split over the workers, must outweigh that.
-        """
+        """Whether a job of ``masks`` masks over ``size`` words goes to the workers (see :data:`MIN_POOL_WORDS`)."""
         return not self._broken and self.workers > 1 and size > 0 and size * masks >= self.min_words
 
     def close(self) -> None:
@@ -117,11 +104,6 @@ class MaskPool:
             worker.forget()
         self._running, self._owner, self._lock = [], os.getpid(), threading.Lock()
 
-    def _workers(self) -> list[_Worker]:
-        if not self._running:
-            self._running = [_Worker() for _ in range(self.workers)]
-        return self._running
-
     def _add_in_workers(
         self, arrays: Sequence[np.ndarray], terms: Sequence[Term], modulus: int, size: int
     ) -> list[np.ndarray] | None:
@@ -130,8 +112,15 @@ class MaskPool:
         vector = np.ndarray((size,), dtype=np.uint32, buffer=shared.buf)
         try:
             _flatten(arrays, vector)
-            try:
-                self._run_slices(shared.name, size, list(terms))
+            try:  # each worker adds the masks over one slice, which starts on an AES block
+                if not self._running:
+                    self._running = [_Worker() for _ in range(self.workers)]
+                step = -(-size // (len(self._running) * WORDS_PER_BLOCK)) * WORDS_PER_BLOCK
+                busy = list(zip(self._running, range(0, size, step)))
+                for worker, low in busy:
+                    worker.send((shared.name, size, low, min(low + step, size), list(terms)))
+                for worker, _ in busy:
+                    worker.receive()
             except Exception as error:  # workers that cannot start, died or failed
                 logger.warning("SecAgg+ masks are added in-process from now on: the mask workers failed (%r)", error)
                 self._broken = True
@@ -142,17 +131,6 @@ class MaskPool:
             del vector
             shared.close()
             shared.unlink()
-
-    def _run_slices(self, name: str, size: int, terms: list[Term]) -> None:
-        """Each worker adds the masks over one slice; returns once all are done."""
-        workers = self._workers()
-        step = -(-size // (len(workers) * WORDS_PER_BLOCK)) * WORDS_PER_BLOCK  # slices start on an AES block
-        busy = []
-        for worker, low in zip(workers, range(0, size, step)):
-            worker.send((name, size, low, min(low + step, size), terms))
-            busy.append(worker)
-        for worker in busy:
-            worker.receive()
 
     def _stop(self) -> None:
         running, self._running = self._running, []
@@ -202,17 +180,12 @@ class _Worker:
 
 
 def serve() -> None:
-    """A worker's main: slice jobs from stdin, answers to stdout (anything printed goes to stderr)."""
+    """A worker's main: slice jobs from stdin until it closes, answers to stdout (anything printed goes to stderr)."""
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    _serve(sys.stdin.buffer, replies)
-
-
-def _serve(jobs: IO[bytes], replies: IO[bytes]) -> None:
-    """A worker's loop: one slice job after another, until its input closes."""
     while True:
         try:
-            job = pickle.load(jobs)
+            job = pickle.load(sys.stdin.buffer)
         except EOFError:
             return
         try:

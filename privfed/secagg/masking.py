@@ -1,13 +1,11 @@
 """Both ends of SecAgg+'s masking arithmetic: what a client adds to its update, what the server takes off the sum.
 
-A client encodes its weighted update as integers (Flower's quantisation,
-:mod:`privfed.secagg.quantization`, with the FedAvg weight in front) and
-adds its private mask and, for each neighbour, a pairwise mask: added when
-its node id is the larger of the two, subtracted otherwise, so the pair
-cancels in the sum. The server removes each survivor's private mask and,
-for each client that dropped after sharing its keys, the pairwise masks it
-left in its surviving neighbours' vectors. Every mask is the protocol's
-(:mod:`privfed.secagg.masks`), added by :mod:`privfed.secagg.mask_pool`.
+A client adds to its quantised, weighted update its private mask and, per
+neighbour, a pairwise mask: added when its node id is the larger, subtracted
+otherwise, so the pair cancels in the sum. The server removes each
+survivor's private mask and the pairwise masks each client that dropped
+after sharing its keys left in its neighbours' vectors. Every mask comes
+from :mod:`privfed.secagg.masks`, added by :mod:`privfed.secagg.mask_pool`.
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ from privfed.secagg.quantization import quantize
 SHARE_KEY = "secure_sum_share"
 
 #: Largest modulus the sums are exact for: a power of two up to it divides 2^32, where uint32 words wrap; any other
-#: runs in int64, where a client adds a mask per neighbour before reducing and the server sums one vector per
-#: client, so up to 2^31 of them stay below 2^63.
+#: runs in int64, where a sum of up to 2^31 masks or vectors below it stays below 2^63.
 MAX_MODULUS = 2**32
 
 
@@ -50,13 +47,11 @@ def encode_update(
 ) -> list[np.ndarray]:
     """The update as SecAgg+ sums it: weighted by ``num_examples / max_weight`` on Flower's fixed-point grid.
 
-    The weight is :func:`~privfed.secagg.encoding.secagg_weight_ratio`
-    (rounded to ``1 / quantization_range``, as Flower's clients round it) and
-    travels in front as an integer, so the server can divide the sum by the
-    total weight; the overflow indicators are divided by the same ratio.
-    An aggregated mechanism's ``share`` (integers already reduced mod the
-    protocol's modulus) rides at the end as it is: unweighted, unquantised,
-    masked like the rest (:func:`split_share` takes it off the sum).
+    The weight (:func:`~privfed.secagg.encoding.secagg_weight_ratio`) travels
+    in front as an integer, so the server can divide the sum by the total. An
+    aggregated mechanism's ``share`` (integers already reduced mod the
+    modulus) rides at the end unweighted and unquantised, masked like the
+    rest (:func:`split_share` takes it off the sum).
     """
     ratio = secagg_weight_ratio(num_examples, max_weight=max_weight, quantization_range=quantization_range)
     levels = quantize(arrays, scale=ratio, clipping_range=clipping_range, quantization_range=quantization_range)
@@ -87,11 +82,7 @@ def mask_update(
     modulus: int,
     pool: MaskPool | None = None,
 ) -> list[np.ndarray]:
-    """``encoded`` plus the client's private mask and its pairwise masks, mod ``modulus``.
-
-    ``pool`` adds the masks (default: the process's :func:`~privfed.secagg.mask_pool.shared_pool`);
-    the result does not depend on it.
-    """
+    """``encoded`` plus the client's private mask and its pairwise masks, mod ``modulus``, whatever the ``pool``."""
     _check_modulus(modulus)
     terms = [(private_seed, 1)]
     terms += [(seed, 1 if node_id > neighbour else -1) for neighbour, seed in pairwise_seeds.items()]
@@ -106,16 +97,11 @@ def unmask_sum(
     modulus: int,
     pool: MaskPool | None = None,
 ) -> list[np.ndarray]:
-    """The sum of the survivors' encoded updates, from the sum of their masked vectors.
+    """The sum of the survivors' encoded updates, from the sum of their masked vectors (mod ``modulus``).
 
-    Args:
-        masked_sum: The survivors' masked vectors, summed mod ``modulus``.
-        private_seeds: Each survivor's private mask seed, rebuilt from its shares.
-        dropped_pairwise_seeds: For each client that dropped after sharing its
-            keys, the seed it shared with each surviving neighbour (rebuilt
-            from its first private key's shares).
-        modulus: The protocol's modulus.
-        pool: Adds the masks, as in :func:`mask_update`.
+    ``private_seeds`` holds each survivor's private mask seed, and
+    ``dropped_pairwise_seeds`` the seed each client that dropped after sharing
+    its keys shared with each surviving neighbour (all rebuilt from shares).
     """
     _check_modulus(modulus)
     terms = [(seed, -1) for seed in private_seeds.values()]
@@ -128,12 +114,8 @@ def unmask_sum(
 def decode_weighted_mean(
     total: list[np.ndarray], *, num_summed: int, clipping_range: float, quantization_range: int
 ) -> list[np.ndarray]:
-    """The weighted mean of ``num_summed`` clients' updates from the sum of their encodings.
-
-    Each encoding shifts its values by ``+clipping_range`` before quantising;
-    :func:`dequantize` takes one shift off, the other ``num_summed - 1`` go
-    here. Dividing by the summed weights leaves the FedAvg mean.
-    """
+    """The weighted mean of ``num_summed`` clients' updates from the sum of their encodings, each shifted by
+    ``+clipping_range`` (:func:`dequantize` takes one shift off, the others go here)."""
     weight, values = factor_extract(total)
     if int(weight) <= 0:
         raise ValueError(f"the summed SecAgg+ weight is {int(weight)}, not positive")

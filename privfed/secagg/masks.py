@@ -1,18 +1,10 @@
 """SecAgg+ masks: expanding a secret seed into a uniform integer vector with a cryptographic PRG (docs/privacy.md, "SecAgg+ masks").
 
 Flower 1.41 folds every seed to 32 bits (flwrlabs/flower#7522); here the
-whole seed keys an AES-256-CTR stream through HKDF-SHA256. A key is only
-ever used for this one stream, so the fixed counter start is safe. Client
-and server both call :func:`expand_mask` or :func:`add_mask_words`, after
-agreeing on :data:`PROTOCOL_VERSION`.
-
-The stream is read as little-endian words of 32 bits for a modulus up to
-2^32 (the protocol's is 2^32), of 64 bits above. A power-of-two modulus
-keeps a word's low bits; any other skips the words at or above the largest
-multiple of the modulus a word can hold and reduces the rest. Both are
-exactly uniform. With 32-bit words, entry ``i`` of a power-of-two mask
-depends only on word ``i``, so a slice of the mask can be made on its own
-(:func:`add_mask_words`), e.g. by another process.
+whole seed keys an AES-256-CTR stream through HKDF-SHA256, for this one stream
+only, so the fixed counter start is safe. With 32-bit words, entry ``i`` of a
+power-of-two mask depends only on word ``i``, so a slice of the mask can be
+made on its own (:func:`add_mask_words`).
 """
 
 from __future__ import annotations
@@ -80,9 +72,7 @@ def add_mask_words(vector: np.ndarray, terms: Sequence[tuple[bytes, int]], *, st
     times its sign (+1 or -1).
 
     For a power-of-two modulus up to 2^32 this is the signed sum of
-    :func:`expand_mask`'s masks over that slice, before the final reduction
-    mod the modulus (which divides 2^32). Works through the stream a chunk
-    at a time, so the vector's chunk stays in cache across all the masks.
+    :func:`expand_mask`'s masks over that slice, before the final reduction.
     """
     if vector.dtype != np.uint32 or vector.ndim != 1:
         raise ValueError(f"masks are added into a flat uint32 vector, got {vector.dtype} {vector.shape}")

@@ -1,12 +1,9 @@
 """SecAgg+'s stochastic quantisation, as Flower 1.41's ``quantize`` does it, with fewer passes over the update.
 
-Flower clips, shifts and scales each array into fresh copies, then rounds
-up and takes one off where a uniform draw falls below the rounding's
-excess, through a boolean index. Here the same float operations run in
-place and the decrement is a subtraction, with the same draws from NumPy's
-global generator in the same order: the integers are Flower's, bit for bit
-(``tests/secagg/test_quantization.py``), in half the CPU time for ResNet-18
-(docs/performance.md, "SecAgg+ masking on the CPU").
+The same float operations run in place, and the decrement is a subtraction
+rather than a boolean index, with the same draws from NumPy's global
+generator: the integers are Flower's, bit for bit (``tests/secagg/test_quantization.py``),
+in half the CPU time (docs/performance.md, "SecAgg+ masking on the CPU").
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""SecAgg+ protocol settings for a run: pure values, planned before the runtime starts.
+"""SecAgg+ protocol settings for a run: pure values that follow from the configuration and client sizes.
 
-Which neighbours share masks, how many shares rebuild a key, the clipping
-and quantisation ranges: all follow from the configuration and the client
-sizes, so they are fixed once, in the run's plan, and recorded in
-``summary.json``. The workflow that runs the protocol is in
-:mod:`privfed.secagg.workflow`.
+They are fixed once, in the run's plan, and recorded in ``summary.json``;
+:mod:`privfed.secagg.workflow` runs the protocol.
 """
 
 from __future__ import annotations
@@ -17,8 +14,8 @@ from typing import Any
 from privfed.config import TrainConfig
 from privfed.errors import PrivfedError
 
-#: Up to this many sampled clients every pair of clients shares masks (the
-#: original SecAgg); beyond it, SecAgg+'s sparse neighbourhoods take over.
+#: Up to this many sampled clients every pair shares masks (the original SecAgg); beyond it, SecAgg+'s sparse
+#: neighbourhoods take over.
 COMPLETE_GRAPH_LIMIT = 20
 
 
@@ -26,10 +23,9 @@ def indicators_are_exact(clipping_range: float, quantization_range: int) -> bool
     """Whether a raised indicator (1 after SecAgg+'s weighting) lands exactly on SecAgg+'s fixed-point grid.
 
     Flower rounds ``(value + c) * Q / (2c)`` stochastically, from a seed the
-    server can compute (``privfed.federation.client_app``). Off the grid, a
-    flag would be rounded up or down by each client's own draw, and the sum
-    would again say which clients raised it. Powers of two up to ``Q / 2``
-    are on the grid.
+    server can compute: off the grid, each client's draw would round a flag
+    its own way, and the sum would say which clients raised it. Powers of
+    two up to ``Q / 2`` are on the grid.
     """
     position = (Fraction(clipping_range) + 1) * quantization_range / (2 * Fraction(clipping_range))
     return position.denominator == 1
@@ -49,16 +45,10 @@ ENCODING_IN_FLOWER_STATE = {
 class SecAggPlusSettings:
     """The SecAgg+ parameters of a run (recorded in ``summary.json``).
 
-    Attributes:
-        num_shares: Neighbours of each client, itself included; its key is
-            split into this many shares.
-        reconstruction_threshold: Shares needed to rebuild a key. Each client
-            tolerates ``num_shares - reconstruction_threshold`` dropped neighbours.
-        clipping_range: Values are clipped to ``±clipping_range`` before quantisation.
-        max_weight: Largest FedAvg weight (client size); weights are divided by it.
-        quantization_range: Fixed-point levels over the clipping range.
-        modulus_range: Modulus of the masked sums.
-        timeout: Seconds each protocol stage waits for replies (None: all replies).
+    A client's key is split into ``num_shares`` shares (its neighbours, itself
+    included), ``reconstruction_threshold`` of which rebuild it. Weights are
+    divided by ``max_weight`` (the largest client). ``timeout``: seconds each
+    stage waits for replies (None: all replies).
     """
 
     num_shares: int
@@ -80,9 +70,8 @@ class SecAggPlusSettings:
     def workflow_arguments(self, num_sampled: int) -> dict[str, Any]:
         """Keyword arguments of Flower's ``SecAggPlusWorkflow`` for ``num_sampled`` clients per round.
 
-        Shares and threshold are passed as fractions, which Flower turns back
-        into exactly these counts: it rejects integer shares below 3, which
-        two-client rounds need.
+        Shares and threshold go as fractions, which Flower turns back into these
+        counts: it rejects integer shares below 3, which two-client rounds need.
         """
         return {
             "num_shares": self.num_shares / num_sampled,
@@ -101,9 +90,8 @@ class SecAggPlusSettings:
 def default_num_shares(num_sampled: int) -> int:
     """Every sampled client up to :data:`COMPLETE_GRAPH_LIMIT`, then an odd ``~3 log2 k``.
 
-    Logarithmic neighbourhoods are what makes SecAgg+ scale (Bell et al.,
-    2020); the factor 3 keeps the chance that dropouts or colluders cut a
-    neighbourhood small at the round sizes federated runs use.
+    Logarithmic neighbourhoods make SecAgg+ scale (Bell et al., 2020); at federated round sizes the factor 3 keeps
+    the chance low that dropouts or colluders cut one small.
     """
     if num_sampled <= COMPLETE_GRAPH_LIMIT:
         return num_sampled
@@ -117,11 +105,7 @@ def default_threshold(num_shares: int) -> int:
 
 
 def secagg_settings(config: TrainConfig, client_sizes: list[int]) -> SecAggPlusSettings | None:
-    """The run's SecAgg+ parameters, or None when it is off.
-
-    Raises:
-        PrivfedError: for settings the protocol cannot run with.
-    """
+    """The run's SecAgg+ parameters, or None when it is off; PrivfedError for settings the protocol cannot run with."""
     if not config.secagg:
         return None
     sampled = config.clients_per_round

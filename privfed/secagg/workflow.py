@@ -1,17 +1,11 @@
 """SecAgg+ for Orchestra's encoder updates: the fit step of every Flower round.
 
 Only model deltas are summed securely. The released centroids are not a sum
-(the server clusters every client's release separately), so they travel as
-their own message content next to the masked vector, protected by the
-release mechanism.
-
-Flower's workflow runs the message flow; privfed states its protocol
-version at setup (clients that do not answer with it are left out) and
-unmasks the sum itself, with the masks of
-:mod:`privfed.secagg.masks`.
-
-Round 0 only initialises: clients send no update, so it runs Flower's plain
-fit workflow instead of a key exchange over nothing.
+(the server clusters each release separately): they travel next to the
+masked vector, protected by the release mechanism. Flower's workflow runs
+the message flow; privfed states its protocol version at setup and unmasks
+the sum itself (:mod:`privfed.secagg.masks`). Round 0 sends no update, so it
+runs Flower's plain fit workflow.
 """
 
 from __future__ import annotations
@@ -51,7 +45,6 @@ REJECTED_REPLY = 4001
 #: Error code of a setup reply from a client that does not run the server's protocol version.
 OTHER_PROTOCOL = 4002
 
-
 #: Seconds between pulls while no reply has arrived (Flower's in-memory grid waits 0.1 s).
 PULL_INTERVAL = 0.1
 
@@ -77,42 +70,11 @@ class RoundCloser(Protocol):
     def note_secure_sum(self, total: np.ndarray, *, num_summed: int) -> None: ...
 
 
-def screen_masked_reply(reply: Message, strategy: RoundCloser) -> tuple[Message, FitRes | None, list[np.ndarray] | None]:
-    """The reply as read (its fit result and masked vector), or an error in its place if the strategy rejects it.
-
-    The error keeps the reply out of the masked sum. The workflow then halts
-    the round (:meth:`_CapturingSecAggPlusWorkflow.collect_masked_vectors_stage`):
-    its sender's masked vector reached the server, and unmasking the others
-    would reveal that sender's pairwise key, leaving its update behind only
-    its self-mask.
-    """
-    if reply.has_error():
-        return reply, None, None
-    try:
-        res: FitRes | None = compat.recorddict_to_fitres(reply.content, keep_input=True)
-    except Exception:  # a reply Flower cannot even read as a FitRes
-        res = None
-    try:
-        masked: list[np.ndarray] | None = [
-            bytes_to_ndarray(b)
-            for b in record_list(reply.content.config_records[RECORD_KEY_CONFIGS][SecAggKey.MASKED_PARAMETERS], bytes)
-        ]
-    except Exception:  # no masked vector, or not arrays
-        masked = None
-    reason = strategy.check_masked_reply(reply.metadata.src_node_id, res, masked)
-    if reason is None:
-        return reply, res, masked
-    error = Error(code=REJECTED_REPLY, reason=f"rejected by the server: {reason}")
-    # Flower's overloads omit the metadata form; the rejected reply keeps the client's metadata.
-    return Message(metadata=reply.metadata, error=error), None, None  # type: ignore[call-overload]
-
-
 class MaskedSum:
     """The masked vectors' sum mod the modulus, added to as each arrives, so the server holds one vector at a time.
 
-    Every vector must have the first one's arrays and shapes: numpy would
-    broadcast a hostile one silently. The int64 total stays exact for up to
-    2^31 vectors, each reduced below the modulus (at most 2^32) first.
+    Every vector must have the first one's shapes (numpy would broadcast a hostile one). The int64 total is
+    exact for up to 2^31 vectors, each first reduced below the modulus (at most 2^32).
     """
 
     def __init__(self, modulus: int) -> None:
@@ -139,17 +101,11 @@ class MaskedSum:
 
 
 class _ProtocolGrid:
-    """A grid that states privfed's protocol version in the setup request and leaves out clients that do not run it.
-
-    A client on another protocol (an older privfed, or Flower's own mod)
-    would mask with other masks, and its vector would spoil the sum. Left
-    out at setup, it has shared no keys and is forgotten like any early
-    dropout (:func:`forget_nodes_without_shares`).
-    """
+    """A grid that states privfed's protocol version at setup and leaves out clients on another protocol, whose masks
+    would spoil the sum (having shared no keys, they are forgotten like early dropouts)."""
 
     def __init__(self, grid: Grid) -> None:
         self._grid = grid
-        self.other_protocol: list[int] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
@@ -167,22 +123,18 @@ class _ProtocolGrid:
         runs = None if configs is None else configs.get(PROTOCOL_KEY)
         if runs == PROTOCOL_VERSION:
             return reply
-        self.other_protocol.append(reply.metadata.src_node_id)
         logger.warning("a client runs SecAgg+ protocol %r, not %r: it is left out of the round", runs, PROTOCOL_VERSION)
         error = Error(code=OTHER_PROTOCOL, reason=f"runs SecAgg+ protocol {runs!r}")
-        return Message(metadata=reply.metadata, error=error)  # type: ignore[call-overload]  # as in screen_masked_reply
+        # Flower's overloads omit the metadata form; the error reply keeps the client's metadata.
+        return Message(metadata=reply.metadata, error=error)  # type: ignore[call-overload]
 
 
 def forget_nodes_without_shares(state: Any) -> None:
     """Drops the nodes that left before sharing their keys from the round's SecAgg+ state.
 
-    Flower 1.41 keeps every sampled node as a candidate dropout to unmask. A
-    node that left during setup or the key exchange gave no neighbour shares
-    of its secrets, so its neighbours fail on the request for them, and one
-    such node halts the whole round. It also never entered anyone's pairwise
-    masks (clients mask only with neighbours whose shares they received), so
-    there is nothing of it to remove: as in Bell et al. (2020), the dropouts
-    to unmask are those that shared keys but sent no masked vector.
+    No neighbour holds their shares (Flower 1.41 halted the round asking for
+    them), and they are in nobody's masks: as in Bell et al. (2020), the
+    dropouts to unmask are those that shared keys but sent no masked vector.
     """
     keyed = set(state.active_node_ids)
     state.sampled_node_ids = keyed
@@ -195,18 +147,10 @@ def forget_nodes_without_shares(state: Any) -> None:
 class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
     """Flower's SecAgg+, made to survive dropouts and hostile clients, handing the replies' plaintext to the strategy.
 
-    - Clients that leave before the key exchange completes are forgotten
-      (:func:`forget_nodes_without_shares`), and the threshold is checked
-      only where a secret may still be needed (:meth:`_check_threshold`).
-    - Masked replies pass the strategy's checks (:func:`screen_masked_reply`);
-      a rejected one halts the round. Each is summed as it arrives
-      (:meth:`_collect_masked_vectors`).
-    - A client's reply that breaks a stage (e.g. unknown node ids, shares
-      that do not combine) halts the round instead of crashing the run.
-
-    The releases and metrics in the masked replies reached the server
-    whether or not the protocol completes; if it halts, the strategy still
-    accounts for them.
+    Early dropouts are forgotten, masked replies are screened and summed as
+    they arrive, and a reply that breaks a stage halts the round instead of
+    the run. The releases and metrics in the masked replies reached the
+    server whether or not the protocol completes; the strategy accounts for them.
     """
 
     def __init__(self, strategy: RoundCloser, **kwargs: Any) -> None:
@@ -234,11 +178,7 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         return proceed
 
     def _collect_masked_vectors(self, grid: Grid, context: LegacyContext, state: Any, *, rejected: list[int]) -> bool:
-        """Flower's stage, summing each masked vector as its reply arrives (:meth:`_take_masked_reply`) instead of once all have.
-
-        Flower's stage held every reply until all had arrived: clients x update
-        size (9 GB for 50 clients of ResNet-18's online and target networks).
-        """
+        """Flower's stage, summing each masked vector as it arrives, not holding all (9 GB for 50 ResNet-18 clients)."""
         server_round = record_item(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND], int)
         requests = [_masked_vector_request(node, state, server_round) for node in state.active_node_ids]
         del state.forward_ciphertexts, state.forward_srcs, state.nid_to_fitins
@@ -254,13 +194,30 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
     def _take_masked_reply(
         self, reply: Message, state: Any, masked_sum: MaskedSum, replied: set[int], rejected: list[int]
     ) -> None:
-        """Screens one reply; an accepted one joins the sum, its fit result (without the vector) the legacy results."""
-        reply, res, masked = screen_masked_reply(reply, self.strategy)
+        """Screens one reply; an accepted one joins the sum, its fit result the legacy results.
+
+        One the strategy rejects halts the round: its masked vector reached the
+        server, and unmasking the others would leave its update behind its self-mask alone.
+        """
         node = reply.metadata.src_node_id
         if reply.has_error():
             if reply.error.code == REJECTED_REPLY:
                 rejected.append(node)
             state.failures.append(Exception(reply.error))
+            return
+        try:
+            res: FitRes | None = compat.recorddict_to_fitres(reply.content, keep_input=True)
+        except Exception:  # a reply Flower cannot even read as a FitRes
+            res = None
+        try:
+            vector = record_list(reply.content.config_records[RECORD_KEY_CONFIGS][SecAggKey.MASKED_PARAMETERS], bytes)
+            masked: list[np.ndarray] | None = [bytes_to_ndarray(b) for b in vector]
+        except Exception:  # no masked vector, or not arrays
+            masked = None
+        reason = self.strategy.check_masked_reply(node, res, masked)
+        if reason is not None:
+            rejected.append(node)
+            state.failures.append(Exception(Error(code=REJECTED_REPLY, reason=f"rejected by the server: {reason}")))
             return
         if res is None:
             raise ValueError(f"node {node} sent a reply that is not a fit result")
@@ -274,11 +231,8 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
     def _unmask(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
         """Collects the shares, rebuilds the secrets, takes the masks off the sum and hands the mean to the strategy.
 
-        Each survivor (a client whose masked vector is in the sum) is asked
-        for its neighbours' shares: of the private mask seed of each
-        survivor, and of the first private key of each client that dropped
-        after sharing its keys. No client is asked for both secrets of one
-        client.
+        Survivors are asked for shares of each survivor's private mask seed and
+        of each dropout's first private key; never both of one client.
         """
         server_round = record_item(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND], int)
         survivors = set(state.active_node_ids)
@@ -323,14 +277,8 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         return True
 
     def _check_threshold(self, state: Any) -> bool:
-        """Flower's check that every node keeps ``threshold`` live neighbours, for the nodes that matter.
-
-        Before the key exchange ends, only live nodes do: a node that left has
-        shared no secret. Afterwards every node that shared keys does, since
-        a dropout's pairwise key must be rebuilt from its neighbours' shares.
-        Flower checks every sampled node throughout, so in a round with
-        partial neighbourhoods early dropouts halted rounds that could finish.
-        """
+        """Flower's check that every node keeps ``threshold`` live neighbours, for the nodes that matter: before the
+        key exchange ends the live ones (a node that left shared no secret), then every node that shared keys."""
         nodes = state.sampled_node_ids if getattr(state, _KEYS_SHARED, False) else state.active_node_ids
         for node_id in nodes:
             if len(state.nid_to_neighbours[node_id] & state.active_node_ids) < state.threshold:
@@ -339,12 +287,8 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         return True
 
     def _halting_on_errors(self, stage: Callable[..., bool], grid: Grid, context: LegacyContext, state: Any) -> bool:
-        """Runs one of Flower's stages; an error from handling a client's reply halts the round.
-
-        An error raised by privfed's own server code on the way (the strategy
-        sampling clients or aggregating, the driver logging the round) is the
-        run's to handle and goes on up.
-        """
+        """Runs one of Flower's stages; an error from handling a client's reply halts the round, one from privfed's own
+        server code (strategy, driver) goes on up."""
         try:
             return stage(grid, context, state)
         except Exception as err:
@@ -355,11 +299,7 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
 
 
 def replies_as_they_arrive(grid: Grid, messages: list[Message], *, timeout: float | None) -> Iterator[Message]:
-    """Pushes the messages and yields each reply as it is pulled, until all have replied or ``timeout`` has passed.
-
-    What ``Grid.send_and_receive`` waits for, handed over one reply at a
-    time, so the caller can drop each before the next is pulled.
-    """
+    """``Grid.send_and_receive``, one reply at a time, so the caller can drop each before the next is pulled."""
     waiting = set(grid.push_messages(messages))
     deadline = None if timeout is None else time.monotonic() + timeout
     while waiting and (deadline is None or time.monotonic() < deadline):
