@@ -105,9 +105,11 @@ def _declarations(name: str, *, boolean: bool) -> tuple[str, ...]:
     return (f"{flag}/--no-{flag[2:]}",) if boolean else (flag, *option_help(name).flags)
 
 
-def _train_parameters() -> list[inspect.Parameter]:
-    """One ``--option`` per :class:`TrainConfig` field, unset (``None``) unless given."""
-    parameters = []
+def with_config_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Adds one ``--option`` per :class:`TrainConfig` field, unset (``None``) unless given; ``command`` receives them
+    as ``**options``."""
+    own = inspect.signature(command).parameters.values()
+    parameters = [p for p in own if p.kind is not inspect.Parameter.VAR_KEYWORD]
     for field_, hint in zip(dataclasses.fields(TrainConfig), field_types().values()):
         kind = next(t for t in getattr(hint, "__args__", (hint,)) if t is not type(None))
         declarations = _declarations(field_.name, boolean=kind is bool)
@@ -123,13 +125,7 @@ def _train_parameters() -> list[inspect.Parameter]:
                 annotation=kind | None,
             )
         )
-    return parameters
-
-
-def with_config_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Adds every :class:`TrainConfig` field to ``command``'s options; it receives them as ``**options``."""
-    own = [p for p in inspect.signature(command).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    command.__signature__ = inspect.Signature([*own, *_train_parameters()])  # type: ignore[attr-defined]
+    command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     return command
 
 
@@ -175,22 +171,17 @@ def train(
 
 def _full_disk(err: OSError, plan: RunPlan) -> PrivfedError:
     """What a run stopped by a full disk says: how to go on, as the run's files allow (each was written whole)."""
-    from privfed.run.resume import RESUME_FILE, check_resumable, read_resume_point
+    from privfed.run.resume import check_resumable, has_resume_point, read_resume_point
 
     run_dir = plan.run_dir
-    if not (run_dir.checkpoints / RESUME_FILE).is_file():
-        return PrivfedError(
-            f"cannot write in {run_dir.path}: {err.strerror}; make room, then remove {run_dir.path} and train again "
-            "(it stopped before its first resume point)"
-        )
+    full = f"cannot write in {run_dir.path}: {err.strerror}; "
+    if not has_resume_point(run_dir):
+        return PrivfedError(f"{full}make room, then remove {run_dir.path} and train again (it stopped before its first resume point)")
     try:
         check_resumable(run_dir, read_resume_point(run_dir), plan.config)
     except PrivfedError as refused:
-        return PrivfedError(f"cannot write in {run_dir.path}: {err.strerror}; the run cannot be resumed: {refused}")
-    return PrivfedError(
-        f"cannot write in {run_dir.path}: {err.strerror}; make room, then `privfed train --resume {run_dir.path}` "
-        "continues it from its last resume point"
-    )
+        return PrivfedError(f"{full}the run cannot be resumed: {refused}")
+    return PrivfedError(f"{full}make room, then `privfed train --resume {run_dir.path}` continues it from its last resume point")
 
 
 def train_exit_code(summary: dict[str, Any]) -> int:
@@ -529,10 +520,7 @@ def _exit_after_a_bug(code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: bad input becomes one line on stderr and exit code 2.
-
-    ``argv`` defaults to the command line (tests pass their own).
-    """
+    """Console entry point: bad input becomes one line on stderr and exit code 2."""
     # Before torch loads (commands import it lazily): torch's OpenMP threads then sleep while they wait instead of
     # spinning, which on a machine other jobs share made the server's kNN evaluation 3 to 4 times slower (docs/flower.md).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
