@@ -10,7 +10,6 @@ import threading
 import traceback
 import warnings
 from collections.abc import Callable
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -68,13 +67,6 @@ def _options(
     ),
 ) -> None:
     """Privacy-focused federated learning with Orchestra."""
-
-
-class Protocol(str, Enum):
-    knn = "knn"
-    linear = "linear"
-    finetune = "finetune"
-    tsne = "tsne"
 
 
 #: What `privfed train` exits with after a Ctrl-C stopped the run cleanly (the shell's 128 + SIGINT).
@@ -230,7 +222,7 @@ def evaluate(
         "Data the probe is scored on (its test split; a file named only here is used whole). "
         "[default: the run's test dataset]"
     )),
-    protocol: Protocol = typer.Option(Protocol.knn, help=(
+    protocol: str = typer.Option("knn", click_type=click.Choice(["knn", "linear", "finetune", "tsne"]), help=(
         "knn (see --knn-k, --knn-temperature), linear (probe on frozen features), finetune (the "
         "whole backbone and a linear head on --label-fraction of the labels) or tsne (a 2-D picture "
         "of the test representations by class)."
@@ -253,7 +245,7 @@ def evaluate(
             run_dir,
             train_data=train_data,
             test_data=test_data,
-            protocol=protocol.value,
+            protocol=protocol,
             label_fraction=label_fraction,
             seed=seed,
             checkpoint=checkpoint,

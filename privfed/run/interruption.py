@@ -38,7 +38,7 @@ class StopRequest:
 
 
 @contextmanager
-def stop_on_signals(notice: bool = True, on_exit_now: Callable[[], None] | None = None) -> Iterator[StopRequest]:
+def stop_on_signals(on_exit_now: Callable[[], None] | None = None) -> Iterator[StopRequest]:
     """Handles SIGINT/SIGTERM inside the block; the previous handlers come back after it.
 
     Enter it after anything that installs its own (Ray's driver aborts on SIGTERM once ``ray.init`` ran). Outside
@@ -59,8 +59,7 @@ def stop_on_signals(notice: bool = True, on_exit_now: Callable[[], None] | None 
             finally:
                 os._exit(128 + signum)
         stop.request(f"interrupted by {name}")
-        if notice:
-            print(f"\n{name}: stopping after the current round (again to stop at once)", file=sys.stderr, flush=True)
+        print(f"\n{name}: stopping after the current round (again to stop at once)", file=sys.stderr, flush=True)
 
     previous = {sig: signal.signal(sig, handle) for sig in STOP_SIGNALS}
     try:

@@ -74,17 +74,7 @@ def write_round(directory: Path, recorded: RecordedRound) -> Path:
     """Writes one round's file whole."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "round": recorded.round,
-        "model_state": recorded.model_state,
-        "centroids": recorded.centroids,
-        "mechanism": recorded.mechanism,
-        "mechanism_params": recorded.mechanism_params,
-        "releases": [
-            {"client": r.client, "vectors": r.vectors, "weights": r.weights, "guarantee": r.guarantee}
-            for r in recorded.releases
-        ],
-    }
+    payload = {**vars(recorded), "releases": [vars(r) for r in recorded.releases]}
     return save_torch(round_path(directory, recorded.round), payload)
 
 
