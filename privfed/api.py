@@ -58,11 +58,7 @@ class Run:
 
     @classmethod
     def open(cls, run_dir: str | os.PathLike[str]) -> Run:
-        """A run trained earlier (by :func:`train` or ``privfed train``).
-
-        Raises:
-            PrivfedError: ``run_dir`` holds no finished or stopped run.
-        """
+        """A run trained earlier; PrivfedError when ``run_dir`` holds no finished or stopped run."""
         from privfed.run.directory import RunDirectory
 
         directory = RunDirectory(Path(run_dir))
@@ -227,16 +223,9 @@ def evaluate(
     knn_temperature: float = DEFAULTS.knn_temperature,
     progress: StepProgress | None = None,
 ) -> dict[str, Any]:
-    """Scores a run's encoder, as ``privfed evaluate`` does, and appends the result to ``evaluation.json``.
-
-    Args:
-        protocol: ``knn``, ``linear``, ``finetune`` or ``tsne`` (a picture).
-        train_data: What the probe learns from (its train split); default the run's dataset.
-        test_data: What the probe is scored on (its test split); default the run's test dataset, else its dataset.
-        label_fraction: ``finetune``: the fraction of labelled train images.
-        seed: ``finetune``: seeds the labelled subset and the head.
-        data_dir: Where torchvision datasets live; default the run's.
-        progress: Hears each probe epoch (``stage, done, total, figures``); nothing is printed.
+    """Scores a run's encoder, as ``privfed evaluate`` does (its ``--help`` tells the options), and appends the
+    result to ``evaluation.json``. ``train_data``, ``test_data`` and ``data_dir`` default to the run's; ``progress``
+    hears each probe epoch (nothing is printed).
 
     Returns:
         The result as ``evaluation.json`` records it; ``accuracy`` is None for ``tsne``.
@@ -284,16 +273,8 @@ def attack(
     """Inverts a run's recorded releases as a semi-honest server would, as ``privfed attack`` does.
 
     The run must have been trained with ``record_releases=True``; writes ``attack.json`` and ``attack.png`` into it.
-
-    Args:
-        method: An installed attack (``privfed attacks`` lists them).
-        rounds: Recorded rounds to attack; default the first training round and the last.
-        aux: Auxiliary data the server holds (its test split); default the run's test split.
-        steps: The attack's step budget; default the attack's own.
-        settings: Further keyword arguments of the attack's class (``steps`` wins over one here).
-        max_vectors: Released vectors attacked per round at most.
-        seed: Seeds the vector choice, the auxiliary split and the attack.
-        progress: Hears the attack's training; nothing is printed.
+    Options as ``privfed attack --help`` tells them; ``settings`` are further keyword arguments of the attack's class
+    (``steps`` wins over one there), ``progress`` hears its training (nothing is printed).
 
     Returns:
         ``attack.json``'s content: per round, the reconstructions' scores beside the null's.
@@ -350,17 +331,10 @@ def study(
     """Runs every cell of a study not yet finished (train, evaluate, attack), as ``privfed study`` does.
 
     Writes ``results.csv``, ``results.md`` and the plots into the study directory (docs/studies.md); a cell that
-    fails is recorded as failed and the study goes on.
-
-    Args:
-        study_file: A study TOML file, or a shipped study's name (``privacy-cpu-cifar10``).
-        out: The study directory; default ``studies/<the file's name>``.
-        report: Run nothing: write the tables and plots of the cells recorded so far.
-        reuse_stale: Keep finished cells whose configuration changed since they ran.
-        dataset, data_dir, download: Set over the study's ``[base]`` (None: the study's).
-        log: Hears a line as the study starts, keeps or fails a cell.
-        run_progress: Called with each cell's run name; the callback it returns hears that run's events.
-        progress: Hears the probes' and the attack's stages (``stage, done, total, figures``).
+    fails is recorded as failed and the study goes on. Options as ``privfed study --help`` tells them (a
+    ``dataset``, ``data_dir`` or ``download`` of None: the study's own). ``log`` hears a line as the study starts,
+    keeps or fails a cell; ``run_progress`` is called with each cell's run name, and the callback it returns hears
+    that run's events; ``progress`` hears the probes' and the attack's stages.
 
     Raises:
         PrivfedError: a bad study file or attack setting, a cell that cannot run, missing data, stale cells, no

@@ -41,11 +41,6 @@ class ResumePoint:
     """The server's state at the end of round ``round``.
 
     Attributes:
-        round: The last finished Orchestra round.
-        network: The global network's full state dict.
-        centroids: The global centroids (None for a method without them).
-        initialised: Whether round 0 has been applied.
-        server_generator: The server's clustering generator state.
         runtime: The FL runtime's own state (client sampling, SecAgg+ scales), opaque here.
         driver: The driver's running figures (untrained kNN, last kNN and loss, elapsed seconds).
         config: ``config.json`` when :func:`write_resume_point` wrote the point.
