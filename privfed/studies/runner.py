@@ -88,7 +88,8 @@ def read_record(folder: Path) -> CellRecord | None:
             continue
         if key not in values or not isinstance(values[key], kinds) or isinstance(values[key], bool):
             raise PrivfedError(f"{path} is damaged ({key!r} missing or of the wrong type); {redo}")
-    return CellRecord(**{key: values.get(key) for key in RECORD_FIELDS})
+    return CellRecord(values["name"], values["seed"], values["row"], values["error"], values["seconds"],
+                      values.get("config_hash"), values.get("settings"), values.get("overrides"))
 
 
 def recorded_cells(study: Study, out: Path) -> list[CellRecord]:
