@@ -73,8 +73,7 @@ def _options(
 INTERRUPTED_EXIT_CODE = 130
 #: What every command exits with for bad input (an option, a file, a run directory): one line on stderr.
 USAGE_EXIT_CODE = 2
-#: What `privfed train` exits with when the run stopped because it could not train: a round without a usable reply,
-#: or rounds in a row that applied no update (``summary.json``'s ``stop`` says which).
+#: What `privfed train` exits with when the run stopped because it could not train (``summary.json``'s ``stop``).
 FAILED_RUN_EXIT_CODE = 1
 
 

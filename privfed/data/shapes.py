@@ -89,8 +89,7 @@ def _local_coords(
     return (cos * dx + sin * dy) * inv, (cos * dy - sin * dx) * inv
 
 
-# Masks in each object's unit frame: u points right, v points *down*, the
-# object fills roughly [-1, 1]^2 and "up" is negative v.
+# Masks in each object's unit frame, about [-1, 1]^2: u points right, v points *down* ("up" is negative v).
 
 
 def _triangle(u: np.ndarray, v: np.ndarray) -> np.ndarray:
