@@ -58,9 +58,7 @@ def evaluate_run(
     if knn_k < 1:
         raise PrivfedError(f"knn_k must be at least 1, got {knn_k}")
     check_seed("seed", seed)
-    run = RunDirectory(run_path)
-    if not run.path.is_dir():
-        raise PrivfedError(f"run directory not found: {run.path}")
+    run = RunDirectory(run_path)  # privfed.evaluate has checked that it is a directory
     config = run.config()
     run.evaluations()  # a damaged evaluation.json fails now, not after the result is computed
     checkpoint_file = run.checkpoint_path(checkpoint)
