@@ -1,10 +1,7 @@
-"""privfed's Python API: train a run, load its encoder, evaluate it and attack it; run a study or a tuning study.
+"""privfed's Python API: the code paths of ``privfed train``, ``evaluate``, ``attack``, ``study`` and ``tune``.
 
-These are the code paths of ``privfed train``, ``evaluate``, ``attack``,
-``study`` and ``tune`` (the commands call them), without what only a command line may do to its
-process: a call leaves the Flower log level, the warning filters and the
-signal handlers as it found them. Bad input raises :class:`PrivfedError`
-with the same one-line message the CLI prints.
+Unlike a command, a call leaves its process's Flower log level, warning filters and signal handlers as it found
+them. Bad input raises :class:`PrivfedError` with the one-line message the CLI prints.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ if TYPE_CHECKING:
     from privfed.run.plan import RunPlan
     from privfed.run.resume import ResumePoint
     from privfed.studies.cell_work import AttackRun
-    from privfed.studies.grid import Study
     from privfed.studies.orchestration import RunProgress
     from privfed.studies.results import StudyResult, TuneResult
 
@@ -48,15 +44,7 @@ AttackProgress = Callable[[str, int, int, dict[str, float]], None]
 
 @dataclass(frozen=True)
 class Run:
-    """A run directory and its summary.
-
-    Attributes:
-        path: The run directory (``config.json``, ``metrics.jsonl``,
-            ``summary.json``, ``checkpoints/``; see :mod:`privfed.run.directory`).
-        summary: ``summary.json``: the final kNN accuracy, the rounds, the
-            privacy spent, and ``stop`` with ``stopped_early`` (None when every
-            round ran).
-    """
+    """A run directory (:mod:`privfed.run.directory`) and its ``summary.json``."""
 
     path: Path
     summary: dict[str, Any]
@@ -70,11 +58,7 @@ class Run:
 
     @classmethod
     def open(cls, run_dir: str | os.PathLike[str]) -> Run:
-        """A run trained earlier (by :func:`train` or ``privfed train``).
-
-        Raises:
-            PrivfedError: ``run_dir`` holds no finished or stopped run.
-        """
+        """A run trained earlier; PrivfedError when ``run_dir`` holds no finished or stopped run."""
         from privfed.run.directory import RunDirectory
 
         directory = RunDirectory(Path(run_dir))
@@ -106,21 +90,17 @@ def train(
     """Trains a run on simulated federated clients, as ``privfed train`` does.
 
     Args:
-        config: A :class:`TrainConfig`, a TOML preset's path (``configs/``),
-            or None for the defaults.
-        out: The run directory, which must not hold a run yet; default
-            ``config.out``, else ``runs/<time>-<method>-...``.
-        progress: Called with each round's event; nothing is printed.
+        config: A :class:`TrainConfig`, a TOML preset's path, or None for the defaults.
+        out: The run directory (it must hold no run); default ``config.out``, else ``runs/<time>-<method>-...``.
+        progress: Hears each round's event; nothing is printed.
         verbose: Let Flower's and Ray's own logs through.
-        **options: :class:`TrainConfig` fields that override ``config``.
+        **options: :class:`TrainConfig` fields over ``config``.
 
     Returns:
-        The run. It may have stopped early (the privacy budget, or no client
-        could train): ``run.stop_cause`` says why, ``run.summary["stopped_early"]`` in words.
+        The run; ``run.stop_cause`` says why it stopped early (the budget, no client could train), if it did.
 
     Raises:
-        PrivfedError: an unknown option, a value out of range, missing data,
-            an occupied run directory, a device this machine lacks.
+        PrivfedError: an unknown option or bad value, missing data, an occupied run directory, a missing device.
     """
     from privfed.federation.local_runtime import own_process_state
     from privfed.federation.simulation import simulate
@@ -134,11 +114,7 @@ def train(
 
 
 def _resolve_config(config: TrainConfig | str | os.PathLike[str] | None, options: Mapping[str, Any]) -> TrainConfig:
-    """``config`` with ``options`` over it, each value checked as a preset's would be.
-
-    Raises:
-        PrivfedError: naming the unknown field or the bad value.
-    """
+    """``config`` with ``options`` over it, each value checked as a preset's would be (else PrivfedError)."""
     if config is None or isinstance(config, (str, os.PathLike)):
         return build_config(None if config is None else Path(config), **checked_options(dict(options), source="train()"))
     if not isinstance(config, TrainConfig):
@@ -155,11 +131,7 @@ def claimed_run(
 ) -> Iterator[tuple[RunPlan, ResumePoint | None]]:
     """Plans a run (or, with ``resume``, the rest of a stopped one) and holds its directory while the block trains it.
 
-    Everything that can fail before training fails here: the plan, this
-    machine's device and cores, the run directory.
-
-    Raises:
-        PrivfedError: naming the problem.
+    Everything that can fail before training (the plan, the machine, the directory) raises PrivfedError here.
     """
     from privfed.run.directory import RunDirectory
     from privfed.run.plan import plan_resume, plan_run
@@ -221,11 +193,9 @@ def _run_path(run: RunLike) -> Path:
 
 
 def load_encoder(run: RunLike, *, checkpoint: str = "final") -> torch.nn.Module:
-    """A run's trained encoder: the backbone whose features the probes score, on the CPU, in eval mode.
+    """A run's trained encoder (the backbone the probes score), on the CPU, in eval mode.
 
-    Args:
-        run: A :class:`Run` or a run directory.
-        checkpoint: ``final``, ``initial`` or a checkpoint file's path.
+    ``checkpoint``: ``final``, ``initial`` or a checkpoint file's path.
 
     Raises:
         PrivfedError: no run there, or the checkpoint is missing or damaged.
@@ -253,24 +223,9 @@ def evaluate(
     knn_temperature: float = DEFAULTS.knn_temperature,
     progress: StepProgress | None = None,
 ) -> dict[str, Any]:
-    """Scores a run's encoder, as ``privfed evaluate`` does, and appends the result to ``evaluation.json``.
-
-    Args:
-        run: A :class:`Run` or a run directory.
-        protocol: ``knn``, ``linear``, ``finetune`` or ``tsne`` (a picture).
-        train_data: What the probe learns from (its train split); default
-            the run's own dataset.
-        test_data: What the probe is scored on (its test split); default the
-            run's test dataset, else its dataset.
-        checkpoint: ``final``, ``initial`` or a checkpoint file's path.
-        label_fraction: ``finetune``: the fraction of labelled train images.
-        seed: ``finetune``: seeds the labelled subset and the head.
-        data_dir: Where torchvision datasets live; default the run's.
-        download: Allow downloading CIFAR into ``data_dir``.
-        device: ``auto``, ``cpu`` or ``cuda``.
-        knn_k: ``knn``: neighbours per query.
-        knn_temperature: ``knn``: the vote's temperature.
-        progress: Hears each probe epoch (``stage, done, total, figures``); nothing is printed.
+    """Scores a run's encoder, as ``privfed evaluate`` does (its ``--help`` tells the options), and appends the
+    result to ``evaluation.json``. ``train_data``, ``test_data`` and ``data_dir`` default to the run's; ``progress``
+    hears each probe epoch (nothing is printed).
 
     Returns:
         The result as ``evaluation.json`` records it; ``accuracy`` is None for ``tsne``.
@@ -317,30 +272,16 @@ def attack(
 ) -> dict[str, Any]:
     """Inverts a run's recorded releases as a semi-honest server would, as ``privfed attack`` does.
 
-    The run must have been trained with ``record_releases=True``. Writes
-    ``attack.json`` and ``attack.png`` into the run directory.
-
-    Args:
-        run: A :class:`Run` or a run directory.
-        method: ``decoder``, ``decoder-releases`` or ``optimization``
-            (``privfed attacks`` lists the installed ones).
-        rounds: Recorded rounds to attack; default the first training round and the last.
-        aux: Auxiliary data the server holds (its test split); default the run's test split.
-        steps: The attack's step budget; default the attack's own.
-        settings: Further keyword arguments of the attack's class (``steps`` wins over one here).
-        max_vectors: Released vectors attacked per round at most.
-        seed: Seeds the vector choice, the auxiliary split and the attack.
-        device: ``auto``, ``cpu`` or ``cuda``.
-        progress: Called as the attack trains; nothing is printed.
-        log: Called with a line at each stage.
+    The run must have been trained with ``record_releases=True``; writes ``attack.json`` and ``attack.png`` into it.
+    Options as ``privfed attack --help`` tells them; ``settings`` are further keyword arguments of the attack's class
+    (``steps`` wins over one there), ``progress`` hears its training (nothing is printed).
 
     Returns:
         ``attack.json``'s content: per round, the reconstructions' scores beside the null's.
 
     Raises:
-        PrivfedError: an unknown attack or setting, a run without recorded
-            releases, a round not recorded, overlapping auxiliary data, or
-            too little memory.
+        PrivfedError: an unknown attack or setting, a run without recorded releases, a round not recorded,
+            overlapping auxiliary data, or too little memory.
     """
     import torch
 
@@ -365,11 +306,7 @@ def attack(
 
 
 def check_attack_settings(method: str, settings: Mapping[str, Any], *, where: str) -> None:
-    """Builds the attack once, as ``attack_run`` will, so an unknown attack or setting fails before any data loads.
-
-    Raises:
-        PrivfedError: ``where``, then what the attack refused.
-    """
+    """Builds the attack once, so an unknown attack or setting fails before any data loads (PrivfedError after ``where``)."""
     from attacks import get_attack_class
 
     try:
@@ -393,39 +330,34 @@ def study(
 ) -> StudyResult:
     """Runs every cell of a study not yet finished (train, evaluate, attack), as ``privfed study`` does.
 
-    Writes ``results.csv``, ``results.md`` and the plots into the study
-    directory (docs/studies.md); a cell that fails is recorded as failed and
-    the study goes on.
-
-    Args:
-        study_file: A study TOML file, or a shipped study's name (``privacy-cpu-cifar10``).
-        out: The study directory; default ``studies/<the file's name>``.
-        report: Run nothing: write the tables and plots of the cells recorded so far.
-        reuse_stale: Keep finished cells whose configuration changed since they ran.
-        dataset: Train every cell on this data instead of the study's.
-        data_dir: Where torchvision datasets live; default the study's.
-        download: Allow downloading CIFAR into ``data_dir``; default the study's.
-        log: Called with a line as the study starts, keeps or fails a cell.
-        run_progress: Called with each cell's run name; the callback it returns hears that run's events.
-        progress: Hears the probes' and the attack's stages (``stage, done, total, figures``).
-
-    Returns:
-        The study directory, its cells' records and the files written.
+    Writes ``results.csv``, ``results.md`` and the plots into the study directory (docs/studies.md); a cell that
+    fails is recorded as failed and the study goes on. Options as ``privfed study --help`` tells them (a
+    ``dataset``, ``data_dir`` or ``download`` of None: the study's own). ``log`` hears a line as the study starts,
+    keeps or fails a cell; ``run_progress`` is called with each cell's run name, and the callback it returns hears
+    that run's events; ``progress`` hears the probes' and the attack's stages.
 
     Raises:
-        PrivfedError: a bad study file or attack setting, a cell that cannot
-            run, missing data, stale cells, no recorded cell (``report``).
+        PrivfedError: a bad study file or attack setting, a cell that cannot run, missing data, stale cells, no
+            recorded cell (``report``).
         StudyStopped: Ctrl-C stopped it; its ``result`` has the tables of the cells recorded so far.
     """
     from privfed.federation.local_runtime import own_process_state
+    from privfed.studies.grid import Study
     from privfed.studies.orchestration import report_study_file, run_study_file, study_folder
 
     path = Path(study_file)
-    spec = _load_study(path, dataset=dataset, data_dir=data_dir, download=download)
+    overrides = {"dataset": dataset, "data_dir": None if data_dir is None else os.fspath(data_dir), "download": download}
+    spec = Study.load(path, overrides=overrides)
     folder = study_folder(path, out)
     if report:
         return report_study_file(spec, path, folder)
-    attack = _study_attack(spec, path, progress)
+    attack: AttackRun | None = None
+    if spec.attack is not None:  # its settings checked first: an unknown one fails before anything trains
+        from attacks.evaluation import attack_last_round
+
+        where = f"study file {path}: [attack_settings] for {spec.attack}"
+        check_attack_settings(spec.attack, spec.attack_settings, where=where)
+        attack = functools.partial(attack_last_round, attack_settings=spec.attack_settings or None, progress=progress)
     with own_process_state():  # each cell's run seeds torch's and numpy's generators
         return run_study_file(
             spec, path, folder, attack=attack, reuse_stale=reuse_stale, log=log, run_progress=run_progress,
@@ -447,12 +379,8 @@ def tune(
 ) -> TuneResult:
     """Runs a study as :func:`study` does and ranks its settings without labels by Align + 0.2 Unif (paper §5).
 
-    The linear-probe accuracy stands beside each score, to check the choice;
-    the ranking is written to ``tuning.md`` in the study directory.
-    Arguments, and what is raised, as for :func:`study`.
-
-    Returns:
-        The study's result, the ranking (Markdown) and ``tuning.md``'s path.
+    The linear-probe accuracy stands beside each score, to check the choice; the ranking is written to
+    ``tuning.md`` in the study directory. Arguments, and what is raised, as for :func:`study`.
     """
     from privfed.studies.results import write_tuning
 
@@ -462,22 +390,3 @@ def tune(
     )
     return write_tuning(result, name=Path(study_file).stem)
 
-
-def _load_study(
-    path: Path, *, dataset: str | None, data_dir: str | os.PathLike[str] | None, download: bool | None
-) -> Study:
-    """The study file with the given options over its ``[base]`` (None: not given)."""
-    from privfed.studies.grid import Study
-
-    overrides = {"dataset": dataset, "data_dir": None if data_dir is None else os.fspath(data_dir), "download": download}
-    return Study.load(path, overrides=overrides)
-
-
-def _study_attack(spec: Study, path: Path, progress: StepProgress | None) -> AttackRun | None:
-    """The attack a study's cells run, its settings checked first (an unknown one fails before anything trains)."""
-    if spec.attack is None:
-        return None
-    from attacks.evaluation import attack_last_round
-
-    check_attack_settings(spec.attack, spec.attack_settings, where=f"study file {path}: [attack_settings] for {spec.attack}")
-    return functools.partial(attack_last_round, attack_settings=spec.attack_settings or None, progress=progress)

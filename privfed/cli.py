@@ -10,7 +10,6 @@ import threading
 import traceback
 import warnings
 from collections.abc import Callable
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -70,19 +69,11 @@ def _options(
     """Privacy-focused federated learning with Orchestra."""
 
 
-class Protocol(str, Enum):
-    knn = "knn"
-    linear = "linear"
-    finetune = "finetune"
-    tsne = "tsne"
-
-
 #: What `privfed train` exits with after a Ctrl-C stopped the run cleanly (the shell's 128 + SIGINT).
 INTERRUPTED_EXIT_CODE = 130
 #: What every command exits with for bad input (an option, a file, a run directory): one line on stderr.
 USAGE_EXIT_CODE = 2
-#: What `privfed train` exits with when the run stopped because it could not train: a round without a usable reply,
-#: or rounds in a row that applied no update (``summary.json``'s ``stop`` says which).
+#: What `privfed train` exits with when the run stopped because it could not train (``summary.json``'s ``stop``).
 FAILED_RUN_EXIT_CODE = 1
 
 
@@ -105,9 +96,11 @@ def _declarations(name: str, *, boolean: bool) -> tuple[str, ...]:
     return (f"{flag}/--no-{flag[2:]}",) if boolean else (flag, *option_help(name).flags)
 
 
-def _train_parameters() -> list[inspect.Parameter]:
-    """One ``--option`` per :class:`TrainConfig` field, unset (``None``) unless given."""
-    parameters = []
+def with_config_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Adds one ``--option`` per :class:`TrainConfig` field, unset (``None``) unless given; ``command`` receives them
+    as ``**options``."""
+    own = inspect.signature(command).parameters.values()
+    parameters = [p for p in own if p.kind is not inspect.Parameter.VAR_KEYWORD]
     for field_, hint in zip(dataclasses.fields(TrainConfig), field_types().values()):
         kind = next(t for t in getattr(hint, "__args__", (hint,)) if t is not type(None))
         declarations = _declarations(field_.name, boolean=kind is bool)
@@ -123,13 +116,7 @@ def _train_parameters() -> list[inspect.Parameter]:
                 annotation=kind | None,
             )
         )
-    return parameters
-
-
-def with_config_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Adds every :class:`TrainConfig` field to ``command``'s options; it receives them as ``**options``."""
-    own = [p for p in inspect.signature(command).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    command.__signature__ = inspect.Signature([*own, *_train_parameters()])  # type: ignore[attr-defined]
+    command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     return command
 
 
@@ -175,22 +162,17 @@ def train(
 
 def _full_disk(err: OSError, plan: RunPlan) -> PrivfedError:
     """What a run stopped by a full disk says: how to go on, as the run's files allow (each was written whole)."""
-    from privfed.run.resume import RESUME_FILE, check_resumable, read_resume_point
+    from privfed.run.resume import check_resumable, has_resume_point, read_resume_point
 
     run_dir = plan.run_dir
-    if not (run_dir.checkpoints / RESUME_FILE).is_file():
-        return PrivfedError(
-            f"cannot write in {run_dir.path}: {err.strerror}; make room, then remove {run_dir.path} and train again "
-            "(it stopped before its first resume point)"
-        )
+    full = f"cannot write in {run_dir.path}: {err.strerror}; "
+    if not has_resume_point(run_dir):
+        return PrivfedError(f"{full}make room, then remove {run_dir.path} and train again (it stopped before its first resume point)")
     try:
         check_resumable(run_dir, read_resume_point(run_dir), plan.config)
     except PrivfedError as refused:
-        return PrivfedError(f"cannot write in {run_dir.path}: {err.strerror}; the run cannot be resumed: {refused}")
-    return PrivfedError(
-        f"cannot write in {run_dir.path}: {err.strerror}; make room, then `privfed train --resume {run_dir.path}` "
-        "continues it from its last resume point"
-    )
+        return PrivfedError(f"{full}the run cannot be resumed: {refused}")
+    return PrivfedError(f"{full}make room, then `privfed train --resume {run_dir.path}` continues it from its last resume point")
 
 
 def train_exit_code(summary: dict[str, Any]) -> int:
@@ -239,7 +221,7 @@ def evaluate(
         "Data the probe is scored on (its test split; a file named only here is used whole). "
         "[default: the run's test dataset]"
     )),
-    protocol: Protocol = typer.Option(Protocol.knn, help=(
+    protocol: str = typer.Option("knn", click_type=click.Choice(["knn", "linear", "finetune", "tsne"]), help=(
         "knn (see --knn-k, --knn-temperature), linear (probe on frozen features), finetune (the "
         "whole backbone and a linear head on --label-fraction of the labels) or tsne (a 2-D picture "
         "of the test representations by class)."
@@ -262,7 +244,7 @@ def evaluate(
             run_dir,
             train_data=train_data,
             test_data=test_data,
-            protocol=protocol.value,
+            protocol=protocol,
             label_fraction=label_fraction,
             seed=seed,
             checkpoint=checkpoint,
@@ -529,10 +511,7 @@ def _exit_after_a_bug(code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: bad input becomes one line on stderr and exit code 2.
-
-    ``argv`` defaults to the command line (tests pass their own).
-    """
+    """Console entry point: bad input becomes one line on stderr and exit code 2."""
     # Before torch loads (commands import it lazily): torch's OpenMP threads then sleep while they wait instead of
     # spinning, which on a machine other jobs share made the server's kNN evaluation 3 to 4 times slower (docs/flower.md).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -1,7 +1,4 @@
-"""The CLI's help: plain text in one section per panel, each registry's names as an option's choices.
-
-Kept apart from :mod:`privfed.cli` so the commands read as commands.
-"""
+"""The CLI's help: plain text in one section per panel, each registry's names as an option's choices."""
 
 from __future__ import annotations
 
@@ -48,8 +45,7 @@ def attack_names() -> list[str]:
 
 
 class RegistryChoice(click.ParamType):
-    """A name from a registry, read when first needed (help or a given value), so that plug-ins appear and
-    ``privfed`` starts without importing torch."""
+    """A name from a registry, read when first needed, so plug-ins appear and ``privfed`` starts without torch."""
 
     name = "choice"
 
@@ -59,7 +55,6 @@ class RegistryChoice(click.ParamType):
 
     @property
     def choices(self) -> tuple[str, ...]:
-        """The names registered now (a registry loads its plug-ins once, on first use)."""
         return tuple(self._names())
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
@@ -87,8 +82,8 @@ LATE_HELP: dict[str, Callable[[], str]] = {
 
 
 class HelpCommand(TyperCommand):
-    """Plain help in one section per ``rich_help_panel``, with each registry's choices and without the
-    backslashes typer puts before brackets for rich (even when rich is off)."""
+    """Plain help in one section per ``rich_help_panel``, with each registry's choices, without typer's backslashes
+    before brackets."""
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         declared = {name: p.default for name, p in inspect.signature(self.callback).parameters.items()} if self.callback else {}
@@ -113,8 +108,7 @@ HELP_NAME_WIDTH = 30
 
 
 def _write_rows(formatter: click.HelpFormatter, rows: list[tuple[str, str]]) -> None:
-    """Two columns as click's ``write_dl`` writes them, but never breaking a line inside a hyphenated name
-    (``--epsilon-per-release``, ``ldp-sums``)."""
+    """Two columns as click's ``write_dl``, never breaking a line inside a hyphenated name (``ldp-sums``)."""
     first = min(max(len(name) for name, _ in rows), HELP_NAME_WIDTH)
     indent = " " * (formatter.current_indent + first + 2)
     width = max(formatter.width - len(indent), 20)

@@ -1,7 +1,4 @@
-"""The CLI's progress: rich bars with an ETA on a terminal, plain lines otherwise, and the ``done`` line.
-
-The library reports through callbacks and prints nothing; these classes draw what it reports.
-"""
+"""The CLI's progress: what the library reports through callbacks, as rich bars on a terminal, plain lines otherwise."""
 
 from __future__ import annotations
 
@@ -26,8 +23,7 @@ def _round_line(event: dict[str, Any]) -> str:
 
 
 class ProgressView:
-    """Draws the library's progress callbacks: rich bars with an ETA on a terminal, the plain lines otherwise
-    (a log file or a pipe gets what it always got)."""
+    """Draws the library's progress callbacks: rich bars with an ETA on a terminal, plain lines in a log or pipe."""
 
     def __init__(self, console: Console | None = None) -> None:
         from rich.console import Console
@@ -94,8 +90,7 @@ class ProgressView:
 
 
 class RoundProgress:
-    """``privfed train``'s progress callback: a line per round (and a bar on a terminal), then the ``done`` line with
-    the epsilon spent and this process's wall time."""
+    """``privfed train``'s progress callback: a line per round (and a bar on a terminal), then the ``done`` line."""
 
     def __init__(self, view: ProgressView, *, lines: bool = True, rounds_done: int = 0, label: str = "rounds") -> None:
         self.view, self.lines, self.rounds_done, self.label = view, lines, rounds_done, label
@@ -122,8 +117,7 @@ class RoundProgress:
             self._say(self.done_line(event))
 
     def done_line(self, event: dict[str, Any]) -> str:
-        """The run's outcome (done, or stopped and why): accuracy, rounds, the worst-off client's epsilon, and the wall time of the process
-        (start-up, data and the runtime included) beside the training loop's."""
+        """The run's outcome: accuracy, rounds, the worst-off client's epsilon, wall time (the process's and the loop's)."""
         spent = [f"epsilon {e:.3f}" for e in (self.epsilon,) if e is not None]
         spent += [f"DP-SGD epsilon {e:.3f}" for e in (self.dp_sgd_epsilon,) if e is not None]
         privacy = f", {' and '.join(spent)} spent (worst-case client)" if spent else ""

@@ -1,9 +1,8 @@
 """Standard streams that stop printing, not the command, when they cannot be written.
 
-``privfed train ... | head -1`` closes the pipe after one line, and a log on a
-full disk refuses more; either used to kill a run between two files. Behind
-:func:`forgiving_streams`, the first failed write or flush of stdout or
-stderr points that stream at ``/dev/null`` and the command goes on.
+``privfed train ... | head -1`` closes the pipe after one line, a log on a full disk refuses more: either could kill
+a run between two files. Behind :func:`forgiving_streams`, a stream's first failed write or flush points it at
+``/dev/null`` and the command goes on.
 """
 
 from __future__ import annotations
@@ -16,10 +15,7 @@ from typing import Any, TextIO
 
 
 class ForgivingStream:
-    """A text stream that turns itself off at its first failed write (a closed pipe, a full disk) instead of raising.
-
-    Everything else (``encoding``, ``isatty``, ``fileno``, ...) is the wrapped stream's.
-    """
+    """A text stream that turns itself off at its first failed write instead of raising; the rest is the wrapped one."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
@@ -47,8 +43,8 @@ class ForgivingStream:
             self._turn_off()
 
     def _turn_off(self) -> None:
-        """Stops printing; the descriptor gets ``/dev/null``, so what is buffered, and any writer that bypasses
-        this object (a C library, a child process), drains there instead of failing again."""
+        """Stops printing; the descriptor gets ``/dev/null``, so the buffer and any writer bypassing this object (a C
+        library, a child process) drain there."""
         self.closed_by_reader = True
         with contextlib.suppress(OSError, ValueError, AttributeError):
             null = os.open(os.devnull, os.O_WRONLY)

@@ -20,12 +20,8 @@ NAME_MAX, PATH_MAX = 255, 4096
 
 
 def check_path(path: Path, what: str) -> None:
-    """Refuses a path the system would refuse midway, with a traceback: a name over :data:`NAME_MAX` bytes, the whole
-    (files within it included, up to 100 bytes more) over :data:`PATH_MAX`.
-
-    Raises:
-        PrivfedError: naming ``what`` and the limit.
-    """
+    """Refuses (PrivfedError) a path the system would refuse midway: a name over :data:`NAME_MAX` bytes, or the whole
+    (with up to 100 bytes more for the files within) over :data:`PATH_MAX`."""
     length = len(os.fsencode(path.absolute()))
     if length + 100 > PATH_MAX:
         raise PrivfedError(f"{what} is too long: {length} bytes, and a path must stay under {PATH_MAX - 100}")

@@ -1,9 +1,4 @@
-"""User-facing errors.
-
-Anything raised as :class:`PrivfedError` is a problem with the user's input or
-environment, not a bug: the CLI prints its message on one line and exits with a
-non-zero status instead of showing a traceback.
-"""
+"""User-facing errors: the CLI prints a :class:`PrivfedError` on one line and exits non-zero, without a traceback."""
 
 
 class PrivfedError(Exception):

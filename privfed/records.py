@@ -1,9 +1,4 @@
-"""Typed reads of Flower record entries.
-
-Flower types every record value as any scalar or list of scalars, and what
-a peer sent is not to be trusted: these read one entry as the type the
-protocol says, and refuse anything else instead of converting it.
-"""
+"""Typed reads of Flower record entries: what a peer sent is read as the protocol's type, anything else refused."""
 
 from __future__ import annotations
 

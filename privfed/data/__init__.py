@@ -1,9 +1,4 @@
-"""Datasets, client partitions and batched augmentations for privfed.
-
-Everything a run needs before the model sees a batch: load a dataset from a
-spec string, split it across non-IID clients, and turn uint8 batches into
-Orchestra's augmented views.
-"""
+"""Everything a run needs before the model sees a batch: datasets from a spec, non-IID client splits, augmented views."""
 
 from privfed.data.arrays import ImageArrays, load_npz
 from privfed.data.augment import (

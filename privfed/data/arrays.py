@@ -1,9 +1,7 @@
-"""In-memory image datasets and the general ``.npz`` image-arrays loader.
+"""In-memory image datasets and the ``.npz`` image-arrays loader.
 
-Every dataset privfed uses (the embedded shapes, CIFAR, user arrays) ends up as
-one :class:`ImageArrays`: plain uint8 images plus int64 labels. Keeping one
-small, framework-free container lets partitioning, training and evaluation
-share a single code path, and keeps whole datasets cheap to slice per client.
+Every dataset (shapes, CIFAR, user arrays) ends up as one :class:`ImageArrays` of uint8 images and int64 labels,
+so partitioning, training and evaluation share one code path, and slicing per client is cheap.
 """
 
 from __future__ import annotations
@@ -18,8 +16,7 @@ import torch
 
 from privfed.errors import PrivfedError
 
-#: Seed of the fixed train/test split of files without their own test set.
-#: A constant (not a run option) so that every command sees the same split.
+#: Seed of the fixed train/test split of files without a test set (not a run option: every command sees one split).
 SPLIT_SEED = 20220717
 #: Fraction of samples that goes to "train" when a file has no test set.
 TRAIN_FRACTION = 0.8
@@ -29,14 +26,7 @@ Split = Literal["train", "test", "all"]
 
 @dataclass(frozen=True, eq=False)  # arrays have no single truth value: compare by identity
 class ImageArrays:
-    """A labelled image dataset held as numpy arrays.
-
-    Attributes:
-        images: uint8 array, N×H×W×C (channels-last, C = 3), as stored on disk.
-        labels: int64 array of length N with class indices.
-        classes: Class names; ``classes[i]`` names label ``i``.
-        name: Short dataset name, for logs and run metadata.
-    """
+    """A labelled image dataset: uint8 N×H×W×3 ``images`` (channels last), int64 ``labels``, a name per class."""
 
     images: np.ndarray
     labels: np.ndarray
@@ -47,25 +37,19 @@ class ImageArrays:
         return int(self.labels.shape[0])
 
     def subset(self, indices: np.ndarray) -> ImageArrays:
-        """Select samples by index, e.g. one client's share of a partition."""
+        """The samples at ``indices``, e.g. one client's share of a partition."""
         idx = np.asarray(indices, dtype=np.int64)
         return ImageArrays(self.images[idx], self.labels[idx], self.classes, self.name)
 
     def to_tensor(self) -> torch.Tensor:
-        """Return the images as a contiguous uint8 N×C×H×W tensor.
-
-        Images stay uint8 (4× smaller than float) until a batch is augmented.
-        """
+        """The images as a contiguous uint8 N×C×H×W tensor (4× smaller than float until a batch is augmented)."""
         return torch.from_numpy(np.ascontiguousarray(self.images)).permute(0, 3, 1, 2).contiguous()
 
 
 def load_npz(path: Path, *, split: Split) -> ImageArrays:
-    """Load an image-arrays ``.npz`` file (format: docs/usage.md, "Data"); without ``x_test`` a fixed seeded 80/20 split.
+    """An image-arrays ``.npz`` file (docs/usage.md, "Data"); without ``x_test``, a fixed seeded 80/20 split.
 
-    ``split``: "train", "test", or "all" (every sample in the file).
-
-    Raises:
-        PrivfedError: If the file is missing, unreadable or malformed.
+    ``split``: "train", "test", or "all" (every sample). PrivfedError when the file is missing or malformed.
     """
     path = Path(path)
     if split not in ("train", "test", "all"):
@@ -103,18 +87,14 @@ def has_test_arrays(path: Path) -> bool:
 
 
 def split_indices(num_samples: int) -> tuple[np.ndarray, np.ndarray]:
-    """Return the fixed (train, test) index arrays used when a file has no test set.
-
-    Deterministic for a given ``num_samples``, disjoint, together covering
-    every index, each sorted.
-    """
+    """The fixed, sorted, disjoint (train, test) indices of all samples, for a file without a test set."""
     order = np.random.default_rng(SPLIT_SEED).permutation(num_samples)
     num_train = round(TRAIN_FRACTION * num_samples)
     return np.sort(order[:num_train]), np.sort(order[num_train:])
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
-    """Read every array of an npz file, turning I/O problems into user errors."""
+    """Every array of an npz file, I/O problems as user errors."""
     if not path.exists():
         raise PrivfedError(
             f"image-arrays file not found: {path}; give an existing .npz (--dataset arrays:PATH), "
@@ -143,7 +123,7 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
 def _checked_pair(
     arrays: dict[str, np.ndarray], x_key: str, y_key: str, path: Path
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Validate one (images, labels) pair and return it as (uint8, int64) arrays."""
+    """One checked (images, labels) pair as (uint8, int64) arrays."""
     for key in (x_key, y_key):
         if key not in arrays:
             found = ", ".join(sorted(arrays)) or "none"
@@ -171,11 +151,8 @@ def _checked_pair(
 
 
 def _class_names(stored: np.ndarray | None, labels: np.ndarray, path: Path) -> tuple[str, ...]:
-    """Return class names, defaulting to "0", "1", … when the file has none.
-
-    The labels must be class indices 0..C-1 with C at most the number of images: a stray large label
-    would otherwise make a classifier (and a kNN vote) with millions of empty classes.
-    """
+    """Class names, "0", "1", … when the file has none. C classes at most one per image: a stray large label would
+    make a classifier (and a kNN vote) with millions of empty classes."""
     num_classes = int(labels.max()) + 1
     if num_classes > len(labels):
         raise PrivfedError(
@@ -198,7 +175,7 @@ def _select_split(
     test_pair: tuple[np.ndarray, np.ndarray] | None,
     split: Split,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Pick the requested split from the file's arrays."""
+    """The requested split of the file's arrays."""
     if test_pair is not None:
         if split == "train":
             return x, y
@@ -213,5 +190,5 @@ def _select_split(
 
 
 def _hwc(x: np.ndarray) -> str:
-    """Format an image array's per-image shape for error messages."""
+    """An image array's per-image shape, for messages."""
     return "×".join(str(d) for d in x.shape[1:])

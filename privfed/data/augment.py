@@ -1,16 +1,9 @@
 """Batched, per-sample-random image augmentations on tensors.
 
-Orchestra needs three augmented views of every sample on every step. Doing
-that image by image through PIL is the bottleneck on a 2-core CPU, so every
-op here transforms a whole B×3×H×W batch at once with a different random draw
-per sample, and runs on whatever device the batch lives on (GPU included).
-
-Randomness comes only from the ``torch.Generator`` passed in, which must live
-on the same device as the images (``torch.Generator(device=x.device)``): the
-same generator state always gives the same views, on any run.
-
-Images are float in [0, 1] until :func:`normalize`, which maps them to the
-fixed per-channel scale the encoders see, ``(x - 0.5) / 0.25``.
+Orchestra needs three augmented views of every sample on every step; image by image through PIL that is the
+bottleneck on a 2-core CPU. So every op transforms a whole B×3×H×W batch at once, a different draw per sample, on
+the batch's device. Randomness comes only from the ``torch.Generator`` passed in (on the images' device): the same
+state gives the same views. Images are float in [0, 1] until :func:`normalize`.
 """
 
 from __future__ import annotations
@@ -27,8 +20,7 @@ NORM_MEAN = 0.5
 NORM_STD = 0.25
 # ITU-R BT.601 luma weights (what torchvision's rgb_to_grayscale uses).
 _LUMA = (0.299, 0.587, 0.114)
-# RGB → YIQ; hue is rotated in the (I, Q) chroma plane. Built in float64 on the CPU, then kept per device and dtype
-# (some accelerators, e.g. Apple MPS, have no float64).
+# RGB → YIQ; hue turns in the (I, Q) plane. Float64 on the CPU, kept per device and dtype (MPS has no float64).
 _RGB_TO_YIQ64 = torch.tensor(
     [[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]], dtype=torch.float64
 )
@@ -52,14 +44,14 @@ class OrchestraViews:
 
 
 def to_float(x_uint8: torch.Tensor) -> torch.Tensor:
-    """Convert uint8 images (0–255) to floats in [0, 1] in torch's default dtype (float32 but in float64 tests), on their device."""
+    """uint8 images (0–255) as floats in [0, 1], in torch's default dtype, on their device."""
     if x_uint8.dtype != torch.uint8:
         raise ValueError(f"expected uint8 images, got {x_uint8.dtype}")
     return x_uint8.to(torch.get_default_dtype()).div_(255.0)
 
 
 def normalize(x: torch.Tensor) -> torch.Tensor:
-    """Map [0, 1] images to the encoders' input scale; use for training and evaluation alike."""
+    """[0, 1] images at the encoders' input scale, ``(x - 0.5) / 0.25``; for training and evaluation alike."""
     return (x - NORM_MEAN) / NORM_STD
 
 
@@ -76,11 +68,10 @@ TWO_VIEW_DRAWS = 2 * BYOL_VIEW_DRAWS + SOLARIZE_DRAWS
 
 
 def view_draws(n: int, count: int, *, generator: torch.Generator) -> torch.Tensor:
-    """``[n, count]`` uniforms in [0, 1) on the generator's device: every random choice of a batch's views, in one call.
+    """``[n, count]`` uniforms in [0, 1) on the generator's device: every random choice of a batch's views.
 
-    One draw instead of one per choice cuts the operators a step launches;
-    clients trained together each draw from their own generator, and one
-    transform then serves all their images (:mod:`privfed.orchestra.cohort_training`).
+    One draw instead of one per choice cuts the operators a step launches; clients trained together each draw from
+    their own generator, and one transform serves all their images (:mod:`privfed.orchestra.cohort_training`).
     """
     return torch.rand(n, count, generator=generator, device=generator.device)
 
@@ -94,14 +85,11 @@ def random_resized_crop_flip(
 ) -> torch.Tensor:
     """Crop a random box per sample, resize it back to H×W, and flip half the samples.
 
-    The box covers a ``scale`` fraction of the image with aspect ``ratio``
-    (log-uniform), like torchvision's RandomResizedCrop; sides are clamped to
-    the image instead of resampled. One affine grid per sample does crop,
-    resize and horizontal flip in a single bicubic ``grid_sample`` (the
+    The box covers a ``scale`` fraction of the image with aspect ``ratio`` (log-uniform), like torchvision's
+    RandomResizedCrop, sides clamped to the image instead of resampled. One bicubic ``grid_sample`` per batch (the
     official code resizes bicubically), clamped back to [0, 1].
     """
-    _check_batch(x, generator)
-    return _crop_flip(x, _draw(x, CROP_DRAWS, generator), scale=scale, ratio=ratio)
+    return _crop_flip(x, _draws(x, CROP_DRAWS, generator), scale=scale, ratio=ratio)
 
 
 def _crop_flip(
@@ -135,13 +123,10 @@ def color_jitter(
 ) -> torch.Tensor:
     """Randomly change brightness, contrast, saturation and hue, per sample, with probability p.
 
-    Colour is a shortcut a self-supervised encoder must not rely on; jitter
-    removes it. Factors are uniform in [1 - s, 1 + s] (hue: a rotation of
-    ±hue turns in YIQ space), applied in that fixed order and clamped to
-    [0, 1] after each step.
+    Colour is a shortcut a self-supervised encoder must not rely on. Factors are uniform in [1 - s, 1 + s] (hue: a
+    rotation of ±hue turns in YIQ space), applied in that order, clamped to [0, 1] after each.
     """
-    _check_batch(x, generator)
-    u = _draw(x, JITTER_DRAWS, generator)
+    u = _draws(x, JITTER_DRAWS, generator)
     return _jitter(x, u, brightness=brightness, contrast=contrast, saturation=saturation, hue=hue, p=p)
 
 
@@ -167,8 +152,7 @@ def random_grayscale(
     x: torch.Tensor, *, generator: torch.Generator, p: float = 0.2
 ) -> torch.Tensor:
     """Replace a random fraction p of the samples by their luma, on all three channels."""
-    _check_batch(x, generator)
-    return _grayscale(x, _draw(x, GRAYSCALE_DRAWS, generator), p=p)
+    return _grayscale(x, _draws(x, GRAYSCALE_DRAWS, generator), p=p)
 
 
 def _grayscale(x: torch.Tensor, u: torch.Tensor, *, p: float = 0.2) -> torch.Tensor:
@@ -178,13 +162,9 @@ def _grayscale(x: torch.Tensor, u: torch.Tensor, *, p: float = 0.2) -> torch.Ten
 def gaussian_blur(
     x: torch.Tensor, *, generator: torch.Generator, p: float, sigma: tuple[float, float] = (0.1, 2.0)
 ) -> torch.Tensor:
-    """Blur a random fraction p of the samples with a 3×3 Gaussian, its sigma uniform in ``sigma`` per sample.
-
-    The official code's kernel (3×3, reflect padding): at 32×32 a 3×3 kernel
-    softens edges without erasing the object. Separable, so two 3-tap passes.
-    """
-    _check_batch(x, generator)
-    return _blur(x, _draw(x, BLUR_DRAWS, generator), p=p, sigma=sigma)
+    """Blur a random fraction p of the samples with a 3×3 Gaussian (reflect padding, as the official code), its
+    sigma uniform in ``sigma`` per sample: at 32×32 it softens edges without erasing the object."""
+    return _blur(x, _draws(x, BLUR_DRAWS, generator), p=p, sigma=sigma)
 
 
 def _blur(x: torch.Tensor, u: torch.Tensor, *, p: float, sigma: tuple[float, float] = (0.1, 2.0)) -> torch.Tensor:
@@ -202,8 +182,7 @@ def solarize(
     x: torch.Tensor, *, generator: torch.Generator, p: float, threshold: float = 0.5
 ) -> torch.Tensor:
     """Invert pixels at or above ``threshold`` in a random fraction p of the samples."""
-    _check_batch(x, generator)
-    return _solarize(x, _draw(x, SOLARIZE_DRAWS, generator), p=p, threshold=threshold)
+    return _solarize(x, _draws(x, SOLARIZE_DRAWS, generator), p=p, threshold=threshold)
 
 
 def _solarize(x: torch.Tensor, u: torch.Tensor, *, p: float, threshold: float = 0.5) -> torch.Tensor:
@@ -217,11 +196,9 @@ def rotate_quarter_turns(
     """Rotate each sample by k·90°, k uniform in 0..3, for the rotation-prediction head.
 
     Returns:
-        (rotated images, k as int64). Sample i equals
-        ``torch.rot90(x[i], k[i], dims=(-2, -1))`` (counter-clockwise turns).
+        (rotated images, k as int64); sample i is ``torch.rot90(x[i], k[i], dims=(-2, -1))``.
     """
-    _check_batch(x, generator)
-    return _quarter_turns(x, _draw(x, ROTATION_DRAWS, generator))
+    return _quarter_turns(x, _draws(x, ROTATION_DRAWS, generator))
 
 
 def _quarter_turns(x: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -235,13 +212,11 @@ def _quarter_turns(x: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torc
 
 
 def orchestra_views(x_uint8: torch.Tensor, *, generator: torch.Generator) -> OrchestraViews:
-    """Make Orchestra's three normalised views of a uint8 B×3×H×W batch.
+    """Orchestra's three normalised views of a uint8 B×3×H×W batch, as the official ``OrchestraTransform``.
 
-    As the official ``OrchestraTransform``:
     view1: crop/flip, colour jitter (p 0.8), grayscale (p 0.2), blur (p 0.5).
     view2: the same with blur p 0.1, plus solarisation (p 0.2), drawn independently.
     view3: a third view-1 augmentation, then a random quarter turn (labels returned).
-    The generator must be on the batch's device.
     """
     _check_generator(x_uint8, generator)
     return orchestra_views_from(x_uint8, view_draws(x_uint8.shape[0], ORCHESTRA_VIEW_DRAWS, generator=generator))
@@ -258,11 +233,8 @@ def orchestra_views_from(x_uint8: torch.Tensor, draws: torch.Tensor) -> Orchestr
 
 
 def two_views(x_uint8: torch.Tensor, *, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two normalised BYOL-style views the SSL baselines train on: Orchestra's view 1 and view 2.
-
-    They are drawn exactly as :func:`orchestra_views` draws its first two
-    views, so every method sees the same augmentation of an image.
-    """
+    """The two normalised views the SSL baselines train on, drawn exactly as :func:`orchestra_views` draws its first
+    two: every method sees the same augmentation of an image."""
     _check_generator(x_uint8, generator)
     return two_views_from(x_uint8, view_draws(x_uint8.shape[0], TWO_VIEW_DRAWS, generator=generator))
 
@@ -293,7 +265,6 @@ def _byol_view(x: torch.Tensor, u: torch.Tensor, *, blur_p: float = 0.5, solariz
 
 
 def _check_batch(x: torch.Tensor, generator: torch.Generator | None) -> None:
-    """Reject inputs the batched ops cannot handle, with a clear message."""
     if x.ndim != 4 or x.shape[1] != 3:
         raise ValueError(f"expected a B×3×H×W batch, got shape {tuple(x.shape)}")
     if not x.is_floating_point():
@@ -310,8 +281,9 @@ def _check_generator(x: torch.Tensor, generator: torch.Generator) -> None:
         )
 
 
-def _draw(x: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
-    """``[B, count]`` uniforms for one op on its own."""
+def _draws(x: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
+    """``[B, count]`` uniforms for one op on its own, once the batch is checked."""
+    _check_batch(x, generator)
     return view_draws(x.shape[0], count, generator=generator)
 
 
@@ -321,7 +293,7 @@ def _scaled(u: torch.Tensor, low: float, high: float, x: torch.Tensor) -> torch.
 
 
 def _per_sample(v: torch.Tensor) -> torch.Tensor:
-    """Reshape a length-B vector to broadcast over B×C×H×W."""
+    """A length-B vector, to broadcast over B×C×H×W."""
     return v.view(-1, 1, 1, 1)
 
 
@@ -342,7 +314,7 @@ def _rotate_hue(x: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=8)
 def _hue_rotation_parts(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """YIQ→RGB · R(θ) · RGB→YIQ as ``fixed + cos θ · by_cos + sin θ · by_sin``, on ``device`` once (no copy per step)."""
+    """YIQ→RGB · R(θ) · RGB→YIQ as ``fixed + cos θ · by_cos + sin θ · by_sin``, once per device."""
     to_rgb, to_yiq = torch.linalg.inv(_RGB_TO_YIQ64), _RGB_TO_YIQ64
     luma_only = torch.diag(torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
     chroma = torch.diag(torch.tensor([0.0, 1.0, 1.0], dtype=torch.float64))

@@ -1,7 +1,6 @@
 """Dataset specs: one string names every dataset privfed can train on (docs/usage.md, "Data").
 
-Resolving it here keeps the CLI, configs and tests in agreement and turns
-every problem into a one-line :class:`PrivfedError`.
+Resolved here only, so the CLI, configs and tests agree, and every problem is a one-line :class:`PrivfedError`.
 """
 
 from __future__ import annotations
@@ -64,10 +63,8 @@ def arrays_file(spec: str | None) -> Path | None:
 
 
 def evaluation_splits(train_spec: str | None, test_spec: str) -> tuple[Split, Split]:
-    """The splits a probe learns from and is scored on, when the user names the two datasets (docs/usage.md, "Evaluate a saved encoder").
-
-    ``train_spec`` None: only test data is named (a picture needs no probe).
-    """
+    """The splits a probe learns from and is scored on (docs/usage.md, "Evaluate a saved encoder"); ``train_spec``
+    None: only test data is named (a picture needs no probe)."""
     train_file, test_file = arrays_file(train_spec), arrays_file(test_spec)
     if train_file is not None and train_file == test_file:
         return "train", "test"
@@ -86,16 +83,12 @@ def load_dataset(
     download: bool = False,
     seed: int = 0,
 ) -> ImageArrays:
-    """Load the dataset a spec names.
+    """The dataset a spec names: ``shapes[:N]``, ``cifar10[:N]``, ``cifar100[:N]`` or ``arrays:PATH``.
 
     Args:
-        spec: ``shapes``, ``shapes:N``, ``cifar10[:N]``, ``cifar100[:N]`` or ``arrays:PATH``.
         split: "train", "test", or "all" (the whole file; ``arrays:PATH`` only).
-        data_dir: Root folder for downloadable datasets (CIFAR).
-        download: Allow fetching CIFAR from the internet; off by default so
-            nothing touches the network unless the user asks.
-        seed: Draws the subset of ``cifar10:N`` (the run's seed: a CPU-sized
-            run need not always see the same N images); the test split stays whole.
+        download: Allow fetching CIFAR into ``data_dir``; off, nothing touches the network.
+        seed: Draws the subset of ``cifar10:N`` (the run's seed); the test split stays whole.
 
     Raises:
         PrivfedError: For an unknown spec, a bad size, or missing/corrupt files.
@@ -121,7 +114,7 @@ def load_dataset(
 
 
 def _load_shapes(size_arg: str | None, split: Literal["train", "test"]) -> ImageArrays:
-    """Generate the embedded shapes dataset (fixed, distinct seeds for train and test)."""
+    """The embedded shapes dataset (fixed, distinct seeds for train and test)."""
     size = SHAPES_TRAIN_SIZE if size_arg is None else _parse_size(size_arg, f"shapes:{size_arg}")  # either split
     if split == "test":
         return make_shapes(SHAPES_TEST_SIZE, seed=SHAPES_TEST_SEED)
@@ -129,7 +122,7 @@ def _load_shapes(size_arg: str | None, split: Literal["train", "test"]) -> Image
 
 
 def _parse_size(text: str, spec: str) -> int:
-    """Parse the N of ``shapes:N`` or ``cifar10:N`` (a positive integer; ``_`` separators allowed)."""
+    """The N of ``shapes:N`` or ``cifar10:N`` (a positive integer; ``_`` separators allowed)."""
     name = spec.partition(":")[0].strip().lower()
     try:
         size = int(text.strip())
@@ -143,15 +136,10 @@ def _parse_size(text: str, spec: str) -> int:
 
 
 def balanced_subset(data: ImageArrays, size: int, *, seed: int, spec: str = "a subset") -> ImageArrays:
-    """``size`` images of ``data``, as equal a share of every class as the class sizes allow, drawn with ``seed``.
+    """``size`` images of ``data`` in their order, as equal a share of every class as the class sizes allow.
 
-    Balanced so that a small CPU-sized subset keeps every class (a uniform
-    draw would skew a Dirichlet split further); the remainder of
-    ``size / classes`` goes to classes picked by the same seed. The images
-    keep their original order.
-
-    Raises:
-        PrivfedError: when ``data`` has fewer than ``size`` images.
+    Balanced so that a small CPU-sized subset keeps every class (a uniform draw would skew a Dirichlet split
+    further); ``seed`` draws the images and the classes that get the remainder. PrivfedError when there are fewer.
     """
     if size > len(data):
         raise PrivfedError(f"{spec} asks for {size} training images; the data has {len(data)}")
@@ -174,13 +162,8 @@ def balanced_subset(data: ImageArrays, size: int, *, seed: int, spec: str = "a s
 
 
 def check_dataset_present(spec: str, *, data_dir: Path, download: bool) -> None:
-    """Refuses a dataset that is neither on disk nor allowed to download, without reading it.
-
-    Lets a study stop before its first cell instead of failing every cell.
-
-    Raises:
-        PrivfedError: naming both ways to get the data (``--download``, ``--dataset arrays:PATH``).
-    """
+    """Refuses (PrivfedError, naming both ways to get it) a dataset neither on disk nor allowed to download,
+    without reading it: a study stops before its first cell instead of failing every cell."""
     name, arg = _parts(spec)
     if name == "arrays" and arg and not Path(arg).expanduser().exists():
         load_npz(Path(arg).expanduser(), split="all")  # raises its not-found error, reading nothing
@@ -200,7 +183,7 @@ def _check_cifar_folder(name: str, data_dir: Path) -> None:
 def _load_cifar(
     name: str, split: Literal["train", "test"], data_dir: Path, download: bool
 ) -> ImageArrays:
-    """Load CIFAR-10/100 through torchvision, downloading only when allowed."""
+    """CIFAR-10/100 through torchvision, downloaded only when allowed."""
     title = _CIFAR_DIRS[name][1]
     if not download:
         _check_cifar_folder(name, data_dir)

@@ -1,11 +1,8 @@
 """The federated split: which images each client holds.
 
-The one owner of "load the run's training data and cut its seeded Dirichlet
-split". The server-side driver (client sizes, heterogeneity, the kNN
-monitor's reference set) and every client (its own images) ask the same
-:class:`FederatedSplit`, so they cannot disagree. No data crosses
-processes: each process loads the dataset and cuts the same split itself,
-cached per process because Flower's simulation reuses client workers.
+The server (client sizes, the kNN monitor's reference set) and every client (its own images) ask the same
+:class:`FederatedSplit`, so they cannot disagree. No data crosses processes: each loads the dataset and cuts the
+seeded split itself, cached per process because Flower's simulation reuses client workers.
 """
 
 from __future__ import annotations
@@ -50,16 +47,8 @@ def cached_dataset(
 
 @dataclass(frozen=True)
 class FederatedSplit:
-    """One dataset's training split, cut across ``num_clients`` clients by a seeded Dirichlet draw.
-
-    Attributes:
-        dataset: Dataset spec (see :func:`privfed.data.load_dataset`).
-        data_dir: Where torchvision datasets live.
-        download: Whether CIFAR may be downloaded into ``data_dir``.
-        num_clients: Number of clients K.
-        alpha: Dirichlet concentration (smaller = more skewed).
-        seed: Seed of the split (and of a ``cifar10:N`` subset).
-    """
+    """One dataset's training split, cut across ``num_clients`` clients by a Dirichlet(``alpha``) draw; ``seed``
+    draws it (and a ``cifar10:N`` subset)."""
 
     dataset: str
     data_dir: str

@@ -1,10 +1,5 @@
-"""Non-IID client partitions (Dirichlet label skew) and how skewed they are.
-
-Orchestra's experiments split each class across clients with proportions drawn
-from Dirichlet(α): small α gives clients few classes (α = 0.1 is the paper's
-cross-device default). The partition must be reproducible from a seed so that
-mechanisms and attacks can be compared on exactly the same clients.
-"""
+"""Non-IID client partitions (Dirichlet label skew, as Orchestra's experiments; α = 0.1 the paper's cross-device
+default) and how skewed they are; seeded, so mechanisms and attacks are compared on the same clients."""
 
 from __future__ import annotations
 
@@ -29,15 +24,12 @@ def dirichlet_partition(
 ) -> list[np.ndarray]:
     """Split sample indices across clients with Dirichlet(α) label proportions (smaller α: more skew).
 
-    For each class, proportions over clients are drawn from Dirichlet(α) and
-    the class's shuffled samples are cut accordingly. The draw is repeated (up
-    to :data:`MAX_ATTEMPTS` times) until every client holds at least
-    ``min_size`` samples; failing that, samples move from the largest clients
-    to the deficient ones, deterministically, so the guarantee always holds.
+    Each class's shuffled samples are cut by proportions drawn from Dirichlet(α), redrawn (up to
+    :data:`MAX_ATTEMPTS` times) until every client holds ``min_size`` samples; failing that, samples move from the
+    largest clients, deterministically.
 
     Returns:
-        ``num_clients`` sorted int64 index arrays; every sample appears in exactly
-        one, and the same ``seed`` gives the same partition.
+        ``num_clients`` sorted int64 index arrays, every sample in exactly one; the same ``seed``, the same split.
 
     Raises:
         PrivfedError: For α ≤ 0, K < 1, or more clients than samples allow.
@@ -67,7 +59,7 @@ class HeterogeneityStats:
 
 
 def heterogeneity_stats(labels: np.ndarray, partition: list[np.ndarray]) -> HeterogeneityStats:
-    """Summarise label skew and size spread of a partition."""
+    """Label skew and size spread of a partition."""
     labels = _check_labels(labels)
     if not partition:
         raise PrivfedError("partition has no clients")
@@ -88,7 +80,7 @@ def heterogeneity_stats(labels: np.ndarray, partition: list[np.ndarray]) -> Hete
 
 
 def _check_labels(labels: np.ndarray) -> np.ndarray:
-    """Return labels as a 1-D int64 array of non-negative classes."""
+    """Labels as a checked 1-D int64 array of non-negative classes."""
     arr = np.asarray(labels)
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
         raise PrivfedError(f"labels must be a 1-D integer array, got {arr.dtype} {arr.shape}")
@@ -100,7 +92,6 @@ def _check_labels(labels: np.ndarray) -> np.ndarray:
 
 
 def _check_partition_args(num_samples: int, num_clients: int, alpha: float, min_size: int) -> None:
-    """Reject settings for which no valid partition exists."""
     try:
         value = float(alpha)
     except (TypeError, ValueError):
@@ -137,9 +128,8 @@ def _draw(
 def _top_up(clients: list[np.ndarray], min_size: int) -> list[np.ndarray]:
     """Move samples from the largest clients until every client has ``min_size``.
 
-    Deterministic: the donor is the largest client (lowest index on ties) and
-    gives its highest sample index. Feasible because K·min_size ≤ N, so a donor
-    above ``min_size`` exists while any client is below it.
+    The donor is the largest client (lowest index on ties) and gives its highest sample index; one above
+    ``min_size`` exists while any client is below it, since K·min_size ≤ N.
     """
     clients = [np.sort(c) for c in clients]
     sizes = np.array([len(c) for c in clients])

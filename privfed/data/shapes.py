@@ -1,18 +1,10 @@
-"""An embedded, procedurally generated 10-class image dataset ("shapes").
+"""An embedded, procedurally generated 10-class image dataset ("shapes"), for runs with no network or data files.
 
-privfed must run with no network and no data files, so it ships a synthetic
-dataset. It is built so that *shape* is the only class signal: foreground and
-background grey levels are drawn independently of the class, and position and
-scale vary. Images are RGB with R = G = B. Every shape is upright (tilted by at most 15 degrees) and none is
-symmetric under a quarter turn, so Orchestra's rotation-prediction task is
-learnable here, as it is on natural images. A randomly initialised CNN is
-dominated by brightness and position and does poorly on it, while an encoder
-trained with Orchestra's crop, jitter and rotation objectives learns the
-shapes, so the dataset shows whether self-supervised training actually learned
-something.
-
-Images are rendered at 2× resolution with hard masks and box-filtered down
-(anti-aliasing), fully vectorised per class.
+*Shape* is the only class signal: grey levels (R = G = B) are drawn independently of the class, position and scale
+vary. Every shape is upright (±15°) and none is symmetric under a quarter turn, so rotation prediction is learnable.
+A random CNN, dominated by brightness and position, does poorly; an encoder Orchestra trained learns the shapes, so
+the dataset shows whether self-supervised training learned something. Rendered at 2× with hard masks and
+box-filtered down, vectorised per class.
 """
 
 from __future__ import annotations
@@ -27,24 +19,14 @@ SHAPE_CLASSES: tuple[str, ...] = (
 IMAGE_SIZE = 32
 _SUPERSAMPLE = 2  # _box_downsample assumes 2
 _NOISE_STD = 0.03
-# Object radius range in pixels. Objects are large (24-30 px across in a 32 px
-# image) so that the small random crops of BYOL's augmentation (down to 20 %
-# of the area) still show a recognisable part of the silhouette.
+# Object radius in pixels: 24-30 px across in 32, so BYOL's crops (down to 20 % of the area) still show the silhouette.
 _MIN_RADIUS = 12.0
 _MAX_RADIUS = 15.0
 _CHUNK = 512  # images rendered at once: bounds memory and stays cache-friendly
 
 
 def make_shapes(num_images: int, *, seed: int) -> ImageArrays:
-    """Generate ``num_images`` balanced shape images, deterministically per seed.
-
-    Args:
-        num_images: How many images (classes are balanced to within one).
-        seed: Seed of the generator; the same seed gives identical arrays.
-
-    Returns:
-        An :class:`ImageArrays` named "shapes" with 32×32 RGB uint8 images.
-    """
+    """``num_images`` 32×32 shape images, classes balanced to within one; the same seed, the same arrays."""
     if num_images < 1:
         raise ValueError(f"num_images must be positive, got {num_images}")
     rng = np.random.default_rng(seed)
@@ -62,15 +44,11 @@ def make_shapes(num_images: int, *, seed: int) -> ImageArrays:
 
 
 def _draw_params(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
-    """Draw every per-image random parameter up front (fixed order = determinism)."""
+    """Every per-image random parameter, drawn up front (fixed order = determinism)."""
     scale = rng.uniform(_MIN_RADIUS, _MAX_RADIUS, n)  # object radius in pixels
     margin = 0.6 * scale
-    # Grey levels are independent of the class. Objects are lighter than their
-    # background (as a lit object on a darker scene) so that a small CNN can
-    # pick up the silhouettes from a few thousand images. The images are grey
-    # (R = G = B): any per-image tint, however faint, survives Orchestra's
-    # colour jitter and becomes the identity two views of an image share, so a
-    # self-supervised encoder would learn the tint instead of the shape.
+    # Objects are lighter than their background, so a small CNN picks up silhouettes from a few thousand images.
+    # Grey only: any per-image tint survives colour jitter and becomes what two views share, learnt instead of shape.
     background = np.repeat(rng.uniform(0.0, 0.4, (n, 1)), 3, axis=1)
     foreground = np.repeat(rng.uniform(0.6, 1.0, (n, 1)), 3, axis=1)
     return {
@@ -85,7 +63,7 @@ def _draw_params(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
 
 
 def _render_mask(cls: int, p: dict[str, np.ndarray]) -> np.ndarray:
-    """Render the anti-aliased foreground coverage (n×32×32, in [0,1]) of one class."""
+    """The anti-aliased foreground coverage (n×32×32, in [0,1]) of one class."""
     size = IMAGE_SIZE * _SUPERSAMPLE
     coords = (np.arange(size, dtype=np.float32) + 0.5) / _SUPERSAMPLE
     gx = coords[None, None, :]
@@ -111,8 +89,7 @@ def _local_coords(
     return (cos * dx + sin * dy) * inv, (cos * dy - sin * dx) * inv
 
 
-# Masks in each object's unit frame: u points right, v points *down*, the
-# object fills roughly [-1, 1]^2 and "up" is negative v.
+# Masks in each object's unit frame, about [-1, 1]^2: u points right, v points *down* ("up" is negative v).
 
 
 def _triangle(u: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -176,7 +153,7 @@ assert tuple(mask.__name__[1:] for mask in _SHAPE_MASKS) == SHAPE_CLASSES
 
 
 def _composite(alpha: np.ndarray, p: dict[str, np.ndarray], rng: np.random.Generator) -> np.ndarray:
-    """Blend colours through the mask, add a lighting gradient and noise, quantise."""
+    """Colours blended through the mask, with a lighting gradient and noise, quantised."""
     fg = p["foreground"].astype(np.float32)[:, None, None, :]
     bg = p["background"].astype(np.float32)[:, None, None, :]
     img = alpha[..., None] * (fg - bg)

@@ -1,9 +1,6 @@
-"""``curves.png``: a run's round-by-round figures as a picture, alone or overlaid with other runs.
+"""``curves.png``: a run's round-by-round figures, alone or overlaid with other runs (``privfed plot``).
 
-Every run writes one next to its ``summary.json``; ``privfed plot`` overlays
-several runs, labelled by what tells them apart (method, mechanism, epsilon,
-seed). The figures come from ``metrics.jsonl`` only, so any finished,
-stopped or still-running run can be drawn.
+The figures come from ``metrics.jsonl`` only, so any finished, stopped or still-running run can be drawn.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ DPI = 100
 
 @dataclass(frozen=True)
 class Panel:
-    """One plot of the figure: metrics against the round, drawn with the given line styles; ``missing`` says why
-    a panel no run logged is left out (the figure's footer lists it)."""
+    """One plot of the figure: metrics against the round; ``missing`` says why it is left out when no run logged it."""
 
     title: str
     ylabel: str
@@ -72,8 +68,7 @@ class RunCurves:
         return cls(run_label(config), rounds, config)
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
-        """The rounds that logged ``key`` (with a number), and its values; none for a term that is off
-        (a loss logged as exactly 0 every round, e.g. rotpred's cluster loss)."""
+        """The rounds that logged a number for ``key``, and its values; none for a loss that is off (0 every round)."""
         points = [(m["round"], float(m[key])) for m in self.rounds if isinstance(m.get(key), (int, float))]
         if all(v == 0.0 for _, v in points) and key.endswith("_loss"):
             return [], []
@@ -118,19 +113,16 @@ def run_label(config: TrainConfig) -> str:
 
 
 def fit_layout(fig: Any, **options: Any) -> None:
-    """``fig.tight_layout``, without matplotlib's warning when long labels leave it no room: the picture is drawn
-    anyway, and under ``PYTHONWARNINGS=error`` that warning alone would stop a study with its results unwritten."""
+    """``fig.tight_layout`` without the warning when long labels leave it no room: under ``PYTHONWARNINGS=error`` it
+    alone would stop a study with its results unwritten."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Tight layout not applied", category=UserWarning)
         fig.tight_layout(**options)
 
 
 def picture_path(path: Path, formats: dict[str, str]) -> Path:
-    """Where a picture asked for at ``path`` goes: a name without an extension gets ``.png``, as matplotlib gives it.
-
-    Raises:
-        PrivfedError: for an extension matplotlib cannot write, or a folder that does not exist.
-    """
+    """Where a picture asked for at ``path`` goes (``.png`` when it has no extension); PrivfedError for an extension
+    matplotlib cannot write, or a folder that does not exist."""
     path = Path(path)
     if path.name in ("", ".", ".."):
         raise PrivfedError(f"cannot draw into {str(path)!r}: give a file name, e.g. curves.png")
@@ -152,14 +144,11 @@ def panels_with_data(runs: list[RunCurves]) -> list[Panel]:
 def plot_curves(runs: list[RunCurves], path: Path, *, title: str | None = None) -> Path:
     """Draws the :data:`PANELS` some run logged into one picture (PNG unless ``path`` says otherwise); returns where it went.
 
-    A panel no run logged is left out, and the footer says why. The title
-    defaults to the dataset, method and mechanism the runs share. Drawn on
-    a :class:`matplotlib.figure.Figure`, never through pyplot, so the
-    caller's matplotlib backend (a notebook's) is left as it was.
+    The footer says why a panel is left out; the title defaults to what the runs share. Drawn on a
+    :class:`matplotlib.figure.Figure`, never through pyplot, so the caller's backend (a notebook's) stays.
 
     Raises:
-        PrivfedError: when no run logged anything to draw, or the picture cannot be written at ``path``
-            (see :func:`picture_path`).
+        PrivfedError: no run logged anything to draw, or the picture cannot be written at ``path``.
     """
     from privfed.extras import require
 

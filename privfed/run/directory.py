@@ -58,13 +58,8 @@ class RunDirectory:
 
     @contextmanager
     def claimed(self) -> Iterator[None]:
-        """Holds the directory's lock file while the block runs, so two privfed processes never write one run.
-
-        The lock is released when the process exits, however it exits.
-
-        Raises:
-            PrivfedError: when the directory does not exist or another process holds it.
-        """
+        """Holds the directory's lock file while the block runs (or the process lives), so two privfed processes never
+        write one run; PrivfedError when the directory does not exist or another process holds it."""
         if not self.path.is_dir():
             raise PrivfedError(f"{self.path} is not a directory")
         lock = self.path / LOCK_FILE
@@ -84,12 +79,8 @@ class RunDirectory:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def check_writable(self, *names: str) -> None:
-        """Refuses, before a command computes a result, result files it could not write: a file beside each is
-        created and removed for real, as a later write would be (permissions, a read-only mount, /proc).
-
-        Raises:
-            PrivfedError: naming the file and why.
-        """
+        """Refuses (PrivfedError), before a command computes a result, result files it could not write: a file beside
+        each is created and removed for real, as a later write would be (permissions, a read-only mount, /proc)."""
         for name in names:
             path = self.path / name
             for taken in (path, path.with_name(f".{name}.tmp")):  # the file, and the one it is written whole through
@@ -108,12 +99,8 @@ class RunDirectory:
             self.write_json("evaluation.json", {"evaluations": [*self.evaluations(), result]})
 
     def evaluations(self) -> list[dict[str, Any]]:
-        """The results ``evaluation.json`` holds (none without the file).
-
-        Raises:
-            PrivfedError: naming the file when it is not an evaluation record (``privfed evaluate`` checks
-                this before it computes anything, so no result is lost to a broken file).
-        """
+        """The results ``evaluation.json`` holds (none without the file); PrivfedError when it holds none (``privfed
+        evaluate`` checks this before it computes anything, so no result is lost to a broken file)."""
         if not (self.path / "evaluation.json").is_file():
             return []
         history = self.read_json("evaluation.json").get("evaluations")
@@ -125,11 +112,7 @@ class RunDirectory:
         return (self.path / "config.json").is_file()
 
     def check_unused(self) -> None:
-        """Refuses a folder a new run could mix with other files: one holding a run, or any file but a lock.
-
-        Raises:
-            PrivfedError: naming the folder and a file found in it.
-        """
+        """Refuses (PrivfedError) a folder a new run could mix with other files: a run's, or any file but a lock."""
         if self.holds_a_run():
             raise PrivfedError(f"{self.path} already holds a run; choose another --out")
         found = self._first_file()
@@ -156,11 +139,7 @@ class RunDirectory:
         write_json(self.path / "config.json", {**config.to_dict(), RUN_ID_KEY: uuid.uuid4().hex})
 
     def config_record(self) -> dict[str, Any]:
-        """``config.json`` as written, run id included: what a resume point binds.
-
-        Raises:
-            PrivfedError: when it cannot be read or holds no JSON object.
-        """
+        """``config.json`` as written, run id included: what a resume point binds."""
         return self.read_json("config.json")
 
     def update_config(self, config: TrainConfig) -> None:
@@ -170,11 +149,7 @@ class RunDirectory:
             self.write_json("config.json", {**record, **config.to_dict(), "out": record.get("out")})
 
     def config(self) -> TrainConfig:
-        """The run's recorded configuration.
-
-        Raises:
-            PrivfedError: when there is none, or it cannot be read back.
-        """
+        """The run's recorded configuration; PrivfedError when there is none, or it cannot be read back."""
         path = self.path / "config.json"
         if not path.is_file():
             raise PrivfedError(f"{self.path} is not a privfed run directory (no config.json)")
@@ -193,11 +168,7 @@ class RunDirectory:
         write_whole(self.path / "metrics.jsonl", lambda tmp: tmp.write_text("".join(f"{line}\n" for line in kept)))
 
     def metrics(self) -> list[dict[str, Any]]:
-        """Every logged round, in order.
-
-        Raises:
-            PrivfedError: naming the file and line when a line is not a round's record (a truncated or edited file).
-        """
+        """Every logged round, in order; PrivfedError naming a line that is no round's record (a cut or edited file)."""
         path = self.path / "metrics.jsonl"
         if not path.is_file():
             return []
@@ -218,11 +189,7 @@ class RunDirectory:
         write_json(self.path / name, payload)
 
     def read_json(self, name: str) -> dict[str, Any]:
-        """A JSON object the run wrote.
-
-        Raises:
-            PrivfedError: naming the file when it cannot be read or is not a JSON object.
-        """
+        """A JSON object the run wrote; PrivfedError naming the file when it cannot be read or is none."""
         return read_json_object(self.path / name)
 
     def save_checkpoint(

@@ -47,11 +47,8 @@ def evaluate_run(
     knn_temperature: float = DEFAULTS.knn_temperature,
     progress: StepProgress | None = None,
 ) -> dict[str, Any]:
-    """Evaluates one checkpoint of a run and appends the result to ``evaluation.json`` (docs/usage.md, "Evaluate a saved encoder").
-
-    Features come from the frozen online backbone, as in the paper's probes;
-    options it shares with training default to ``privfed train``'s.
-    """
+    """Evaluates one checkpoint of a run (its frozen online backbone, as the paper's probes) and appends the result to
+    ``evaluation.json`` (docs/usage.md, "Evaluate a saved encoder")."""
     if protocol not in PROTOCOLS:
         raise PrivfedError(f"unknown protocol {protocol!r} (choose from {', '.join(PROTOCOLS)})")
     if protocol in PROBES and train_data is None:
@@ -61,9 +58,7 @@ def evaluate_run(
     if knn_k < 1:
         raise PrivfedError(f"knn_k must be at least 1, got {knn_k}")
     check_seed("seed", seed)
-    run = RunDirectory(run_path)
-    if not run.path.is_dir():
-        raise PrivfedError(f"run directory not found: {run.path}")
+    run = RunDirectory(run_path)  # privfed.evaluate has checked that it is a directory
     config = run.config()
     run.evaluations()  # a damaged evaluation.json fails now, not after the result is computed
     checkpoint_file = run.checkpoint_path(checkpoint)
@@ -130,14 +125,8 @@ MIN_TSNE_POINTS = 5
 
 
 def check_sizes(protocol: str, train: ImageArrays | None, test: ImageArrays, *, train_name: str, test_name: str) -> None:
-    """Refuses data a protocol cannot score, before the model loads: an empty split, or t-SNE of fewer than 5 images.
-
-    One image is enough otherwise: the kNN vote caps k at the train images, and
-    a probe on one class predicts it (the one-class warning says so).
-
-    Raises:
-        PrivfedError: naming the data and how many images it holds.
-    """
+    """Refuses (PrivfedError) data a protocol cannot score, before the model loads: an empty split, or t-SNE of
+    fewer than 5 images. One image is enough otherwise: the kNN vote caps k at the train images."""
     least = MIN_TSNE_POINTS if protocol == "tsne" else 1
     if len(test) < least:
         what = "t-SNE draws at least" if protocol == "tsne" else "the probe needs at least"
@@ -178,13 +167,9 @@ def draw_embedding(backbone: torch.nn.Module, test: ImageArrays, picture: Path, 
 
 
 def score_run(run_path: Path, *, checkpoint: str = "final", device: str = DEFAULTS.device) -> dict[str, Any]:
-    """The unsupervised tuning score of a run's model (:mod:`privfed.evaluation.align_uniform`), without labels.
-
-    Each client's own training images are scored with the online encoder
-    (backbone and projector), two views per image seeded by the run's seed
-    and the client; the score is the mean over clients. A client with fewer
-    than two images is left out.
-    """
+    """The label-free tuning score of a run's model (:mod:`privfed.evaluation.align_uniform`): the mean over clients
+    (of two images or more) of their own images' score under the online encoder, two views per image seeded by the
+    run's seed and the client."""
     run = RunDirectory(run_path)
     config = run.config()
     network = load_network(config, run.checkpoint_path(checkpoint))

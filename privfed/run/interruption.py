@@ -1,9 +1,7 @@
 """Ctrl-C for a training run: the first asks it to stop after the current round, the second stops it now (docs/flower.md, "Stopping a run").
 
-A second signal ends the process at once (``os._exit``, after the block's
-``on_exit_now``): raising in the main thread would not do, since Flower's
-ServerApp thread would go on waiting for replies. Only the command line
-installs these handlers (:func:`signals_stop_runs`).
+The second ends the process (``os._exit``, after ``on_exit_now``): raising would leave Flower's ServerApp thread
+waiting for replies. Only the command line installs these handlers (:func:`signals_stop_runs`).
 """
 
 from __future__ import annotations
@@ -40,12 +38,11 @@ class StopRequest:
 
 
 @contextmanager
-def stop_on_signals(notice: bool = True, on_exit_now: Callable[[], None] | None = None) -> Iterator[StopRequest]:
+def stop_on_signals(on_exit_now: Callable[[], None] | None = None) -> Iterator[StopRequest]:
     """Handles SIGINT/SIGTERM inside the block; the previous handlers come back after it.
 
-    Enter it after anything that installs its own handlers (Ray's driver aborts
-    on SIGTERM once ``ray.init`` has run). Outside the main thread the block runs
-    with the handlers as they are, and the request is only ever set by hand.
+    Enter it after anything that installs its own (Ray's driver aborts on SIGTERM once ``ray.init`` ran). Outside
+    the main thread the handlers stay as they are, and the request is only ever set by hand.
     """
     stop = StopRequest()
     if threading.current_thread() is not threading.main_thread():
@@ -62,8 +59,7 @@ def stop_on_signals(notice: bool = True, on_exit_now: Callable[[], None] | None 
             finally:
                 os._exit(128 + signum)
         stop.request(f"interrupted by {name}")
-        if notice:
-            print(f"\n{name}: stopping after the current round (again to stop at once)", file=sys.stderr, flush=True)
+        print(f"\n{name}: stopping after the current round (again to stop at once)", file=sys.stderr, flush=True)
 
     previous = {sig: signal.signal(sig, handle) for sig in STOP_SIGNALS}
     try:
@@ -76,10 +72,7 @@ def stop_on_signals(notice: bool = True, on_exit_now: Callable[[], None] | None 
 @contextmanager
 def signals_stop_runs() -> Iterator[None]:
     """Lets the runs started inside the block stop on SIGINT/SIGTERM (:func:`run_stop_request`); the CLI asks for it.
-
-    A library call must not replace the handlers of the process it runs in
-    (a notebook's, a scheduler's), so by default a run installs none.
-    """
+    By default a run installs none: a library call must not replace its process's (a notebook's, a scheduler's)."""
     global _signals_wanted
     before, _signals_wanted = _signals_wanted, True
     try:

@@ -1,9 +1,5 @@
-"""What a semi-honest server keeps of a run (``privfed train --record-releases``), round by round.
-
-One file per round, ``RUN_DIR/releases/round-XXXX.pt``: what the server had
-in that round, nothing more from a client's data (docs/attacks.md, "What is
-recorded").
-"""
+"""What a semi-honest server keeps of a run (``--record-releases``): ``RUN_DIR/releases/round-XXXX.pt``, what the
+server had in that round, nothing more of a client's data (docs/attacks.md, "What is recorded")."""
 
 from __future__ import annotations
 
@@ -25,14 +21,8 @@ _ROUND_FILE = re.compile(r"round-(\d{4,})\.pt")
 
 @dataclass(frozen=True)
 class RecordedRelease:
-    """One client's release as the server decoded it.
-
-    Attributes:
-        client: The client (partition) id the reply came from.
-        vectors: ``[m, D]`` released vectors.
-        weights: ``[m]`` how many representations each stands for (as claimed).
-        guarantee: The release's :class:`mechanisms.base.Guarantee` as a dict.
-    """
+    """One client's release as the server decoded it: ``[m, D]`` vectors, the ``[m]`` weights it claims for them,
+    and its :class:`mechanisms.base.Guarantee` as a dict."""
 
     client: int
     vectors: torch.Tensor
@@ -42,16 +32,8 @@ class RecordedRelease:
 
 @dataclass(frozen=True)
 class RecordedRound:
-    """Everything the server sent and received in one round.
-
-    Attributes:
-        round: Orchestra round (0 initialises).
-        model_state: The travelling state every client of the round started from.
-        centroids: ``[G, D]`` global centroids sent (None in round 0 and for methods without).
-        mechanism: The release mechanism's registered name.
-        mechanism_params: The parameters clients built it with.
-        releases: One per reply, in client order.
-    """
+    """Everything the server sent (the state every client started from, the ``[G, D]`` centroids: None in round 0
+    and for methods without) and received (one release per reply, in client order) in one round."""
 
     round: int
     model_state: StateDict
@@ -89,20 +71,10 @@ def round_path(directory: Path, round_index: int) -> Path:
 
 
 def write_round(directory: Path, recorded: RecordedRound) -> Path:
-    """Writes one round's file whole (a temporary file renamed into place)."""
+    """Writes one round's file whole."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "round": recorded.round,
-        "model_state": recorded.model_state,
-        "centroids": recorded.centroids,
-        "mechanism": recorded.mechanism,
-        "mechanism_params": recorded.mechanism_params,
-        "releases": [
-            {"client": r.client, "vectors": r.vectors, "weights": r.weights, "guarantee": r.guarantee}
-            for r in recorded.releases
-        ],
-    }
+    payload = {**vars(recorded), "releases": [vars(r) for r in recorded.releases]}
     return save_torch(round_path(directory, recorded.round), payload)
 
 
@@ -116,11 +88,7 @@ def recorded_rounds(directory: Path) -> list[int]:
 
 
 def read_round(directory: Path, round_index: int) -> RecordedRound:
-    """Reads one round back.
-
-    Raises:
-        PrivfedError: the round was not recorded, or its file is unreadable.
-    """
+    """One round, read back; PrivfedError when it was not recorded, or its file is unreadable."""
     path = round_path(directory, round_index)
     if not path.is_file():
         raise PrivfedError(f"round {round_index} was not recorded (no {path})")

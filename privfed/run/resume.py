@@ -1,16 +1,10 @@
 """Resumable runs: what the server saves to continue a run, and the rules for continuing one (docs/flower.md, "Resuming a run").
 
-The ledger is not copied into ``checkpoints/resume.pt``: ``ledger.jsonl``
-holds every charge before the round ends, and charges of rounds redone after
-a kill stay there, since those releases did reach the server. The point binds
-the folder: it keeps a copy of ``config.json`` (run id included), compared
-value by value, and, for the server's ledger and each client's, its number of
-entries and their SHA-256. A resume refuses a folder whose bound files were
-changed, cut, removed or replaced by a link since; the
-threat is a careless or hand edit of the run folder between two processes,
-which would otherwise resume under another configuration or with a smaller
-ε spent than was. It is a digest, not a signature: whoever rewrites
-``resume.pt`` too can make any folder pass.
+The ledger stays in ``ledger.jsonl`` (charges of rounds redone after a kill stay: those releases reached the
+server). The point binds the folder: a copy of ``config.json`` (run id included) and, per ledger, its number of
+entries and their SHA-256. A resume refuses a folder whose bound files were changed, cut, removed or replaced by a
+link since: a careless or hand edit would otherwise resume under another configuration or with less ε spent than
+was. It is a digest, not a signature: whoever rewrites ``resume.pt`` too can make any folder pass (docs/usage.md).
 
 A run ended cleanly only when its point says so and ``summary.json`` is the
 one it wrote then (:func:`ended_cleanly`); anything else reads as a kill,
@@ -47,17 +41,11 @@ class ResumePoint:
     """The server's state at the end of round ``round``.
 
     Attributes:
-        round: The last finished Orchestra round.
-        network: The global network's full state dict.
-        centroids: The global centroids (None for a method without them).
-        initialised: Whether round 0 has been applied.
-        server_generator: The server's clustering generator state.
         runtime: The FL runtime's own state (client sampling, SecAgg+ scales), opaque here.
         driver: The driver's running figures (untrained kNN, last kNN and loss, elapsed seconds).
-        config: ``config.json`` as it was when the point was written (set by :func:`write_resume_point`).
-        ledgers: Each ledger file's seal then, by path in the run folder (set by :func:`write_resume_point`).
-        summary_sha256: ``summary.json``'s SHA-256 once the run ended at this point (set by :func:`mark_end`);
-            None while the run goes on from it.
+        config: ``config.json`` when :func:`write_resume_point` wrote the point.
+        ledgers: Each ledger file's seal then, by path in the run folder.
+        summary_sha256: ``summary.json``'s SHA-256 once the run ended here (:func:`mark_end`), else None.
     """
 
     round: int
@@ -110,9 +98,9 @@ SUMMARY_FILE = "summary.json"
 
 
 def mark_end(run_dir: RunDirectory, ended: bool) -> None:
-    """Records in the run's resume point (when it has one) that the run ended there with the ``summary.json`` it
-    has now, or, ``ended`` False, that it goes on; the point's binding stays as it was written."""
-    if not (run_dir.checkpoints / RESUME_FILE).is_file():
+    """Records in the run's resume point (if any) that the run ended there with its ``summary.json`` now, or, not
+    ``ended``, that it goes on; the point's binding stays as written."""
+    if not has_resume_point(run_dir):
         return
     digest = hashlib.sha256(_read_bytes(run_dir.path / SUMMARY_FILE)).hexdigest() if ended else None
     point = dataclasses.replace(read_resume_point(run_dir), summary_sha256=digest)
@@ -135,11 +123,7 @@ def has_resume_point(run_dir: RunDirectory) -> bool:
 
 
 def read_resume_point(run_dir: RunDirectory) -> ResumePoint:
-    """The run's resume point.
-
-    Raises:
-        PrivfedError: when the run has none, or it cannot be read.
-    """
+    """The run's resume point; PrivfedError when it has none, or it cannot be read."""
     path = run_dir.checkpoints / RESUME_FILE
     if not has_resume_point(run_dir):
         raise PrivfedError(
@@ -174,8 +158,7 @@ def point_config(run_dir: RunDirectory, point: ResumePoint) -> TrainConfig:
     """The configuration the resume point was written under, ``out`` the folder's own.
 
     Raises:
-        PrivfedError: when ``config.json`` carries another run id (the point is another run's), or the
-            point's copy is not a configuration.
+        PrivfedError: ``config.json`` carries another run id, or the point's copy is not a configuration.
     """
     recorded_id = run_dir.config_record().get(RUN_ID_KEY)
     if point.config.get(RUN_ID_KEY) != recorded_id:
@@ -189,13 +172,10 @@ def point_config(run_dir: RunDirectory, point: ResumePoint) -> TrainConfig:
 
 
 def resumed_config(run_dir: RunDirectory, point: ResumePoint, overrides: dict[str, Any]) -> TrainConfig:
-    """The configuration the point was written under, with the changes a resume allows.
+    """The configuration the point was written under, with the changes a resume allows (else PrivfedError).
 
-    ``config.json`` may differ from it only as the command line may (a
-    resume that raised ``--rounds`` rewrites it before its first resume point).
-
-    Raises:
-        PrivfedError: for any other change in ``config.json`` or on the command line.
+    ``config.json`` may differ from it only as the command line may (a resume that raised ``--rounds`` rewrites it
+    before its first resume point).
     """
     bound = point_config(run_dir, point)
     recorded = run_dir.config().replace(out=bound.out)
@@ -267,9 +247,8 @@ def entries_after_point(run_dir: RunDirectory, point: ResumePoint) -> dict[Path,
     A client's may also be of an earlier round it was admitted to late: that only adds to its own charges.
 
     Raises:
-        PrivfedError: naming the file, when it or its folder is a link, when one the point recorded is gone, has
-            fewer entries, or its recorded entries changed; when a line after them is not a ledger entry; and when
-            the server's ledger charges a round up to the point's after it.
+        PrivfedError: naming the file: a link (or in a linked folder), gone, shorter or changed in its recorded
+            entries; a later line that is no entry; a later server charge of a round up to the point's.
     """
     for folder in (run_dir.client_ledgers, run_dir.checkpoints):
         if folder.is_symlink():  # what the run writes there would land outside its folder
@@ -315,11 +294,7 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def _ledger_entry(path: Path, number: int, line: bytes) -> LedgerEntry:
-    """Line ``number`` of a ledger file as an entry.
-
-    Raises:
-        PrivfedError: naming the line when it is not a ledger entry (cut short, not UTF-8, not JSON, another shape).
-    """
+    """Line ``number`` of a ledger file as an entry; PrivfedError naming the line when it is none."""
     try:
         return LedgerEntry.from_dict(json.loads(line.decode("utf-8")))
     except (ValueError, KeyError, TypeError, AttributeError):

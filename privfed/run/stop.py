@@ -1,9 +1,5 @@
-"""Why a run ended before its last round: a cause programs read, beside the sentence people read.
-
-``summary.json`` holds both: ``stop`` (:class:`Stop`, or null when every
-round ran) and ``stopped_early`` (its message). Readers decide on the cause
-alone (:func:`stop_cause`); a summary written before ``stop`` existed has its
-cause read from the message's known openings.
+"""Why a run ended before its last round: ``summary.json``'s ``stop`` (:class:`Stop`, null when every round ran),
+for programs, beside ``stopped_early``, its message. Readers decide on :func:`stop_cause` alone.
 """
 
 from __future__ import annotations
@@ -45,13 +41,7 @@ _LEGACY_MESSAGES = (
 
 @dataclass(frozen=True)
 class Stop:
-    """Why a run ended early (``summary.json``'s ``stop``).
-
-    Attributes:
-        cause: One of this module's causes, for programs.
-        round: The last round that ran.
-        message: The same, for people (also ``stopped_early``).
-    """
+    """Why a run ended early: one of this module's causes, the last round that ran, and the message for people."""
 
     cause: str
     round: int

@@ -1,7 +1,6 @@
 """One study cell's work: train the run (or finish a stopped one), evaluate it, attack it, and return its row.
 
-The attack is passed in (``privfed study`` passes :func:`attacks.evaluation.attack_last_round`),
-so the studies package never imports the attacks.
+The attack is passed in (:data:`AttackRun`), so the studies package never imports the attacks.
 """
 
 from __future__ import annotations
@@ -20,12 +19,10 @@ from privfed.studies.grid import Cell, Study
 #: (``privfed study`` passes :func:`attacks.evaluation.attack_last_round`).
 AttackRun = Callable[..., dict[str, Any]]
 
-#: The attack figures a study reports, in dB: how much closer than the null a reconstruction comes
-#: to (column ``attack_advantage_psnr``) the image behind its vector: the best-matching member of a
-#: centroid, the source image of a ``reps`` vector (its only member); known only for vectors whose
-#: members the scorer could replay, so never for DP releases; and (``attack_advantage_psnr_client``)
-#: the closest of the client's images, for every attacked vector. Each: the ``attack.json`` names,
-#: first present. ``attack_vectors`` and ``attack_member_vectors`` count what each one averages.
+#: The study's attack columns, each from the first ``attack.json`` name present: how many dB closer than the null a
+#: reconstruction comes to the image behind its vector (a centroid's best-matching member, a ``reps`` vector's
+#: source; unknown where the scorer cannot replay the members, so for DP releases), and to the closest of the
+#: client's images (every vector); and how many vectors each averages.
 ATTACK_COLUMNS: dict[str, tuple[str, ...]] = {
     "attack_advantage_psnr": ("advantage_psnr_best_member", "advantage_psnr_source"),
     "attack_advantage_psnr_client": ("advantage_psnr_best_client",),
@@ -54,21 +51,21 @@ def train_cell(
 ) -> dict[str, Any]:
     """The summary of the cell's run: read when it finished, resumed when it stopped, trained otherwise.
 
-    A run that cannot be resumed, or whose resumed round went otherwise than
-    the run left alone (:func:`replayed_exactly`), is trained again from nothing.
+    A run that cannot be resumed, or whose resumed round went otherwise than the run left alone
+    (:func:`replayed_exactly`), is trained again from nothing.
     """
     from privfed.federation.simulation import simulate
     from privfed.run.directory import RunDirectory
     from privfed.run.plan import plan_resume, plan_run
-    from privfed.run.resume import RESUME_FILE
-    from privfed.run.stop import run_failed
+    from privfed.run.resume import has_resume_point
+    from privfed.run.stop import INTERRUPTED, run_failed, stop_cause
 
     summary_file = run_dir / "summary.json"
-    if summary_file.is_file() and not _stopped_by_a_signal(RunDirectory(run_dir)):
+    if summary_file.is_file():
         summary = RunDirectory(run_dir).read_json("summary.json")
-        if not run_failed(summary):
+        if stop_cause(summary) != INTERRUPTED and not run_failed(summary):
             return summary  # a run that stopped because it could not train is tried again from its resume point
-    if (run_dir / "checkpoints" / RESUME_FILE).is_file():
+    if has_resume_point(RunDirectory(run_dir)):
         killed = not summary_file.is_file()
         try:
             plan, point = plan_resume(run_dir, {})
@@ -84,14 +81,10 @@ def train_cell(
 
 
 def check_cells_plan(study: Study, out: Path) -> None:
-    """Plans every cell that has not finished, as its run will, so one that cannot run stops the study before any trains.
+    """Plans every unfinished cell, as its run will, so one that cannot run stops the study before any trains.
 
-    Building a cell's configuration (:meth:`Study.cells`) checks each option;
-    planning checks what needs the data and the budget too (an ``ldp`` cell
-    without epsilon, a client with too few images).
-
-    Raises:
-        PrivfedError: naming the study file, the cell and why it cannot run.
+    Planning checks what needs the data and the budget too (an ``ldp`` cell without epsilon, a client with too few
+    images). PrivfedError names the study file, the cell and why.
     """
     from privfed.run.plan import plan_run
     from privfed.studies.runner import cell_folder, read_record
@@ -108,10 +101,8 @@ def check_cells_plan(study: Study, out: Path) -> None:
 
 
 def replayed_exactly(run: Any, round_index: int) -> bool:
-    """Whether ``round_index``, the round a kill interrupted, went as in the run left alone.
-
-    It did when every sampled client answered it, none charged as one that may have released before the kill.
-    """
+    """Whether ``round_index``, the round a kill interrupted, went as in the run left alone: every sampled client
+    answered it, none charged as one that may have released before the kill."""
     from privfed.run.driver import IN_PROGRESS_STATEMENT
 
     line = next((m for m in run.metrics() if m["round"] == round_index), None)
@@ -122,12 +113,6 @@ def replayed_exactly(run: Any, round_index: int) -> bool:
     ledger = run.path / "ledger.jsonl"
     entries = [json.loads(text) for text in ledger.read_text().splitlines()] if ledger.is_file() else []
     return not any(entry["guarantee"].get("statement") == IN_PROGRESS_STATEMENT for entry in entries)
-
-
-def _stopped_by_a_signal(run: Any) -> bool:
-    from privfed.run.stop import INTERRUPTED, stop_cause
-
-    return stop_cause(run.read_json("summary.json")) == INTERRUPTED
 
 
 def finetune_column(fraction: float) -> str:
@@ -147,12 +132,9 @@ def study_row(
 ) -> dict[str, Any]:
     """Trains (or finishes) the cell's run in ``folder/run``, scores it and attacks it.
 
-    Scores: kNN and the linear probe, both also on the untrained encoder; the
-    label-free tuning score; and, for each fraction in ``finetune``, the
-    accuracy after fine-tuning on that class-balanced share of the labels
-    (its subset and schedule seeded by the cell's seed), from the trained
-    and from the untrained encoder. ``round_progress`` hears the run's events
-    (as ``privfed train`` does), ``step_progress`` the probes' epochs.
+    Scores, of the trained and the untrained encoder: kNN, the linear probe, and for each fraction in ``finetune``
+    fine-tuning on that class-balanced share of the labels (seeded by the cell's seed); and the label-free tuning
+    score. ``round_progress`` hears the run's events, ``step_progress`` the probes' epochs.
     """
     from privfed.run.evaluation import evaluate_run, score_run
     from privfed.run.stop import INTERRUPTED, run_failed, stop_cause

@@ -1,8 +1,6 @@
-"""A study's cells: a base preset, grids over training options, and seeds, from one TOML file.
+"""A study's cells: a base preset, grids over training options, and seeds, from one TOML file (docs/studies.md).
 
-The file's format is in docs/studies.md ("The study file"). Every cell's
-configuration is built, and so checked, when the study is read, so a typo
-fails before the first cell trains.
+Every cell's configuration is built, and so checked, when the study is read: a typo fails before a cell trains.
 """
 
 from __future__ import annotations
@@ -28,14 +26,7 @@ STUDY_KEYS = ("preset", "seeds", "base", "grid", "attack", "attack_settings", "f
 
 @dataclass(frozen=True)
 class Cell:
-    """One setting of a study, at one seed.
-
-    Attributes:
-        name: A stable, filesystem-safe name for the setting (the same for every seed).
-        overrides: The options this cell sets on top of the preset and the base.
-        seed: The run's seed.
-        config: The cell's full configuration (preset, base, overrides, seed).
-    """
+    """One setting of a study (a filesystem-safe ``name``, the options it sets over preset and base), at one seed."""
 
     name: str
     overrides: dict[str, Any]
@@ -62,10 +53,7 @@ class Study:
 
     @classmethod
     def load(cls, path: Path | str, *, overrides: dict[str, Any] | None = None) -> Study:
-        """Reads a study file (a path, or a shipped study's name).
-
-        ``overrides``: options set on top of the file's ``[base]`` (e.g. an
-        offline ``dataset = "arrays:PATH"``); ``None`` values are not given.
+        """Reads a study file (a path, or a shipped study's name), ``overrides`` over its ``[base]`` (None: not given).
 
         Raises:
             PrivfedError: naming what is wrong (unknown keys or options, empty lists, bad TOML).
@@ -151,8 +139,8 @@ class Study:
         return cells
 
     def cell_settings(self, cell: Cell) -> dict[str, Any]:
-        """What a cell's results depend on: its full training configuration (less :data:`UNHASHED_FIELDS`), the
-        fine-tuning fractions, and the attack and its settings when the cell releases something (else it is not attacked)."""
+        """What a cell's results depend on: its configuration (less :data:`UNHASHED_FIELDS`), the fine-tuning
+        fractions, and the attack and its settings when the cell releases something (else it is not attacked)."""
         train = {key: value for key, value in cell.config.to_dict().items() if key not in UNHASHED_FIELDS}
         settings: dict[str, Any] = {"train": train, "finetune": list(self.finetune)}
         if self.attack is not None and cell.config.release_mechanism is not None:
@@ -180,10 +168,8 @@ def settings_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "")
 
 
 def setting_label(overrides: dict[str, Any]) -> str:
-    """A setting's name for a person: ``ldp, ε=0.8`` for ``{"mechanism": "ldp", "epsilon": 0.8}``; ``base`` for none.
-
-    ``method`` and ``mechanism`` values speak for themselves; other options read ``lr=0.1``, switches ``dp_sgd on``.
-    """
+    """A setting's name for a person: ``ldp, ε=0.8`` for ``{"mechanism": "ldp", "epsilon": 0.8}``, ``lr=0.1``,
+    ``dp_sgd on``; ``base`` for none."""
     parts = []
     for option, value in overrides.items():
         if option in ("method", "mechanism"):
@@ -204,8 +190,7 @@ MAX_CELL_NAME = 200
 def cell_name(overrides: dict[str, Any]) -> str:
     """``mechanism-ldp_epsilon-1`` for ``{"mechanism": "ldp", "epsilon": 1.0}``; ``base`` for no overrides.
 
-    A longer name than :data:`MAX_CELL_NAME` is cut and ends in a hash of the whole, so it stays a folder name and
-    stays distinct.
+    A name over :data:`MAX_CELL_NAME` is cut and ends in a hash of the whole: a folder name, and distinct.
     """
     if not overrides:
         return "base"

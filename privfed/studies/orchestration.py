@@ -1,9 +1,7 @@
 """Runs a study into its directory, as ``privfed study`` and :func:`privfed.study` do, and writes its results.
 
-Everything that can fail before a cell trains fails first: the data, a
-cell's plan, the directory. The directory is then held (``run.lock``) while
-the cells run. The attack is passed in, so this package never imports the
-attacks (``tests/test_layering.py``).
+What can fail before a cell trains fails first (the data, a cell's plan, the directory); the directory is then
+held (``run.lock``) while the cells run. The attack is passed in: this package never imports the attacks.
 """
 
 from __future__ import annotations
@@ -33,11 +31,7 @@ def study_folder(study_file: str | os.PathLike[str], out: str | os.PathLike[str]
 
 
 def check_study_data(study: Study) -> None:
-    """Stops before the first cell when a cell's data is missing (instead of every cell failing alike).
-
-    Raises:
-        PrivfedError: naming the data and how to get it.
-    """
+    """Stops (PrivfedError) before the first cell when a cell's data is missing, instead of every cell failing alike."""
     for config in {cell.config for cell in study.cells()}:
         for dataset in filter(None, (config.dataset, config.test_dataset)):
             check_dataset_present(dataset, data_dir=Path(config.data_dir), download=config.download)
@@ -56,13 +50,8 @@ def run_study_file(
 ) -> StudyResult:
     """Runs (or continues) ``study`` in ``folder`` and writes its tables and plots, titled by ``study_file``'s name.
 
-    ``log`` hears the study's lines, ``run_progress`` each cell's run,
-    ``progress`` its probes' stages (the attack has its own, bound in ``attack``).
-
-    Raises:
-        PrivfedError: a cell that cannot run, missing data, stale cells
-            (:class:`~privfed.studies.runner.StaleCells`), an unusable directory.
-        StudyStopped: Ctrl-C stopped it, after the results so far were written.
+    ``log`` hears the study's lines, ``run_progress`` each cell's run, ``progress`` its probes' stages (the attack
+    has its own, bound in ``attack``). Raises as :func:`privfed.study` does.
     """
     check_study_data(study)
     check_path(folder, "the study directory")
@@ -85,11 +74,7 @@ def run_study_file(
 
 
 def report_study_file(study: Study, study_file: str | Path, folder: Path) -> StudyResult:
-    """Writes the tables and plots of the cells recorded in ``folder``, running nothing (e.g. while it is stopped).
-
-    Raises:
-        PrivfedError: ``folder`` holds no recorded cell of ``study``.
-    """
+    """Writes the tables and plots of the cells recorded in ``folder`` (PrivfedError when none), running nothing."""
     check_path(folder, "the study directory")
     records = recorded_cells(study, folder) if folder.is_dir() else []
     if not records:

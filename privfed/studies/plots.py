@@ -1,9 +1,6 @@
 """A study's pictures: accuracy per setting, against the privacy budget, and against the attack's advantage.
 
-Each point is a setting's mean over its finished seeds, with the standard
-deviation as error bars. Figures are drawn on a
-:class:`matplotlib.figure.Figure`, never through pyplot, so the caller's
-matplotlib backend (a notebook's) is left alone.
+Each point is a setting's mean ± std over its finished seeds. Drawn without pyplot (:func:`_figure`).
 """
 
 from __future__ import annotations
@@ -54,8 +51,8 @@ def setting_points(records: list[CellRecord], x: str, y: str) -> list[SettingPoi
 
 
 def setting_labels(records: list[CellRecord]) -> dict[str, tuple[str, str]]:
-    """Each setting's label and its label without ε, from its options (``ldp, ε=0.8`` and ``ldp``); a record
-    without its options (written by hand, say) is labelled by its name."""
+    """Each setting's label and its label without ε (``ldp, ε=0.8`` and ``ldp``); by name for a record without
+    its options (written by hand, say)."""
     labels = {}
     for record in records:
         if record.name not in labels:
@@ -88,10 +85,8 @@ def accuracy_column(records: list[CellRecord]) -> str:
 
 
 def plot_accuracy_vs_epsilon(records: list[CellRecord], path: Path) -> Path | None:
-    """Accuracy against the total ε budget per mechanism, ``reps`` and ``kanon`` as reference lines (docs/studies.md).
-
-    Series sharing an ε are nudged apart a little so their bars stay apart.
-    """
+    """Accuracy against the total ε budget per mechanism, ``reps`` and ``kanon`` as reference lines (docs/studies.md);
+    series sharing an ε are nudged apart so their bars stay apart."""
     accuracy = accuracy_column(records)
     budgeted = setting_points(records, "epsilon_budget", accuracy)
     if not budgeted:
@@ -129,11 +124,8 @@ ATTACK_AXES = {
 
 
 def plot_accuracy_vs_attack(records: list[CellRecord], path: Path) -> Path | None:
-    """One point per setting: the attack's advantage over its null against accuracy, a panel per attack column (docs/studies.md).
-
-    The member figure is sharper but unknown for DP releases (their members
-    cannot be replayed), so the client figure puts every mechanism on one axis.
-    """
+    """Per setting, the attack's advantage over its null against accuracy, a panel per attack column (docs/studies.md):
+    the member figure is sharper but unknown for DP releases, the client figure has every mechanism."""
     accuracy = accuracy_column(records)
     panels = [(column, points) for column in ATTACK_AXES if (points := setting_points(records, column, accuracy))]
     if not panels:

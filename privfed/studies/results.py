@@ -1,8 +1,5 @@
-"""A study's results: the files written from its cells' records, and what a run of the study gives back.
-
-The records may be every cell's or those recorded so far (a stopped study,
-``--report``); the tables then say they are partial. This module loads
-no torch (the plots load it when drawn), so the command line imports it.
+"""A study's results: the files written from its cells' records (all, or those so far: then marked partial), and
+what a run of the study gives back. No torch here (the plots load it), so the command line imports it.
 """
 
 from __future__ import annotations
@@ -19,14 +16,8 @@ TUNING_FILE = "tuning.md"
 
 @dataclass(frozen=True)
 class StudyResult:
-    """A study's directory, its cells' records and the files written from them.
-
-    Attributes:
-        folder: The study directory.
-        records: The cells that have a record, in the study's order.
-        cells: How many cells the study has (more than ``records`` while it is unfinished).
-        written: ``results.csv``, ``results.md`` and the plots drawn; empty when no cell has a record.
-    """
+    """A study's directory, the records of its cells that have one (in order), how many ``cells`` it has, and the
+    files ``written`` (``results.csv``, ``results.md``, the plots; none without a record)."""
 
     folder: Path
     records: tuple[CellRecord, ...]
@@ -35,15 +26,12 @@ class StudyResult:
 
     @property
     def failed(self) -> int:
-        """The recorded cells that ended in an error (``cell.json``'s ``error``)."""
+        """The recorded cells that ended in an error."""
         return sum(not record.finished for record in self.records)
 
 
 class StudyStopped(KeyboardInterrupt):
-    """Ctrl-C stopped the study after the tables and plots of the cells recorded so far were written (``result``).
-
-    The same call (or command) continues it.
-    """
+    """Ctrl-C stopped the study once the tables and plots so far were written (``result``); the same call goes on."""
 
     def __init__(self, reason: str, result: StudyResult) -> None:
         super().__init__(reason)
@@ -52,13 +40,7 @@ class StudyStopped(KeyboardInterrupt):
 
 @dataclass(frozen=True)
 class TuneResult:
-    """A tuning study's result and its ranking.
-
-    Attributes:
-        study: The study's own result (its tables and plots).
-        ranking: The settings ranked by tuning score, as ``tuning.md`` holds it (Markdown).
-        path: ``tuning.md``.
-    """
+    """A tuning study's own result, its ranking by tuning score (Markdown), and ``tuning.md``'s path."""
 
     study: StudyResult
     ranking: str

@@ -1,9 +1,7 @@
 """Runs a study cell by cell into one directory; a finished cell is not run again while its configuration stands.
 
-``cells/<setting>-seed<seed>/cell.json``, written whole, marks a cell
-finished; a changed study file makes it stale (docs/studies.md, "Stopping
-and failures"). What a cell does is the caller's :data:`CellWork`, so this
-module stays free of the runtime and the attacks.
+``cells/<setting>-seed<seed>/cell.json``, written whole, marks a cell finished; a changed study file makes it stale
+(docs/studies.md, "Stopping and failures"). What a cell does is the caller's :data:`CellWork`.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +49,7 @@ class CellRecord:
         return self.error is None and self.row is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "seed": self.seed, "row": self.row, "error": self.error, "seconds": self.seconds,
-                "config_hash": self.config_hash, "settings": self.settings, "overrides": self.overrides}
+        return asdict(self)
 
 
 class StaleCells(PrivfedError):
@@ -75,11 +72,8 @@ OPTIONAL_RECORD_FIELDS = ("config_hash", "settings", "overrides")
 def read_record(folder: Path) -> CellRecord | None:
     """The cell's recorded outcome, or None when it has none (never run, or stopped mid-way).
 
-    privfed writes ``cell.json`` whole, so a damaged one was changed by something
-    else: it is refused, not rerun over, so the user decides what it held.
-
-    Raises:
-        PrivfedError: naming the file when it is not a record privfed wrote.
+    privfed writes ``cell.json`` whole, so a damaged one was changed by something else: it is refused (PrivfedError
+    naming it), not rerun over, so the user decides what it held.
     """
     path = folder / CELL_FILE
     if not path.is_file():
@@ -115,11 +109,8 @@ def stale_reason(record: CellRecord, settings: dict[str, Any]) -> str | None:
 
 
 def check_stale(study: Study, out: Path, *, reuse_stale: bool) -> list[tuple[Cell, str]]:
-    """The finished cells whose configuration changed (or is unknown), each with why.
-
-    Raises:
-        StaleCells: when there are any and ``reuse_stale`` is off, naming them and what to do.
-    """
+    """The finished cells whose configuration changed (or is unknown), each with why; StaleCells, naming them and
+    what to do, unless ``reuse_stale``."""
     stale = []
     for cell in study.cells():
         record = read_record(cell_folder(out, cell))
@@ -160,10 +151,8 @@ def run_study(
 ) -> list[CellRecord]:
     """Runs every cell that has not finished, in the study's order; returns every cell's record.
 
-    Stale cells are refused (:func:`check_stale`) unless ``reuse_stale``, and a
-    stopped attempt under another configuration starts again (docs/studies.md,
-    "Stopping and failures"). Progress lines estimate the time left from the
-    cells timed in this run.
+    Stale cells are refused (:func:`check_stale`) unless ``reuse_stale``, and a stopped attempt under another
+    configuration starts again. Progress lines estimate the time left from the cells timed in this run.
     """
     cells = study.cells()
     stale = check_stale(study, out, reuse_stale=reuse_stale)

@@ -17,10 +17,8 @@ from privfed.run.recording import RecordedRound, write_round
 class RecordReleases(RoundObserver):
     """Writes ``RUN_DIR/releases/round-XXXX.pt`` for every round (nothing for a method that releases nothing).
 
-    The state every client of round r started from is the server's after
-    round r-1 (or the initial one), which is why it is remembered here until
-    the next round ends: build this observer once the server holds the state
-    of the first round to come.
+    Round r's clients started from the server's state after round r-1, kept here until the next round ends: build
+    this observer once the server holds the state of the first round to come.
     """
 
     def __init__(

@@ -1,8 +1,7 @@
-"""The resume point at a round's end: the last write of the round (docs/flower.md, "Resuming a run").
+"""The resume point at a round's end: its last write (docs/flower.md, "Resuming a run").
 
-It runs after the round's charges and its metrics line, so a point never
-stands ahead of what the ledger and ``metrics.jsonl`` hold; a kill between
-them replays the round (``tests/run/test_kill_window.py``).
+After the round's charges and metrics line, so a point never stands ahead of the ledger and ``metrics.jsonl``; a
+kill between them replays the round.
 """
 
 from __future__ import annotations

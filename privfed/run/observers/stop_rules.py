@@ -1,11 +1,9 @@
 """When a run stops before its last round, and why (the causes are :mod:`privfed.run.stop`'s).
 
-The first stop a run meets stands, except a spent privacy budget, which
-outranks any other: such a run must never resume. Before the round's metrics
-line, in this order: a round the runtime found unusable, a round in which no
-client's reply could be used, :data:`NO_UPDATE_LIMIT` rounds in a row without
-a model update, the budget. After it: Ctrl-C or SIGTERM. At the end of the
-run (:meth:`StopRules.at_end`): a runtime that gave up.
+The first stop stands, except a spent privacy budget, which outranks any other: such a run must never resume.
+Before the round's metrics line, in order: a round the runtime found unusable, a round no client's reply could be
+used in, :data:`NO_UPDATE_LIMIT` rounds in a row without a model update, the budget. After it: Ctrl-C or SIGTERM.
+At the end (:meth:`StopRules.at_end`): a runtime that gave up.
 """
 
 from __future__ import annotations
@@ -119,11 +117,9 @@ class StopRules(RoundObserver):
     def _if_no_client_trained(self, report: RoundReport) -> None:
         """Stops after a round in which no sampled client's reply could be used.
 
-        Every later round would go the same way (a setting no client can train
-        with, replies the server rejects), so the run ends now with a summary
-        that says why, and ``--resume`` can continue it once the cause is fixed.
-        The round a killed run had in progress is exempt: its clients may have
-        answered it before the kill and so stay silent.
+        Every later round would go the same way (a setting no client can train with, replies the server rejects);
+        ``--resume`` continues once the cause is fixed. Not the round a killed run had in progress: its clients may
+        have answered it before the kill and so stay silent.
         """
         if report.completed > 0 or self.stop is not None or report.round == self.killed_round:
             return
@@ -138,12 +134,8 @@ class StopRules(RoundObserver):
         )
 
     def _if_no_update_applies(self, report: RoundReport) -> None:
-        """Stops after :data:`NO_UPDATE_LIMIT` training rounds in a row that applied no model update.
-
-        Replies arrived, but every round dropped its update (a SecAgg+
-        overflow, an implausible or halted secure sum): a run left to go on
-        would end "done" with the model it started from.
-        """
+        """Stops after :data:`NO_UPDATE_LIMIT` training rounds in a row that dropped their update (a SecAgg+ overflow,
+        an implausible or halted secure sum): left to go on, it would end "done" with the model it started from."""
         if report.round == 0:
             return
         dropped = report.update_dropped if report.unusable is None else "no usable reply"  # neither applies an update
