@@ -1,7 +1,4 @@
-"""Name → attack registry (``privfed attack --method NAME``).
-
-The built-in attacks register themselves when :mod:`attacks` is imported;
-third-party packages add theirs with :func:`register_attack` or through the
+"""Name → attack registry (``privfed attack --method NAME``); plug-ins use :func:`register_attack` or the
 ``privfed.attacks`` entry-point group (``examples/third_party_attack.py``)::
 
     [project.entry-points."privfed.attacks"]

@@ -1,8 +1,5 @@
-"""Optimisation inversion (Mahendran and Vedaldi, 2015): find an image the encoder maps onto the released vector.
-
-Maximises ``cos(g(x), c) - tv_weight * TV(x)`` over sigmoid image logits
-from several starts, keeping the best (docs/attacks.md, "The attacks"); ``g``
-runs in training mode, as clients ran it.
+"""Optimisation inversion (Mahendran and Vedaldi, 2015): maximise ``cos(g(x), c) - tv_weight * TV(x)`` over
+sigmoid image logits from several starts, keeping the best (docs/attacks.md); ``g`` runs in training mode, as clients ran it.
 """
 
 from __future__ import annotations

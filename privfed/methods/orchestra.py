@@ -1,11 +1,6 @@
-"""Orchestra and its ablations: the cluster and/or the rotation term, on three views of each image.
+"""Orchestra and its ablations (does the clustering matter?): the cluster and/or rotation term on three views.
 
-The ablations answer "does the clustering matter?": ``rotpred`` learns from
-rotation prediction alone (the paper's RotPred baseline), and
-``orchestra-fixed-centroids`` trains against centroids drawn at random once
-and never updated, which keeps the cluster loss but switches the clustering
-off. Methods that do not cluster release nothing: their clients send model
-updates only.
+Methods that do not cluster (``rotpred``, ``orchestra-fixed-centroids``) release nothing, only model updates.
 """
 
 from __future__ import annotations
@@ -66,11 +61,9 @@ class Orchestra(Method):
     def step_on_views(
         self, network: OrchestraNetwork, views: OrchestraViews, centroids: torch.Tensor | None, temperature: float
     ) -> StepOutput:
-        """At most three encoder passes: target on view 1, online on view 2 (cluster term), online on the rotated view 3.
+        """Target on view 1, online on view 2 (cluster term), online on the rotated view 3; a term that is off is 0.
 
-        A term that is off is reported as 0. Each sample's loss depends on
-        that sample alone once the network has no BatchNorm, which is what
-        DP-SGD's per-sample gradients need.
+        Without BatchNorm each sample's loss depends on that sample alone, as DP-SGD needs.
         """
         zero = torch.zeros((), device=views.view1.device)
         l_cluster = l_rotation = zero
