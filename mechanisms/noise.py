@@ -75,13 +75,6 @@ def _random_words(source: random.Random, count: int) -> np.ndarray:
     return np.frombuffer(source.randbytes(8 * count), dtype=np.uint64).copy()
 
 
-def random_bits(count: int, *, source: random.Random | None = None) -> np.ndarray:
-    """``count`` fair coins as a boolean array."""
-    source = source or secure_source()
-    raw = np.frombuffer(source.randbytes((count + 7) // 8), dtype=np.uint8)
-    return np.unpackbits(raw)[:count].astype(bool)
-
-
 #: Resolution of :func:`poisson_sample_mask`'s coins: rates are rounded down to a multiple of ``2**-53``.
 _RATE_BITS = 53
 
@@ -260,7 +253,8 @@ def _discrete_laplace_rational(size: int, s: int, t: int, source: random.Random)
             magnitude = _as_int_array((u.astype(object) + t * v.astype(object)) // s)
         else:
             magnitude = (u + t * v) // s
-        negative = random_bits(magnitude.shape[0], source=source)
+        signs = np.frombuffer(source.randbytes((magnitude.shape[0] + 7) // 8), dtype=np.uint8)
+        negative = np.unpackbits(signs)[: magnitude.shape[0]].astype(bool)
         keep = ~(negative & (magnitude == 0))  # zero must not be counted twice
         chunks.append(np.where(negative, -magnitude, magnitude)[keep])
         missing -= int(keep.sum())

@@ -242,7 +242,7 @@ class _Cohort:
 
         def one_client(state: Tensors, client_leaves: list[torch.Tensor]) -> tuple[torch.Tensor, Tensors, torch.Tensor]:
             args = (rebuild(client_leaves), self.centroids, self.config.temperature)
-            out = functional_call(self.module, _prefixed(state), args)
+            out = functional_call(self.module, {f"network.{name}": tensor for name, tensor in state.items()}, args)
             reps = out.target_reps if out.target_reps is not None else torch.zeros(0, device=out.loss.device)
             return out.loss, out.values, reps
 
@@ -279,10 +279,6 @@ class _StepModule(nn.Module):
 
     def forward(self, views: Any, centroids: torch.Tensor | None, temperature: float) -> StepOutput:
         return self.method.step_on_views(self.network, views, centroids, temperature)
-
-
-def _prefixed(state: Tensors) -> Tensors:
-    return {f"network.{name}": tensor for name, tensor in state.items()}
 
 
 def _named_state(network: nn.Module) -> Tensors:

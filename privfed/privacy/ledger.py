@@ -357,14 +357,9 @@ class PrivacyLedger:
             )
         return self._epsilon_cache[(client, part)]
 
-    def _clients(self, part: str) -> set[int]:
-        if part == COMBINED:
-            return set(self._events[RELEASES]) | set(self._events[DP_SGD])
-        return set(self._events[part])
-
     def worst_case(self, part: str = COMBINED) -> tuple[int | None, float]:
         """The client that spent most in ``part``, and its epsilon (``(None, 0)`` before any cost)."""
-        clients = self._clients(part)
+        clients = set(self._events[RELEASES]) | set(self._events[DP_SGD]) if part == COMBINED else set(self._events[part])
         if not clients:
             return None, 0.0
         client = max(clients, key=lambda c: (self.spent(c, part), -c))
