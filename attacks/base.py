@@ -31,12 +31,8 @@ ProgressCallback = Callable[[str, int, int, dict[str, float]], None]
 class AttackTarget:
     """What the server knows of one round: the model it sent and how clients were told to release.
 
-    Attributes:
-        encoder: The encoder whose normalised outputs clients released, as the
-            round started. Attacks must not change it (:meth:`frozen_encoder` copies it).
-        mechanism_params: The parameters clients built the mechanism with.
-        centroids: ``[G, D]`` global centroids sent in the round (None in round 0).
-        batch_size: Clients' batch size (representations were computed in such batches).
+    ``encoder`` (whose normalised outputs clients released, as the round
+    started) must not change: :meth:`frozen_encoder` copies it.
     """
 
     round: int

@@ -1,24 +1,21 @@
 """Privacy accounting for the mechanisms' noise, on ``dp_accounting``'s PLD.
 
-Epsilons are never added: every cost is a :class:`~mechanisms.base.PrivacyEvent`,
-turned into a privacy-loss distribution (PLD) and composed, which holds under
-adaptive composition and is much tighter than summing. Release events and
-DP-SGD steps compose in one PLD.
-
-The neighbouring relation is **replace-one** (why: docs/privacy.md, "The
-neighbouring relation: replace-one"), which doubles the sensitivity:
+Epsilons are never added: every cost, release or DP-SGD step, is a
+:class:`~mechanisms.base.PrivacyEvent` whose privacy-loss distribution (PLD)
+composes with the others in one PLD (valid under adaptive composition, and
+much tighter than summing). Neighbours are **replace-one** (docs/privacy.md,
+"The neighbouring relation: replace-one"), which doubles the sensitivity:
 
 * ``"gaussian"`` (``noise_multiplier`` = noise std / clip radius): a replaced
-  representation moves a sum by up to twice the radius (both in one leaf),
-  accounted as ``dp_accounting``'s ``REPLACE_ONE`` Gaussian;
+  representation moves a sum by up to twice the radius (both in one leaf):
+  ``dp_accounting``'s ``REPLACE_ONE`` Gaussian;
 * ``"discrete_laplace"`` (``sensitivity``: a positive integer, how much one
   example moves one count): a replacement moves two disjoint counts (one
-  down, one up) by at most that much each, charged as two compositions of the
-  add/remove mechanism, the exact PLD of that worst case. A count query of
-  another shape (one replacement moving one count by twice its sensitivity,
-  say) must declare the replacement's sensitivity itself;
-* ``"poisson_gaussian"`` (DP-SGD steps): the Poisson-subsampled Gaussian under
-  ``REPLACE_ONE``, as ``dp_accounting`` analyses it.
+  down, one up) by at most that each: two compositions of the add/remove
+  mechanism, the exact PLD of that worst case. A count query of another shape
+  must declare the replacement's sensitivity itself;
+* ``"poisson_gaussian"`` (DP-SGD steps): ``dp_accounting``'s Poisson-subsampled
+  Gaussian under ``REPLACE_ONE``.
 
 Approximation, stated once: the ``ldp`` leaf sums use the *discrete* Gaussian
 on an integer grid but are accounted as a continuous Gaussian of multiplier
@@ -71,16 +68,9 @@ DEFAULT_DISCRETISATION = 1e-4
 
 @dataclass(frozen=True)
 class BudgetSplit:
-    """How one release's budget is shared between its three noisy parts.
-
-    The fractions fix the *ratio* of the noise scales: each part is calibrated
-    alone to its share of (epsilon, delta), then all scales are multiplied by
-    one factor so the composed release uses the whole budget (PLD composition
-    is tighter than adding the shares). The leaf sums get most: theirs is the
-    only noise that grows with the dimension. Tree counts are released at
-    every level, so their quarter is spread over ``max_depth + 1``
-    compositions; leaf counts only set weights and divisors.
-    """
+    """How one release's budget is shared between its three noisy parts: the *ratio* of their noise scales
+    (:func:`calibrate`). The leaf sums get most, theirs being the only noise that grows with the dimension;
+    tree counts spread theirs over ``max_depth + 1`` levels; leaf counts only set weights and divisors."""
 
     tree_counts: float = 0.25
     leaf_counts: float = 0.15
@@ -97,12 +87,10 @@ class NoiseParameters:
     """Per-release noise of the ``ldp`` mechanism, in the accountant's terms.
 
     Attributes:
-        tree_count_parameter: Discrete-Laplace decay ``a`` (pmf proportional to
-            ``exp(-a|k|)``) of each tree-node count; a replacement moves at most
-            two counts per level, by one each.
+        tree_count_parameter: Discrete-Laplace decay ``a`` (pmf proportional to ``exp(-a|k|)``) of each
+            tree-node count; a replacement moves at most two counts per level, by one each.
         leaf_count_parameter: The same for the leaf counts (two move, by one each).
-        sum_noise_multiplier: Gaussian std of the leaf sums over the clip radius;
-            a replacement moves the sums by up to twice the radius.
+        sum_noise_multiplier: Gaussian std of the leaf sums over the clip radius (a replacement moves them by 2 radii).
     """
 
     tree_count_parameter: float
@@ -169,13 +157,9 @@ def smallest_fitting_multiplier(
 
 
 def release_event(noise: NoiseParameters, *, tree_levels: int) -> dp_event.DpEvent:
-    """One ``ldp`` release under replace-one, as add/remove-one DpEvents with the same PLD.
-
-    ``dp_accounting``'s accountants take no replace-one discrete-Laplace
-    events, and calibration needs one accountant. The translation is exact:
-    two compositions of each add/remove count, half the sums' multiplier.
-    ``tree_levels`` (``max_depth + 1``) are all charged, even if the tree stops
-    early: where it stops depends on the data.
+    """One ``ldp`` release under replace-one, as add/remove-one DpEvents of exactly the same PLD (two of each
+    count, half the sums' multiplier), since calibration's accountant takes no replace-one discrete Laplace.
+    All ``tree_levels`` (``max_depth + 1``) are charged: where the tree stops depends on the data.
     """
     return dp_event.ComposedDpEvent(
         events=[
@@ -240,11 +224,9 @@ def epsilon_of(events: Iterable[PrivacyEvent], delta: float, *, discretisation: 
 def calibration_discretisation(epsilon: float, compositions: int) -> float:
     """PLD grid fine enough that rounding costs at most 1% of ``epsilon`` over ``compositions`` release events.
 
-    DP-SGD steps are not counted (:func:`rounding_compositions`): their
-    "connect the dots" PLDs' error does not grow linearly (thousands of steps
-    give the same epsilon to 0.1% at a grid of 1e-3 as at 1e-4,
-    ``tests/mechanisms/test_dp_sgd_accounting.py``), and counting them would
-    scale the grid, and the accountant's time, with the steps.
+    DP-SGD steps are not counted (:func:`rounding_compositions`): their "connect the dots" PLDs' error does
+    not grow linearly (``tests/mechanisms/test_dp_sgd_accounting.py``), and counting them would scale the
+    grid, and the accountant's time, with the steps.
     """
     return min(MAX_CALIBRATION_DISCRETISATION, 0.01 * epsilon / max(compositions, 1))
 
@@ -266,12 +248,8 @@ def _accountant_factory(discretisation: float) -> Callable[[], pld_privacy_accou
 
 
 def _calibrate_decay(epsilon: float, delta: float, count: int, discretisation: float) -> float:
-    """Largest discrete-Laplace decay whose ``count``-fold composition fits (epsilon, delta) under replace-one.
-
-    The search starts at half the pure-DP answer (which always fits, even
-    after grid rounding) and doubles, so its PLDs never get much wider than
-    the answer's.
-    """
+    """Largest discrete-Laplace decay whose ``count``-fold composition fits (epsilon, delta) under replace-one;
+    the search doubles up from half the pure-DP answer (which fits even after grid rounding)."""
     pure = epsilon / (REPLACED_COUNTS * count)
     return float(
         mechanism_calibration.calibrate_dp_mechanism(
@@ -296,12 +274,10 @@ def calibrate(
 ) -> NoiseParameters:
     """Per-release noise so that ``num_releases`` ``ldp`` releases compose to at most (epsilon, delta).
 
-    First each part is calibrated alone: its ``num_releases``-fold composition
-    fits its share of (epsilon, delta) (:class:`BudgetSplit`), so by basic
-    composition the whole fits already. Then one factor ``c <= 1`` scales all
-    noise down until the PLD of all releases meets epsilon. The Gaussian part
-    is analytic (Balle and Wang 2018): ``count`` Gaussians of multiplier ``z``
-    are one of ``z / sqrt(count)``, and replacement doubles the shift.
+    Each part's ``num_releases``-fold composition is first fitted to its share
+    (:class:`BudgetSplit`; the sums analytically, Balle and Wang 2018), so by
+    basic composition the whole fits; then one factor ``c <= 1`` scales all
+    noise down until the PLD of all releases meets epsilon.
     """
     if epsilon <= 0 or not 0 < delta < 1:
         raise ValueError(f"need epsilon > 0 and 0 < delta < 1, got ({epsilon}, {delta})")

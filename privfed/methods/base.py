@@ -57,10 +57,8 @@ class Method(abc.ABC):
     """A named training method: its declarations and its step.
 
     Attributes:
-        centroids: One of :data:`CENTROID_SOURCES`; only :data:`CLUSTERED` releases.
         ema_targets: Its targets (and the representations it clusters) come from the EMA target encoder.
-        couples_batch: One sample's loss depends on the rest of its batch, so per-sample clipping would not
-            bound one example's influence: DP-SGD is refused.
+        couples_batch: One sample's loss depends on the rest of its batch, so DP-SGD is refused.
     """
 
     name: str

@@ -19,12 +19,7 @@ from privfed.models.network import OrchestraNetwork
 
 @dataclass(frozen=True, kw_only=True)
 class Orchestra(Method):
-    """Orchestra's objective: the cluster term, the rotation term, or both (every variant keeps Orchestra's heads).
-
-    Attributes:
-        cluster_loss: Train the online encoder to predict the target's cluster assignment.
-        rotation_loss: Train it to predict the quarter turn of a rotated view.
-    """
+    """Orchestra's objective: the cluster term, the rotation term, or both (every variant keeps Orchestra's heads)."""
 
     heads: Heads = ORCHESTRA_HEADS
     centroids: str = CLUSTERED

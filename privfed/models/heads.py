@@ -73,10 +73,9 @@ class Heads:
     """What a method's network carries beside the backbone, as the method declares it and the network builds it.
 
     Attributes:
-        target: An EMA copy of the online encoder (moved only by :func:`privfed.models.network.ema_update`).
+        target: An EMA copy of the online encoder.
         others: Named heads trained with the online encoder, built in this order (the names are state-dict prefixes).
-        clusters: A head is sized by the run's number of global centroids (``HeadShape.num_clusters``).
-        classes: A head is sized by the training data's number of classes (``HeadShape.num_classes``).
+        clusters, classes: A head is sized by ``HeadShape.num_clusters`` or ``num_classes``.
     """
 
     projector: HeadBuilder = standard_projector

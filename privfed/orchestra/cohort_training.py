@@ -1,15 +1,11 @@
 """Several clients' local training as one batched computation: the same steps each would take alone.
 
-On a GPU a small client's step is bound by kernel launches (docs/performance.md),
-so a round's clients share them: parameters, buffers, momentum and EMA targets
-are stacked on a "slot" axis and ``torch.func.vmap`` runs the method's step
-over the slots. Each client keeps its own batch order and augmentation stream
-(as in :func:`~privfed.orchestra.client_update.train_locally`), BatchNorm
-statistics, momentum and memory; only the round's model, centroids and
-temperature are shared. Slots take the largest clients first; a freed slot
-takes the next with the round's model and zero momentum (SGD's first step).
-Batches of different sizes step in separate calls: padding would change
-BatchNorm's statistics.
+A small client's GPU step is bound by kernel launches (docs/performance.md), so
+clients' states are stacked on a "slot" axis and ``torch.func.vmap`` runs the
+step over them. Each keeps its own batches, augmentations, BatchNorm
+statistics, momentum and memory; a freed slot takes the next client with zero
+momentum (SGD's first step). Batches of different sizes step in separate
+calls: padding would change BatchNorm's statistics.
 """
 
 from __future__ import annotations

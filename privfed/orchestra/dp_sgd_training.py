@@ -1,19 +1,13 @@
 """The DP-SGD parts of the local-training loop (:func:`privfed.orchestra.client_update.train_locally`), with Opacus.
 
-Each of the round's ``local_epochs * ceil(n / batch_size)`` steps draws a
-Poisson batch (each example independently with ``q = min(1, batch_size / n)``;
-it may be empty), clips each example's gradient of its own loss to
-``max_grad_norm`` and adds Gaussian noise of std ``noise_multiplier *
-max_grad_norm`` to their sum (Opacus, "secure mode" noise), then updates the
-online encoder and trained heads by SGD and the target by EMA (post-processing).
-
-Per-sample gradients are exact only if nothing in a step mixes examples: a
-GroupNorm network (Opacus' ``ModuleValidator`` checks), a method that does
-not couple its batch, and one example's online passes (Orchestra's views 2
-and 3) adding up in its own gradient. The subsampling amplification the
-accountant credits needs the server not to know which examples each batch
-held, and the round's seed is known to it: batch sampling and noise use the
-OS's randomness (tests replace this module's ``secrets``); augmentations stay seeded.
+Each of a round's Poisson steps (each example joins with ``q = min(1, batch_size / n)``)
+clips each example's gradient to ``max_grad_norm`` and adds Gaussian noise of
+std ``noise_multiplier * max_grad_norm`` to their sum (Opacus, secure mode);
+the target's EMA is post-processing. Per-sample gradients are exact only with
+a GroupNorm network, a method that does not couple its batch, and an
+example's online passes adding up in its own gradient. The amplification the
+accountant credits needs batches the server cannot know, so sampling and
+noise use the OS's randomness (tests replace this module's ``secrets``).
 """
 
 from __future__ import annotations

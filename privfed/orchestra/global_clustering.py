@@ -1,16 +1,10 @@
-"""Server side: cluster every client's release into the global centroids.
+"""Server side: cluster every client's release into the global centroids (``--global-clustering``).
 
-Two procedures, chosen with ``--global-clustering``:
-
-- ``kmeans`` (privfed's default): weighted, equal-mass Sinkhorn k-means on
-  the sphere, warm-started from last round's centroids: it puts the centroids
-  on the released vectors.
-- ``official``: the authors' procedure: centroids fitted by 500 SGD steps,
-  renormalised after each, so that each vector's softmax assignment at the
-  cluster loss's temperature matches Sinkhorn's balanced one in cosine;
-  random in round 0, warm afterwards, every released vector counted once. Its
-  centroids stay near where they started, which makes the cluster targets
-  softer at the same temperature (DESIGN §4).
+``kmeans`` (the default): weighted equal-mass Sinkhorn k-means, warm-started,
+puts the centroids on the released vectors. ``official`` (the authors'): SGD
+fits the centroids so that each vector's softmax assignment matches
+Sinkhorn's balanced one; they stay near where they started, which softens the
+cluster targets at the same temperature (DESIGN §4).
 """
 
 from __future__ import annotations
@@ -38,13 +32,11 @@ def global_centroids(
 ) -> torch.Tensor:
     """The next ``G = num_centroids`` global centroids from all released vectors.
 
-    ``kmeans`` weighs each vector by the representations it stands for (a
-    ``kanon`` centroid of 16 members 16), ``official`` counts each once; a
-    vector of weight 0 (padding) never counts. With fewer real vectors than
-    ``G``, only the centroids nearest to them move (:func:`move_nearest`); in
-    round 0 they become centroids as they are, and random unit vectors fill up
-    to ``G``. ``median_client_cap`` (``kmeans`` only) applies
-    :func:`median_capped_weights` (``benchmarks/client_influence.py``).
+    ``kmeans`` weighs each vector by the representations it stands for,
+    ``official`` counts each once; padding (weight 0) never counts. With
+    fewer real vectors than ``G``, only the nearest centroids move
+    (:func:`move_nearest`), or in round 0 random ones fill up. ``median_client_cap``:
+    :func:`median_capped_weights` (``kmeans`` only).
     """
     nonempty = [r for r in releases if r.num_vectors > 0]
     dim = nonempty[0].vectors.shape[1] if nonempty else releases[0].vectors.shape[1]

@@ -63,12 +63,8 @@ class LocalTrainingConfig:
 
 @dataclass(frozen=True)
 class LocalTrainingResult:
-    """What local training produced; ``memory`` and ``memory_examples`` (the example of each row) stay on the client.
-
-    ``privacy_events`` is the round's DP-SGD cost (empty without). The loss
-    values are diagnostics: under DP-SGD the guarantee does not cover them,
-    and they must not leave the client.
-    """
+    """What local training produced; ``memory`` and ``memory_examples`` (each row's example) stay on the client,
+    and so must the loss values under DP-SGD, whose guarantee does not cover them."""
 
     memory: torch.Tensor
     memory_examples: torch.Tensor

@@ -11,10 +11,9 @@ class RepresentationMemory:
     """Keeps the last ``capacity`` vectors pushed, each with the index of the example it came from.
 
     It leaves the client only through its mechanism; the indices never do.
-    A memory larger than one epoch holds several views of one image, so
-    :meth:`contents` keeps only each example's latest, and an anonymity set
-    (or a per-representation unit) counts images. The buffer lives where, and
-    in the dtype, the first pushed vectors do: on a GPU a push never waits.
+    :meth:`contents` keeps only each example's latest view, so an anonymity set
+    (or a per-representation unit) counts images. The buffer lives with the
+    first pushed vectors: on a GPU a push never waits.
     """
 
     def __init__(self, capacity: int, dim: int) -> None:

@@ -89,12 +89,10 @@ def poisson_memory(
     """The memory under DP-SGD: one target representation (view 1) per example of a Poisson sample, and which.
 
     Each example joins independently at :func:`~privfed.privacy.dp_sgd_plan.memory_rate`,
-    with no cap, and the GroupNorm network makes each row depend on its own
-    example only: one example changes at most one row, so the release's
-    per-representation guarantee is a per-example one, composing with
-    DP-SGD's in one ledger (training batches may use an example many times).
-    No amplification is claimed from this sample, so it may use the round's
-    reproducible ``generator``.
+    uncapped, and a GroupNorm row depends on its own example only: one example
+    changes at most one row, so the release's per-representation guarantee is
+    per example and composes with DP-SGD's. No amplification is claimed, so
+    the reproducible ``generator`` may draw it.
     """
     if network.norm != "group":
         raise ValueError("a Poisson memory needs a GroupNorm network: BatchNorm mixes examples")

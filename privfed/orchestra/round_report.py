@@ -22,13 +22,10 @@ class RoundReport:
     """One finished Orchestra round.
 
     Attributes:
-        completed: Clients whose reply was folded in (``failures``: the other sampled ones).
         server_stats: The server's own statistics (global clustering, aggregation), safe to log.
-        training_events: ``(client id, DP-SGD events)`` per reply (empty without DP-SGD and in round 0).
         runtime_state: The runtime's state after the round (client sampling, SecAgg+ scales), opaque in resume points.
         unusable: Why no reply could be used (None: one could); the model stays and the run stops.
-        update_dropped: Why a training round applied no update though replies arrived (a SecAgg+ overflow,
-            halt or implausible sum); None otherwise.
+        update_dropped: Why a training round applied no update though replies arrived (e.g. a SecAgg+ overflow).
     """
 
     round: int

@@ -184,9 +184,7 @@ class DpSgdPlan:
     Attributes:
         delta: The delta all DP-SGD epsilons are quoted at (the run's).
         target_epsilon: The ``--dp-sgd-epsilon`` calibrated to (None: the noise multiplier was given).
-        planned_epsilon: What the worst-off client would spend if it trained in every round.
-        worst_client_size: That client's number of examples.
-        batch_size: Expected Poisson batch size.
+        planned_epsilon: What the worst-off client (of ``worst_client_size``) spends if it trains in every round.
     """
 
     settings: DpSgdSettings

@@ -97,11 +97,8 @@ class LedgerEntry:
     """One cost charged to one client in one round.
 
     Attributes:
-        mechanism: The release mechanism's name, or ``"dp_sgd"`` for training.
-        events: Its privacy events (empty for non-DP releases).
         run: The Flower run it was charged in, where a ledger spans runs (a node's own).
-        delta: The delta its run quoted epsilons at (None: a ledger stamps its own
-            on an entry with events when it records it).
+        delta: The delta its run quoted epsilons at (None: a ledger stamps its own on an entry with events).
     """
 
     client: int
