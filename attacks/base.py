@@ -78,10 +78,8 @@ def check_settings(
 
 
 class Attack(abc.ABC):
-    """Learns, from public information only, to turn released vectors into images.
-
-    Subclasses set ``name`` and ``description``, take keyword-only settings (a fixed budget) and implement :meth:`fit`.
-    """
+    """Learns, from public information only, to turn released vectors into images; subclasses set ``name`` and
+    ``description``, take keyword-only settings (a fixed budget) and implement :meth:`fit`."""
 
     name: ClassVar[str]
     description: ClassVar[str]
@@ -99,4 +97,4 @@ class Attack(abc.ABC):
     def fit(
         self, target: AttackTarget, aux_images: torch.Tensor, *, progress: ProgressCallback | None = None
     ) -> Inversion:
-        """Prepares the attack on one round's model from ``[N, 3, H, W]`` uint8 auxiliary images; returns the inversion."""
+        """Prepares the attack on one round's model from uint8 auxiliary images; returns the inversion."""

@@ -312,11 +312,8 @@ def attack_run(
 def attack_last_round(
     run_dir: Path, *, method: str, attack_settings: dict[str, Any] | None = None, progress: ProgressCallback | None = None
 ) -> dict[str, Any]:
-    """The figures of a run's last recorded round, as a study reports them (``attack.json`` holds that round only).
-
-    A round of padding only (a DP mechanism at a small ε) scores no vectors
-    instead of failing, so the study keeps the run and records that nothing was attackable.
-    """
+    """The figures of a run's last recorded round, as a study reports them (``attack.json`` holds that round only);
+    a round of padding only (a DP mechanism at a small ε) scores no vectors instead of failing."""
     run = RunDirectory(run_dir)
     available = recorded_rounds(run.releases) if run.config().release_mechanism is not None else []
     if available:

@@ -183,7 +183,7 @@ def release_privacy_events(noise: NoiseParameters, *, tree_levels: int) -> tuple
 
 
 def replace_one_pld(event: PrivacyEvent, *, discretisation: float = DEFAULT_DISCRETISATION) -> PrivacyLossDistribution:
-    """The PLD of a ledger record (one of :data:`EVENT_NAMES`, params as the module docstring lists) under replace-one."""
+    """The PLD under replace-one of a ledger record (:data:`EVENT_NAMES`, params as the module docstring lists)."""
     count = int(event.params.get("count", 1))
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")

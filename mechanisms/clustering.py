@@ -1,10 +1,5 @@
-"""Equal-size clustering on the unit sphere, shared by clients and server.
-
-Equal sizes keep a client's centroid from being (or being dominated by) a
-handful of representations, and the global centroids from collapsing onto a
-few dense regions: Sinkhorn-Knopp gives soft mass-balanced plans, a linear
-assignment over cluster slots exact equal-size hard ones.
-"""
+"""Equal-size clustering on the unit sphere, shared by clients and server: equal sizes keep a centroid from
+being a handful of representations, and the global centroids from collapsing onto a few dense regions."""
 
 from __future__ import annotations
 
@@ -38,11 +33,8 @@ def sinkhorn_knopp(
 
 
 def equal_size_assignment(scores: torch.Tensor) -> torch.Tensor:
-    """``[n]`` cluster per point maximising the total ``[n, k]`` score, every cluster ``floor(n/k)`` points or one more.
-
-    Exact, as a linear assignment to cluster *slots*: each cluster owns
-    ``floor(n/k)`` mandatory slots (a large bonus keeps them filled) and one optional one.
-    """
+    """``[n]`` cluster per point maximising the total ``[n, k]`` score, each of ``floor(n/k)`` points or one more:
+    a linear assignment to slots, ``floor(n/k)`` mandatory ones (a bonus keeps them filled) and one optional each."""
     n, k = scores.shape
     if n < k:
         raise ValueError(f"need at least as many points as clusters, got {n} < {k}")
@@ -126,9 +118,8 @@ def sinkhorn_kmeans(
 ) -> torch.Tensor:
     """``[k, D]`` unit centres of soft spherical k-means on ``[n, D]`` unit vectors, clusters of equal weighted mass.
 
-    Each step moves the centres to the means of a Sinkhorn plan whose rows
-    carry ``weights`` (samples each point stands for). ``init`` (e.g. last
-    round's) replaces k-means++ seeding; a smaller ``temperature`` is closer to hard k-means.
+    Each step moves the centres to the means of a Sinkhorn plan whose rows carry ``weights``; ``init`` (e.g.
+    last round's) replaces k-means++ seeding.
     """
     n = x.shape[0]
     if n < num_clusters:

@@ -1,26 +1,14 @@
 """Exact integer noise drawn from a cryptographically secure source.
 
-Why not ``numpy.random.laplace`` or ``torch.normal``? Floating-point samplers
-do not produce the distribution the proof assumes: their outputs land on an
-irregular set of doubles that depends on the input, so an observer can
-sometimes tell which input produced an output (Mironov, CCS 2012); here the
-release is ``integer data + integer noise``, sampled exactly from rational
-parameters. And seeded PRNGs are predictable: whoever learns the seed can
-subtract the noise.
-
-So every random bit comes from a :class:`random.Random`, by default
-:class:`secrets.SystemRandom` (``os.urandom``), and every sampler uses only
-integer comparisons against uniform integers (Canonne, Kamath and Steinke,
-NeurIPS 2020): ``Bernoulli(exp(-gamma))`` by their Algorithm 1 (``gamma > 1``
-split into whole and fractional parts), discrete Laplace by Algorithm 2,
-discrete Gaussian by rejection from it (Algorithm 3).
-
-The samplers are vectorised: each rejection round re-draws only the rejected
-entries, so Python-level iterations grow with the rounds, not the sample size
-(``tests/mechanisms/test_noise.py::test_sampling_is_fast``). Entries whose
-integers would overflow 63 bits fall back to Python ints: still exact, slower.
-Tests may pass a seeded ``random.Random`` as ``source``; production code
-leaves the default.
+Floating-point samplers do not draw the distribution the proof assumes: their
+outputs land on an input-dependent set of doubles, which can tell inputs apart
+(Mironov, CCS 2012); here a release is ``integer data + integer noise``,
+sampled exactly from rational parameters. Seeded PRNGs are predictable, so
+every bit comes from a :class:`random.Random`, by default
+:class:`secrets.SystemRandom` (tests may pass a seeded one). The samplers use
+integer comparisons only (Canonne, Kamath and Steinke, NeurIPS 2020, Algorithms
+1-3), vectorised: each rejection round re-draws only the rejected entries.
+Integers that would overflow 63 bits fall back to Python ints (exact, slower).
 """
 
 from __future__ import annotations
@@ -34,12 +22,10 @@ import numpy as np
 
 _INT63 = 2**63
 
-#: Discrete-Laplace decays the sampler draws: a float decay is rounded down to a multiple of ``2**-24``, which is
-#: zero below ``MIN_DECAY``, and above ``MAX_DECAY`` its numerator would not fit the sampler's 64-bit arithmetic
-#: (the noise is then almost surely zero anyway).
+#: Discrete-Laplace decays the sampler draws: a float decay rounded down to a multiple of ``2**-24`` is zero below
+#: ``MIN_DECAY``; above ``MAX_DECAY`` its numerator overflows 64 bits (and the noise is almost surely zero).
 MIN_DECAY, MAX_DECAY = 2.0**-24, 2.0**32
-#: Largest discrete-Gaussian sigma drawn: the samples, ``sigma`` times a few dozen at most in practice, stay far
-#: inside the 64-bit integers they are added to.
+#: Largest discrete-Gaussian sigma drawn: samples (a few dozen sigma at most) stay far inside 64-bit integers.
 MAX_SIGMA = 2.0**48
 #: Smallest sigma drawn: below about 1e-10 the sampler's exponent overflows; at 2^-24 every draw is 0 anyway.
 MIN_SIGMA = 2.0**-24

@@ -16,10 +16,8 @@ from privfed.data.augment import orchestra_views, to_float
 def aux_views_and_representations(
     target: AttackTarget, aux_images: torch.Tensor, *, generator: torch.Generator, passes: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[passes * N, D]`` representations of augmented views of every auxiliary image, and the image of each.
-
-    As a client computes them: Orchestra's first view, in training mode, in batches of its batch size.
-    """
+    """``[passes * N, D]`` representations of views of every auxiliary image, and the image of each, as a
+    client computes them (Orchestra's first view, training mode, batches of its batch size)."""
     encoder = target.frozen_encoder().train()
     device = target.device
     aug = torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
@@ -53,7 +51,7 @@ def aux_releases(
     num_memories: int,
     generator: torch.Generator,
 ) -> AuxReleases:
-    """Runs the round's mechanism on ``num_memories`` memories of ``memory_size`` distinct auxiliary images' representations."""
+    """The round's mechanism run on ``num_memories`` memories of ``memory_size`` distinct auxiliary images."""
     mechanism = create_mechanism(target.mechanism, **target.mechanism_params)
     if target.centroids is not None:
         mechanism.observe_global_centroids(target.centroids)

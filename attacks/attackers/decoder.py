@@ -1,9 +1,5 @@
-"""Learned inversion (He, Zhang and Lee, 2019): a decoder from released vectors back to images.
-
-:class:`DecoderAttack` learns from (auxiliary representation, image) pairs;
-:class:`ReleaseDecoderAttack` from the round's mechanism run on auxiliary
-memories (docs/attacks.md, "The attacks").
-"""
+"""Learned inversion (He, Zhang and Lee, 2019): a decoder from released vectors back to images, trained on
+auxiliary (representation, image) pairs or on the mechanism's releases of auxiliary memories (docs/attacks.md)."""
 
 from __future__ import annotations
 

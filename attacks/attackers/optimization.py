@@ -1,5 +1,5 @@
 """Optimisation inversion (Mahendran and Vedaldi, 2015): maximise ``cos(g(x), c) - tv_weight * TV(x)`` over
-sigmoid image logits from several starts, keeping the best (docs/attacks.md); ``g`` runs in training mode, as clients ran it.
+sigmoid image logits from several starts, keeping the best (docs/attacks.md); ``g`` runs in training mode.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ class OptimizationAttack(Attack):
         def search(vectors: torch.Tensor, chunk_index: int, num_chunks: int) -> torch.Tensor:
             m, r = vectors.shape[0], self.restarts
             goal = F.normalize(vectors.to(device), dim=1).repeat_interleave(r, dim=0)
-            start = torch.logit(prior).expand(m * r, *image_shape) + 0.5 * torch.randn(m * r, *image_shape, generator=generator)
+            spread = 0.5 * torch.randn(m * r, *image_shape, generator=generator)
+            start = torch.logit(prior).expand(m * r, *image_shape) + spread
             logits = start.to(device).requires_grad_(True)
             optimizer = torch.optim.Adam([logits], lr=self.lr)
             for step in range(1, self.steps + 1):

@@ -1,4 +1,4 @@
-"""Per-pair PSNR and SSIM (torchmetrics) of reconstructions against candidate images in [0, 1], and re-identification."""
+"""Per-pair PSNR and SSIM (torchmetrics) of reconstructions against candidates in [0, 1], and re-identification."""
 
 from __future__ import annotations
 

@@ -18,10 +18,8 @@ def score_client_vectors(
     *,
     single_source: bool,
 ) -> list[dict[str, float | None]]:
-    """Rows of scores for one client's attacked vectors and their nulls, against its uint8 images and distractors.
-
-    ``single_source``: each vector is one representation, scored against its source, not a summary of several.
-    """
+    """Rows of scores for one client's attacked vectors and their nulls, against its images and distractors
+    (``single_source``: each vector is one representation, scored against its source)."""
     candidates = to_float(client_images)
     pool = torch.cat([candidates, to_float(distractors)])
     n = candidates.shape[0]

@@ -1,8 +1,5 @@
-"""Semi-supervised evaluation (the paper's): fine-tune the backbone and a linear head on 1 % or 10 % of the labels.
-
-Every random draw (class-balanced subset, head, shuffling, augmentation) comes
-from ``seed`` and the schedule is fixed, so one encoder and seed give one accuracy on CPU.
-"""
+"""Semi-supervised evaluation (the paper's): fine-tune the backbone and a linear head on 1 % or 10 % of the labels;
+every draw comes from ``seed``, so one encoder and seed give one accuracy on CPU."""
 
 from __future__ import annotations
 

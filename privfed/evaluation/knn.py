@@ -1,8 +1,5 @@
-"""Weighted k-nearest-neighbour monitor (cosine similarity, temperature vote).
-
-``k`` and the temperature have no defaults here: the run's defaults
-(k = 200, T = 0.1, as in the paper) live in :class:`privfed.config.TrainConfig`.
-"""
+"""Weighted k-nearest-neighbour monitor (cosine similarity, temperature vote); ``k`` and the temperature
+default in :class:`privfed.config.TrainConfig` only (200 and 0.1, as in the paper)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """The methods' per-batch losses, as pure functions: Orchestra's terms and the authors' code's baselines'.
 
-SimCLR's and SpecLoss's losses compare every sample with the rest of the
-batch, so per-sample clipping cannot bound one example's influence (their
-methods declare ``couples_batch``); Orchestra's is a mean of per-sample losses.
+SimCLR's and SpecLoss's compare every sample with the rest of the batch (their methods declare ``couples_batch``).
 """
 
 from __future__ import annotations
@@ -22,9 +20,8 @@ def cluster_consistency_loss(
     """``H(softmax(mu . t / tau), softmax(mu . o / tau))``: the online encoder on view 2 predicts the global
     cluster the target put view 1 in (no gradient through the target; all inputs L2-normalised).
 
-    Each sample's target is its own softmax (no batch-level Sinkhorn), so the
-    batch loss is a mean of per-sample losses, as DP-SGD requires. ``tau`` is
-    0.1 in the authors' code; the paper states none.
+    Each sample's target is its own softmax (no batch-level Sinkhorn), so the batch loss is a mean of
+    per-sample losses, as DP-SGD requires.
     """
     target_probs = F.softmax(target_reps.detach() @ centroids.T / temperature, dim=1)
     online_log_probs = F.log_softmax(online_reps @ centroids.T / temperature, dim=1)
@@ -33,7 +30,7 @@ def cluster_consistency_loss(
 
 @torch.no_grad()
 def normalised_target_entropy(target_reps: torch.Tensor, centroids: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Mean entropy of the cluster targets over ``log G``: 1 when uniform (the cluster loss teaches nothing), 0 when one-hot."""
+    """Mean entropy of the cluster targets over ``log G``: 1 when uniform (the loss teaches nothing), 0 when one-hot."""
     probs = F.softmax(target_reps @ centroids.T / temperature, dim=1)
     entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=1).mean()
     return entropy / math.log(centroids.shape[0]) if centroids.shape[0] > 1 else torch.zeros_like(entropy)

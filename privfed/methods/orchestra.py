@@ -57,9 +57,7 @@ class Orchestra(Method):
         self, network: OrchestraNetwork, views: OrchestraViews, centroids: torch.Tensor | None, temperature: float
     ) -> StepOutput:
         """Target on view 1, online on view 2 (cluster term), online on the rotated view 3; a term that is off is 0.
-
-        Without BatchNorm each sample's loss depends on that sample alone, as DP-SGD needs.
-        """
+        Without BatchNorm each sample's loss depends on that sample alone, as DP-SGD needs."""
         zero = torch.zeros((), device=views.view1.device)
         l_cluster = l_rotation = zero
         target_reps, diagnostics = None, {}

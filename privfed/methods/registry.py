@@ -1,7 +1,5 @@
-"""Name → method registry, and the network a run's method declares.
-
-Third-party packages add methods with :func:`register_method` or through the
-``privfed.methods`` entry-point group (naming a :class:`~privfed.methods.base.Method` instance)::
+"""Name → method registry (plug-ins: :func:`register_method`, or the ``privfed.methods`` entry-point group naming a
+:class:`~privfed.methods.base.Method`), and the network a run's method declares::
 
     [project.entry-points."privfed.methods"]
     mymethod = "mypkg.mymethod:METHOD"

@@ -11,11 +11,8 @@ from privfed.models.norms import norm1d
 
 
 def projector(in_dim: int, dim: int, *, hidden_dim: int, norm: str = "batch") -> nn.Sequential:
-    """The paper's Linear-BN-ReLU-Linear-BN(affine=False), bias-free (also RotPred's, SimCLR's and SpecLoss's).
-
-    The final non-affine normalisation keeps the outputs centred, which helps
-    the clustering loss avoid collapse; ``norm="group"`` works per sample (:func:`norm1d`).
-    """
+    """The paper's Linear-BN-ReLU-Linear-BN(affine=False), bias-free (also RotPred's, SimCLR's and SpecLoss's):
+    the final normalisation keeps the outputs centred, which helps the clustering loss avoid collapse."""
     return nn.Sequential(
         nn.Linear(in_dim, hidden_dim, bias=False),
         norm1d(hidden_dim, norm),

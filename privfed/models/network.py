@@ -28,10 +28,8 @@ class Encoder(nn.Module):
 class OrchestraNetwork(nn.Module):
     """The online encoder and the heads a method declares (:class:`~privfed.models.heads.Heads`; Orchestra's by default).
 
-    A declared target encoder gets no gradients (:func:`ema_update` alone
-    moves it). ``norm="group"`` replaces every BatchNorm by GroupNorm, as
-    DP-SGD requires (:mod:`privfed.models.norms`). The projector's hidden
-    width defaults to D (the authors' code uses 512).
+    A declared target gets no gradients (:func:`ema_update` alone moves it); ``norm="group"`` replaces every
+    BatchNorm (:mod:`privfed.models.norms`). The projector's hidden width defaults to D (the authors' code: 512).
     """
 
     def __init__(

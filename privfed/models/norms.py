@@ -1,10 +1,8 @@
 """Normalisation layers: BatchNorm (the paper's) or GroupNorm (what DP-SGD needs).
 
-BatchNorm's batch statistics let one example change every other's output and
-gradient, so per-sample clipping would not bound its influence; GroupNorm
-normalises each sample alone (Opacus accepts it), so ``--dp-sgd`` builds only
-GroupNorms. Module names are the same under both, so a checkpoint loads into
-its run's network and fails loudly into the other.
+BatchNorm lets one example change every other's output and gradient, which
+per-sample clipping cannot bound, so ``--dp-sgd`` builds GroupNorms. Module names
+are the same under both: a checkpoint loads into its run's network, and fails loudly into the other.
 """
 
 from __future__ import annotations

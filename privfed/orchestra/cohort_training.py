@@ -48,7 +48,7 @@ class CohortMember:
 
 @dataclass(frozen=True)
 class TrainedMember:
-    """A client's network state (CPU), result and generator state after a cohort, as :func:`train_locally` leaves them."""
+    """A client's network state (CPU), result and generator state after a cohort, as :func:`train_locally`'s."""
 
     state: StateDict
     result: LocalTrainingResult

@@ -40,11 +40,8 @@ def dp_optimizer(
     expected_batch_size: float,
     noise_generator: torch.Generator,
 ) -> DPOptimizer:
-    """SGD behind Opacus' clip-and-noise step, on the parameters ``hooks`` cover.
-
-    Weight decay and momentum act on the noisy gradient (post-processing);
-    the noisy sum is divided by the *expected* batch size, as Poisson sampling requires.
-    """
+    """SGD behind Opacus' clip-and-noise step on ``hooks``' parameters; weight decay and momentum act on the noisy
+    gradient (post-processing), whose sum is divided by the *expected* batch size, as Poisson sampling requires."""
     optimizer = torch.optim.SGD(
         list(hooks.parameters()),
         lr=config.lr,
@@ -114,7 +111,7 @@ def dp_sgd_parts(
 ) -> Iterator[TrainingParts]:
     """The round's secret Poisson batches and the clip-and-noise step (an empty batch still steps: noise alone).
 
-    Seeded from the OS's randomness: torch's generators are not cryptographic, but the 63-bit seeds never leave the client.
+    Seeded from the OS: torch's generators are not cryptographic, but the 63-bit seeds never leave the client.
     """
     assert config.dp_sgd is not None
     if method.dp_sgd_refusal:  # the configuration refuses it too; a library caller of the loop must not get DP-SGD events

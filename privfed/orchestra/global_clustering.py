@@ -81,9 +81,8 @@ def move_nearest(previous: torch.Tensor, vectors: torch.Tensor, weights: torch.T
 def median_capped_weights(releases: list[Release]) -> list[torch.Tensor]:
     """Each release's weights, scaled down where their total exceeds the median release's total.
 
-    No client's share of the mass exceeds a typical client's, whatever bound
-    its mechanism's weights have (a hostile ``ldp`` client may weigh about
-    19,500 at epsilon 1); clients below the median are unchanged.
+    No client outweighs a typical one, whatever bound its mechanism's weights have (a hostile ``ldp`` client
+    may weigh about 19,500 at epsilon 1).
     """
     totals = torch.stack([r.weights.double().sum() for r in releases])
     median = float(totals.median())

@@ -26,9 +26,8 @@ TrainingParts = tuple[Iterator[torch.Tensor], Callable[[torch.Tensor | None], No
 
 @dataclass(frozen=True)
 class LocalTrainingConfig:
-    """Hyperparameters of a client's local update, without defaults of its own: :meth:`from_run` builds it,
-    so what is trained, benchmarked and tested is what ``privfed train`` runs. ``dp_sgd`` switches to DP-SGD
-    (the network must then use GroupNorm)."""
+    """Hyperparameters of a client's local update; :meth:`from_run` builds it, so what is trained, benchmarked
+    and tested is what ``privfed train`` runs. ``dp_sgd`` switches to DP-SGD (on a GroupNorm network)."""
 
     epochs: int
     batch_size: int

@@ -35,9 +35,8 @@ def state_delta(after: StateDict, before: StateDict) -> StateDict:
 def weighted_mean(deltas: list[StateDict], weights: list[float]) -> StateDict:
     """FedAvg: the weight-proportional mean of client deltas, summed in float64 in client order.
 
-    In place, one sum and one scratch buffer per key instead of three
-    model-sized temporaries per client; each term is still
-    ``delta.double() * (w / total)`` in the same order, so bit for bit the plain sum.
+    In place (one sum and one scratch buffer per key), each term ``delta.double() * (w / total)`` in the same
+    order: bit for bit the plain sum, without three model-sized temporaries per client.
     """
     if not deltas:
         raise ValueError("nothing to average")

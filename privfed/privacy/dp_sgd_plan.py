@@ -27,7 +27,7 @@ from mechanisms.base import PrivacyEvent
 
 #: ``--dp-sgd-epsilon`` when neither it nor ``--dp-sgd-noise-multiplier`` is given.
 DEFAULT_DP_SGD_EPSILON = 8.0
-#: Grid of the PLD calibration: the ledger's for DP-SGD events (:func:`mechanisms.accounting.calibration_discretisation`).
+#: The PLD calibration's grid: the ledger's for DP-SGD events (``accounting.calibration_discretisation``).
 CALIBRATION_GRID = MAX_CALIBRATION_DISCRETISATION
 #: A coarser grid, still a valid upper bound, to screen client sizes quickly.
 SCREENING_GRID = 1e-2

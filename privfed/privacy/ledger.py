@@ -267,13 +267,11 @@ class PrivacyLedger:
     def record(self, entry: LedgerEntry) -> None:
         """Adds an entry (at the ledger's delta if it has events and none), on disk before it returns.
 
-        A second charge of the same client, round, kind and run is dropped
-        when it is the same charge (a resumed run replaying a killed round):
-        the same events, parameters equal to :data:`SAME_CHARGE_TOLERANCE`,
-        the same k. One of other events (another mechanism or kind of noise)
-        is refused (ValueError). Any other is counted beside the first, so a
-        second charge can only raise what a round cost (up to the PLD grid's
-        rounding, which more events make finer).
+        A second charge of the same client, round, kind and run is dropped when
+        it is the same (events, parameters to :data:`SAME_CHARGE_TOLERANCE`, k:
+        a resumed run replaying a killed round), refused (ValueError) for another
+        mechanism or kind of noise, and otherwise counted beside the first: it can only raise what
+        a round cost (up to the PLD grid's rounding, which more events make finer).
         """
         if entry.events and entry.delta is None:
             if self.delta is None:
@@ -356,7 +354,8 @@ class PrivacyLedger:
 
     def worst_case(self, part: str = COMBINED) -> tuple[int | None, float]:
         """The client that spent most in ``part``, and its epsilon (``(None, 0)`` before any cost)."""
-        clients = set(self._events[RELEASES]) | set(self._events[DP_SGD]) if part == COMBINED else set(self._events[part])
+        events = self._events
+        clients = set(events[RELEASES]) | set(events[DP_SGD]) if part == COMBINED else set(events[part])
         if not clients:
             return None, 0.0
         client = max(clients, key=lambda c: (self.spent(c, part), -c))
