@@ -103,9 +103,8 @@ def load_auxiliary(config: TrainConfig, spec: str | None) -> tuple[torch.Tensor,
 
 @dataclass(frozen=True)
 class AuxiliarySplit:
-    """Three disjoint parts of the auxiliary images: what the attack learns from, what the null releases are made
-    of (never seen by the attack, so a null is as out of sample as a client's vector), and re-identification
-    distractors."""
+    """Disjoint auxiliary images: to fit on, for the null releases (unseen by the attack, so a null is as out of
+    sample as a client's vector), and re-identification distractors."""
 
     fit: torch.Tensor
     null: torch.Tensor

@@ -90,7 +90,8 @@ class NoiseParameters:
         tree_count_parameter: Discrete-Laplace decay ``a`` (pmf proportional to ``exp(-a|k|)``) of each
             tree-node count; a replacement moves at most two counts per level, by one each.
         leaf_count_parameter: The same for the leaf counts (two move, by one each).
-        sum_noise_multiplier: Gaussian std of the leaf sums over the clip radius (a replacement moves them by 2 radii).
+        sum_noise_multiplier: Gaussian std of the leaf sums over the clip radius; a replacement moves them by up
+            to twice the radius.
     """
 
     tree_count_parameter: float

@@ -48,11 +48,8 @@ class VectorTruth:
 def replay_round(
     config: TrainConfig, recorded: RecordedRound, client: int
 ) -> tuple[ClientMemory, Release | None, torch.Tensor | None]:
-    """Replays one client's round as it ran; returns its memory, the replayed release and the rows' members.
-
-    On the client's device with its thread count (float reductions follow
-    both); a CUDA run is not bit-reproducible, which :func:`recorded_truth` notices.
-    """
+    """Replays one client's round as it ran (device and thread count, which float reductions follow; a CUDA run
+    may differ, as :func:`recorded_truth` notices): its memory, the replayed release and the rows' members."""
     split = FederatedSplit.of(config)
     dp_sgd = plan_privacy(config, split.client_sizes()).dp_sgd if config.dp_sgd else None
     local = LocalTrainingConfig.from_run(config, dp_sgd=None if dp_sgd is None else dp_sgd.settings)

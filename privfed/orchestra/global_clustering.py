@@ -32,11 +32,10 @@ def global_centroids(
 ) -> torch.Tensor:
     """The next ``G = num_centroids`` global centroids from all released vectors.
 
-    ``kmeans`` weighs each vector by the representations it stands for,
-    ``official`` counts each once; padding (weight 0) never counts. With
-    fewer real vectors than ``G``, only the nearest centroids move
-    (:func:`move_nearest`), or in round 0 random ones fill up. ``median_client_cap``:
-    :func:`median_capped_weights` (``kmeans`` only).
+    ``kmeans`` weighs each vector by the representations it stands for, ``official`` counts each once; padding
+    (weight 0) never counts. With fewer real vectors than ``G``, only the nearest centroids move
+    (:func:`move_nearest`), or in round 0 random ones fill up. ``median_client_cap``
+    (:func:`median_capped_weights`) changes ``kmeans`` only.
     """
     nonempty = [r for r in releases if r.num_vectors > 0]
     dim = nonempty[0].vectors.shape[1] if nonempty else releases[0].vectors.shape[1]

@@ -69,11 +69,8 @@ def memory_rate(num_samples: int, memory_size: int) -> float:
 
 @lru_cache(maxsize=4096)
 def poisson_memory_bound(num_samples: int, memory_size: int, failure: float = MEMORY_BOUND_FAILURE) -> int:
-    """The fewest rows ``m`` with P(Binomial(n, q) > m) <= ``failure``, at the memory's rate ``q``.
-
-    A Poisson memory has no cap, but its Binomial size lets the server bound a
-    client's rows (and its release's weight) far below ``n``.
-    """
+    """The fewest rows ``m`` with P(Binomial(n, q) > m) <= ``failure``, ``q`` the memory's rate: the uncapped
+    Poisson memory's size bounds a client's rows (and its release's weight) far below ``n``."""
     rate = memory_rate(num_samples, memory_size)
     if rate >= 1.0:
         return num_samples

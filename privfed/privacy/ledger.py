@@ -270,8 +270,8 @@ class PrivacyLedger:
         A second charge of the same client, round, kind and run is dropped when
         it is the same (events, parameters to :data:`SAME_CHARGE_TOLERANCE`, k:
         a resumed run replaying a killed round), refused (ValueError) for another
-        mechanism or kind of noise, and otherwise counted beside the first: it can only raise what
-        a round cost (up to the PLD grid's rounding, which more events make finer).
+        mechanism or kind of noise, and otherwise counted beside the first: it
+        can only raise what a round cost (up to the PLD grid's rounding, which more events make finer).
         """
         if entry.events and entry.delta is None:
             if self.delta is None:
