@@ -1,11 +1,10 @@
 """The inversion-attack interface, and the one object an attacker is handed.
 
-An attack is the semi-honest server's: it knows every model it sent and
-every release it received, and holds public auxiliary images disjoint from
-the clients'. It never sees a client's images or memory. :class:`AttackTarget`
-is all it gets of a round; everything it learns from data comes from the
-auxiliary images passed to :meth:`Attack.fit`. Ground truth for scoring
-lives in :mod:`attacks.scoring`, which no attacker imports (a test checks).
+An attack is the semi-honest server's: it knows every model it sent and every
+release it received, and holds public auxiliary images disjoint from the
+clients', never a client's images or memory. :class:`AttackTarget` is all it
+gets of a round; what it learns from data comes from the auxiliary images
+given to :meth:`Attack.fit`.
 """
 
 from __future__ import annotations
@@ -32,19 +31,8 @@ ProgressCallback = Callable[[str, int, int, dict[str, float]], None]
 class AttackTarget:
     """What the server knows of one round: the model it sent and how clients were told to release.
 
-    Attributes:
-        round: The Orchestra round attacked.
-        encoder: The encoder whose normalised outputs clients released
-            (the target encoder, or the online one for ablations without it),
-            in the state the round started from. Attacks must not change it;
-            use :meth:`frozen_encoder` for a private copy.
-        mechanism: Release mechanism's registered name.
-        mechanism_params: The parameters clients built it with.
-        centroids: ``[G, D]`` global centroids sent in the round (None in round 0).
-        num_local_centroids: ``L``.
-        memory_size: Representations a client keeps (and releases from).
-        batch_size: Clients' batch size (representations were computed in such batches).
-        device: Where attacks compute.
+    ``encoder`` (whose normalised outputs clients released, as the round
+    started) must not change: :meth:`frozen_encoder` copies it.
     """
 
     round: int
@@ -73,12 +61,8 @@ def represent(encoder: nn.Module, images: torch.Tensor) -> torch.Tensor:
 def check_settings(
     *, counts: dict[str, Any] | None = None, rates: dict[str, Any] | None = None, weights: dict[str, Any] | None = None
 ) -> None:
-    """Refuses a setting that would quietly give a weaker attack: counts must be positive whole numbers,
-    rates positive numbers, weights non-negative numbers (a bool or a string is none of these).
-
-    Raises:
-        ValueError: naming the setting and the value.
-    """
+    """Refuses (ValueError) a setting that would quietly weaken an attack: counts must be whole numbers >= 1,
+    rates numbers > 0, weights numbers >= 0 (a bool or a string is none of these)."""
     def number(value: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -94,11 +78,8 @@ def check_settings(
 
 
 class Attack(abc.ABC):
-    """Learns, from public information only, to turn released vectors into images.
-
-    Subclasses set ``name`` and ``description``, take keyword-only settings
-    (a fixed budget: steps, restarts...) and implement :meth:`fit`.
-    """
+    """Learns, from public information only, to turn released vectors into images; subclasses set ``name`` and
+    ``description``, take keyword-only settings (a fixed budget) and implement :meth:`fit`."""
 
     name: ClassVar[str]
     description: ClassVar[str]
@@ -116,13 +97,4 @@ class Attack(abc.ABC):
     def fit(
         self, target: AttackTarget, aux_images: torch.Tensor, *, progress: ProgressCallback | None = None
     ) -> Inversion:
-        """Prepares the attack on one round's model.
-
-        Args:
-            target: The round as the server knows it.
-            aux_images: ``[N, 3, H, W]`` uint8 public auxiliary images.
-            progress: Called as the attack trains or optimises.
-
-        Returns:
-            The inversion: released vectors to images in [0, 1].
-        """
+        """Prepares the attack on one round's model from uint8 auxiliary images; returns the inversion."""

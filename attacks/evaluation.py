@@ -44,13 +44,8 @@ NULL_DEFINITION = (
 
 @dataclass(frozen=True)
 class Inverted:
-    """One round's attacked vectors and their reconstructions, made before any truth is looked at.
-
-    Attributes:
-        picks: ``(release index, vector index)`` of each attacked vector.
-        reconstructions: ``[m, 3, H, W]`` the attack's images.
-        nulls: ``[m, 3, H, W]`` the same attack on auxiliary releases.
-    """
+    """One round's attacked vectors (``(release, vector)`` picks), their reconstructions and the nulls (the
+    attack on auxiliary releases), made before any truth is looked at."""
 
     picks: list[tuple[int, int]]
     reconstructions: torch.Tensor
@@ -90,7 +85,7 @@ def attack_target(
 
 
 def load_auxiliary(config: TrainConfig, spec: str | None) -> tuple[torch.Tensor, str]:
-    """Auxiliary images: ``spec``'s test split, by default the run's own test split (no client holds it).
+    """Auxiliary images: ``spec``'s test split, by default the run's own (no client holds it).
 
     Raises:
         PrivfedError: the images overlap the clients' data, or their shape differs.
@@ -108,14 +103,8 @@ def load_auxiliary(config: TrainConfig, spec: str | None) -> tuple[torch.Tensor,
 
 @dataclass(frozen=True)
 class AuxiliarySplit:
-    """Three disjoint parts of the auxiliary images.
-
-    Attributes:
-        fit: What the attack learns from.
-        null: What the null releases are made of: images the attack never
-            saw, so a null is as much out of sample as a client's vector.
-        distractors: Re-identification candidates besides the client's images.
-    """
+    """Disjoint auxiliary images: to fit on, for the null releases (unseen by the attack, so a null is as out of
+    sample as a client's vector), and re-identification distractors."""
 
     fit: torch.Tensor
     null: torch.Tensor
@@ -151,11 +140,8 @@ def selected_vectors(
 def null_vectors(
     target: AttackTarget, aux_images: torch.Tensor, count: int, generator: torch.Generator
 ) -> torch.Tensor:
-    """``count`` vectors drawn from the mechanism's releases of auxiliary memories (the null of docs/attacks.md).
-
-    When every auxiliary release is padding (weight 0), a random auxiliary
-    representation stands in.
-    """
+    """``count`` vectors drawn from the mechanism's releases of auxiliary memories (docs/attacks.md's null);
+    auxiliary representations when every release is padding."""
     reps, image_of_rep = aux_views_and_representations(target, aux_images, generator=generator)
     memories = max(1, math.ceil(count / max(1, target.num_local_centroids)))
     released = aux_releases(target, reps, image_of_rep, aux_images, num_memories=min(memories, 64), generator=generator)
@@ -192,13 +178,8 @@ def invert_round(
 def score_round(
     inverted: Inverted, truth: list[ReleaseTruth], *, distractors: torch.Tensor, single_source: bool
 ) -> tuple[dict[str, Any], list[tuple[torch.Tensor, ...]]]:
-    """Scores every attacked vector and its null against the truth behind it.
-
-    Returns:
-        The round's summary (:func:`attacks.scoring.report.summarize`) and,
-        per attacked vector, (private image, reconstruction, best-matching
-        member, null) for the figure.
-    """
+    """Scores every attacked vector and its null against the truth behind it: the round's summary and, per
+    vector, (private image, reconstruction, best-matching member, null) for the figure."""
     rows: list[dict[str, float | None]] = []
     figure: list[tuple[torch.Tensor, ...]] = []
     for r, release in enumerate(truth):
@@ -263,8 +244,8 @@ def attack_run(
         raise PrivfedError(f"rounds {missing} were not recorded (recorded: {available[0]}..{available[-1]})")
     attack = attack_class(seed=seed, **(attack_settings or {}))
     torch_device = resolve_device(device)
-    if log is not None:  # loading and fingerprinting the auxiliary data takes a while on CIFAR
-        log(f"attacking {run_dir} with {method}, round(s) {', '.join(map(str, chosen))}: loading the auxiliary data")
+    say = log or (lambda _: None)
+    say(f"attacking {run_dir} with {method}, round(s) {', '.join(map(str, chosen))}: loading the auxiliary data")
     aux_images, aux_name = load_auxiliary(config, aux)
     generator = torch.Generator().manual_seed(seed)
     split = split_auxiliary(aux_images, distractors, generator)
@@ -278,8 +259,7 @@ def attack_run(
             raise PrivfedError(f"round {round_index} holds no released vectors")
         # The attacker's part: the round's public target, auxiliary images and the releases, nothing else.
         target = attack_target(config, recorded, torch_device)
-        if log is not None:
-            log(f"round {round_index}: fitting {method} on {split.fit.shape[0]} auxiliary images ({aux_name})")
+        say(f"round {round_index}: fitting {method} on {split.fit.shape[0]} auxiliary images ({aux_name})")
         inversion = attack.fit(target, split.fit, progress=progress)
         fit_seconds = time.perf_counter() - start
         inverted = invert_round(
@@ -287,8 +267,7 @@ def attack_run(
             null_images=split.null, max_vectors=max_vectors, generator=generator, log=log,
         )
         # Only now the truth: each client whose vectors were attacked is replayed.
-        if log is not None:
-            log(f"round {round_index}: replaying the attacked clients for the ground truth")
+        say(f"round {round_index}: replaying the attacked clients for the ground truth")
         attacked = {r for r, _ in inverted.picks}
         truth, statuses = [], {}
         for r, release in enumerate(recorded.releases):
@@ -298,8 +277,8 @@ def attack_run(
             else:
                 memory, truths = ClientMemory(release.client, aux_images[:0], None, None), []
             truth.append(ReleaseTruth(memory, truths))
-        if log is not None and any(s != VERIFIED for s in statuses.values()):
-            log(f"round {round_index}: members unknown for {sum(s != VERIFIED for s in statuses.values())} "
+        if any(s != VERIFIED for s in statuses.values()):
+            say(f"round {round_index}: members unknown for {sum(s != VERIFIED for s in statuses.values())} "
                 f"of {len(statuses)} clients ({', '.join(sorted(set(statuses.values())))}): member scores cover the rest")
         summary, figure = score_round(inverted, truth, distractors=split.distractors, single_source=single_source)
         results.append({
@@ -332,13 +311,8 @@ def attack_run(
 def attack_last_round(
     run_dir: Path, *, method: str, attack_settings: dict[str, Any] | None = None, progress: ProgressCallback | None = None
 ) -> dict[str, Any]:
-    """The figures of a run's last recorded round, as a study reports them (``attack.json`` holds that round only).
-
-    A round whose released vectors all carry no weight (a DP mechanism at a
-    small ε can release only padding) leaves the attacker nothing to invert:
-    it scores no vectors instead of failing, so the study keeps the run's
-    accuracy and records that nothing was attackable.
-    """
+    """The figures of a run's last recorded round, as a study reports them (``attack.json`` holds that round only);
+    a round of padding only (a DP mechanism at a small ε) scores no vectors instead of failing."""
     run = RunDirectory(run_dir)
     available = recorded_rounds(run.releases) if run.config().release_mechanism is not None else []
     if available:

@@ -1,8 +1,5 @@
-"""Name → attack registry (``privfed attack --method NAME``).
-
-The built-in attacks register themselves when :mod:`attacks` is imported;
-third-party packages add theirs with :func:`register_attack` or through the
-``privfed.attacks`` entry-point group (``examples/third_party_attack.py``)::
+"""Name → attack registry (``privfed attack --method NAME``); plug-ins: :func:`register_attack` or (as in
+``examples/third_party_attack.py``)::
 
     [project.entry-points."privfed.attacks"]
     myattack = "mypkg.myattack:MyAttack"

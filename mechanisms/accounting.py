@@ -1,45 +1,37 @@
-"""Privacy accounting for the noise the mechanisms add, on ``dp_accounting``'s PLD.
+"""Privacy accounting for the mechanisms' noise, on ``dp_accounting``'s PLD.
 
-Epsilons are never added up: every cost is a :class:`~mechanisms.base.PrivacyEvent`
-record, turned into a privacy-loss distribution (PLD) and composed, which is
-both correct under adaptive composition and much tighter than summing.
+Epsilons are never added: every cost, release or DP-SGD step, is a
+:class:`~mechanisms.base.PrivacyEvent` whose privacy-loss distribution (PLD)
+composes with the others in one PLD (valid under adaptive composition, and
+much tighter than summing). Neighbours are **replace-one** (docs/privacy.md,
+"The neighbouring relation: replace-one"), which doubles the sensitivity:
 
-The neighbouring relation is **replace-one**: one example replaced by
-another, the client's size unchanged (why not add/remove-one:
-docs/privacy.md, "The neighbouring relation: replace-one"). The price is the
-doubled sensitivity of replacement:
-
-* ``"gaussian"`` (``noise_multiplier`` = noise std / the clip radius): a
-  replaced representation moves a sum by up to twice the radius (both in
-  the same leaf), accounted as ``dp_accounting``'s ``REPLACE_ONE`` Gaussian;
-* ``"discrete_laplace"`` (``sensitivity``, a positive integer = how much one
+* ``"gaussian"`` (``noise_multiplier`` = noise std / clip radius): a replaced
+  representation moves a sum by up to twice the radius (both in one leaf):
+  ``dp_accounting``'s ``REPLACE_ONE`` Gaussian;
+* ``"discrete_laplace"`` (``sensitivity``: a positive integer, how much one
   example moves one count): a replacement moves two disjoint counts (one
-  down, one up) by at most that much each, so it is charged as two
-  compositions of the add/remove mechanism, which is the exact PLD of that
-  worst case. A mechanism whose count query does not have this shape (one
-  replacement moving one count by twice its sensitivity, say) must declare
-  the sensitivity of the replacement itself;
-* ``"poisson_gaussian"`` (DP-SGD steps): the Poisson-subsampled Gaussian
-  under ``REPLACE_ONE``, whose analysis ``dp_accounting`` implements.
+  down, one up) by at most that each: two compositions of the add/remove
+  mechanism, the exact PLD of that worst case. A count query of another shape
+  must declare the replacement's sensitivity itself;
+* ``"poisson_gaussian"`` (DP-SGD steps): ``dp_accounting``'s Poisson-subsampled
+  Gaussian under ``REPLACE_ONE``.
 
-Release events and DP-SGD steps compose in one PLD.
-
-Approximation, stated once: the leaf sums of the ``ldp`` mechanism use the
-*discrete* Gaussian on an integer grid, but are accounted as a continuous
-Gaussian with noise multiplier ``sigma / sensitivity`` (both in grid
-units). Canonne, Kamath and Steinke (2020, Thm. 14-15) show that the
-multivariate discrete Gaussian satisfies the continuous Gaussian's
+Approximation, stated once: the ``ldp`` leaf sums use the *discrete* Gaussian
+on an integer grid but are accounted as a continuous Gaussian of multiplier
+``sigma / sensitivity`` (grid units). Canonne, Kamath and Steinke (2020, Thm.
+14-15): the multivariate discrete Gaussian meets the continuous one's
 concentrated-DP bound up to an additive term below ``d * 10 * exp(-pi^2
-sigma^2)`` in the Renyi divergences; with sigma of hundreds of grid units
-that term is far below double precision. The PLD of the discrete Gaussian
-is not proven to be dominated by the continuous one, so treat the reported
-epsilon as exact to within that (negligible) gap rather than as a theorem.
+sigma^2)`` in the Renyi divergences, far below double precision at sigma of
+hundreds of grid units. That the discrete Gaussian's PLD is dominated by the
+continuous one is not proven: the reported epsilon is exact to within that
+negligible gap, not a theorem.
 
-Calibration is conservative on three counts: the PLD's pessimistic
-discretisation rounds every privacy loss up (check a calibration with a grid
-at least as fine as :func:`calibration_discretisation`'s, or finer), the
-samplers round noise *up* (see :mod:`mechanisms.noise`), and the search
-keeps the side of the root whose epsilon is at most the target.
+Calibration is conservative three ways: the PLD's pessimistic discretisation
+rounds every loss up (check a calibration on a grid at least as fine as
+:func:`calibration_discretisation`'s), the samplers round noise *up*
+(:mod:`mechanisms.noise`), and the search keeps the side of the root whose
+epsilon is at most the target.
 """
 from __future__ import annotations
 
@@ -67,12 +59,8 @@ REPLACED_COUNTS = 2
 REPLACEMENT_SHIFT = 2.0
 #: The ledger's event families, as :func:`replace_one_pld` reads them.
 EVENT_NAMES = ("discrete_laplace", "gaussian", "poisson_gaussian")
-
-
-#: Coarsest value-discretisation interval used while calibrating. The PLD
-#: accountant rounds every loss *up* to this grid, and the rounding can add
-#: up over compositions, so :func:`calibration_discretisation` shrinks it
-#: until ``compositions * interval`` is at most 1% of the target epsilon.
+#: Coarsest PLD grid used while calibrating; the rounding up to it can add up over compositions, so
+#: :func:`calibration_discretisation` shrinks it until ``compositions * interval`` is at most 1% of epsilon.
 MAX_CALIBRATION_DISCRETISATION = 1e-3
 #: The PLD grid where a caller names none: fine for a handful of compositions at epsilon near 1.
 DEFAULT_DISCRETISATION = 1e-4
@@ -80,26 +68,9 @@ DEFAULT_DISCRETISATION = 1e-4
 
 @dataclass(frozen=True)
 class BudgetSplit:
-    """How one release's privacy budget is shared between its three noisy parts.
-
-    The fractions fix the *ratio* of the noise scales: each part is first
-    calibrated alone to its share of (epsilon, delta); then all scales are
-    multiplied by one common factor so the composed release uses exactly the
-    whole budget (PLD composition is tighter than adding the shares, so the
-    shares alone would leave budget unused).
-
-    Defaults: most of the budget goes to the leaf sums, the only part whose
-    noise grows with the dimension and therefore the one that decides how
-    many representations a coreset point needs before it is more signal than
-    noise. Tree counts get a quarter: they are released at every level, so
-    their budget is spread over ``max_depth + 1`` compositions. Leaf counts
-    only set weights and the divisor of each sum, and need little.
-
-    Attributes:
-        tree_counts: Share for the noisy node counts of the prefix tree.
-        leaf_counts: Share for the noisy leaf counts (coreset weights).
-        leaf_sums: Share for the noisy leaf sums (coreset points).
-    """
+    """How one release's budget is shared between its three noisy parts: the *ratio* of their noise scales
+    (:func:`calibrate`). The leaf sums get most, theirs being the only noise that grows with the dimension;
+    tree counts spread theirs over ``max_depth + 1`` levels; leaf counts only set weights and divisors."""
 
     tree_counts: float = 0.25
     leaf_counts: float = 0.15
@@ -116,14 +87,11 @@ class NoiseParameters:
     """Per-release noise of the ``ldp`` mechanism, in the accountant's terms.
 
     Attributes:
-        tree_count_parameter: Discrete-Laplace decay ``a`` (pmf proportional
-            to ``exp(-a|k|)``) added to each tree-node count; a replaced
-            representation moves at most two counts per level, by one each.
-        leaf_count_parameter: Discrete-Laplace decay for the leaf counts;
-            at most two move, by one each (leaves are disjoint).
-        sum_noise_multiplier: Gaussian standard deviation of the leaf sums
-            divided by the clip radius (one representation's largest
-            contribution); a replacement moves the sums by up to twice that.
+        tree_count_parameter: Discrete-Laplace decay ``a`` (pmf proportional to ``exp(-a|k|)``) of each
+            tree-node count; a replacement moves at most two counts per level, by one each.
+        leaf_count_parameter: The same for the leaf counts (two move, by one each).
+        sum_noise_multiplier: Gaussian std of the leaf sums over the clip radius; a replacement moves them by up
+            to twice the radius.
     """
 
     tree_count_parameter: float
@@ -147,14 +115,16 @@ class NoiseParameters:
         return asdict(self)
 
 
-def discrete_laplace_event(parameter: float, *, sensitivity: int = 1, count: int = 1) -> dp_event.DpEvent:
-    """Discrete Laplace counts of L1 sensitivity ``sensitivity``, ``count`` times."""
-    return _repeat(dp_event.DiscreteLaplaceDpEvent(noise_parameter=parameter, sensitivity=sensitivity), count)
+def compose(event: dp_event.DpEvent, count: int) -> dp_event.DpEvent:
+    """``count`` (possibly adaptive) repetitions of ``event``."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    return event if count == 1 else dp_event.SelfComposedDpEvent(event=event, count=count)
 
 
-def gaussian_event(noise_multiplier: float, *, count: int = 1) -> dp_event.DpEvent:
-    """Gaussian sums with ``sigma / L2-sensitivity = noise_multiplier``, ``count`` times."""
-    return _repeat(dp_event.GaussianDpEvent(noise_multiplier=noise_multiplier), count)
+def discrete_laplace_event(parameter: float, *, count: int) -> dp_event.DpEvent:
+    """``count`` add/remove-one discrete-Laplace counts of sensitivity 1."""
+    return compose(dp_event.DiscreteLaplaceDpEvent(noise_parameter=parameter, sensitivity=1), count)
 
 
 def poisson_gaussian_privacy_event(sampling_rate: float, noise_multiplier: float, *, count: int) -> PrivacyEvent:
@@ -170,9 +140,8 @@ def smallest_fitting_multiplier(
 ) -> float:
     """Smallest noise multiplier, to a relative ``tolerance``, for which ``fits`` holds (at least ``floor``).
 
-    ``fits`` must be monotone: more noise never spends more. Bisection in log
-    space from ``guess``; the bracket is widened until it holds the answer,
-    and its upper end, which always fits, is returned.
+    ``fits`` must be monotone (more noise never spends more). Bisection in log
+    space from ``guess``; the upper end, which always fits, is returned.
     """
     high = max(floor, guess)
     while not fits(high):
@@ -188,36 +157,16 @@ def smallest_fitting_multiplier(
     return high
 
 
-def _repeat(event: dp_event.DpEvent, count: int) -> dp_event.DpEvent:
-    if count < 1:
-        raise ValueError(f"count must be >= 1, got {count}")
-    return event if count == 1 else dp_event.SelfComposedDpEvent(event=event, count=count)
-
-
-def compose(event: dp_event.DpEvent, count: int) -> dp_event.DpEvent:
-    """``count`` (possibly adaptive) repetitions of ``event``."""
-    return _repeat(event, count)
-
-
 def release_event(noise: NoiseParameters, *, tree_levels: int) -> dp_event.DpEvent:
-    """One ``ldp`` release under replace-one, written as add/remove-one DpEvents with the same PLD.
-
-    ``dp_accounting``'s accountants do not take discrete-Laplace events under
-    replace-one, and calibration needs one accountant; the translation is
-    exact: a replacement moves two counts per query (two compositions of the
-    add/remove count) and a sum by twice the radius (half the multiplier).
-
-    Args:
-        noise: The release's noise parameters.
-        tree_levels: How many tree levels release counts (``max_depth + 1``,
-            root included). Every level is charged even if the tree stops
-            early, because where it stops depends on the data.
+    """One ``ldp`` release under replace-one, as add/remove-one DpEvents of exactly the same PLD (two of each
+    count, half the sums' multiplier), since calibration's accountant takes no replace-one discrete Laplace.
+    All ``tree_levels`` (``max_depth + 1``) are charged: where the tree stops depends on the data.
     """
     return dp_event.ComposedDpEvent(
         events=[
             discrete_laplace_event(noise.tree_count_parameter, count=REPLACED_COUNTS * tree_levels),
             discrete_laplace_event(noise.leaf_count_parameter, count=REPLACED_COUNTS),
-            gaussian_event(noise.sum_noise_multiplier / REPLACEMENT_SHIFT),
+            dp_event.GaussianDpEvent(noise_multiplier=noise.sum_noise_multiplier / REPLACEMENT_SHIFT),
         ]
     )
 
@@ -235,13 +184,7 @@ def release_privacy_events(noise: NoiseParameters, *, tree_levels: int) -> tuple
 
 
 def replace_one_pld(event: PrivacyEvent, *, discretisation: float = DEFAULT_DISCRETISATION) -> PrivacyLossDistribution:
-    """The PLD of a ledger record under replace-one neighbouring.
-
-    Understands ``"discrete_laplace"`` (``noise_parameter``, ``sensitivity``,
-    optional ``count``), ``"gaussian"`` (``noise_multiplier``, optional
-    ``count``) and ``"poisson_gaussian"`` (``sampling_rate``,
-    ``noise_multiplier``, optional ``count``: DP-SGD steps).
-    """
+    """The PLD under replace-one of a ledger record (:data:`EVENT_NAMES`, params as the module docstring lists)."""
     count = int(event.params.get("count", 1))
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
@@ -280,15 +223,11 @@ def epsilon_of(events: Iterable[PrivacyEvent], delta: float, *, discretisation: 
 
 
 def calibration_discretisation(epsilon: float, compositions: int) -> float:
-    """PLD grid fine enough that rounding costs at most 1% of ``epsilon``.
+    """PLD grid fine enough that rounding costs at most 1% of ``epsilon`` over ``compositions`` release events.
 
-    ``compositions`` counts the release mechanisms' events, whose pessimistic
-    rounding can add up linearly (see :func:`rounding_compositions`). DP-SGD
-    steps are not counted: their PLDs use the "connect the dots"
-    discretisation, whose error does not grow that way (thousands of steps
-    give the same epsilon to 0.1% at a grid of 1e-3 as at 1e-4, see
-    ``tests/mechanisms/test_dp_sgd_accounting.py``); counting them would make
-    the grid, and the accountant's time, scale with the number of steps.
+    DP-SGD steps are not counted (:func:`rounding_compositions`): their "connect the dots" PLDs' error does
+    not grow linearly (``tests/mechanisms/test_dp_sgd_accounting.py``), and counting them would scale the
+    grid, and the accountant's time, with the steps.
     """
     return min(MAX_CALIBRATION_DISCRETISATION, 0.01 * epsilon / max(compositions, 1))
 
@@ -298,13 +237,11 @@ CONNECT_THE_DOTS_EVENTS = frozenset({"poisson_gaussian"})
 
 
 def rounding_compositions(events: Iterable[PrivacyEvent]) -> int:
-    """How many compositions of ``events`` :func:`calibration_discretisation` must budget for."""
-    return int(sum(_pld_compositions(e) for e in events if e.name not in CONNECT_THE_DOTS_EVENTS))
-
-
-def _pld_compositions(event: PrivacyEvent) -> float:
-    """How many PLDs :func:`replace_one_pld` composes for ``event``."""
-    return event.params.get("count", 1.0) * (REPLACED_COUNTS if event.name == "discrete_laplace" else 1)
+    """How many PLDs :func:`replace_one_pld` composes for ``events``, DP-SGD steps left out."""
+    return int(sum(
+        e.params.get("count", 1.0) * (REPLACED_COUNTS if e.name == "discrete_laplace" else 1)
+        for e in events if e.name not in CONNECT_THE_DOTS_EVENTS
+    ))
 
 
 def _accountant_factory(discretisation: float) -> Callable[[], pld_privacy_accountant.PLDAccountant]:
@@ -312,12 +249,8 @@ def _accountant_factory(discretisation: float) -> Callable[[], pld_privacy_accou
 
 
 def _calibrate_decay(epsilon: float, delta: float, count: int, discretisation: float) -> float:
-    """Largest discrete-Laplace decay whose ``count``-fold composition fits (epsilon, delta) under replace-one.
-
-    The search starts at half the pure-DP answer (which
-    always fits, even after grid rounding) and doubles upwards, so the PLDs
-    it builds never get much wider than the answer's.
-    """
+    """Largest discrete-Laplace decay whose ``count``-fold composition fits (epsilon, delta) under replace-one;
+    the search doubles up from half the pure-DP answer (which fits even after grid rounding)."""
     pure = epsilon / (REPLACED_COUNTS * count)
     return float(
         mechanism_calibration.calibrate_dp_mechanism(
@@ -331,16 +264,6 @@ def _calibrate_decay(epsilon: float, delta: float, count: int, discretisation: f
     )
 
 
-def _calibrate_gaussian(epsilon: float, delta: float, count: int) -> float:
-    """Smallest Gaussian noise multiplier whose ``count``-fold composition fits under replace-one.
-
-    ``count`` Gaussians of multiplier ``z`` are exactly one Gaussian of
-    multiplier ``z / sqrt(count)``, whose optimal calibration is analytic
-    (Balle and Wang 2018); replacement doubles the shift.
-    """
-    return REPLACEMENT_SHIFT * float(gaussian_mechanism.get_sigma_gaussian(epsilon, delta)) * count**0.5
-
-
 @lru_cache(maxsize=256)
 def calibrate(
     epsilon: float,
@@ -350,31 +273,19 @@ def calibrate(
     tree_levels: int,
     split: BudgetSplit = BudgetSplit(),
 ) -> NoiseParameters:
-    """Noise so that ``num_releases`` ``ldp`` releases compose to at most (epsilon, delta).
+    """Per-release noise so that ``num_releases`` ``ldp`` releases compose to at most (epsilon, delta).
 
-    Two steps. First every part gets its share of the budget (see
-    :class:`BudgetSplit`) and is calibrated alone: its ``num_releases``-fold
-    composition must fit ``(share * epsilon, share * delta)``. Those three
-    guarantees together imply the total by basic composition, so the PLD of
-    the composed release is at most (epsilon, delta) already, usually with
-    room to spare. Then one common factor ``c <= 1`` scales all noise down
-    until the PLD of all ``num_releases`` releases meets epsilon.
-
-    Args:
-        epsilon: Total epsilon over all releases.
-        delta: Total delta over all releases.
-        num_releases: How many releases the client may make (``N``).
-        tree_levels: Levels of the prefix tree that release counts.
-        split: The budget fractions.
-
-    Returns:
-        Per-release noise parameters.
+    Each part's ``num_releases``-fold composition is first fitted to its share
+    (:class:`BudgetSplit`; the sums analytically, Balle and Wang 2018), so by
+    basic composition the whole fits; then one factor ``c <= 1`` scales all
+    noise down until the PLD of all releases meets epsilon.
     """
     if epsilon <= 0 or not 0 < delta < 1:
         raise ValueError(f"need epsilon > 0 and 0 < delta < 1, got ({epsilon}, {delta})")
     if num_releases < 1 or tree_levels < 1:
         raise ValueError("num_releases and tree_levels must be >= 1")
     grid = calibration_discretisation(epsilon, (REPLACED_COUNTS * (tree_levels + 1) + 1) * num_releases)
+    sum_sigma = float(gaussian_mechanism.get_sigma_gaussian(split.leaf_sums * epsilon, split.leaf_sums * delta))
     separate = NoiseParameters(
         tree_count_parameter=_calibrate_decay(
             split.tree_counts * epsilon, split.tree_counts * delta, tree_levels * num_releases, grid
@@ -382,7 +293,7 @@ def calibrate(
         leaf_count_parameter=_calibrate_decay(
             split.leaf_counts * epsilon, split.leaf_counts * delta, num_releases, grid
         ),
-        sum_noise_multiplier=_calibrate_gaussian(split.leaf_sums * epsilon, split.leaf_sums * delta, num_releases),
+        sum_noise_multiplier=REPLACEMENT_SHIFT * sum_sigma * num_releases**0.5,
     )
 
     def total(factor: float) -> dp_event.DpEvent:

@@ -1,11 +1,5 @@
-"""Equal-size clustering on the unit sphere, shared by clients and server.
-
-Orchestra wants clusters of equal size: on clients so that no centroid is
-dominated by (or equal to) a handful of representations, on the server so
-that the global centroids do not collapse onto a few dense regions. Two tools
-give that: Sinkhorn-Knopp for soft, mass-balanced plans and an exact
-equal-size hard assignment (a linear assignment over cluster slots).
-"""
+"""Equal-size clustering on the unit sphere, shared by clients and server: equal sizes keep a centroid from
+being a handful of representations, and the global centroids from collapsing onto a few dense regions."""
 
 from __future__ import annotations
 
@@ -19,31 +13,17 @@ def sinkhorn_knopp(
     scores: torch.Tensor,
     *,
     row_mass: torch.Tensor | None = None,
-    col_mass: torch.Tensor | None = None,
     num_iters: int = 100,
 ) -> torch.Tensor:
-    """Entropic transport plan with prescribed row and column masses.
-
-    Works in the log domain so sharp scores (small temperatures) stay finite.
-
-    Args:
-        scores: ``[n, k]`` logits, e.g. similarities divided by a temperature.
-        row_mass: ``[n]`` mass each row must carry; uniform if omitted.
-        col_mass: ``[k]`` mass each column must receive; uniform if omitted.
-        num_iters: Alternating normalisation rounds.
-
-    Returns:
-        ``[n, k]`` non-negative plan whose rows sum to ``row_mass`` and columns
-        to ``col_mass`` (both normalised to total mass 1).
-    """
+    """``[n, k]`` entropic transport plan for ``[n, k]`` logits: rows carry ``row_mass`` (uniform if omitted),
+    columns equal mass, total 1. In the log domain, so sharp scores stay finite."""
     n, k = scores.shape
     scores = scores.double()
     if row_mass is None:
         row_mass = torch.full((n,), 1.0 / n, dtype=scores.dtype, device=scores.device)
-    if col_mass is None:
-        col_mass = torch.full((k,), 1.0 / k, dtype=scores.dtype, device=scores.device)
     log_r = torch.log(row_mass.to(scores) / row_mass.sum())
-    log_c = torch.log(col_mass.to(scores) / col_mass.sum())
+    col_mass = torch.full((k,), 1.0 / k, dtype=scores.dtype, device=scores.device)
+    log_c = torch.log(col_mass / col_mass.sum())
     u = torch.zeros(n, dtype=scores.dtype, device=scores.device)
     v = torch.zeros(k, dtype=scores.dtype, device=scores.device)
     for _ in range(num_iters):
@@ -53,19 +33,8 @@ def sinkhorn_knopp(
 
 
 def equal_size_assignment(scores: torch.Tensor) -> torch.Tensor:
-    """Hard assignment maximising total score with equal cluster sizes.
-
-    Every cluster gets ``floor(n/k)`` points and ``n mod k`` of them one more.
-    Solved exactly as a linear assignment of points to cluster *slots*: each
-    cluster owns ``floor(n/k)`` mandatory slots (given a large bonus so they
-    are always filled) and one optional slot.
-
-    Args:
-        scores: ``[n, k]`` affinity of each point to each cluster, ``n >= k``.
-
-    Returns:
-        ``[n]`` cluster index per point.
-    """
+    """``[n]`` cluster per point maximising the total ``[n, k]`` score, each of ``floor(n/k)`` points or one more:
+    a linear assignment to slots, ``floor(n/k)`` mandatory ones (a bonus keeps them filled) and one optional each."""
     n, k = scores.shape
     if n < k:
         raise ValueError(f"need at least as many points as clusters, got {n} < {k}")
@@ -110,17 +79,9 @@ def balanced_kmeans(
     generator: torch.Generator,
     num_iters: int = 10,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Spherical k-means whose clusters have equal sizes (±1).
+    """Spherical k-means of ``[n, D]`` unit vectors with equal cluster sizes (±1), seeded from a CPU ``generator``.
 
-    Args:
-        x: ``[n, D]`` unit vectors, ``n >= num_clusters``.
-        num_clusters: ``k``.
-        generator: CPU generator for the seeding.
-        num_iters: Lloyd iterations (assignment is exact at every step).
-
-    Returns:
-        ``(centroids, assignment)``: ``[k, D]`` unit-norm means of the members
-        and ``[n]`` cluster index per point.
+    Returns ``[k, D]`` unit-norm member means and the ``[n]`` cluster of each point.
     """
     n = x.shape[0]
     if n < num_clusters:
@@ -155,24 +116,10 @@ def sinkhorn_kmeans(
     temperature: float = 0.05,
     num_iters: int = 30,
 ) -> torch.Tensor:
-    """Soft spherical k-means whose clusters receive equal weighted mass.
+    """``[k, D]`` unit centres of soft spherical k-means on ``[n, D]`` unit vectors, clusters of equal weighted mass.
 
-    Each step computes a Sinkhorn plan (rows carry the points' weights, every
-    column the same mass) and moves each centre to the plan-weighted mean.
-
-    Args:
-        x: ``[n, D]`` unit vectors.
-        num_clusters: ``k <= n``.
-        weights: ``[n]`` non-negative mass per point (how many samples it
-            stands for); uniform if omitted.
-        init: ``[k, D]`` starting centres (e.g. last round's); k-means++ if
-            omitted.
-        generator: CPU generator for the seeding.
-        temperature: Sinkhorn entropy; smaller is closer to hard k-means.
-        num_iters: Lloyd iterations.
-
-    Returns:
-        ``[k, D]`` unit-norm centres.
+    Each step moves the centres to the means of a Sinkhorn plan whose rows carry ``weights``; ``init`` (e.g.
+    last round's) replaces k-means++ seeding.
     """
     n = x.shape[0]
     if n < num_clusters:

@@ -1,40 +1,14 @@
 """Exact integer noise drawn from a cryptographically secure source.
 
-Why not ``numpy.random.laplace`` or ``torch.normal``? Two reasons:
-
-* Floating-point Laplace and Gaussian samplers do not produce the
-  distribution the privacy proof assumes. Their outputs land on an irregular
-  set of doubles whose pattern depends on the value noise was added to, so
-  an observer can sometimes tell which input produced a given output
-  (Mironov, CCS 2012). Sampling *integers* exactly, from rational parameters,
-  removes that gap: the released value is ``integer data + integer noise``.
-* Seeded PRNGs (Mersenne Twister, Philox) are predictable. Anyone who learns
-  or guesses the seed can subtract the noise again.
-
-So every random bit here comes from a :class:`random.Random` whose default is
-:class:`secrets.SystemRandom` (``os.urandom``), and every sampler uses only
-integer comparisons against uniform integers, following Canonne, Kamath and
-Steinke, "The Discrete Gaussian for Differential Privacy" (NeurIPS 2020):
-
-* ``Bernoulli(exp(-gamma))`` for rational ``gamma`` by their series method
-  (Algorithm 1), with ``gamma > 1`` split into whole and fractional parts;
-* discrete Laplace (two-sided geometric) by their Algorithm 2;
-* discrete Gaussian by rejection from discrete Laplace (their Algorithm 3).
-
-The samplers are vectorised over numpy integer arrays: each round draws all
-pending candidates at once and re-draws only the rejected ones, so the
-number of Python-level iterations grows with the (small) number of
-rejection rounds, not with the sample size. Measured on one CPU core of the
-development machine: 10^4 discrete Laplace samples take about 10 ms and 10^4
-discrete Gaussian samples (sigma = 1,000) about 20 ms, secure source
-included (see ``tests/mechanisms/test_noise.py::test_sampling_is_fast``).
-
-When intermediate integers would overflow 63 bits (huge sigma), the affected
-entries fall back to Python's arbitrary-precision integers, element by
-element: still exact, just slower.
-
-Tests may pass a seeded ``random.Random`` as ``source`` for reproducibility;
-production code should leave it at the default.
+Floating-point samplers do not draw the distribution the proof assumes: their
+outputs land on an input-dependent set of doubles, which can tell inputs apart
+(Mironov, CCS 2012); here a release is ``integer data + integer noise``,
+sampled exactly from rational parameters. Seeded PRNGs are predictable, so
+every bit comes from a :class:`random.Random`, by default
+:class:`secrets.SystemRandom` (tests may pass a seeded one). The samplers use
+integer comparisons only (Canonne, Kamath and Steinke, NeurIPS 2020, Algorithms
+1-3), vectorised: each rejection round re-draws only the rejected entries.
+Integers that would overflow 63 bits fall back to Python ints (exact, slower).
 """
 
 from __future__ import annotations
@@ -48,26 +22,18 @@ import numpy as np
 
 _INT63 = 2**63
 
-#: Discrete-Laplace decays the sampler draws: a float decay is rounded down to a multiple of ``2**-24``, which is
-#: zero below ``MIN_DECAY``, and above ``MAX_DECAY`` its numerator would not fit the sampler's 64-bit arithmetic
-#: (the noise is then almost surely zero anyway).
+#: Discrete-Laplace decays the sampler draws: a float decay rounded down to a multiple of ``2**-24`` is zero below
+#: ``MIN_DECAY``; above ``MAX_DECAY`` its numerator overflows 64 bits (and the noise is almost surely zero).
 MIN_DECAY, MAX_DECAY = 2.0**-24, 2.0**32
-#: Largest discrete-Gaussian sigma drawn: the samples, ``sigma`` times a few dozen at most in practice, stay far
-#: inside the 64-bit integers they are added to.
+#: Largest discrete-Gaussian sigma drawn: samples (a few dozen sigma at most) stay far inside 64-bit integers.
 MAX_SIGMA = 2.0**48
 #: Smallest sigma drawn: below about 1e-10 the sampler's exponent overflows; at 2^-24 every draw is 0 anyway.
 MIN_SIGMA = 2.0**-24
 
 
 def check_decay(parameter: float | Fraction) -> None:
-    """Refuses a discrete-Laplace decay :func:`discrete_laplace` cannot draw.
-
-    A Fraction is drawn as it is: it must be positive, with numerator and
-    denominator below ``2**62``.
-
-    Raises:
-        ValueError: naming the drawable range.
-    """
+    """Refuses (ValueError) a decay :func:`discrete_laplace` cannot draw; a Fraction, drawn as it is, needs
+    0 < numerator and both parts below ``2**62``."""
     if isinstance(parameter, Fraction):
         if 0 < parameter.numerator < 2**62 and parameter.denominator < 2**62:
             return
@@ -80,11 +46,7 @@ def check_decay(parameter: float | Fraction) -> None:
 
 
 def check_sigma(sigma: float | Fraction) -> None:
-    """Refuses a discrete-Gaussian sigma :func:`discrete_gaussian` cannot draw.
-
-    Raises:
-        ValueError: naming the drawable range.
-    """
+    """Refuses (ValueError) a sigma :func:`discrete_gaussian` cannot draw."""
     if not (isinstance(sigma, (int, float, Fraction)) and MIN_SIGMA <= sigma <= MAX_SIGMA):
         raise ValueError(f"discrete-Gaussian sigma {sigma!r} cannot be drawn: the sampler takes 2**-24 <= sigma <= 2**48")
 
@@ -94,20 +56,9 @@ def secure_source() -> random.Random:
     return secrets.SystemRandom()
 
 
-def _resolve(source: random.Random | None) -> random.Random:
-    return secure_source() if source is None else source
-
-
 def _random_words(source: random.Random, count: int) -> np.ndarray:
     """``count`` uniform 64-bit words (``randbytes`` is ``os.urandom`` for SystemRandom)."""
     return np.frombuffer(source.randbytes(8 * count), dtype=np.uint64).copy()
-
-
-def random_bits(count: int, *, source: random.Random | None = None) -> np.ndarray:
-    """``count`` fair coins as a boolean array."""
-    source = _resolve(source)
-    raw = np.frombuffer(source.randbytes((count + 7) // 8), dtype=np.uint8)
-    return np.unpackbits(raw)[:count].astype(bool)
 
 
 #: Resolution of :func:`poisson_sample_mask`'s coins: rates are rounded down to a multiple of ``2**-53``.
@@ -117,35 +68,27 @@ _RATE_BITS = 53
 def poisson_sample_mask(count: int, rate: float, *, source: random.Random | None = None) -> np.ndarray:
     """``count`` independent coins of probability at most ``rate``: a Poisson sample's membership.
 
-    Each coin compares 53 random bits with ``rate`` rounded down to a
-    multiple of ``2**-53``, so no coin is likelier than ``rate`` (an
-    accountant that assumes ``rate`` overcharges, never undercharges).
+    ``rate`` is rounded down to a multiple of ``2**-53``, so an accountant
+    that assumes ``rate`` overcharges, never undercharges.
     """
     if not 0 < rate <= 1:
         raise ValueError(f"a sampling rate must be in (0, 1], got {rate!r}")
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
-    source = _resolve(source)
+    source = source or secure_source()
     cut = np.uint64(math.floor(rate * 2**_RATE_BITS))
     return (_random_words(source, count) >> np.uint64(64 - _RATE_BITS)) < cut
 
 
 def uniform_below(bounds: np.ndarray, *, source: random.Random | None = None) -> np.ndarray:
-    """Uniform integers ``0 <= u < bound`` for each entry of ``bounds``, exactly.
+    """Uniform integers ``0 <= u < bound`` for each of ``bounds`` (``int64``, or ``object`` ints), exactly.
 
-    Bounds below ``2**63`` are handled together: a 64-bit word ``w`` is
-    accepted when ``w >= 2**64 mod bound``, which leaves a multiple of
-    ``bound`` equally likely words, and ``w mod bound`` is then uniform.
-    Larger bounds (Python ints in an object array) use ``source.randrange``.
-
-    Args:
-        bounds: Positive integers, ``int64`` or an ``object`` array of ints.
-        source: Randomness; the secure default if omitted.
-
-    Returns:
-        Array of the same length; ``int64`` if every bound fits, else ``object``.
+    Bounds below ``2**63`` together: a 64-bit word ``w`` is kept when
+    ``w >= 2**64 mod bound`` (leaving a multiple of ``bound`` equally likely
+    words), then ``w mod bound`` is uniform. Larger ones use ``randrange``.
+    The result is ``int64`` if every bound fits, else ``object``.
     """
-    source = _resolve(source)
+    source = source or secure_source()
     bounds = np.asarray(bounds)
     if bounds.dtype == object:
         big = np.array([int(b) >= _INT63 for b in bounds], dtype=bool)
@@ -185,9 +128,8 @@ def _as_int_array(values: np.ndarray) -> np.ndarray:
 def _bernoulli_exp_unit(num: np.ndarray, den: np.ndarray, source: random.Random) -> np.ndarray:
     """``Bernoulli(exp(-num/den))`` for ``0 <= num <= den`` (CKS Algorithm 1).
 
-    Draws ``A_k ~ Bernoulli(gamma/k)`` for ``k = 1, 2, ...`` until the first
-    failure; the index ``K`` of that failure is odd with probability exactly
-    ``exp(-gamma)``. ``Bernoulli(num/(den*k))`` is ``uniform_below(den*k) < num``.
+    Draws ``A_k ~ Bernoulli(gamma/k)``, ``k = 1, 2, ...``, until the first
+    failure, whose index is odd with probability exactly ``exp(-gamma)``.
     """
     n = num.shape[0]
     k = np.ones(n, dtype=np.int64)
@@ -218,22 +160,12 @@ def _geometric_exp1(count: int, source: random.Random) -> np.ndarray:
 
 
 def bernoulli_exp(num: np.ndarray, den: int | np.ndarray, *, source: random.Random | None = None) -> np.ndarray:
-    """``Bernoulli(exp(-num/den))`` for non-negative integers, exactly.
+    """``Bernoulli(exp(-num/den))`` for non-negative integers (``int64`` or ``object``), exactly.
 
-    ``gamma = num/den`` is split into ``g = floor(gamma)`` and a remainder in
-    ``[0, 1)``: the result is one when ``g`` independent ``Bernoulli(exp(-1))``
-    all succeed (a geometric count reaching ``g``) and a final
-    ``Bernoulli(exp(-remainder))`` succeeds.
-
-    Args:
-        num: Non-negative integer numerators (``int64`` or ``object``).
-        den: Positive integer denominator(s).
-        source: Randomness; the secure default if omitted.
-
-    Returns:
-        Boolean array, one draw per entry of ``num``.
+    With ``g = floor(num/den)``: true when ``g`` independent ``Bernoulli(exp(-1))``
+    all succeed and a final ``Bernoulli(exp(-remainder))`` does.
     """
-    source = _resolve(source)
+    source = source or secure_source()
     num = np.asarray(num)
     den_arr = np.broadcast_to(np.asarray(den, dtype=num.dtype if num.dtype == object else None), num.shape)
     if num.dtype == object or den_arr.dtype == object:
@@ -254,11 +186,8 @@ def bernoulli_exp(num: np.ndarray, den: int | np.ndarray, *, source: random.Rand
 
 
 def rational_at_most(value: float | Fraction, *, denominator: int = 2**24) -> Fraction:
-    """A rational ``<= value`` with the given denominator (exact for Fractions).
-
-    Rounding a discrete-Laplace decay *down* adds (slightly) more noise than
-    the accountant was told about, never less.
-    """
+    """A rational ``<= value`` with the given denominator (a Fraction as it is): a decay rounded *down* adds
+    more noise than the accountant was told of, never less."""
     if isinstance(value, Fraction):
         return value
     if value <= 0:
@@ -270,11 +199,8 @@ def rational_at_most(value: float | Fraction, *, denominator: int = 2**24) -> Fr
 
 
 def variance_at_least(sigma: float | Fraction) -> Fraction:
-    """A rational ``sigma**2`` rounded *up* (more noise) to a short denominator.
-
-    Large variances round up to an integer; small ones keep about six
-    significant digits, so the numbers inside the sampler stay in 64 bits.
-    """
+    """``sigma**2`` rounded *up* (more noise) to a short denominator, so the sampler's numbers stay in 64 bits:
+    an integer for large variances, about six significant digits for small ones."""
     if isinstance(sigma, Fraction):
         return sigma * sigma
     if sigma <= 0:
@@ -287,23 +213,15 @@ def variance_at_least(sigma: float | Fraction) -> Fraction:
 def discrete_laplace(
     size: int, *, parameter: float | Fraction, source: random.Random | None = None
 ) -> np.ndarray:
-    """Discrete Laplace noise, ``P(k) proportional to exp(-parameter * |k|)``.
+    """``size`` discrete-Laplace draws (``int64``), ``P(k) proportional to exp(-parameter * |k|)``.
 
-    This is ``dp_accounting``'s ``DiscreteLaplaceDpEvent(noise_parameter)``:
-    adding it to integer counts of sensitivity ``s`` is ``(s * parameter)``-DP.
-    A float ``parameter`` is first rounded down to a multiple of ``2**-24``
-    (slightly more noise); pass a ``Fraction`` to sample it exactly.
-
-    Args:
-        size: Number of samples.
-        parameter: Decay ``a > 0``; the scale is ``1/a``.
-        source: Randomness; the secure default if omitted.
-
-    Returns:
-        ``int64`` array of ``size`` samples.
+    ``dp_accounting``'s ``DiscreteLaplaceDpEvent(noise_parameter)``: added to
+    integer counts of sensitivity ``s`` it is ``(s * parameter)``-DP. A float
+    ``parameter`` is rounded down to a multiple of ``2**-24`` (more noise); a
+    ``Fraction`` is sampled exactly.
     """
     check_decay(parameter)
-    source = _resolve(source)
+    source = source or secure_source()
     decay = rational_at_most(parameter)
     return _discrete_laplace_rational(size, decay.numerator, decay.denominator, source)
 
@@ -321,7 +239,8 @@ def _discrete_laplace_rational(size: int, s: int, t: int, source: random.Random)
             magnitude = _as_int_array((u.astype(object) + t * v.astype(object)) // s)
         else:
             magnitude = (u + t * v) // s
-        negative = random_bits(magnitude.shape[0], source=source)
+        signs = np.frombuffer(source.randbytes((magnitude.shape[0] + 7) // 8), dtype=np.uint8)
+        negative = np.unpackbits(signs)[: magnitude.shape[0]].astype(bool)
         keep = ~(negative & (magnitude == 0))  # zero must not be counted twice
         chunks.append(np.where(negative, -magnitude, magnitude)[keep])
         missing -= int(keep.sum())
@@ -337,25 +256,16 @@ def discrete_laplace_variance(parameter: float) -> float:
 def discrete_gaussian(
     size: int, *, sigma: float | Fraction, source: random.Random | None = None
 ) -> np.ndarray:
-    """Discrete Gaussian noise, ``P(k) proportional to exp(-k^2 / (2 sigma^2))``.
+    """``size`` discrete-Gaussian draws (``int64``), ``P(k) proportional to exp(-k^2 / (2 sigma^2))``.
 
-    Rejection sampling from a discrete Laplace of scale ``t = floor(sigma) + 1``
-    (CKS Algorithm 3): a candidate ``y`` is kept with probability
-    ``exp(-(|y| - sigma^2/t)^2 / (2 sigma^2))``, computed as an exact rational.
-    A float ``sigma`` has ``sigma**2`` rounded *up* first (see
-    :func:`variance_at_least`).
-
-    Args:
-        size: Number of samples.
-        sigma: Scale parameter (for sigma >= 1 the standard deviation is
-            sigma to within ``1e-10`` relative).
-        source: Randomness; the secure default if omitted.
-
-    Returns:
-        ``int64`` array of ``size`` samples.
+    CKS Algorithm 3: a discrete-Laplace candidate ``y`` of scale
+    ``t = floor(sigma) + 1`` is kept with probability
+    ``exp(-(|y| - sigma^2/t)^2 / (2 sigma^2))``, an exact rational. A float
+    ``sigma`` has ``sigma**2`` rounded *up* first (:func:`variance_at_least`);
+    for sigma >= 1 the standard deviation is sigma to ``1e-10`` relative.
     """
     check_sigma(sigma)
-    source = _resolve(source)
+    source = source or secure_source()
     var = variance_at_least(sigma)
     p, q = var.numerator, var.denominator  # sigma^2 = p/q
     t = math.isqrt(p // q) + 1  # floor(sigma) + 1

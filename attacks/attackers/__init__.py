@@ -1,9 +1,5 @@
-"""What the server can do with public information: the built-in attacks.
-
-Nothing in this package may import :mod:`attacks.scoring`, load a dataset or
-read a run directory: an attack gets an :class:`attacks.base.AttackTarget`
-and auxiliary images, nothing else (``tests/attacks/test_layering.py``).
-"""
+"""The built-in attacks: an :class:`attacks.base.AttackTarget` and auxiliary images, nothing else (no
+:mod:`attacks.scoring`, no dataset, no run directory: ``tests/attacks/test_layering.py``)."""
 
 from attacks.attackers.decoder import DecoderAttack, ReleaseDecoderAttack
 from attacks.attackers.optimization import OptimizationAttack

@@ -1,9 +1,5 @@
-"""Representations and releases the attacker makes from its own auxiliary images.
-
-The mechanism-aware decoder trains on them, and the null reconstruction
-(:mod:`attacks.evaluation`) inverts one of them: both are things the
-server can compute without any client's data.
-"""
+"""Representations and releases the server makes from its own auxiliary images, without any client's data:
+the mechanism-aware decoder trains on them, and the null reconstruction (:mod:`attacks.evaluation`) inverts them."""
 
 from __future__ import annotations
 
@@ -20,16 +16,8 @@ from privfed.data.augment import orchestra_views, to_float
 def aux_views_and_representations(
     target: AttackTarget, aux_images: torch.Tensor, *, generator: torch.Generator, passes: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Representations of ``passes`` augmented views of every auxiliary image, as a client computes them.
-
-    Clients release target representations of Orchestra's first view,
-    computed in training mode in batches of their batch size, so this does
-    the same.
-
-    Returns:
-        ``(reps, index)``: ``[passes * N, D]`` representations and the
-        auxiliary image each is a view of.
-    """
+    """``[passes * N, D]`` representations of views of every auxiliary image, and the image of each, as a
+    client computes them (Orchestra's first view, training mode, batches of its batch size)."""
     encoder = target.frozen_encoder().train()
     device = target.device
     aug = torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
@@ -47,14 +35,8 @@ def aux_views_and_representations(
 
 @dataclass(frozen=True)
 class AuxReleases:
-    """Released vectors of simulated auxiliary clients, each with the mean of its members' images.
-
-    Attributes:
-        vectors: ``[m, D]`` released vectors that carry weight (padding dropped).
-        member_means: ``[m, 3, H, W]`` mean image (float, [0, 1]) of each
-            vector's members; of the whole memory when the mechanism cannot
-            say which rows a vector came from.
-    """
+    """Released vectors with weight of simulated auxiliary clients, each with its members' mean image (the
+    whole memory's when the mechanism cannot say which rows fed it)."""
 
     vectors: torch.Tensor
     member_means: torch.Tensor
@@ -69,11 +51,7 @@ def aux_releases(
     num_memories: int,
     generator: torch.Generator,
 ) -> AuxReleases:
-    """Runs the round's mechanism, with its parameters, on ``num_memories`` memories of auxiliary representations.
-
-    Each memory holds ``memory_size`` representations of distinct auxiliary
-    images, as a client's does.
-    """
+    """The round's mechanism run on ``num_memories`` memories of ``memory_size`` distinct auxiliary images."""
     mechanism = create_mechanism(target.mechanism, **target.mechanism_params)
     if not isinstance(mechanism, ReleaseMechanism):
         raise ValueError(f"mechanism {target.mechanism} releases nothing per client to learn from")

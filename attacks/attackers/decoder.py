@@ -1,9 +1,5 @@
-"""Learned inversion (He, Zhang and Lee, 2019): a decoder from released vectors back to images.
-
-:class:`DecoderAttack` learns from (auxiliary representation, image) pairs;
-:class:`ReleaseDecoderAttack` from the round's mechanism run on auxiliary
-memories (docs/attacks.md, "The attacks").
-"""
+"""Learned inversion (He, Zhang and Lee, 2019): a decoder from released vectors back to images, trained on
+auxiliary (representation, image) pairs or on the mechanism's releases of auxiliary memories (docs/attacks.md)."""
 
 from __future__ import annotations
 
@@ -57,11 +53,7 @@ def train_decoder(
     progress: ProgressCallback | None = None,
     stage: str = "decoder",
 ) -> ImageDecoder:
-    """Fits a decoder from ``inputs`` (``[N, D]``) to ``images[image_of_input]`` by mean squared error.
-
-    ``images`` are uint8 or float in [0, 1]; they are indexed per batch, so
-    many views of one image cost no copies of it.
-    """
+    """Fits a decoder from ``inputs`` to ``images[image_of_input]`` (uint8 or float, indexed per batch) by MSE."""
     decoder = ImageDecoder(inputs.shape[1], images.shape[-1]).to(device)
     optimizer = torch.optim.Adam(decoder.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)

@@ -1,8 +1,5 @@
-"""Optimisation inversion (Mahendran and Vedaldi, 2015): find an image the encoder maps onto the released vector.
-
-Maximises ``cos(g(x), c) - tv_weight * TV(x)`` over sigmoid image logits
-from several starts, keeping the best (docs/attacks.md, "The attacks"); ``g``
-runs in training mode, as clients ran it.
+"""Optimisation inversion (Mahendran and Vedaldi, 2015): maximise ``cos(g(x), c) - tv_weight * TV(x)`` over
+sigmoid image logits from several starts, keeping the best (docs/attacks.md); ``g`` runs in training mode.
 """
 
 from __future__ import annotations
@@ -52,44 +49,34 @@ class OptimizationAttack(Attack):
         # Starts near the auxiliary mean image: a public prior that keeps early steps in the data's range.
         prior = to_float(aux_images).mean(dim=0).clamp(0.02, 0.98)
         generator = torch.Generator().manual_seed(self.seed)
+        device = target.device
+
+        def search(vectors: torch.Tensor, chunk_index: int, num_chunks: int) -> torch.Tensor:
+            m, r = vectors.shape[0], self.restarts
+            goal = F.normalize(vectors.to(device), dim=1).repeat_interleave(r, dim=0)
+            spread = 0.5 * torch.randn(m * r, *image_shape, generator=generator)
+            start = torch.logit(prior).expand(m * r, *image_shape) + spread
+            logits = start.to(device).requires_grad_(True)
+            optimizer = torch.optim.Adam([logits], lr=self.lr)
+            for step in range(1, self.steps + 1):
+                images = torch.sigmoid(logits)
+                cosine = (represent(encoder, images) * goal).sum(dim=1)
+                loss = (-cosine + self.tv_weight * total_variation(images)).sum()
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                if progress is not None and step % max(1, self.steps // 10) == 0:
+                    done, total = chunk_index * self.steps + step, num_chunks * self.steps
+                    progress("optimization", done, total, {"cosine": float(cosine.mean())})
+            with torch.no_grad():
+                images = torch.sigmoid(logits)
+                cosine = (represent(encoder, images) * goal).sum(dim=1).view(m, r)
+                best = cosine.argmax(dim=1)
+                return images.view(m, r, *image_shape)[torch.arange(m), best.to(images.device)].cpu()
 
         def invert(vectors: torch.Tensor) -> torch.Tensor:
             chunks = list(vectors.float().split(max(1, self.chunk // self.restarts)))
-            out = []
-            for i, chunk in enumerate(chunks):
-                out.append(self._search(encoder, chunk, prior, image_shape, generator, target.device, progress, i, len(chunks)))
+            out = [search(chunk, i, len(chunks)) for i, chunk in enumerate(chunks)]
             return torch.cat(out) if out else torch.zeros(0, *image_shape)
 
         return invert
-
-    def _search(
-        self,
-        encoder: torch.nn.Module,
-        vectors: torch.Tensor,
-        prior: torch.Tensor,
-        image_shape: tuple[int, ...],
-        generator: torch.Generator,
-        device: torch.device,
-        progress: ProgressCallback | None,
-        chunk_index: int,
-        num_chunks: int,
-    ) -> torch.Tensor:
-        m, r = vectors.shape[0], self.restarts
-        goal = F.normalize(vectors.to(device), dim=1).repeat_interleave(r, dim=0)
-        start = torch.logit(prior).expand(m * r, *image_shape) + 0.5 * torch.randn(m * r, *image_shape, generator=generator)
-        logits = start.to(device).requires_grad_(True)
-        optimizer = torch.optim.Adam([logits], lr=self.lr)
-        for step in range(1, self.steps + 1):
-            images = torch.sigmoid(logits)
-            cosine = (represent(encoder, images) * goal).sum(dim=1)
-            loss = (-cosine + self.tv_weight * total_variation(images)).sum()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            if progress is not None and step % max(1, self.steps // 10) == 0:
-                progress("optimization", chunk_index * self.steps + step, num_chunks * self.steps, {"cosine": float(cosine.mean())})
-        with torch.no_grad():
-            images = torch.sigmoid(logits)
-            cosine = (represent(encoder, images) * goal).sum(dim=1).view(m, r)
-            best = cosine.argmax(dim=1)
-            return images.view(m, r, *image_shape)[torch.arange(m), best.to(images.device)].cpu()

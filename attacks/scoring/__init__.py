@@ -1,5 +1,1 @@
-"""Ground truth and scores: what the attacker is measured against, out of its reach.
-
-Only :mod:`attacks.evaluation` (and tests) import this package; nothing
-under :mod:`attacks.attackers` may (``tests/attacks/test_layering.py``).
-"""
+"""Ground truth and scores, out of the attacker's reach: only :mod:`attacks.evaluation` (and tests) import them."""

@@ -1,8 +1,5 @@
-"""Which images stand behind each released vector, recomputed from the run, never read from the recording.
-
-A client's round is replayed from its recorded starting state, seed and
-data, and checked against the recorded release; a DP release's OS noise
-cannot be replayed, so its members stay unknown (docs/attacks.md).
+"""Which images stand behind each released vector, recomputed by replaying the client's round and checked
+against the recording; a DP release's OS noise cannot be replayed, so its members stay unknown (docs/attacks.md).
 """
 
 from __future__ import annotations
@@ -32,14 +29,7 @@ NO_MEMBERS = "unknown: the mechanism does not say which rows fed a vector"
 
 @dataclass(frozen=True)
 class ClientMemory:
-    """One client's data and its replayed memory in one round.
-
-    Attributes:
-        client: Partition id.
-        images: ``[n, 3, H, W]`` uint8, the client's whole dataset.
-        memory: ``[m, D]`` the representations it released from (None: not replayed).
-        memory_examples: ``[m]`` the example each memory row is a view of (None: not replayed).
-    """
+    """One client's uint8 dataset, and its replayed memory and each row's example in one round (None: not replayed)."""
 
     client: int
     images: torch.Tensor
@@ -49,13 +39,7 @@ class ClientMemory:
 
 @dataclass(frozen=True)
 class VectorTruth:
-    """The images behind one released vector.
-
-    Attributes:
-        client: Whose release it is.
-        members: Client example indices whose representations fed the vector
-            (a ``reps`` vector has exactly one); None when unknown.
-    """
+    """The client examples whose representations fed one released vector (one for ``reps``; None: unknown)."""
 
     client: int
     members: torch.Tensor | None
@@ -64,12 +48,8 @@ class VectorTruth:
 def replay_round(
     config: TrainConfig, recorded: RecordedRound, client: int
 ) -> tuple[ClientMemory, Release | None, torch.Tensor | None]:
-    """Replays one client's round as it ran; returns its memory, the replayed release and the rows' members.
-
-    It runs where the client ran (``config.device``), with as many threads:
-    float reductions follow both. A CUDA run is not bit-reproducible, so its
-    replay may differ; :func:`recorded_truth` then finds out.
-    """
+    """Replays one client's round as it ran (device and thread count, which float reductions follow; a CUDA run
+    may differ, as :func:`recorded_truth` notices): its memory, the replayed release and the rows' members."""
     split = FederatedSplit.of(config)
     dp_sgd = plan_privacy(config, split.client_sizes()).dp_sgd if config.dp_sgd else None
     local = LocalTrainingConfig.from_run(config, dp_sgd=None if dp_sgd is None else dp_sgd.settings)
@@ -108,11 +88,8 @@ def replay_round(
 def recorded_truth(
     config: TrainConfig, recorded: RecordedRound, release: RecordedRelease
 ) -> tuple[ClientMemory, list[VectorTruth], str]:
-    """The truth behind every vector of one recorded release, and how it was established.
-
-    A DP mechanism's release cannot be replayed, so its client's round is not
-    replayed at all: only its images are known.
-    """
+    """The truth behind every vector of one recorded release, and how it was established (a DP release's round
+    is not replayed: only the client's images are known)."""
     if get_mechanism_class(recorded.mechanism).is_differentially_private():
         memory = ClientMemory(release.client, FederatedSplit.of(config).client_images(release.client), None, None)
         return memory, vector_truths(memory, None, release.vectors.shape[0]), NOT_REPLAYABLE

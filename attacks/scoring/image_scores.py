@@ -1,9 +1,4 @@
-"""PSNR and SSIM of reconstructions against candidate images (torchmetrics), and re-identification.
-
-Images are float in [0, 1]. Every score here is per pair, so a
-reconstruction can be compared with one true image or with each image of a
-candidate set (the members of a cluster, a client's whole dataset).
-"""
+"""Per-pair PSNR and SSIM (torchmetrics) of reconstructions against candidates in [0, 1], and re-identification."""
 
 from __future__ import annotations
 

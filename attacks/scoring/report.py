@@ -33,10 +33,7 @@ def wilson_interval(hits: list[float]) -> tuple[float, list[float]]:
 
 
 def summarize(rows: list[dict[str, float | None]]) -> dict[str, Any]:
-    """The round's figures over its attacked vectors, as docs/attacks.md ("Scores", per round attacked) lists them.
-
-    A score absent from every row (members unknown) is left out.
-    """
+    """The round's figures (docs/attacks.md, "Scores"); a score no row has (members unknown) is left out."""
     out: dict[str, Any] = {"vectors": len(rows)}
     for name in SCORES:
         pairs = [(s, n) for r in rows if (s := r.get(name)) is not None and (n := r.get(f"null_{name}")) is not None]

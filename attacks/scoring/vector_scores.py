@@ -18,17 +18,8 @@ def score_client_vectors(
     *,
     single_source: bool,
 ) -> list[dict[str, float | None]]:
-    """Rows of scores for one client's attacked vectors (all of ``truths`` belong to it).
-
-    Args:
-        reconstructions: ``[m, 3, H, W]`` in [0, 1].
-        nulls: ``[m, 3, H, W]`` the null reconstruction for each.
-        truths: Their members among the client's examples.
-        client_images: ``[n, 3, H, W]`` uint8, the client's dataset.
-        distractors: ``[d, 3, H, W]`` uint8 auxiliary images no client holds.
-        single_source: Whether each vector is one representation (scored
-            against its source) rather than a summary of several.
-    """
+    """Rows of scores for one client's attacked vectors and their nulls, against its images and distractors
+    (``single_source``: each vector is one representation, scored against its source)."""
     candidates = to_float(client_images)
     pool = torch.cat([candidates, to_float(distractors)])
     n = candidates.shape[0]

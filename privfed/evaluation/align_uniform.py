@@ -1,9 +1,6 @@
-"""The unsupervised tuning score of the paper's §5: alignment and uniformity of two views' representations.
-
-After Wang & Isola (ICML 2020): ``alignment + 0.2 * uniformity`` per client,
-averaged over clients, no labels needed (formulas, and how ``t`` and the
-averaging differ from the authors' code: docs/studies.md, "Methods and
-evaluation protocols"). Higher is better for both parts.
+"""The unsupervised tuning score of the paper's §5 (after Wang & Isola, ICML 2020): ``alignment + 0.2 *
+uniformity`` of two views' representations per client, averaged over clients; higher is better. Formulas, and
+how they differ from the authors' code: docs/studies.md, "Methods and evaluation protocols".
 """
 
 from __future__ import annotations
@@ -69,18 +66,9 @@ def client_align_uniform(
     batch_size: int,
     seed: int,
     device: torch.device,
-    t: float = UNIFORMITY_T,
 ) -> AlignUniform:
-    """Alignment and uniformity of one client's images, batch by batch, averaged over its batches.
-
-    Args:
-        encoder: Maps normalised images to projector outputs (the online encoder).
-        images: ``[n, 3, H, W]`` uint8 images of the client, ``n >= 2``.
-        batch_size: Images per batch; a trailing batch of one joins the previous one.
-        seed: Seeds the views.
-        device: Where to run the encoder.
-        t: The uniformity's temperature.
-    """
+    """The online ``encoder``'s alignment and uniformity on one client's uint8 images, averaged over batches
+    (a trailing batch of one joins the previous one)."""
     if images.shape[0] < 2:
         raise ValueError("a client needs at least two images to be scored")
     was_training = encoder.training
@@ -95,7 +83,7 @@ def client_align_uniform(
         view1, view2 = two_views(images[start:end].to(device), generator=generator)
         z1, z2 = F.normalize(encoder(view1), dim=1), F.normalize(encoder(view2), dim=1)
         aligns.append(alignment(z1, z2))
-        unifs.append(uniformity(z1, z2, t=t))
+        unifs.append(uniformity(z1, z2))
     encoder.train(was_training)
     return AlignUniform(sum(aligns) / len(aligns), sum(unifs) / len(unifs))
 

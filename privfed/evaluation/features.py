@@ -22,14 +22,7 @@ def extract_features(
     device: torch.device,
     batch_size: int = 512,
 ) -> torch.Tensor:
-    """L2-normalised backbone features of un-augmented images, on the CPU.
-
-    Args:
-        backbone: Maps normalised images to ``[B, F]`` features.
-        images: ``[N, 3, H, W]`` uint8 images.
-        device: Where to run the backbone.
-        batch_size: Images per forward pass.
-    """
+    """L2-normalised backbone features of un-augmented uint8 images, on the CPU."""
     was_training = backbone.training
     backbone.to(device).eval()
     chunks = [

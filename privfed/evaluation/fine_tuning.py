@@ -1,12 +1,5 @@
-"""Semi-supervised evaluation: fine-tune the whole backbone and a linear head on a few labels.
-
-The paper's protocol fine-tunes the pretrained model on 1 % or 10 % of the
-labelled training images and reports test accuracy. The labelled subset is
-class-balanced and seeded (:func:`class_balanced_subset`), the schedule is
-fixed (SGD with momentum, cosine decay, a fixed number of epochs) and every
-random draw (subset, head initialisation, shuffling, augmentation) comes
-from ``seed``, so the same encoder and seed give the same accuracy on CPU.
-"""
+"""Semi-supervised evaluation (the paper's): fine-tune the backbone and a linear head on 1 % or 10 % of the labels;
+every draw comes from ``seed``, so one encoder and seed give one accuracy on CPU."""
 
 from __future__ import annotations
 
@@ -24,15 +17,8 @@ from privfed.evaluation.label_subsets import class_balanced_subset
 
 @dataclass(frozen=True)
 class FineTuning:
-    """The fine-tuning schedule (one set of values for every encoder, so accuracies compare).
-
-    Attributes:
-        epochs: Passes over the labelled subset.
-        batch_size: Labelled images per step.
-        lr: Initial learning rate of backbone and head (cosine decay to 0).
-        weight_decay: L2 penalty.
-        crop_scale: Smallest crop fraction of the training augmentation (crop and flip only).
-    """
+    """The fine-tuning schedule, one for every encoder so accuracies compare: SGD with momentum, ``lr`` decaying
+    to 0 by cosine, crop (smallest fraction ``crop_scale``) and flip augmentation."""
 
     epochs: int = 30
     batch_size: int = 64
@@ -54,11 +40,8 @@ def fine_tune_accuracy(
     schedule: FineTuning = FineTuning(),
     progress: StepProgress | None = None,
 ) -> tuple[float, int]:
-    """Fine-tunes a copy of ``backbone`` with a linear head on ``fraction`` of the labels; returns (test accuracy, labels used).
-
-    ``backbone`` itself is left as it was. The head has one output per class
-    seen in either split. ``progress`` hears of each epoch.
-    """
+    """Fine-tunes a copy of ``backbone`` with a linear head (a class per label of either split) on ``fraction``
+    of the labels; returns (test accuracy, labels used). ``progress`` hears of each epoch."""
     labelled = torch.as_tensor(class_balanced_subset(train_labels.numpy(), fraction, seed=seed))
     images, labels = train_images[labelled], train_labels[labelled]
     num_classes = int(max(train_labels.max(), test_labels.max())) + 1

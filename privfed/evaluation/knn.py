@@ -1,8 +1,5 @@
-"""Weighted k-nearest-neighbour monitor (cosine similarity, temperature vote).
-
-``k`` and the temperature have no defaults here: the run's defaults
-(k = 200, T = 0.1, as in the paper) live in :class:`privfed.config.TrainConfig`.
-"""
+"""Weighted k-nearest-neighbour monitor (cosine similarity, temperature vote); ``k`` and the temperature
+default in :class:`privfed.config.TrainConfig` only (200 and 0.1, as in the paper)."""
 
 from __future__ import annotations
 
@@ -20,11 +17,7 @@ def knn_predict(
     temperature: float,
     chunk_size: int = 1024,
 ) -> torch.Tensor:
-    """Predicted class per query: neighbours vote with weight ``exp(sim / T)``.
-
-    Features must be L2-normalised. ``k`` is capped at the number of training
-    points so small evaluation sets still work.
-    """
+    """Predicted class per L2-normalised query: the ``k`` nearest (at most all) vote with weight ``exp(sim / T)``."""
     k = min(k, train_features.shape[0])
     predictions = []
     for queries in query_features.split(chunk_size):

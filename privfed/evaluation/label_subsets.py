@@ -6,15 +6,8 @@ import numpy as np
 
 
 def class_balanced_subset(labels: np.ndarray, fraction: float, *, seed: int) -> np.ndarray:
-    """Sorted indices of ``fraction`` of the examples: that fraction of every class, at least one each, drawn with ``seed``.
-
-    Balancing per class keeps a 1 % subset from missing a class by chance,
-    which would make the fine-tuned accuracy depend on the draw more than
-    on the encoder.
-
-    Raises:
-        ValueError: for a fraction outside (0, 1].
-    """
+    """Sorted indices of ``fraction`` of every class (at least one each), drawn with ``seed``: a 1 % subset
+    missing a class by chance would make accuracy depend on the draw more than on the encoder."""
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"the labelled fraction must be in (0, 1], got {fraction}")
     labels = np.asarray(labels)

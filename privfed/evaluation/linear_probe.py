@@ -1,9 +1,5 @@
-"""Linear probe: multinomial logistic regression on frozen, precomputed features.
-
-scikit-learn's L-BFGS fit replaced a hand-written SGD loop (issue 33): it is as
-accurate on the dev images, faster, and has no seed, so one input gives one
-answer (benchmarks/linear_probe_comparison.py, docs/performance.md).
-"""
+"""Linear probe: multinomial logistic regression (scikit-learn's L-BFGS, no seed) on frozen features
+(benchmarks/linear_probe_comparison.py, docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -26,13 +22,9 @@ def linear_probe_predictions(
     test_features: torch.Tensor,
     *,
     c: float = DEFAULT_C,
-    max_iter: int = DEFAULT_MAX_ITER,
 ) -> torch.Tensor:
-    """Fits the probe on the training features; the predicted class of each test feature.
-
-    Features are standardised with the training statistics first, so one
-    ``c`` suits every backbone width and L-BFGS is well conditioned.
-    """
+    """The probe's class for each test feature, fitted on training features standardised with their statistics
+    (so one ``c`` suits every backbone width, and L-BFGS is well conditioned)."""
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
     from threadpoolctl import threadpool_limits
@@ -43,7 +35,7 @@ def linear_probe_predictions(
     x_train = train_features.double().cpu().numpy()
     mean, std = x_train.mean(0), x_train.std(0)
     std[std < 1e-6] = 1.0  # a constant feature stays constant (zero) instead of blowing up
-    classifier = LogisticRegression(C=c, max_iter=max_iter)
+    classifier = LogisticRegression(C=c, max_iter=DEFAULT_MAX_ITER)
     # BLAS keeps to torch's thread count: its own default (every core) was 30x slower on a busy 2-core machine.
     with warnings.catch_warnings(), threadpool_limits(torch.get_num_threads()):
         warnings.simplefilter("ignore", ConvergenceWarning)  # an unconverged fit is still a fit; accuracy says how good
@@ -58,15 +50,10 @@ def linear_probe_accuracy(
     test_features: torch.Tensor,
     test_labels: torch.Tensor,
     *,
-    c: float = DEFAULT_C,
-    max_iter: int = DEFAULT_MAX_ITER,
     progress: StepProgress | None = None,
 ) -> float:
-    """Trains a linear classifier on the training features; its test accuracy (deterministic: no seed).
-
-    ``progress`` hears once, when the fit is done: L-BFGS has no epochs to report.
-    """
-    predicted = linear_probe_predictions(train_features, train_labels, test_features, c=c, max_iter=max_iter)
+    """The probe's test accuracy; ``progress`` hears once, when the fit is done (L-BFGS has no epochs)."""
+    predicted = linear_probe_predictions(train_features, train_labels, test_features)
     if progress is not None:
         progress("linear probe", 1, 1, {})
     return float((predicted == test_labels.cpu()).double().mean())

@@ -13,17 +13,7 @@ from privfed.evaluation.knn import knn_accuracy
 
 @dataclass
 class KnnMonitor:
-    """Scores a backbone by kNN accuracy of its frozen features.
-
-    Attributes:
-        train_images: ``[N, 3, H, W]`` uint8 labelled reference images.
-        train_labels: ``[N]`` their labels.
-        test_images: ``[M, 3, H, W]`` uint8 images to classify.
-        test_labels: ``[M]`` their labels.
-        device: Where features are extracted.
-        k: Neighbours that vote.
-        temperature: Vote temperature.
-    """
+    """Scores a backbone by the kNN accuracy of its frozen features on labelled uint8 images."""
 
     train_images: torch.Tensor
     train_labels: torch.Tensor

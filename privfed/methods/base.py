@@ -1,10 +1,8 @@
 """The interface every training method implements: what it declares, and its step.
 
-Its :meth:`Method.step` is what a method computes from one batch; the one
-local-training loop (:func:`privfed.orchestra.client_update.train_locally`)
-and the rest of the pipeline (data, rounds, secure aggregation, evaluation,
-the summary) are the same for every method, so their kNN accuracies compare
-like for like.
+Only :meth:`Method.step` differs between methods; the local-training loop
+(:func:`privfed.orchestra.client_update.train_locally`) and the rest of the
+pipeline are shared, so their accuracies compare like for like.
 """
 
 from __future__ import annotations
@@ -35,9 +33,8 @@ STEP_VALUES = ("loss", "cluster_loss", "rotation_loss", "target_entropy", "centr
 
 @dataclass(frozen=True)
 class Batch:
-    """One training batch as a step sees it: ``[B, 3, H, W]`` uint8 images on the training device, their labels (for a
-    method that reads them), the L2-normalised global centroids (if any), the run's temperature, and the generator the
-    augmentations draw from (on the images' device)."""
+    """One training batch as a step sees it: uint8 images on the training device, labels (for a method that reads
+    them), L2-normalised global centroids (if any), the run's temperature, and the augmentations' generator."""
 
     images: torch.Tensor
     labels: torch.Tensor | None
@@ -48,8 +45,7 @@ class Batch:
 
 @dataclass(frozen=True)
 class StepOutput:
-    """What a step computed: the loss to minimise, the values it reports (of :data:`STEP_VALUES`), and
-    the target representations to keep in the memory (None: the method keeps none)."""
+    """A step's loss, its reported :data:`STEP_VALUES`, and the target representations to keep (None: none)."""
 
     loss: torch.Tensor
     values: dict[str, torch.Tensor]
@@ -61,12 +57,8 @@ class Method(abc.ABC):
     """A named training method: its declarations and its step.
 
     Attributes:
-        heads: What its network carries beside the backbone (the network builds them).
-        centroids: One of :data:`CENTROID_SOURCES`; only :data:`CLUSTERED` releases.
         ema_targets: Its targets (and the representations it clusters) come from the EMA target encoder.
-        reads_labels: Clients train on their labels.
-        couples_batch: One sample's loss depends on the rest of its batch: DP-SGD's per-sample clipping
-            would not bound one example's influence, so the configuration refuses DP-SGD.
+        couples_batch: One sample's loss depends on the rest of its batch, so DP-SGD is refused.
     """
 
     name: str
@@ -95,7 +87,7 @@ class Method(abc.ABC):
 
     @property
     def dp_sgd_refusal(self) -> str | None:
-        """Why privfed's DP-SGD does not cover this method (None: it does), for the configuration and the loop alike."""
+        """Why privfed's DP-SGD does not cover this method (None: it does)."""
         if self.couples_batch:
             return (f"method {self.name} cannot train with DP-SGD: it couples its batch (its loss compares every image with "
                     "the rest), so per-sample clipping does not bound one image's influence")
@@ -114,13 +106,8 @@ class Method(abc.ABC):
         return ()
 
     def step(self, network: OrchestraNetwork, batch: Batch) -> StepOutput:
-        """The encoder passes and the loss of one training step.
-
-        By default the views of :meth:`views_from` on one draw of the batch's
-        generator, then :meth:`step_on_views`: what a cohort computes for each
-        of its clients. A method that declares no :attr:`view_draw_count`
-        overrides this.
-        """
+        """One training step: by default :meth:`views_from` on one draw, then :meth:`step_on_views`, as a cohort
+        computes it; a method without a :attr:`view_draw_count` overrides this."""
         count = self.view_draw_count
         if count is None:
             raise NotImplementedError(f"method {self.name} defines neither its step nor its views")
@@ -129,12 +116,8 @@ class Method(abc.ABC):
 
     @property
     def view_draw_count(self) -> int | None:
-        """Uniform draws per image its views take, when its step is :meth:`views_from` then :meth:`step_on_views`.
-
-        A method that declares it can train in a cohort: several clients in one
-        batched call (:mod:`privfed.orchestra.cohort_training`), each drawing
-        its own views. None: it trains one client at a time.
-        """
+        """Uniform draws per image of its views; a method that declares it can train in a cohort
+        (:mod:`privfed.orchestra.cohort_training`). None: one client at a time."""
         return None
 
     def views_from(self, images: torch.Tensor, draws: torch.Tensor) -> Any:

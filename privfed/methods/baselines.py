@@ -1,13 +1,10 @@
 """The paper's federated SSL baselines (f-SimCLR, f-SimSiam, f-BYOL, f-SpecLoss) and supervised FedAvg.
 
-The baselines are stateless clients: each round a client starts from the
-global model, trains the baseline's loss on two views of its own images and
-sends the model delta; the server averages (FedAvg). Nothing else leaves
-the client: no memory, no release. BYOL's target network follows the
-online network by EMA, as Orchestra's does, and travels with the model.
-Supervised FedAvg, the paper's upper reference, trains the backbone and a
-linear classifier by cross-entropy on one cropped and flipped view per image.
-Heads have the shapes of the authors' code, scaled to D and the hidden width H.
+Stateless clients: each trains the baseline's loss on two views of its images
+from the global model and sends only the delta (FedAvg; no memory, no
+release). BYOL's EMA target travels with the model. Supervised FedAvg, the
+upper reference, trains a linear classifier on one cropped and flipped view.
+Heads have the authors' code's shapes, scaled to D and the hidden width H.
 """
 
 from __future__ import annotations

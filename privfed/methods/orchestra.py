@@ -1,11 +1,6 @@
-"""Orchestra and its ablations: the cluster and/or the rotation term, on three views of each image.
+"""Orchestra and its ablations (does the clustering matter?): the cluster and/or rotation term on three views.
 
-The ablations answer "does the clustering matter?": ``rotpred`` learns from
-rotation prediction alone (the paper's RotPred baseline), and
-``orchestra-fixed-centroids`` trains against centroids drawn at random once
-and never updated, which keeps the cluster loss but switches the clustering
-off. Methods that do not cluster release nothing: their clients send model
-updates only.
+Methods that do not cluster (``rotpred``, ``orchestra-fixed-centroids``) release nothing, only model updates.
 """
 
 from __future__ import annotations
@@ -24,12 +19,7 @@ from privfed.models.network import OrchestraNetwork
 
 @dataclass(frozen=True, kw_only=True)
 class Orchestra(Method):
-    """Orchestra's objective: the cluster term, the rotation term, or both (every variant keeps Orchestra's heads).
-
-    Attributes:
-        cluster_loss: Train the online encoder to predict the target's cluster assignment.
-        rotation_loss: Train it to predict the quarter turn of a rotated view.
-    """
+    """Orchestra's objective: the cluster term, the rotation term, or both (every variant keeps Orchestra's heads)."""
 
     heads: Heads = ORCHESTRA_HEADS
     centroids: str = CLUSTERED
@@ -66,12 +56,8 @@ class Orchestra(Method):
     def step_on_views(
         self, network: OrchestraNetwork, views: OrchestraViews, centroids: torch.Tensor | None, temperature: float
     ) -> StepOutput:
-        """At most three encoder passes: target on view 1, online on view 2 (cluster term), online on the rotated view 3.
-
-        A term that is off is reported as 0. Each sample's loss depends on
-        that sample alone once the network has no BatchNorm, which is what
-        DP-SGD's per-sample gradients need.
-        """
+        """Target on view 1, online on view 2 (cluster term), online on the rotated view 3; a term that is off is 0.
+        Without BatchNorm each sample's loss depends on that sample alone, as DP-SGD needs."""
         zero = torch.zeros((), device=views.view1.device)
         l_cluster = l_rotation = zero
         target_reps, diagnostics = None, {}

@@ -1,9 +1,5 @@
-"""Name → method registry, and the network a run's method declares.
-
-Built-in methods are registered here; third-party packages add theirs
-without editing privfed, by calling :func:`register_method` or through the
-``privfed.methods`` entry-point group (naming a :class:`~privfed.methods.base.Method`
-instance)::
+"""Name → method registry (plug-ins: :func:`register_method`, or the ``privfed.methods`` entry-point group naming a
+:class:`~privfed.methods.base.Method`), and the network a run's method declares::
 
     [project.entry-points."privfed.methods"]
     mymethod = "mypkg.mymethod:METHOD"
@@ -34,12 +30,8 @@ def register_method(method: Method) -> Method:
     return method
 
 
-def _load_entry_points() -> None:
-    load_plugins(ENTRY_POINT_GROUP, _METHODS, register_method, ValueError)
-
-
 def get_method(name: str) -> Method:
-    _load_entry_points()
+    load_plugins(ENTRY_POINT_GROUP, _METHODS, register_method, ValueError)
     try:
         return _METHODS[name]
     except KeyError:
@@ -48,7 +40,7 @@ def get_method(name: str) -> Method:
 
 def available_methods() -> dict[str, Method]:
     """Installed methods, built-ins first, in registration order."""
-    _load_entry_points()
+    load_plugins(ENTRY_POINT_GROUP, _METHODS, register_method, ValueError)
     return dict(_METHODS)
 
 
@@ -72,12 +64,8 @@ class NetworkSpec(Protocol):
 
 
 def build_network(config: NetworkSpec) -> OrchestraNetwork:
-    """The run's network, as server, clients and checkpoint loading must all build it.
-
-    The heads follow the method and the normalisation follows
-    ``config.dp_sgd``, so a checkpoint always loads into the architecture its
-    run's configuration describes.
-    """
+    """The run's network, as server, clients and checkpoint loading all build it: heads from the method,
+    normalisation from ``config.dp_sgd``."""
     return OrchestraNetwork(
         config.backbone, config.projection_dim, projection_hidden_dim=config.projection_hidden_dim,
         norm=network_norm(dp_sgd=config.dp_sgd), heads=get_method(config.method).heads,

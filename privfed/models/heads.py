@@ -11,14 +11,8 @@ from privfed.models.norms import norm1d
 
 
 def projector(in_dim: int, dim: int, *, hidden_dim: int, norm: str = "batch") -> nn.Sequential:
-    """Two bias-free linear layers, ``in_dim -> hidden_dim -> dim``; the last normalisation has no affine part.
-
-    Mirrors the paper's Linear-BN-ReLU-Linear-BN(affine=False); the final
-    non-affine normalisation keeps the outputs centred, which helps the
-    clustering loss avoid a collapsed solution. With ``norm="group"`` (DP-SGD)
-    both normalisations work per sample (see :func:`norm1d`). RotPred,
-    SimCLR and SpecLoss use the same shape in the authors' code.
-    """
+    """The paper's Linear-BN-ReLU-Linear-BN(affine=False), bias-free (also RotPred's, SimCLR's and SpecLoss's):
+    the final normalisation keeps the outputs centred, which helps the clustering loss avoid collapse."""
     return nn.Sequential(
         nn.Linear(in_dim, hidden_dim, bias=False),
         norm1d(hidden_dim, norm),
@@ -76,12 +70,9 @@ class Heads:
     """What a method's network carries beside the backbone, as the method declares it and the network builds it.
 
     Attributes:
-        projector: The online encoder's projector.
-        target: An EMA copy of the online encoder (moved only by :func:`privfed.models.network.ema_update`).
-        others: Named heads trained with the online encoder, built in this order (their names are the
-            checkpoint's state-dict prefixes).
-        clusters: A head is sized by the run's number of global centroids (``HeadShape.num_clusters``).
-        classes: A head is sized by the number of classes of the training data (``HeadShape.num_classes``).
+        target: An EMA copy of the online encoder.
+        others: Named heads trained with the online encoder, built in this order (the names are state-dict prefixes).
+        clusters, classes: A head is sized by ``HeadShape.num_clusters`` or ``num_classes``.
     """
 
     projector: HeadBuilder = standard_projector

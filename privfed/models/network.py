@@ -28,17 +28,8 @@ class Encoder(nn.Module):
 class OrchestraNetwork(nn.Module):
     """The online encoder and the heads a method declares (:class:`~privfed.models.heads.Heads`; Orchestra's by default).
 
-    The target encoder, if declared, never receives gradients: its
-    parameters have ``requires_grad=False`` and are only changed by
-    :func:`ema_update`.
-
-    ``norm="group"`` replaces every BatchNorm (backbone and projector, online
-    and therefore target) by GroupNorm, which DP-SGD requires: see
-    :mod:`privfed.models.norms`. The projector's hidden layer is
-    ``projection_hidden_dim`` wide (default: the output dimension D; the
-    authors' code uses 512). ``num_clusters`` and ``num_classes`` size the
-    heads that declare them. A network holds only what its method declares,
-    so only that travels.
+    A declared target gets no gradients (:func:`ema_update` alone moves it); ``norm="group"`` replaces every
+    BatchNorm (:mod:`privfed.models.norms`). The projector's hidden width defaults to D (the authors' code: 512).
     """
 
     def __init__(
@@ -88,12 +79,8 @@ def network_norm(*, dp_sgd: bool) -> str:
 
 @torch.no_grad()
 def ema_update(target: nn.Module, online: nn.Module, decay: float) -> None:
-    """``target <- decay * target + (1 - decay) * online`` for the weights.
-
-    BatchNorm running statistics are not averaged: the target runs its own
-    forward passes in training mode (as in BYOL) and keeps its own statistics.
-    GroupNorm has none.
-    """
+    """``target <- decay * target + (1 - decay) * online`` for the weights; the target keeps its own BatchNorm
+    statistics, from its own forward passes in training mode (as in BYOL)."""
     ema_update_tensors(list(target.parameters()), list(online.parameters()), decay)
 
 

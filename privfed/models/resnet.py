@@ -1,13 +1,9 @@
-"""CIFAR-style ResNets: 3x3 stride-1 stem, no max-pool, global average pool.
-
-``resnet18`` is the paper's backbone (512-d features); ``resnet8`` and
-``resnet20`` are the small three-stage networks (16-32-64 channels, 64-d
-features) that make CPU runs finish in minutes. ``norm`` picks BatchNorm (the
-paper's) or GroupNorm (needed by DP-SGD, see :mod:`privfed.models.norms`).
-"""
+"""CIFAR-style ResNets (3x3 stride-1 stem, no max-pool): ``resnet18`` is the paper's backbone (512-d features);
+``resnet8`` and ``resnet20`` (16-32-64 channels, 64-d) make CPU runs finish in minutes."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -68,21 +64,9 @@ class CifarResNet(nn.Module):
         return torch.flatten(F.adaptive_avg_pool2d(out, 1), 1)
 
 
-def resnet18(*, norm: str = "batch") -> CifarResNet:
-    return CifarResNet((2, 2, 2, 2), (64, 128, 256, 512), norm=norm)
-
-
-def resnet20(*, norm: str = "batch") -> CifarResNet:
-    return CifarResNet((3, 3, 3), (16, 32, 64), norm=norm)
-
-
-def resnet8(*, norm: str = "batch") -> CifarResNet:
-    return CifarResNet((1, 1, 1), (16, 32, 64), norm=norm)
-
-
 #: Backbone builders; each takes a keyword-only ``norm`` ("batch" or "group").
 BACKBONES: dict[str, Callable[..., CifarResNet]] = {
-    "resnet8": resnet8,
-    "resnet20": resnet20,
-    "resnet18": resnet18,
+    "resnet8": functools.partial(CifarResNet, (1, 1, 1), (16, 32, 64)),
+    "resnet20": functools.partial(CifarResNet, (3, 3, 3), (16, 32, 64)),
+    "resnet18": functools.partial(CifarResNet, (2, 2, 2, 2), (64, 128, 256, 512)),
 }

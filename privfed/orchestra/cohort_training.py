@@ -1,21 +1,11 @@
 """Several clients' local training as one batched computation: the same steps each would take alone.
 
-On a GPU a small client's step is bound by kernel launches, not arithmetic
-(docs/performance.md). Here a round's clients share each launch: their
-parameters, BatchNorm buffers, momentum and EMA targets are stacked along a
-first "slot" axis, and ``torch.func.vmap`` runs the method's step over the
-slots with ``functional_call``. Each client keeps everything that is its own:
-its batch order and augmentation stream (drawn from its own generator, as in
-:func:`~privfed.orchestra.client_update.train_locally`), its BatchNorm batch
-and running statistics, its momentum and its memory. Nothing is shared but
-the round's model, centroids and temperature.
-
-Slots are filled largest client first; a slot whose client is done takes the
-next one with the round's model and a fresh optimizer state (zero momentum,
-which is what SGD's first step starts from). Clients whose batches differ in
-size at a step (short last batches) step in separate calls: padding would
-change BatchNorm's statistics. Local clustering and the release stay per
-client, after training.
+A small client's GPU step is bound by kernel launches (docs/performance.md), so
+clients' states are stacked on a "slot" axis and ``torch.func.vmap`` runs the
+step over them. Each keeps its own batches, augmentations, BatchNorm
+statistics, momentum and memory; a freed slot takes the next client with zero
+momentum (SGD's first step). Batches of different sizes step in separate
+calls: padding would change BatchNorm's statistics.
 """
 
 from __future__ import annotations
@@ -58,11 +48,7 @@ class CohortMember:
 
 @dataclass(frozen=True)
 class TrainedMember:
-    """A client's training done in a cohort: its network state (CPU), its result, and its generator's state after.
-
-    Loading ``state`` into the network and ``generator_state`` into the round
-    generator leaves both as :func:`train_locally` would have.
-    """
+    """A client's network state (CPU), result and generator state after a cohort, as :func:`train_locally`'s."""
 
     state: StateDict
     result: LocalTrainingResult
@@ -89,10 +75,10 @@ def train_cohort(
     device: torch.device,
     slots: int,
 ) -> list[TrainedMember]:
-    """Trains ``members`` from ``global_state``, up to ``slots`` per call; returns one :class:`TrainedMember` each, in order.
+    """Trains ``members`` from ``global_state``, up to ``slots`` per call; one :class:`TrainedMember` each, in order.
 
     Raises:
-        ValueError: for a configuration :func:`trains_in_cohort` refuses, or fewer than one slot.
+        ValueError: a configuration :func:`trains_in_cohort` refuses, or fewer than one slot.
     """
     refusal = trains_in_cohort(config)
     if refusal is not None:
@@ -178,7 +164,6 @@ class _Cohort:
 
     @property
     def size(self) -> int:
-        """How many slots are stacked."""
         return len(next(iter(self.stack.values())))
 
     def start(self, plans: list[_ClientPlan]) -> None:
@@ -188,7 +173,7 @@ class _Cohort:
         self.momentum = {name: torch.zeros_like(self.stack[name]) for name in self.trained}
 
     def _restack(self, stack: Tensors) -> None:
-        """The trained parameters' stacks stay leaves across steps: a step reads their gradients and moves them in place."""
+        """The trained parameters' stacks stay leaves: a step reads their gradients and moves them in place."""
         self.stack = {name: tensor.detach().requires_grad_(name in self.trained) for name, tensor in stack.items()}
 
     @torch.no_grad()
@@ -253,7 +238,7 @@ class _Cohort:
 
         def one_client(state: Tensors, client_leaves: list[torch.Tensor]) -> tuple[torch.Tensor, Tensors, torch.Tensor]:
             args = (rebuild(client_leaves), self.centroids, self.config.temperature)
-            out = functional_call(self.module, _prefixed(state), args)
+            out = functional_call(self.module, {f"network.{name}": tensor for name, tensor in state.items()}, args)
             reps = out.target_reps if out.target_reps is not None else torch.zeros(0, device=out.loss.device)
             return out.loss, out.values, reps
 
@@ -292,10 +277,6 @@ class _StepModule(nn.Module):
         return self.method.step_on_views(self.network, views, centroids, temperature)
 
 
-def _prefixed(state: Tensors) -> Tensors:
-    return {f"network.{name}": tensor for name, tensor in state.items()}
-
-
 def _named_state(network: nn.Module) -> Tensors:
     """Every parameter and buffer by name (BatchNorm's counters included: they are part of each client's state)."""
     return {**dict(network.named_parameters()), **dict(network.named_buffers())}
@@ -317,10 +298,7 @@ def _ema_pairs(network: OrchestraNetwork) -> list[tuple[str, str]]:
 
 
 def _sgd(params: list[torch.Tensor], grads: list[torch.Tensor], momenta: list[torch.Tensor], config: LocalTrainingConfig) -> None:
-    """``torch.optim.SGD``'s step (no dampening or Nesterov), element for element, on stacked tensors.
-
-    A zero momentum buffer gives exactly SGD's first step (its buffer starts as the gradient).
-    """
+    """``torch.optim.SGD``'s step (no dampening or Nesterov) on stacked tensors; zero momentum gives its first step."""
     if config.weight_decay:
         grads = list(torch._foreach_add(grads, params, alpha=config.weight_decay))
     torch._foreach_mul_(momenta, config.momentum)

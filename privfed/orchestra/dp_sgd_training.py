@@ -1,27 +1,13 @@
 """The DP-SGD parts of the local-training loop (:func:`privfed.orchestra.client_update.train_locally`), with Opacus.
 
-Each of the round's ``local_epochs * ceil(n / batch_size)`` steps:
-
-1. draws a Poisson batch: every example joins with probability
-   ``q = min(1, batch_size / n)``, independently (the batch may be empty);
-2. computes each example's gradient of its own Orchestra loss (Opacus'
-   per-sample gradient hooks), clips it to ``max_grad_norm`` and adds
-   Gaussian noise of standard deviation ``noise_multiplier * max_grad_norm``
-   to their sum (Opacus' ``DPOptimizer``, "secure mode" noise);
-3. updates the online encoder and the heads the method trains (SGD on the
-   noisy mean), then the target encoder by EMA, which is post-processing.
-
-Per-sample gradients are exact only if nothing in a step mixes examples:
-the network must use GroupNorm (checked with Opacus' ``ModuleValidator``),
-the method must not couple its batch (the configuration refuses one that
-does), and the online passes of one example (Orchestra's views 2 and 3) add
-up in that example's gradient.
-
-The amplification by subsampling that the accountant credits requires that
-the server cannot tell which examples each batch held. The round's seed is
-derived from values the server knows, so batch sampling and noise come from
-the operating system's randomness instead (tests fix it by replacing this
-module's ``secrets``). Augmentation randomness needs no secrecy and stays seeded.
+Each of a round's Poisson steps (each example joins with ``q = min(1, batch_size / n)``)
+clips each example's gradient to ``max_grad_norm`` and adds Gaussian noise of
+std ``noise_multiplier * max_grad_norm`` to their sum (Opacus, secure mode);
+the target's EMA is post-processing. Per-sample gradients are exact only with
+a GroupNorm network, a method that does not couple its batch, and an
+example's online passes adding up in its own gradient. The amplification the
+accountant credits needs batches the server cannot know, so sampling and
+noise use the OS's randomness (tests replace this module's ``secrets``).
 """
 
 from __future__ import annotations
@@ -54,12 +40,8 @@ def dp_optimizer(
     expected_batch_size: float,
     noise_generator: torch.Generator,
 ) -> DPOptimizer:
-    """SGD with momentum and weight decay behind Opacus' clip-and-noise step, on the parameters ``hooks`` cover.
-
-    Weight decay and momentum act on the noisy gradient, so they are
-    post-processing. ``loss_reduction="mean"`` divides the noisy sum by the
-    *expected* batch size, as Poisson sampling requires.
-    """
+    """SGD behind Opacus' clip-and-noise step on ``hooks``' parameters; weight decay and momentum act on the noisy
+    gradient (post-processing), whose sum is divided by the *expected* batch size, as Poisson sampling requires."""
     optimizer = torch.optim.SGD(
         list(hooks.parameters()),
         lr=config.lr,
@@ -79,14 +61,8 @@ def dp_optimizer(
 
 @contextmanager
 def per_sample_gradients(network: OrchestraNetwork, method: Method) -> Iterator[GradSampleModule]:
-    """Opacus' per-sample gradient hooks on the online encoder and the heads the method trains, removed on exit.
-
-    While active, every backward pass through those modules leaves each
-    parameter's per-example gradients in ``p.grad_sample`` (the online
-    passes of a step add up per example). A head the method never trains
-    (Orchestra's rotation head without the rotation loss) gets no hooks, and
-    so no step.
-    """
+    """Opacus' per-sample gradient hooks (``p.grad_sample``) on the online encoder and the heads the method
+    trains, removed on exit; an untrained head gets none, and so no step."""
     # Both encoders: the target's outputs are the online encoder's targets, so a BatchNorm there would mix examples too.
     errors = ModuleValidator.validate(network, strict=False)
     if errors:
@@ -118,11 +94,7 @@ def _drop_opacus_attributes(network: OrchestraNetwork) -> None:
 
 
 def dp_step(optimizer: DPOptimizer, loss: torch.Tensor | None) -> None:
-    """One DP-SGD step on a batch's loss (None: an empty batch), inside :func:`per_sample_gradients`.
-
-    Clipping, noise and the SGD update happen in ``optimizer.step()``; the
-    loop updates the target encoder afterwards.
-    """
+    """One DP-SGD step on a batch's loss (None: an empty batch), inside :func:`per_sample_gradients`."""
     optimizer.zero_grad(set_to_none=True)
     if loss is None:
         # Empty per-sample gradients, so the step still adds noise: skipping it would reveal the empty batch.
@@ -137,10 +109,9 @@ def dp_step(optimizer: DPOptimizer, loss: torch.Tensor | None) -> None:
 def dp_sgd_parts(
     network: OrchestraNetwork, n: int, config: LocalTrainingConfig, method: Method, *, device: torch.device
 ) -> Iterator[TrainingParts]:
-    """The round's ``local_epochs * ceil(n / batch_size)`` secret Poisson batches, and the clip-and-noise step.
+    """The round's secret Poisson batches and the clip-and-noise step (an empty batch still steps: noise alone).
 
-    Batch sampling and noise are seeded from the operating system's randomness: torch's generators are not
-    cryptographic, but their 63-bit seeds never leave the client. An empty batch still steps (noise alone).
+    Seeded from the OS: torch's generators are not cryptographic, but the 63-bit seeds never leave the client.
     """
     assert config.dp_sgd is not None
     if method.dp_sgd_refusal:  # the configuration refuses it too; a library caller of the loop must not get DP-SGD events

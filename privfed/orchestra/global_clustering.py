@@ -1,17 +1,10 @@
-"""Server side: cluster every client's release into the global centroids.
+"""Server side: cluster every client's release into the global centroids (``--global-clustering``).
 
-Two procedures, chosen with ``--global-clustering``:
-
-- ``kmeans`` (privfed's default): weighted, equal-mass Sinkhorn k-means on
-  the sphere, warm-started from last round's centroids. It puts the
-  centroids on the released vectors.
-- ``official``: the authors' procedure. The centroids are parameters fitted
-  by 500 SGD steps (lr 0.01, momentum 0.9, weight decay 1e-4, renormalised
-  after every step) so that each vector's softmax assignment at the cluster
-  loss's temperature matches, in cosine, Sinkhorn's balanced assignment. It
-  starts from random unit vectors in round 0 and warm afterwards, and counts
-  every released vector once. Its centroids stay near where they started,
-  which makes the cluster targets softer at the same temperature (DESIGN §4).
+``kmeans`` (the default): weighted equal-mass Sinkhorn k-means, warm-started,
+puts the centroids on the released vectors. ``official`` (the authors'): SGD
+fits the centroids so that each vector's softmax assignment matches
+Sinkhorn's balanced one; they stay near where they started, which softens the
+cluster targets at the same temperature (DESIGN §4).
 """
 
 from __future__ import annotations
@@ -37,32 +30,12 @@ def global_centroids(
     cluster_temperature: float | None = None,
     median_client_cap: bool = False,
 ) -> torch.Tensor:
-    """The next global centroids from all released vectors.
+    """The next ``G = num_centroids`` global centroids from all released vectors.
 
-    Each released vector weighs as many representations as it stands for
-    (a ``kanon`` centroid of 16 members weighs 16, a raw representation 1);
-    ``kmeans`` uses the weights, ``official`` counts each vector once. A
-    vector of weight 0 (padding, e.g. of a DP release too noisy to keep a
-    point) never counts, in either method. With fewer real vectors than
-    ``G``, only the centroids nearest to them move (:func:`move_nearest`)
-    and the rest keep last round's value; in round 0 the real vectors
-    become centroids as they are and random unit vectors fill up to ``G``.
-    Before this rule, padding counted towards ``G``: 3 real vectors among 400
-    pulled all 64 centroids onto a handful of directions
-    (``tests/orchestra/test_global_clustering.py``).
-
-    Args:
-        releases: This round's releases.
-        num_centroids: ``G``.
-        previous: Last round's centroids (None in round 0).
-        generator: The server's generator (initialisation).
-        method: :data:`KMEANS` or :data:`OFFICIAL`.
-        cluster_temperature: The cluster loss's temperature ``tau``; ``official`` needs it.
-        median_client_cap: ``kmeans`` only: scale each client's release down
-            to at most the round's median release weight
-            (:func:`median_capped_weights`), so that no client outweighs a
-            typical one. Measured in ``benchmarks/client_influence.py``.
-
+    ``kmeans`` weighs each vector by the representations it stands for, ``official`` counts each once; padding
+    (weight 0) never counts. With fewer real vectors than ``G``, only the nearest centroids move
+    (:func:`move_nearest`), or in round 0 random ones fill up. ``median_client_cap``
+    (:func:`median_capped_weights`) changes ``kmeans`` only.
     """
     nonempty = [r for r in releases if r.num_vectors > 0]
     dim = nonempty[0].vectors.shape[1] if nonempty else releases[0].vectors.shape[1]
@@ -92,9 +65,7 @@ def global_centroids(
 def move_nearest(previous: torch.Tensor, vectors: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Each previous centroid that is some vector's nearest moves to their weighted mean; the others stay.
 
-    Too few vectors to cluster cannot place ``G`` centroids, and fitting all
-    of them to a few vectors would collapse the targets every client trains
-    against onto those few directions.
+    Fitting all ``G`` to a few vectors would collapse every client's targets onto those few directions.
     """
     centroids = previous.clone()
     if vectors.shape[0] == 0:
@@ -109,11 +80,8 @@ def move_nearest(previous: torch.Tensor, vectors: torch.Tensor, weights: torch.T
 def median_capped_weights(releases: list[Release]) -> list[torch.Tensor]:
     """Each release's weights, scaled down where their total exceeds the median release's total.
 
-    A robust variant of the weighted clustering: one client's share of the
-    mass is at most a typical client's, whatever bound its mechanism's
-    weights have (``ldp`` leaves room for noise, so a hostile ``ldp`` client
-    may weigh about 19,500 at epsilon 1). Clients below the median keep their
-    weights, so honest clients of the usual size are unchanged.
+    No client outweighs a typical one, whatever bound its mechanism's weights have (a hostile ``ldp`` client
+    may weigh about 19,500 at epsilon 1).
     """
     totals = torch.stack([r.weights.double().sum() for r in releases])
     median = float(totals.median())
@@ -128,38 +96,25 @@ def random_centroids(num_centroids: int, dim: int, generator: torch.Generator) -
     return F.normalize(torch.randn(num_centroids, dim, generator=generator), dim=1)
 
 
-def assignment_mismatch(
-    vectors: torch.Tensor, centroids: torch.Tensor, *, temperature: float, sharpness: float = 25.0, sinkhorn_iters: int = 100
-) -> torch.Tensor:
+def assignment_mismatch(vectors: torch.Tensor, centroids: torch.Tensor, *, temperature: float) -> torch.Tensor:
     """The official procedure's loss: minus the mean cosine between balanced and softmax assignments.
 
-    The balanced assignment is Sinkhorn's plan for the similarities scaled by
-    ``sharpness`` (every centroid gets an equal share of the vectors); it is
-    a fixed target. The softmax assignment at ``temperature`` carries the
-    gradient to the centroids.
+    The balanced one, Sinkhorn's plan for the similarities times 25, is a
+    fixed target; the softmax at ``temperature`` carries the gradient.
     """
     similarities = vectors @ centroids.T
     with torch.no_grad():
-        balanced = sinkhorn_knopp(similarities * sharpness, num_iters=sinkhorn_iters).float()
+        balanced = sinkhorn_knopp(similarities * 25.0, num_iters=100).float()
     soft = F.softmax(similarities / temperature, dim=1)
     return -F.cosine_similarity(balanced, soft, dim=1).mean()
 
 
-def fit_centroids(
-    vectors: torch.Tensor,
-    start: torch.Tensor,
-    *,
-    temperature: float,
-    steps: int = 500,
-    lr: float = 0.01,
-    momentum: float = 0.9,
-    weight_decay: float = 1e-4,
-) -> torch.Tensor:
-    """Unit centroids fitted from ``start`` by SGD on :func:`assignment_mismatch` (a fresh optimiser each call)."""
+def fit_centroids(vectors: torch.Tensor, start: torch.Tensor, *, temperature: float) -> torch.Tensor:
+    """Unit centroids fitted from ``start`` by 500 SGD steps on :func:`assignment_mismatch` (a fresh optimiser)."""
     vectors = F.normalize(vectors.float(), dim=1)
     centroids = F.normalize(start.float().clone(), dim=1).requires_grad_(True)
-    optimizer = torch.optim.SGD([centroids], lr=lr, momentum=momentum, weight_decay=weight_decay)
-    for _ in range(steps):
+    optimizer = torch.optim.SGD([centroids], lr=0.01, momentum=0.9, weight_decay=1e-4)
+    for _ in range(500):
         optimizer.zero_grad(set_to_none=True)
         assignment_mismatch(vectors, centroids, temperature=temperature).backward()
         optimizer.step()

@@ -1,8 +1,5 @@
-"""Client side: the plain parts of the one local-training loop (:func:`privfed.orchestra.client_update.train_locally`).
-
-Its configuration and result, shuffled batches and SGD; the DP-SGD parts
-are in :mod:`privfed.orchestra.dp_sgd_training`.
-"""
+"""Client side: the plain parts of the local-training loop (:func:`privfed.orchestra.client_update.train_locally`);
+the DP-SGD parts are in :mod:`privfed.orchestra.dp_sgd_training`."""
 
 from __future__ import annotations
 
@@ -29,16 +26,8 @@ TrainingParts = tuple[Iterator[torch.Tensor], Callable[[torch.Tensor | None], No
 
 @dataclass(frozen=True)
 class LocalTrainingConfig:
-    """Hyperparameters of a client's local update.
-
-    It has no defaults of its own: build it from the run's configuration
-    with :meth:`from_run`, so that what is trained, benchmarked and tested
-    is what ``privfed train`` runs.
-
-    ``dp_sgd`` switches local training to DP-SGD with those settings; the
-    network must then use GroupNorm (``OrchestraNetwork(..., norm="group")``).
-    ``method`` names the run's method (:mod:`privfed.methods`).
-    """
+    """Hyperparameters of a client's local update; :meth:`from_run` builds it, so what is trained, benchmarked
+    and tested is what ``privfed train`` runs. ``dp_sgd`` switches to DP-SGD (on a GroupNorm network)."""
 
     epochs: int
     batch_size: int
@@ -73,13 +62,8 @@ class LocalTrainingConfig:
 
 @dataclass(frozen=True)
 class LocalTrainingResult:
-    """What local training produced; ``memory`` and ``memory_examples`` stay on the client.
-
-    ``memory_examples[i]`` is the client example memory row ``i`` is a view
-    of (kept for replays that score attacks). ``privacy_events`` is the DP-SGD cost of this round (empty without DP-SGD).
-    The loss values are local diagnostics: under DP-SGD they are not covered
-    by the guarantee and must not leave the client.
-    """
+    """What local training produced; ``memory`` and ``memory_examples`` (each row's example) stay on the client,
+    and so must the loss values under DP-SGD, whose guarantee does not cover them."""
 
     memory: torch.Tensor
     memory_examples: torch.Tensor
@@ -91,13 +75,13 @@ class LocalTrainingResult:
 
 
 def step_means(totals: dict[str, torch.Tensor], steps: int) -> dict[str, float]:
-    """The per-step values averaged over ``steps``, NaNs left out (none for a client that took no step: fewer than two images)."""
+    """The per-step values averaged over ``steps``, NaNs left out (none for a client that took no step)."""
     means = {name: float(total / steps) for name, total in totals.items()} if steps else {}
     return {name: mean for name, mean in means.items() if not math.isnan(mean)}
 
 
 def normalised_centroids(centroids: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    """The global centroids on ``device`` in torch's default dtype, L2-normalised (None stays None: a method without centroids)."""
+    """The global centroids on ``device`` in torch's default dtype, L2-normalised (None stays None)."""
     return None if centroids is None else F.normalize(centroids.to(device, torch.get_default_dtype()), dim=1)
 
 

@@ -10,15 +10,10 @@ import torch
 class RepresentationMemory:
     """Keeps the last ``capacity`` vectors pushed, each with the index of the example it came from.
 
-    This is what a client's mechanism clusters at the end of local training;
-    it never leaves the client except through that mechanism, and the example
-    indices never leave it at all. They are kept because a memory larger than
-    one epoch holds several augmented views of the same image: :meth:`contents`
-    keeps only the latest view of each example, so that an anonymity set (or
-    a per-representation privacy unit) counts images, not views of one image.
-
-    The buffer lives where the first pushed vectors do, in their dtype: on a
-    GPU a push is a device copy, never a wait for the device.
+    It leaves the client only through its mechanism; the indices never do.
+    :meth:`contents` keeps only each example's latest view, so an anonymity set
+    (or a per-representation unit) counts images. The buffer lives with the
+    first pushed vectors: on a GPU a push never waits.
     """
 
     def __init__(self, capacity: int, dim: int) -> None:
@@ -48,7 +43,7 @@ class RepresentationMemory:
         self._size = min(self._size + n, self.capacity)
 
     def __len__(self) -> int:
-        """How many vectors are stored, views of the same example counted apiece."""
+        """Vectors stored, views of one example counted apiece."""
         return self._size
 
     def contents(self) -> torch.Tensor:

@@ -1,10 +1,5 @@
-"""The memories a client builds outside its training loop, from target representations of fresh views.
-
-Round 0's (:func:`initial_representations`), DP-SGD's Poisson sample
-(:func:`poisson_memory`), and every image's, for a mechanism that samples in
-secret (:func:`every_representation`). Training fills its own
-(:class:`privfed.orchestra.memory.RepresentationMemory`).
-"""
+"""The memories a client builds outside its training loop, from target representations of fresh views:
+round 0's, DP-SGD's Poisson sample, and every image's (for a mechanism that samples in secret)."""
 
 from __future__ import annotations
 
@@ -25,12 +20,9 @@ def initial_representations(
     generator: torch.Generator,
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Round 0: target representations of up to ``memory_size`` augmented images, and which images.
+    """Round 0 (without DP-SGD): target representations of up to ``memory_size`` augmented images, and which.
 
-    Fills the same memory local training would, without training, so the
-    server can form the first global centroids. The network is left unchanged
-    apart from the target's BatchNorm statistics, which the caller discards.
-    (Under DP-SGD round 0 uses :func:`poisson_memory`, as after training.)
+    The network changes only in the target's BatchNorm statistics, which the caller discards.
     """
     aug_generator = augmentation_generator(generator, device)
     chosen = torch.randperm(images.shape[0], generator=generator)[: config.memory_size]
@@ -68,12 +60,8 @@ def every_representation(
     generator: torch.Generator,
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One target representation of every image, for a mechanism that samples its input in secret.
-
-    The sample must not come from ``generator`` (the server knows its seed),
-    so the whole client goes to the mechanism, which draws it. Under DP-SGD
-    the network must use GroupNorm, so each row depends on its own image only.
-    """
+    """One target representation of every image, for a mechanism that samples its input in secret (not from
+    ``generator``, whose seed the server knows). Under DP-SGD each row must depend on its own image only."""
     if config.dp_sgd is not None and network.norm != "group":
         raise ValueError("under DP-SGD a release's rows need a GroupNorm network: BatchNorm mixes examples")
     aug_generator = augmentation_generator(generator, device)
@@ -98,24 +86,13 @@ def poisson_memory(
     generator: torch.Generator,
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The memory under DP-SGD: one target representation per example of a Poisson sample.
+    """The memory under DP-SGD: one target representation (view 1) per example of a Poisson sample, and which.
 
-    Each example joins independently with probability
-    ``min(1, memory_size / n)`` (:func:`~privfed.privacy.dp_sgd_plan.memory_rate`), with no cap on the total, so removing one
-    example removes at most one representation and changes no other: the
-    release mechanism's per-representation guarantee is then a per-example
-    one, and composes with DP-SGD's in one ledger. (Training batches cannot
-    serve: a Poisson batch sequence may use an example many times.) No
-    amplification is claimed from this sample, so its randomness may come
-    from the round's reproducible ``generator``.
-
-    The network must use GroupNorm, so each representation depends on its
-    own example only.
-
-    Returns:
-        ``[m, D]`` L2-normalised target representations of one augmented
-        view (view 1) each, ``m`` random with mean ``min(n, memory_size)``,
-        and the ``[m]`` examples they are views of.
+    Each example joins independently at :func:`~privfed.privacy.dp_sgd_plan.memory_rate`,
+    uncapped, and a GroupNorm row depends on its own example only: one example
+    changes at most one row, so the release's per-representation guarantee is
+    per example and composes with DP-SGD's. No amplification is claimed, so
+    the reproducible ``generator`` may draw it.
     """
     if network.norm != "group":
         raise ValueError("a Poisson memory needs a GroupNorm network: BatchNorm mixes examples")

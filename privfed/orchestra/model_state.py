@@ -1,9 +1,5 @@
-"""The part of the network state that travels between server and clients.
-
-Only floating-point tensors travel (weights and BatchNorm statistics of the
-online and target encoders and the rotation head); integer counters such as
-``num_batches_tracked`` stay where they are. Clients send *deltas* so that
-aggregated values stay small (what secure aggregation's quantisation needs).
+"""The network state that travels between server and clients: its floating-point tensors (integer counters
+such as ``num_batches_tracked`` stay). Clients send *deltas*, small enough for secure aggregation's quantisation.
 """
 
 from __future__ import annotations
@@ -39,11 +35,8 @@ def state_delta(after: StateDict, before: StateDict) -> StateDict:
 def weighted_mean(deltas: list[StateDict], weights: list[float]) -> StateDict:
     """FedAvg: the weight-proportional mean of client deltas, summed in float64 in client order.
 
-    Accumulated in place, one float64 sum and one float64 scratch buffer per
-    key, instead of three model-sized temporaries per client (the cast, the
-    product, the new sum): at ResNet-18 size that was about 1 s a client on
-    the server. Each term is still ``delta.double() * (w / total)``, added
-    in the same order, so the result is bit for bit what the plain sum gives.
+    In place (one sum and one scratch buffer per key), each term ``delta.double() * (w / total)`` in the same
+    order: bit for bit the plain sum, without three model-sized temporaries per client.
     """
     if not deltas:
         raise ValueError("nothing to average")

@@ -1,9 +1,5 @@
-"""What one finished round hands from the runtime to the server-side driver.
-
-The runtime (:mod:`privfed.federation.strategy`) fills it; the driver
-(:mod:`privfed.run.driver`) logs it, charges the ledger and decides whether
-to stop. Neither needs to know the other.
-"""
+"""What one finished round hands from the runtime (:mod:`privfed.federation.strategy`) to the driver
+(:mod:`privfed.run.driver`), which logs it, charges the ledger and decides whether to stop."""
 
 from __future__ import annotations
 
@@ -26,27 +22,10 @@ class RoundReport:
     """One finished Orchestra round.
 
     Attributes:
-        round: Orchestra round (0 initialises).
-        sampled_clients: Client (partition) ids asked to take part, in order.
-        completed: Clients whose reply was folded in.
-        failures: ``sampled - completed``.
-        seconds: Wall time of the round on the server.
-        server_stats: The server's own statistics (global clustering,
-            aggregation), safe to log.
-        client_metrics: Each reply's numeric metrics.
-        releases: ``(client id, release)`` for every reply.
-        training_events: ``(client id, DP-SGD events)`` for every reply
-            (empty events without DP-SGD and in round 0).
-        rejected: Replies the server dropped, with the reason
-            (:mod:`privfed.federation.reply_checks`).
-        runtime_state: The runtime's own state after the round (client
-            sampling, SecAgg+ scales), kept opaque in resume points
-            (:mod:`privfed.run.resume`).
-        unusable: Why no reply could be used (None when one could): the
-            model stayed as it was, and the run stops with this reason.
-        update_dropped: Why a training round applied no model update though
-            replies arrived (a SecAgg+ overflow, halt or implausible sum);
-            None when it applied one, and in round 0.
+        server_stats: The server's own statistics (global clustering, aggregation), safe to log.
+        runtime_state: The runtime's state after the round (client sampling, SecAgg+ scales), opaque in resume points.
+        unusable: Why no reply could be used (None: one could); the model stays and the run stops.
+        update_dropped: Why a training round applied no update though replies arrived (e.g. a SecAgg+ overflow).
     """
 
     round: int

@@ -2,10 +2,10 @@
 
 A round is ``local_epochs * ceil(n / batch_size)`` Poisson steps of rate
 ``min(1, batch_size / n)``: one ``"poisson_gaussian"`` event, fixed by the
-client's public size ``n``. ``--dp-sgd-epsilon`` is what ONE client's
-encoder updates may spend over the run, at the run's delta, if it takes part
-in every training round (round 0 does not train); the run uses the noise
-the neediest client size needs, so every client stays within it.
+client's public size ``n``. ``--dp-sgd-epsilon`` is what ONE client's encoder
+updates may spend over the run, at the run's delta, if it trains in every
+training round (round 0 does not train); the noise is the neediest client
+size's, so every client stays within it.
 """
 
 from __future__ import annotations
@@ -27,33 +27,25 @@ from mechanisms.base import PrivacyEvent
 
 #: ``--dp-sgd-epsilon`` when neither it nor ``--dp-sgd-noise-multiplier`` is given.
 DEFAULT_DP_SGD_EPSILON = 8.0
-#: Grid of the PLD calibration: the ledger's grid for DP-SGD events (see
-#: :func:`mechanisms.accounting.calibration_discretisation`).
+#: The PLD calibration's grid: the ledger's for DP-SGD events (``accounting.calibration_discretisation``).
 CALIBRATION_GRID = MAX_CALIBRATION_DISCRETISATION
 #: A coarser grid, still a valid upper bound, to screen client sizes quickly.
 SCREENING_GRID = 1e-2
-#: Sizes whose screened epsilon is below this fraction of the target need no
-#: fine check (coarse and fine grids agree to well within 2%).
+#: Sizes screened below this fraction of the target need no fine check (the grids agree to well within 2%).
 SCREENING_MARGIN = 0.98
 #: Relative precision of the calibrated noise multiplier.
 CALIBRATION_TOLERANCE = 1e-3
-#: Probability that an honest client's Poisson memory (:func:`memory_rate`) outgrows
-#: :func:`poisson_memory_bound` in one round; its reply is then refused. No privacy
-#: claim rests on the bound (docs/privacy.md, "Threat model"), so it is not part of delta.
+#: Probability that an honest client's Poisson memory outgrows :func:`poisson_memory_bound` in a round (its reply is
+#: then refused). No privacy claim rests on the bound (docs/privacy.md, "Threat model"), so it is not part of delta.
 MEMORY_BOUND_FAILURE = 1e-9
-#: Calibration never goes below this noise (it would take a target epsilon in
-#: the hundreds, where DP-SGD protects nothing; PLDs get slow there too).
+#: Calibration never goes below this noise (a target epsilon in the hundreds, where DP-SGD protects nothing).
 MIN_NOISE_MULTIPLIER = 0.1
 
 
 @dataclass(frozen=True)
 class DpSgdSettings:
-    """What a client needs to run DP-SGD; the server sends it every round.
-
-    Attributes:
-        noise_multiplier: Noise standard deviation divided by ``max_grad_norm``.
-        max_grad_norm: L2 bound each example's gradient is clipped to.
-    """
+    """What a client needs to run DP-SGD (sent every round): noise std over ``max_grad_norm``, and the L2 bound
+    each example's gradient is clipped to."""
 
     noise_multiplier: float
     max_grad_norm: float
@@ -77,12 +69,8 @@ def memory_rate(num_samples: int, memory_size: int) -> float:
 
 @lru_cache(maxsize=4096)
 def poisson_memory_bound(num_samples: int, memory_size: int, failure: float = MEMORY_BOUND_FAILURE) -> int:
-    """The fewest rows ``m`` with P(Binomial(n, q) > m) <= ``failure``, at the memory's rate ``q``.
-
-    A Poisson memory has no hard cap, but its size is Binomial, so the server
-    can bound a client's rows (and so its release's weight) far below ``n``
-    while an honest client exceeds the bound only with probability ``failure``.
-    """
+    """The fewest rows ``m`` with P(Binomial(n, q) > m) <= ``failure``, ``q`` the memory's rate: the uncapped
+    Poisson memory's size bounds a client's rows (and its release's weight) far below ``n``."""
     rate = memory_rate(num_samples, memory_size)
     if rate >= 1.0:
         return num_samples
@@ -121,18 +109,15 @@ def run_epsilon(
     rounds: int,
     grid: float = CALIBRATION_GRID,
 ) -> float:
-    """Epsilon (PLD, replace-one) of a client of ``num_samples`` examples training in ``rounds`` rounds."""
+    """Epsilon (PLD, replace-one) of a client of ``num_samples`` examples training ``rounds`` rounds."""
     steps = steps_per_round(num_samples, batch_size=batch_size, epochs=epochs) * rounds
     event = poisson_gaussian_privacy_event(sampling_rate(num_samples, batch_size), noise_multiplier, count=steps)
     return epsilon_of((event,), delta, discretisation=grid)
 
 
 def _calibrate_one(epsilon: float, delta: float, num_samples: int, batch_size: int, epochs: int, rounds: int) -> float:
-    """Smallest noise multiplier (to a relative 1e-3) keeping one client size within ``epsilon``.
-
-    The search starts at the noise all steps would need without subsampling,
-    scaled by the sampling rate (a rough guess).
-    """
+    """Smallest noise multiplier keeping one client size within ``epsilon``; the search starts from the
+    unsubsampled steps' noise times the sampling rate."""
 
     def fits(sigma: float) -> bool:
         return run_epsilon(num_samples, sigma, delta, batch_size=batch_size, epochs=epochs, rounds=rounds) <= epsilon
@@ -149,21 +134,12 @@ def _calibrate_one(epsilon: float, delta: float, num_samples: int, batch_size: i
 def calibrate_noise_multiplier(
     epsilon: float, delta: float, client_sizes: tuple[int, ...], *, batch_size: int, epochs: int, rounds: int
 ) -> float:
-    """The noise multiplier keeping EVERY client within ``epsilon`` after ``rounds`` training rounds.
+    """The noise multiplier keeping EVERY client size within ``epsilon`` after ``rounds`` training rounds.
 
-    The neediest client size is guessed first (the largest ``q * sqrt(steps)``,
-    which orders sizes as the central limit approximation of DP-SGD does) and
-    calibrated; then every distinct size is checked at that noise (a coarse
-    PLD grid screens, a fine one decides) and any that still exceeds
-    ``epsilon`` raises the noise to its own calibration.
-
-    Args:
-        epsilon: Target epsilon per client over the run.
-        delta: The run's delta.
-        client_sizes: Every client's number of examples (repeats are fine).
-        batch_size: Expected Poisson batch size.
-        epochs: Local epochs per round.
-        rounds: Training rounds (round 0 does not train).
+    The neediest size is guessed (the largest ``q * sqrt(steps)``, as DP-SGD's
+    central limit approximation orders them) and calibrated; then every size
+    is checked at that noise (a coarse PLD grid screens, a fine one decides),
+    and one that still exceeds ``epsilon`` raises the noise to its own calibration.
     """
     sizes = sorted({n for n in client_sizes if n > 0})
     if not sizes:
@@ -186,11 +162,8 @@ def calibrate_noise_multiplier(
 def worst_client_size(
     noise_multiplier: float, delta: float, client_sizes: tuple[int, ...], *, batch_size: int, epochs: int, rounds: int
 ) -> tuple[int, float]:
-    """The client size whose DP-SGD costs most over ``rounds`` rounds, and that epsilon.
-
-    All sizes are screened on a coarse grid; those close to the largest
-    screened value are then computed on the ledger's grid.
-    """
+    """The client size whose DP-SGD costs most over ``rounds`` rounds, and that epsilon (a coarse grid screens,
+    the sizes near the top are computed on the ledger's)."""
     common = dict(batch_size=batch_size, epochs=epochs, rounds=rounds)
     sizes = sorted({n for n in client_sizes if n > 0})
     coarse = {n: run_epsilon(n, noise_multiplier, delta, grid=SCREENING_GRID, **common) for n in sizes}
@@ -206,16 +179,9 @@ class DpSgdPlan:
     """How the run's DP-SGD spends its budget.
 
     Attributes:
-        settings: Noise multiplier and clipping norm every client uses.
-        delta: The delta all DP-SGD epsilons are quoted at (the run's delta).
-        target_epsilon: The ``--dp-sgd-epsilon`` calibrated to (None when the
-            noise multiplier was given).
-        planned_epsilon: What the worst-off client would spend if it trained
-            in every round.
-        worst_client_size: That client's number of examples.
-        batch_size: Expected Poisson batch size.
-        epochs: Local epochs per round.
-        rounds: Training rounds the plan covers.
+        delta: The delta all DP-SGD epsilons are quoted at (the run's).
+        target_epsilon: The ``--dp-sgd-epsilon`` calibrated to (None: the noise multiplier was given).
+        planned_epsilon: What the worst-off client (of ``worst_client_size``) spends if it trains in every round.
     """
 
     settings: DpSgdSettings
@@ -267,19 +233,8 @@ def plan_dp_sgd(
     noise_multiplier: float | None = None,
     target_epsilon: float | None = None,
 ) -> DpSgdPlan:
-    """Fixes DP-SGD's noise: as given, or calibrated to ``target_epsilon`` (default 8).
-
-    Args:
-        client_sizes: Every client's number of examples.
-        delta: The run's delta.
-        max_grad_norm: Per-example clipping norm.
-        batch_size: Expected Poisson batch size.
-        epochs: Local epochs per round.
-        rounds: Training rounds (the worst case: a client trains in all).
-        noise_multiplier: Fixed noise multiplier, or None to calibrate.
-        target_epsilon: Epsilon per client over the run; ignored when
-            ``noise_multiplier`` is given.
-    """
+    """Fixes DP-SGD's noise: ``noise_multiplier`` as given, or calibrated to ``target_epsilon`` (default 8)
+    per client over ``rounds`` (the worst case: a client trains in all)."""
     sizes = tuple(sorted(n for n in client_sizes if n > 0))
     common = dict(batch_size=batch_size, epochs=epochs, rounds=rounds)
     if noise_multiplier is None:

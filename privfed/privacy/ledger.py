@@ -1,16 +1,12 @@
 """The run's privacy ledger: every DP cost, per client, composed with a real accountant.
 
-Two kinds of entry, a client's *release* and, with ``--dp-sgd``, its round's
-*training*, are charged to one replace-one unit (:mod:`mechanisms.accounting`)
-and compose in one PLD, never by adding epsilons; the ledger can also say
-what each part alone costs. k-anonymity is reported as k, never folded into
-epsilon. Sampling amplification is credited only where an event says so
-(DP-SGD's Poisson steps, ``ldp-sums``' secret sample).
-
-Every entry records the delta its run quoted it at, and an epsilon is never
-computed at a larger delta than any entry it composes
-(:meth:`PrivacyLedger.pricing_delta`): a later run allowing a larger delta
-would otherwise find room the first run never had.
+A client's *releases* and, with ``--dp-sgd``, its rounds' *training* are
+charged to one replace-one unit (:mod:`mechanisms.accounting`) and compose in
+one PLD, never by adding epsilons; each part's own cost is also reported.
+k-anonymity is reported as k, never folded into epsilon. Sampling
+amplification is credited only where an event says so (DP-SGD's Poisson
+steps, ``ldp-sums``' secret sample). An epsilon is never computed at a larger
+delta than any entry it composes was charged at (:meth:`PrivacyLedger.pricing_delta`).
 """
 
 from __future__ import annotations
@@ -63,13 +59,11 @@ def _composed_epsilon(key: _EventKey, delta: float, reference_epsilon: float) ->
 
 
 def composed_epsilon(events: Iterable[PrivacyEvent], delta: float, *, reference_epsilon: float = 1.0) -> float:
-    """Epsilon at ``delta`` of all ``events`` composed (0 when there are none).
+    """Epsilon at ``delta`` of all ``events`` composed (0 for none), cached per distinct history.
 
-    The PLD grid is the one calibration uses for the same release events, so
-    a run calibrated to a budget is checked against it without rounding
-    slack; DP-SGD steps do not make it finer (see
-    :func:`mechanisms.accounting.calibration_discretisation`). Results are
-    cached: every client with the same history costs one accountant run.
+    On calibration's grid for the same release events, so a run calibrated
+    to a budget is checked without rounding slack
+    (:func:`mechanisms.accounting.calibration_discretisation`).
     """
     merged = merge_events(events)
     if not merged:
@@ -78,11 +72,8 @@ def composed_epsilon(events: Iterable[PrivacyEvent], delta: float, *, reference_
 
 
 def check_event(event: PrivacyEvent) -> None:
-    """Refuses an event the accountant would misread: a count that is not a positive whole number, or a non-finite parameter.
-
-    (The accountant composes ``int(count)`` times, so a count of -9 or 1.9
-    would quietly undercharge.)
-    """
+    """Refuses a count that is not a positive whole number (the accountant composes ``int(count)`` times, so
+    1.9 would undercharge) or a non-finite parameter."""
     count = event.params.get("count", 1)
     if not (isinstance(count, (int, float)) and count >= 1 and float(count).is_integer()):
         raise ValueError(f"privacy event {event.name!r} has count {count!r}; it must be a positive whole number")
@@ -101,28 +92,13 @@ def events_from_json(text: str) -> tuple[PrivacyEvent, ...]:
     return tuple(PrivacyEvent(e["name"], {k: float(v) for k, v in e["params"].items()}) for e in json.loads(text))
 
 
-def dp_sgd_guarantee() -> Guarantee:
-    """The guarantee recorded with a DP-SGD ledger entry (its epsilon is the ledger's to compute)."""
-    return Guarantee(
-        kind="differential-privacy",
-        statement="DP-SGD: per-example clipped gradients with Gaussian noise on secret Poisson batches.",
-    )
-
-
 @dataclass(frozen=True)
 class LedgerEntry:
     """One cost charged to one client in one round.
 
     Attributes:
-        client: Client id.
-        round: Orchestra round.
-        mechanism: The release mechanism's name, or ``"dp_sgd"`` for training.
-        guarantee: What the entry's own release carries.
-        events: Its privacy events (empty for non-DP releases).
-        kind: ``"release"`` or ``"dp_sgd"``.
         run: The Flower run it was charged in, where a ledger spans runs (a node's own).
-        delta: The delta its run quoted epsilons at (None: none recorded; a ledger
-            stamps its own delta on an entry with events when it records it).
+        delta: The delta its run quoted epsilons at (None: a ledger stamps its own on an entry with events).
     """
 
     client: int
@@ -146,8 +122,12 @@ class LedgerEntry:
     def dp_sgd(
         cls, client: int, round_index: int, events: tuple[PrivacyEvent, ...], *, run: int | None = None
     ) -> LedgerEntry:
-        """The entry for one client's DP-SGD training in one round."""
-        return cls(client, round_index, DP_SGD, dp_sgd_guarantee(), tuple(events), kind=DP_SGD, run=run)
+        """One client's DP-SGD training in one round (its epsilon is the ledger's to compute)."""
+        guarantee = Guarantee(
+            kind="differential-privacy",
+            statement="DP-SGD: per-example clipped gradients with Gaussian noise on secret Poisson batches.",
+        )
+        return cls(client, round_index, DP_SGD, guarantee, tuple(events), kind=DP_SGD, run=run)
 
     @classmethod
     def from_dict(cls, values: dict) -> LedgerEntry:
@@ -178,15 +158,8 @@ class LedgerEntry:
 
 @dataclass(frozen=True)
 class WorstCase:
-    """The client that spent most in total, what it spent, and each part's own worst case.
-
-    Attributes:
-        client: The client with the largest combined epsilon (None: nothing spent).
-        epsilon: Its combined epsilon (DP-SGD and releases composed).
-        delta: The delta every epsilon here is quoted at.
-        releases_worst: The largest releases-only epsilon of any client.
-        dp_sgd_worst: The largest DP-SGD-only epsilon of any client.
-    """
+    """The client with the largest combined epsilon (None: nothing spent), that epsilon (DP-SGD and releases
+    composed), the delta all are quoted at, and the largest releases-only and DP-SGD-only epsilons of any client."""
 
     client: int | None
     epsilon: float
@@ -196,12 +169,12 @@ class WorstCase:
 
 
 def _charge_key(entry: LedgerEntry) -> tuple[int, int, str, int | None]:
-    """What identifies one charge: a client releases (or trains with DP-SGD) once per round of a run."""
+    """A client releases (or trains with DP-SGD) once per round of a run."""
     return entry.client, entry.round, entry.kind, entry.run
 
 
 def _shape(entry: LedgerEntry) -> tuple[str, ...]:
-    """What a charge is, up to its numbers and its guarantee's words (a replayed round's reply accepted, its first one unanswered)."""
+    """What a charge is, up to its numbers and its guarantee's words."""
     return entry.mechanism, *(event.name for event in entry.events)
 
 
@@ -222,7 +195,7 @@ def same_events(events: tuple[PrivacyEvent, ...], others: tuple[PrivacyEvent, ..
 
 def _same_charge(entry: LedgerEntry, other: LedgerEntry) -> bool:
     """Whether two charges of one round are one cost: the same mechanism, events and k (the guarantee's words may
-    differ: a replayed round's reply accepted, its first one unanswered)."""
+    differ: a replayed round's reply accepted, its first unanswered)."""
     return entry.mechanism == other.mechanism and entry.guarantee.k == other.guarantee.k and same_events(
         entry.events, other.events
     )
@@ -232,15 +205,12 @@ class PrivacyLedger:
     """Records every client's DP costs and answers "what has the worst-off client spent?".
 
     Args:
-        mechanism: The run's release mechanism.
         delta: The delta this ledger's run quotes epsilons at (None: nothing is DP).
         reference_epsilon: Sets the accountant's grid.
         path: The file every recorded entry is appended to.
-        legacy_delta: The delta assumed for an entry read back without one
-            (written before entries recorded it). None assumes ``delta``,
-            right for a run's own ledger, which only that run writes; a
-            ledger that spans runs must assume the smallest delta any run
-            could have had.
+        legacy_delta: The delta assumed for an entry read back without one. None
+            assumes ``delta``, right for a run's own ledger; a ledger that spans
+            runs must assume the smallest delta any run could have had.
     """
 
     def __init__(
@@ -279,13 +249,10 @@ class PrivacyLedger:
         reference_epsilon: float = 1.0,
         legacy_delta: float | None = None,
     ) -> PrivacyLedger:
-        """A ledger that goes on from the entries ``path`` already holds (a fresh one when it holds none).
-
-        Entries keep the delta they were written with (``legacy_delta`` for those written without one).
+        """A ledger that goes on from the entries ``path`` holds, each at the delta it was written with.
 
         Raises:
-            ValueError: when the file has a line that is not a ledger entry
-                (e.g. cut short by a crash): the spent budget is then unknown.
+            ValueError: a line is not a ledger entry (e.g. cut short by a crash): the spent budget is unknown.
         """
         ledger = cls(mechanism=mechanism, delta=delta, reference_epsilon=reference_epsilon, legacy_delta=legacy_delta)
         if path is not None and path.exists():
@@ -298,17 +265,13 @@ class PrivacyLedger:
         return ledger
 
     def record(self, entry: LedgerEntry) -> None:
-        """Adds a release or a DP-SGD entry (and appends it to the ledger file, on disk before it returns).
+        """Adds an entry (at the ledger's delta if it has events and none), on disk before it returns.
 
-        An entry with events and no delta is recorded at the ledger's delta.
-        A second charge of the same client, round, kind and run is not
-        recorded when it is the same charge (a resumed run replaying the round
-        a kill interrupted after its charges were written): the same events,
-        parameters equal to :data:`SAME_CHARGE_TOLERANCE` (a recalibration's
-        last digits), and the same k. One of other events (another mechanism
-        or kind of noise) is refused (ValueError). Any other is counted beside
-        the first, so the ledger composes both: a second charge can only raise
-        what a round cost (up to the PLD grid's rounding, which more events make finer).
+        A second charge of the same client, round, kind and run is dropped when
+        it is the same (events, parameters to :data:`SAME_CHARGE_TOLERANCE`, k:
+        a resumed run replaying a killed round), refused (ValueError) for another
+        mechanism or kind of noise, and otherwise counted beside the first: it
+        can only raise what a round cost (up to the PLD grid's rounding, which more events make finer).
         """
         if entry.events and entry.delta is None:
             if self.delta is None:
@@ -326,14 +289,13 @@ class PrivacyLedger:
             append_line(self.path, json.dumps(entry.to_dict()))
 
     def _add(self, entry: LedgerEntry) -> bool:
-        """Counts ``entry`` in memory, beside any other charge of its client, round and run (see :meth:`record`);
-        False when it is the same as one counted already, which then stands alone."""
+        """Counts ``entry`` in memory (see :meth:`record`); False when it is the same as one counted already."""
         part = DP_SGD if entry.kind == DP_SGD else RELEASES
         if part == RELEASES and entry.guarantee.k is not None:  # the smallest k of any charge stands
             self._min_k = entry.guarantee.k if self._min_k is None else min(self._min_k, entry.guarantee.k)
         charged = self._charged.setdefault(_charge_key(entry), [])
         if any(_same_charge(entry, other) for other in charged):
-            return False  # also a file holding one charge twice, read back: it is paid once
+            return False  # a file holding one charge twice, read back, pays it once
         charged.append(entry)
         if entry.run is not None:
             self._last_round[entry.run] = max(entry.round, self._last_round.get(entry.run, entry.round))
@@ -350,11 +312,10 @@ class PrivacyLedger:
         return True
 
     def pricing_delta(self, delta: float | None = None) -> float:
-        """The delta to compute epsilons at: ``delta`` (default the ledger's), or an entry's own when smaller.
+        """``delta`` (default the ledger's), or the smallest an entry was charged at when smaller.
 
-        An entry keeps the delta it was charged at: pricing it at a larger one
-        would let a run that allows a larger delta spend budget that the run
-        which charged it never had. A smaller delta only costs more.
+        Pricing an entry at a larger delta would let a run allowing a larger
+        delta spend budget the run that charged it never had.
         """
         delta = self.delta if delta is None else delta
         if delta is None:
@@ -391,14 +352,10 @@ class PrivacyLedger:
             )
         return self._epsilon_cache[(client, part)]
 
-    def _clients(self, part: str) -> set[int]:
-        if part == COMBINED:
-            return set(self._events[RELEASES]) | set(self._events[DP_SGD])
-        return set(self._events[part])
-
     def worst_case(self, part: str = COMBINED) -> tuple[int | None, float]:
         """The client that spent most in ``part``, and its epsilon (``(None, 0)`` before any cost)."""
-        clients = self._clients(part)
+        events = self._events
+        clients = set(events[RELEASES]) | set(events[DP_SGD]) if part == COMBINED else set(events[part])
         if not clients:
             return None, 0.0
         client = max(clients, key=lambda c: (self.spent(c, part), -c))
@@ -418,10 +375,9 @@ class PrivacyLedger:
         )
 
     def worst_case_after(self, extra: tuple[PrivacyEvent, ...]) -> float:
-        """What the worst-off client's RELEASES would cost after one more release costing ``extra``.
+        """The worst-off client's releases-only epsilon after one more release costing ``extra``.
 
-        Releases only: this drives the early stop for the release budget
-        (``--epsilon``); DP-SGD is calibrated up front and cannot overrun.
+        It drives the early stop for ``--epsilon``; DP-SGD is calibrated up front and cannot overrun.
         """
         histories: dict[_EventKey, tuple[PrivacyEvent, ...]] = {}
         for events in self._events[RELEASES].values():  # one accountant run per distinct history, not per client
