@@ -14,6 +14,7 @@ import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -161,7 +162,7 @@ class Mechanism(abc.ABC):
     #: True when what is sent holds client representations themselves (no protection at all).
     releases_raw_data: ClassVar[bool] = False
     #: The settings a run may give the mechanism (``privfed train``'s mechanism flags), with their defaults.
-    settings: ClassVar[Mapping[str, Any]] = {}
+    settings: ClassVar[Mapping[str, Any]] = MappingProxyType({})
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Makes every :meth:`ReleaseMechanism.release`, ``release_with_members`` and :meth:`SecureSumMechanism.share`

@@ -22,6 +22,7 @@ assignment makes empty clusters impossible.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
@@ -43,7 +44,7 @@ class KAnonymousCentroids(ReleaseMechanism):
     description = "up to L equal-size spherical k-means centroids; each averages >= k >= min_k distinct images"
     guarantee_kind = K_ANONYMITY
     #: ``min_k``: the run's smallest anonymity set (``--kanon-min-k``).
-    settings: ClassVar[Mapping[str, Any]] = {"min_k": DEFAULT_MIN_K}
+    settings: ClassVar[Mapping[str, Any]] = MappingProxyType({"min_k": DEFAULT_MIN_K})
 
     def __init__(self, *, min_k: int = DEFAULT_MIN_K, num_iters: int = 10) -> None:
         if min_k < 2:
@@ -55,12 +56,12 @@ class KAnonymousCentroids(ReleaseMechanism):
     def planned_parameters(cls, request: PlanRequest, settings: Mapping[str, Any]) -> dict[str, Any]:
         """``min_k``, refused when no client's memory holds that many images (no centroid could be released)."""
         largest = min(max(request.client_sizes, default=0), request.memory_size)
-        if largest < settings["min_k"]:
+        if largest < settings.get("min_k", DEFAULT_MIN_K):
             raise ValueError(
                 f"no client holds min_k ({settings['min_k']}) images in its memory (the most is {largest}), so it "
                 "could release no centroid: use fewer clients, more data, a larger --memory-size or a lower --kanon-min-k"
             )
-        return {"min_k": settings["min_k"]}
+        return {"min_k": settings.get("min_k", DEFAULT_MIN_K)}
 
     @classmethod
     def max_total_weight(cls, *, num_reps: int, params: dict[str, Any]) -> float:

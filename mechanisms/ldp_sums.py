@@ -73,6 +73,7 @@ import math
 import random
 from collections.abc import Mapping
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -114,12 +115,12 @@ COUNT_STD_PER_MULTIPLIER = 1.01
 
 
 #: The setting of a mechanism that releases from a secret Poisson sample of every image's representation.
-SECRET_SAMPLE_SETTINGS = {"secret_sample": True}
+SECRET_SAMPLE_SETTINGS: Mapping[str, Any] = MappingProxyType({"secret_sample": True})
 
 
 def secret_sample_options(request: PlanRequest, settings: Mapping[str, Any]) -> dict[str, Any]:
     """``sampling_rate`` for :meth:`LdpSumsMechanism.calibrate`: the run's secret-sample rate, or 1 when turned off."""
-    return {"sampling_rate": request.secret_sample_rate if settings["secret_sample"] else 1.0}
+    return {"sampling_rate": request.secret_sample_rate if settings.get("secret_sample", True) else 1.0}
 
 
 def sums_grid(dim: int) -> Grid:

@@ -620,21 +620,27 @@ def load_saved_config(path: Path) -> TrainConfig:
     """
     raw = read_json_object(path)
     raw.pop(RUN_ID_KEY, None)
-    for name, old in LEGACY_SETTING_DEFAULTS.items():
-        if raw.get(name) == old and MECHANISM_SETTINGS[name] not in _settings_of(raw.get("mechanism")):
-            raw[name] = None  # written by every run before the option became the mechanism's own
-    return TrainConfig(**checked_options(raw, source=str(path)))
+    return TrainConfig(**checked_options(read_legacy_settings(raw), source=str(path)))
 
 
-#: What ``config.json`` held for every run before these options were left unset unless given.
+#: What every run recorded for these options before they were left unset unless given.
 LEGACY_SETTING_DEFAULTS = {"secret_sample": True, "kanon_min_k": 5}
 
 
-def _settings_of(mechanism: Any) -> Any:
-    """The settings a registered mechanism takes (none for a name not registered: its run fails elsewhere)."""
+def read_legacy_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """A recorded configuration with those recorded defaults read as unset where no mechanism of the run took them."""
     from mechanisms import MechanismRegistrationError, UnknownMechanismError, get_mechanism_class
+    from privfed.methods import available_methods
 
+    method = available_methods().get(str(values.get("method")))
     try:
-        return get_mechanism_class(str(mechanism)).settings
+        takes = get_mechanism_class(str(values.get("mechanism"))).settings if method and method.releases else {}
     except (UnknownMechanismError, MechanismRegistrationError):
-        return {}
+        takes = {}  # its run fails where the mechanism is looked up
+    legacy = LEGACY_SETTING_DEFAULTS.items()
+    return {**values, **{name: None for name, old in legacy if values.get(name) == old and MECHANISM_SETTINGS[name] not in takes}}
+
+
+def with_legacy_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """A configuration as runs recorded it before: its unset mechanism options at the defaults they wrote then."""
+    return {**values, **{name: old for name, old in LEGACY_SETTING_DEFAULTS.items() if values.get(name) is None}}

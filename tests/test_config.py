@@ -148,3 +148,14 @@ def test_a_saved_config_from_before_mechanism_settings_reads_its_written_default
     path.write_text(json.dumps({**DEFAULTS.to_dict(), "mechanism": "kanon", "kanon_min_k": 5, "secret_sample": False}))
     config = load_saved_config(path)
     assert config.kanon_min_k == 5 and config.secret_sample is False  # kanon takes min_k; False was given
+
+
+def test_a_recorded_config_reads_the_defaults_every_run_wrote_as_unset_where_nothing_took_them():
+    from privfed.config import read_legacy_settings
+
+    old = {"method": "simclr", "mechanism": "kanon", "kanon_min_k": 5, "secret_sample": True}  # simclr releases nothing
+    assert read_legacy_settings(old) == {**old, "kanon_min_k": None, "secret_sample": None}
+    kanon = {"method": "orchestra", "mechanism": "kanon", "kanon_min_k": 5, "secret_sample": True}
+    assert read_legacy_settings(kanon) == {**kanon, "secret_sample": None}
+    sums = {"method": "orchestra", "mechanism": "ddp-sums", "kanon_min_k": 7, "secret_sample": True}
+    assert read_legacy_settings(sums) == sums  # 7 was given (and is refused later); ddp-sums takes secret_sample

@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from mechanisms import Mechanism, PlanRequest, SecureSumSetup, dp_mechanisms, get_mechanism_class
+from mechanisms import Mechanism, MechanismPlan, PlanRequest, SecureSumSetup, dp_mechanisms, get_mechanism_class
 from mechanisms.base import PrivacyEvent
 from privfed.config import DEFAULTS, TrainConfig
 from privfed.errors import PrivfedError
@@ -166,7 +166,7 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
         mechanism_plan = mechanism_class.plan(plan_request(config, client_sizes, delta=delta, releases=releases if total else 1))
     except ValueError as err:
         raise PrivfedError(f"mechanism {config.mechanism} cannot run as planned: {err}") from None
-    events = mechanism_plan.events
+    events = _own_events(mechanism_class, mechanism_plan)
     common = dict(
         mechanism=config.mechanism, params=mechanism_plan.params, max_releases=releases, dp_sgd=dp_sgd,
         reference_epsilon=reference, **_release_floor(mechanism_plan.mechanism, config, client_sizes),
@@ -193,6 +193,18 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
         planned_combined_epsilon=combined,
         **common,
     )
+
+
+def _own_events(mechanism_class: type[Mechanism], plan: MechanismPlan) -> tuple[PrivacyEvent, ...]:
+    """One release's events, as the mechanism its parameters build reports them (clients charge those; see
+    :class:`~privfed.privacy.client_guard.ClientGuard`); a plan that states other events, or builds another class, is refused.
+    """
+    built = mechanism_class(**plan.params)
+    if type(built) is not mechanism_class or type(plan.mechanism) is not mechanism_class:
+        raise PrivfedError(f"mechanism {mechanism_class.name}'s plan builds another mechanism")
+    if built.privacy_events() != plan.events:
+        raise PrivfedError(f"mechanism {mechanism_class.name}'s plan states events other than its parameters' mechanism reports")
+    return plan.events
 
 
 def _check_budget_options(config: TrainConfig, mechanism_class: type[Mechanism] | None) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from privfed.config import RUN_ID_KEY, TrainConfig, checked_options
+from privfed.config import RUN_ID_KEY, TrainConfig, checked_options, read_legacy_settings
 from privfed.durable import save_torch
 from privfed.errors import PrivfedError
 from privfed.privacy.ledger import LedgerEntry
@@ -166,7 +166,7 @@ def point_config(run_dir: RunDirectory, point: ResumePoint) -> TrainConfig:
             f"{run_dir.path / 'checkpoints' / RESUME_FILE} belongs to another run (run id "
             f"{point.config.get(RUN_ID_KEY)}, config.json's is {recorded_id}): the point is not this run's"
         )
-    values = {name: value for name, value in point.config.items() if name != RUN_ID_KEY}
+    values = read_legacy_settings({name: value for name, value in point.config.items() if name != RUN_ID_KEY})
     config = TrainConfig(**checked_options(values, source=str(run_dir.checkpoints / RESUME_FILE)))
     return config.replace(out=str(run_dir.path.resolve()))
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from privfed.config import read_json_object
+from privfed.config import read_json_object, with_legacy_settings
 from privfed.durable import make_folder, write_json
 from privfed.errors import PrivfedError
 from privfed.studies.grid import Cell, Study, settings_changes, settings_hash
@@ -102,7 +102,8 @@ def stale_reason(record: CellRecord, settings: dict[str, Any]) -> str | None:
     """Why a finished cell's results may not be what the study asks for now; None when its hash matches."""
     if record.config_hash is None:
         return "stale-unknown: recorded before privfed kept each cell's configuration hash"
-    if record.config_hash == settings_hash(settings):
+    before = {**settings, "train": with_legacy_settings(settings["train"])}  # as cells recorded it before
+    if record.config_hash in (settings_hash(settings), settings_hash(before)):
         return None
     changes = settings_changes(record.settings, settings) if record.settings is not None else []
     return "; ".join(changes) if changes else "its configuration hash differs"

@@ -201,3 +201,19 @@ def test_under_dp_sgd_the_plans_memory_rows_are_the_poisson_memorys_expected_siz
                           out="unused")
     plan = plan_privacy(config, [60, 128, 300, 900])
     assert plan.dp_sgd is not None and plan.memory_rows == (60, 128, 128, 128)
+
+
+def test_a_plan_whose_events_are_not_its_mechanisms_own_is_refused(tiny_config, monkeypatch):
+    from mechanisms import MechanismPlan, PrivacyEvent, registry
+
+    class CheapEvents(LshCoresetMechanism):  # states a quarter of the noise's cost; clients would charge the truth
+        @classmethod
+        def plan(cls, request):
+            plan = super().plan(request)
+            cheap = tuple(PrivacyEvent(e.name, {k: v * 4 for k, v in e.params.items()}) for e in plan.events)
+            return MechanismPlan(params=plan.params, events=cheap, mechanism=plan.mechanism)
+
+    CheapEvents.name = "cheap-events"
+    monkeypatch.setitem(registry._REGISTRY, CheapEvents.name, CheapEvents)
+    with pytest.raises(PrivfedError, match="plan states events other than its parameters' mechanism reports"):
+        plan_privacy(tiny_config.replace(mechanism="cheap-events", epsilon=2.0), [40, 40, 40, 40])

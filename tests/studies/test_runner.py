@@ -159,6 +159,23 @@ def test_a_cell_recorded_before_hashes_were_kept_is_stale_unknown(tmp_path):
     assert again.ran == []
 
 
+def test_a_cell_hashed_with_the_mechanism_options_every_run_wrote_before_is_not_stale(tmp_path):
+    study, out = load(tmp_path), tmp_path / "out"
+    run_study(study, out, Work())
+    for cell in study.cells():  # as cells were hashed before these options were left unset unless given
+        settings = study.cell_settings(cell)
+        settings["train"].update(kanon_min_k=5, secret_sample=True)
+        path = out / "cells" / f"{cell.name}-seed{cell.seed}" / CELL_FILE
+        path.write_text(json.dumps({**json.loads(path.read_text()), "config_hash": settings_hash(settings)}))
+    again = Work()
+    run_study(study, out, again)
+    assert again.ran == []
+    settings["train"].update(kanon_min_k=7)  # a value no run wrote by default still counts as a change
+    path.write_text(json.dumps({**json.loads(path.read_text()), "config_hash": settings_hash(settings)}))
+    with pytest.raises(StaleCells):
+        run_study(study, out, Work())
+
+
 def test_a_stopped_attempt_under_another_configuration_is_started_again_not_resumed(tmp_path):
     out = tmp_path / "out"
     run_study(load(tmp_path), out, Work())

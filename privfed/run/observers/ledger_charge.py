@@ -80,7 +80,8 @@ class ChargeReleases(RoundObserver):
         charged_ks: list[int] = []
         if mechanism is None:
             return charged_ks
-        if issubclass(mechanism, SecureSumMechanism) and mechanism.releases_in(train=report.round > 0):
+        sends = mechanism.releases_in(train=report.round > 0)  # a secure-sum mechanism's round 0 sends nothing
+        if issubclass(mechanism, SecureSumMechanism) and sends:
             # Each accepted reply's masked vector carries its share, whether or not the sum completed.
             for client, _ in report.training_events:
                 self.ledger.record(LedgerEntry(client, report.round, mechanism.name, self.charged_guarantee(None), expected))
@@ -89,7 +90,7 @@ class ChargeReleases(RoundObserver):
             if k is not None:
                 charged_ks.append(k)
             self.ledger.record(LedgerEntry(client, report.round, mechanism.name, self.charged_guarantee(k), expected))
-        if expected:
+        if expected and sends:
             rejected = Guarantee(kind=mechanism.guarantee_kind, statement=REJECTED_STATEMENT)
             for client in rejected_clients(report):
                 self.ledger.record(LedgerEntry(client, report.round, mechanism.name, rejected, expected))

@@ -63,3 +63,17 @@ def test_dp_sgd_steps_are_charged_in_training_rounds_and_the_worst_case_is_logge
     worst = ledger.worst_case_summary()
     assert worst.epsilon > 0 and round_1.metrics["privacy_epsilon"] == worst.epsilon
     assert round_1.metrics["privacy_dp_sgd_epsilon"] == worst.dp_sgd_worst
+
+
+def test_a_secure_sum_mechanisms_round_0_charges_nobody_and_its_training_round_every_share(tiny_config, tmp_path):
+    plan = plan_run(tiny_config.replace(mechanism="ddp-sums", epsilon=20.0, out=str(tmp_path / "run")))
+    charge = ChargeReleases(ledger_of(plan), plan, mechanism_of(plan), killed_round=0)
+    quiet = RoundReport(round=0, completed=1, failures=1, seconds=0.1, server_stats={}, sampled_clients=(0, 1, 2),
+                        training_events=[(0, ())], rejected=[Rejection(1, "bad")])
+    charge.after_round(finished(quiet))  # rejected 1 and silent 2 sent nothing either: no secure sum in round 0
+    assert not (plan.run_dir.path / "ledger.jsonl").exists()
+    charge.killed_round = None
+    charge.after_round(finished(RoundReport(round=1, completed=2, failures=1, seconds=0.1, server_stats={},
+                                            sampled_clients=(0, 1, 2), training_events=[(0, ()), (2, ())],
+                                            rejected=[Rejection(1, "bad")])))
+    assert [line["client"] for line in lines(plan)] == [0, 2, 1]
