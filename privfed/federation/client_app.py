@@ -108,7 +108,7 @@ Mod = Callable[[Message, Context, Callable[[Message, Context], Message]], Messag
 REQUIRE_SECAGG = "require-secagg"
 #: Node config key (``--node-config "secagg-min-clients=5"``): the smallest SecAgg+ round this node joins.
 SECAGG_MIN_CLIENTS = "secagg-min-clients"
-#: Node config key (``--node-config "secure-sum-min-shares=20"``): the fewest shares an aggregated mechanism's
+#: Node config key (``--node-config "secure-sum-min-shares=20"``): the fewest shares a secure-sum mechanism's
 #: secure sum must hold for this node to share into it, whatever K_min the run declares.
 SECURE_SUM_MIN_SHARES = "secure-sum-min-shares"
 

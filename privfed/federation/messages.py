@@ -16,7 +16,7 @@ training metrics (inside the masked sum under SecAgg+; not the losses under
 DP-SGD), the mechanism's release, not summed and absent for methods that release
 nothing (``release_vectors``/``release_weights`` as bytes, ``release_guarantee``
 and ``release_events`` as JSON), and the round's DP-SGD cost ``dp_sgd_events``
-(JSON list, empty without DP-SGD and in round 0). An aggregated mechanism's share
+(JSON list, empty without DP-SGD and in round 0). A secure-sum mechanism's share
 (:data:`privfed.secagg.masking.SHARE_KEY`) is there only between the client and
 its SecAgg+ mod, which moves it into the masked vector.
 """

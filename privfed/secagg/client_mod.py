@@ -106,7 +106,7 @@ def _masked_vectors_stage(msg: Message, context: Context, call_next: CallNext) -
 
 
 def take_share(reply: Message) -> np.ndarray | None:
-    """Removes an aggregated mechanism's share from the reply's plaintext metrics and returns it (None: none)."""
+    """Removes a secure-sum mechanism's share from the reply's plaintext metrics and returns it (None: none)."""
     share = reply.content.config_records[FITRES_METRICS].pop(SHARE_KEY, None)
     if share is None:
         return None

@@ -22,7 +22,7 @@ from privfed.secagg.encoding import secagg_weight_ratio
 from privfed.secagg.mask_pool import MaskPool, shared_pool
 from privfed.secagg.quantization import quantize
 
-#: The fit reply's metrics key under which an aggregated mechanism's share goes from the client to its SecAgg+ mod,
+#: The fit reply's metrics key under which a secure-sum mechanism's share goes from the client to its SecAgg+ mod,
 #: which moves it into the masked vector (:func:`encode_update`); it is never sent in plaintext.
 SHARE_KEY = "secure_sum_share"
 
@@ -49,7 +49,7 @@ def encode_update(
 
     The weight (:func:`~privfed.secagg.encoding.secagg_weight_ratio`) travels
     in front as an integer, so the server can divide the sum by the total. An
-    aggregated mechanism's ``share`` (integers already reduced mod the
+    secure-sum mechanism's ``share`` (integers already reduced mod the
     modulus) rides at the end unweighted and unquantised, masked like the
     rest (:func:`split_share` takes it off the sum).
     """
