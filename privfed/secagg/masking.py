@@ -48,7 +48,7 @@ def encode_update(
     """The update as SecAgg+ sums it: weighted by ``num_examples / max_weight`` on Flower's fixed-point grid.
 
     The weight (:func:`~privfed.secagg.encoding.secagg_weight_ratio`) travels
-    in front as an integer, so the server can divide the sum by the total. An
+    in front as an integer, so the server can divide the sum by the total. A
     secure-sum mechanism's ``share`` (integers already reduced mod the
     modulus) rides at the end unweighted and unquantised, masked like the
     rest (:func:`split_share` takes it off the sum).
