@@ -60,3 +60,12 @@ def test_the_fingerprint_keeps_figures_and_drops_timings(bench, tmp_path):
     assert printed["privacy_headline"] == "No DP"
     assert (printed["metrics_lines"], printed["ledger_entries"], printed["client_ledger_entries"]) == (2, 2, None)
     assert printed["encoder_sha256"].startswith("unavailable")  # no checkpoint here
+
+
+def test_a_dp_sgd_line_is_compared_without_its_training_results(bench):
+    line = {"run": "dp-sgd-rotpred", "exit_code": 0, "encoder_sha256": "x", "privacy": {"epsilon": 8.0},
+            "metrics": {"knn_accuracy": 0.2, "round": 2, "privacy_epsilon": 8.0}, "summary": {"knn_accuracy": 0.2, "rounds": 2}}
+    kept = bench.comparable(line)
+    assert "encoder_sha256" not in kept and kept["privacy"] == {"epsilon": 8.0}
+    assert kept["metrics"] == {"round": 2, "privacy_epsilon": 8.0} and kept["summary"] == {"rounds": 2}
+    assert bench.comparable({**line, "run": "mechanism-ldp"}) == {**line, "run": "mechanism-ldp"}
