@@ -1,9 +1,8 @@
-"""Everything a run decides before its first round, decided once.
+"""Everything a run decides before its first round, decided once (:func:`plan_run`).
 
-``privfed train`` (before it starts a runtime, to fail fast) and the server
-app (to run) both need the client sizes, the SecAgg+ parameters and the
-privacy plan. :func:`plan_run` computes them once; the plan then travels to
-the server-side driver and the strategy.
+``privfed train`` (to fail fast, before it starts a runtime) and the server
+app both need the client sizes, the SecAgg+ parameters and the privacy plan;
+the plan then travels to the server-side driver and the strategy.
 """
 
 from __future__ import annotations
@@ -38,12 +37,8 @@ class RunPlan:
     """A run's resolved configuration and what follows from it.
 
     Attributes:
-        config: The configuration as the run records it: ``out`` resolved and
-            ``delta`` the one in force.
-        split: Which images each client holds.
-        client_sizes: Each client's number of examples.
+        config: The configuration as the run records it: ``out`` resolved and ``delta`` the one in force.
         secagg: SecAgg+ parameters (None with ``--no-secagg``).
-        privacy: The privacy budget's plan: mechanism parameters, delta, DP-SGD noise.
         warnings: What the run can do but the user should know (e.g. test images of another size).
     """
 
@@ -85,14 +80,7 @@ def plan_run(config: TrainConfig, *, resuming: bool = False) -> RunPlan:
             f"the privacy accountant cannot work with these settings ({type(err).__name__}); choose an epsilon, delta "
             "or noise multiplier nearer the usual ones"
         ) from None
-    return RunPlan(
-        config=config.replace(delta=privacy.delta),
-        split=split,
-        client_sizes=tuple(sizes),
-        secagg=secagg,
-        privacy=privacy,
-        warnings=warnings,
-    )
+    return RunPlan(config.replace(delta=privacy.delta), split, tuple(sizes), secagg, privacy, warnings)
 
 
 #: The fewest images a client trains on: one batch of two (BatchNorm needs two; a lone image makes no step).
@@ -100,14 +88,8 @@ MIN_CLIENT_IMAGES = 2
 
 
 def check_training_data(config: TrainConfig, split: FederatedSplit, sizes: list[int]) -> None:
-    """Refuses training data no client could learn from: before round 0, not in every client's round 0.
-
-    Raises:
-        PrivfedError: for non-square images (the quarter-turn rotations and
-            square crops need them), clients none of which holds
-            :data:`MIN_CLIENT_IMAGES` images (a client with fewer makes no
-            step).
-    """
+    """Refuses (:class:`PrivfedError`) training data no client could learn from, before round 0: non-square
+    images (the rotations and square crops need them), or no client with :data:`MIN_CLIENT_IMAGES` images."""
     height, width = split.train_data().images.shape[1:3]
     if height != width:
         raise PrivfedError(
@@ -177,12 +159,10 @@ def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, Resu
 
 
 def _check_charges_after_point(directory: RunDirectory, point: ResumePoint, plan: RunPlan) -> None:
-    """Refuses a charge after the point in the server's ledger that this run would not make (another mechanism, other
-    events or other parameters): replaying its round, the ledger would refuse the run's own charge mid-run, or a line
-    added by hand would stand in for it.
+    """Refuses (:class:`PrivfedError`) a charge after the point in the server's ledger that this run would not make.
 
-    Raises:
-        PrivfedError: naming the ledger, the client and the round.
+    Replaying its round, the ledger would refuse the run's own charge mid-run,
+    or a line added by hand would stand in for it.
     """
     from mechanisms import get_mechanism_class
 
