@@ -79,11 +79,8 @@ def centred_residue(values: np.ndarray, modulus: int) -> np.ndarray:
 
 
 def share_sigma(noise_multiplier: float, *, min_shares: int, dim: int, sampled: bool) -> float:
-    """One client's noise scale, in grid units: ``K_min`` shares make the release's ``z * unit``.
-
-    Raises:
-        ValueError: below :data:`MIN_SHARE_SIGMA` (the sum would stray from a discrete Gaussian), or ``min_shares < 1``.
-    """
+    """One client's noise scale, in grid units: ``K_min`` shares make the release's ``z * unit``; refuses (ValueError)
+    one below :data:`MIN_SHARE_SIGMA` (the sum would stray from a discrete Gaussian), or ``min_shares < 1``."""
     if min_shares < 1:
         raise ValueError(f"min_shares must be at least 1, got {min_shares}")
     sigma = noise_multiplier * row_bound(sums_grid(dim), sampled=sampled) / math.sqrt(min_shares)
@@ -98,11 +95,8 @@ def share_sigma(noise_multiplier: float, *, min_shares: int, dim: int, sampled: 
 def check_fits_modulus(
     *, modulus: int, num_cells: int, dim: int, max_clients: int, max_rows: int, noise_multiplier: float, sampled: bool
 ) -> None:
-    """Refuses a modulus the sum of ``max_clients`` tables of ``max_rows`` rows each, plus noise, could wrap.
-
-    An entry of one table is at most ``max_rows * (res + 1/2)`` in magnitude;
-    the summed noise gets :data:`NOISE_TAIL_STDS` of its largest std (``K_min = 1``).
-    """
+    """Refuses a modulus the sum of ``max_clients`` tables of ``max_rows`` rows each (entries at most
+    ``max_rows * (res + 1/2)``), plus :data:`NOISE_TAIL_STDS` of the summed noise's largest std, could wrap."""
     check_modulus(modulus)
     grid = sums_grid(dim)
     signal = max_clients * max_rows * (count_scale(grid) + 0.5)
@@ -119,11 +113,8 @@ def table_share(
     reps: torch.Tensor, centres: torch.Tensor, *, noise_multiplier: float, min_shares: int, modulus: int,
     sampling_rate: float = 1.0, source: random.Random | None = None,
 ) -> np.ndarray:
-    """One client's share: its table over the cells of ``centres`` plus noise, mod ``m``.
-
-    Returns:
-        ``int64`` ``[G * (D + 1)]`` in ``[0, m)``: the cells' sums, each followed by its count.
-    """
+    """One client's share, ``int64`` ``[G * (D + 1)]`` in ``[0, m)``: its table over the cells of ``centres``
+    (each cell's sum followed by its count) plus noise, mod ``m``."""
     check_modulus(modulus)
     n, dim = reps.shape
     source = secure_source() if source is None else source
@@ -141,11 +132,8 @@ def noisy_share(table: np.ndarray, *, sigma: float, modulus: int, source: random
 
 
 def decode_table(total: np.ndarray, *, num_cells: int, dim: int, modulus: int) -> tuple[np.ndarray, torch.Tensor]:
-    """Noisy summed counts ``[G]`` and sums ``[G, D]``, in data units, from the modular sum of the shares.
-
-    Correct when every entry of the true sum (tables and noise) lies in
-    ``[-m/2, m/2)``, which :func:`check_fits_modulus` sizes for.
-    """
+    """Noisy summed counts ``[G]`` and sums ``[G, D]``, in data units, from the modular sum of the shares: correct
+    when every entry of the true sum lies in ``[-m/2, m/2)``, which :func:`check_fits_modulus` sizes for."""
     total = np.asarray(total)
     if total.shape != (num_cells * (dim + 1),) or not np.issubdtype(total.dtype, np.integer):
         raise ValueError(f"expected {num_cells * (dim + 1)} integers, got {total.dtype} {total.shape}")
@@ -155,11 +143,8 @@ def decode_table(total: np.ndarray, *, num_cells: int, dim: int, modulus: int) -
 def lloyd_step(
     previous: torch.Tensor, counts: np.ndarray, sums: torch.Tensor, *, threshold: float, momentum: float = 0.0
 ) -> torch.Tensor:
-    """New global centroids (post-processing): a cell whose noisy count reaches ``threshold`` moves.
-
-    It becomes ``normalise(momentum * previous + (1 - momentum) * normalise(sum))``,
-    a server EMA that averages the noise of successive rounds; the others stay.
-    """
+    """New global centroids (post-processing): a cell whose noisy count reaches ``threshold`` becomes
+    ``normalise(momentum * previous + (1 - momentum) * normalise(sum))``, an EMA over rounds' noise; the others stay."""
     if not 0.0 <= momentum < 1.0:
         raise ValueError(f"momentum must be in [0, 1), got {momentum}")
     before = previous.detach().double()
@@ -176,13 +161,8 @@ DEFAULT_MOMENTUM = 0.5
 
 @register_mechanism
 class DdpSumsMechanism(TableCalibration, SecureSumMechanism):
-    """``ldp-sums``'s table with the noise split over the clients of a secure sum.
-
-    Each client's :meth:`share` is its table plus ``1/sqrt(K_min)`` of the
-    noise; :meth:`combine` decodes the sum and takes one Lloyd step. The summed
-    noise of ``K_min`` shares is one ``ldp-sums`` release's, so a client is
-    charged ``ldp-sums``'s event, calibrated as there.
-    """
+    """``ldp-sums``'s table with the noise split over the clients of a secure sum: each :meth:`share` adds noise of
+    ``1/sqrt(K_min)`` the release's scale, and :meth:`combine` takes one Lloyd step from the decoded sum."""
 
     name = "ddp-sums"
     description = "per-cell sums and counts summed under SecAgg+, each client adding a discrete Gaussian share"

@@ -67,16 +67,12 @@ class KAnonymousCentroids(ReleaseMechanism):
     def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
         released = self.num_released(num_reps=num_reps, num_centroids=num_centroids)
         k = num_reps // released if released else 0
-        return Guarantee(
-            kind=K_ANONYMITY,
-            k=k,
-            statement=(
-                f"Each released centroid is the mean of the representations of at least {k} distinct images "
-                "of the client; no single representation is released."
-                if released
-                else f"Nothing is released: fewer than {self.min_k} images."
-            ),
+        statement = (
+            f"Each released centroid is the mean of the representations of at least {k} distinct images "
+            "of the client; no single representation is released."
+            if released else f"Nothing is released: fewer than {self.min_k} images."
         )
+        return Guarantee(kind=K_ANONYMITY, statement=statement, k=k)
 
     def release(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
         return self.release_with_members(reps, num_centroids=num_centroids, generator=generator)[0]

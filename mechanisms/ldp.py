@@ -92,11 +92,7 @@ def ldp_parameters(
     split: BudgetSplit = BudgetSplit(),
 ) -> dict[str, float | int]:
     """Keyword arguments for :class:`LshCoresetMechanism` whose ``num_releases`` releases spend at most
-    ``(total_epsilon, total_delta)``; each release's epsilon is quoted at ``total_delta``.
-
-    The ledger composes the releases a client actually makes, never more than
-    planned. ``split`` divides the budget between tree counts, leaf counts and leaf sums.
-    """
+    ``(total_epsilon, total_delta)`` (``split`` between tree counts, leaf counts and leaf sums)."""
     noise = accounting.calibrate(
         total_epsilon, total_delta, num_releases=num_releases, tree_levels=max_depth + 1, split=split
     )
@@ -129,11 +125,8 @@ def release_epsilon(noise: NoiseParameters, *, tree_levels: int, delta: float) -
 
 
 def simhash_prefix_codes(x: torch.Tensor, hyperplanes: torch.Tensor, center: torch.Tensor) -> np.ndarray:
-    """Prefix codes of SimHash bits: column ``l`` is the integer of the first ``l`` bits.
-
-    Column 0 is the root (0 for everyone); column ``l + 1`` is
-    ``2 * column_l + bit_l`` with ``bit_l = <x - c, v_l> > 0``.
-    """
+    """Prefix codes of SimHash bits: column ``l`` is the integer of the first ``l`` bits, ``bit_l = <x - c, v_l> > 0``
+    (column 0, the root, is 0 for everyone)."""
     bits = ((x.double() - center.double()) @ hyperplanes.double().T > 0).cpu().numpy().astype(np.int64)
     n, depth = bits.shape
     codes = np.zeros((n, depth + 1), dtype=np.int64)
@@ -189,11 +182,8 @@ def grow_tree(
     codes: np.ndarray, *, max_depth: int, tree_count_parameter: float,
     thresholds_for_root: Callable[[float], Thresholds], source: random.Random,
 ) -> Tree:
-    """Grows the prefix tree over ``codes`` (:func:`simhash_prefix_codes`) level by level with noisy counts.
-
-    Both children of every split node are queried, empty or not: which
-    counts get released must depend only on earlier noisy outputs.
-    """
+    """Grows the prefix tree over ``codes`` level by level with noisy counts, querying both children of every
+    split node, empty or not: which counts get released must depend only on earlier noisy outputs."""
     nodes = np.zeros(1, dtype=np.int64)
     noisy = count_members(codes[:, 0], nodes) + discrete_laplace(1, parameter=tree_count_parameter, source=source)
     root_count = float(noisy[0])
@@ -258,11 +248,8 @@ def noisy_leaf_statistics(
 def weighted_spherical_kmeans(
     points: torch.Tensor, weights: torch.Tensor, num_clusters: int, *, generator: torch.Generator, num_iters: int = 20
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted k-means by cosine: ``(unit centres [k, D], cluster weights [k])``.
-
-    A centre moves to the direction of ``sum_i w_i p_i`` over its members: for
-    coreset points, that of their leaves' noisy sums, the members' mean direction.
-    """
+    """Weighted k-means by cosine: ``(unit centres [k, D], cluster weights [k])``; a centre moves to the direction
+    of ``sum_i w_i p_i`` over its members (for coreset points, that of their leaves' noisy sums)."""
     directions = F.normalize(points.double(), dim=1)
     mass = points.double() * weights.double()[:, None]
     w = weights.double()
@@ -319,17 +306,11 @@ class LshCoresetMechanism(ReleaseMechanism):
         budget_split: BudgetSplit | None = None,
         noise_source: random.Random | None = None,
     ) -> None:
-        """From the three noise parameters, or calibrated to a per-release ``epsilon`` (default 1.0).
-
-        Args:
-            sum_noise_multiplier: Leaf-sum noise std over its sensitivity.
-            branch_threshold: ``T_b``; derived from the noisy root count if omitted.
-            leaf_threshold: ``T_n``; derived from the noise scales if omitted.
-            center: Public SimHash centre ``c``; the origin if omitted.
-            clustering: ``"kmeans"`` (weighted spherical) or ``"sinkhorn"`` (equal-mass) on the coreset.
-            grid_resolution: Grid steps per radius for the sums (default 50 sqrt(D)).
-            noise_source: Randomness for the DP noise: leave unset (the OS CSPRNG); tests pass a seeded one.
-        """
+        """From the three noise parameters (``sum_noise_multiplier``: leaf-sum std over its sensitivity), or
+        calibrated to a per-release ``epsilon`` (default 1.0). ``T_b`` (``branch_threshold``) and ``T_n``
+        (``leaf_threshold``) default to :func:`default_thresholds`, the public SimHash ``center`` to the origin;
+        ``clustering`` of the coreset is ``"kmeans"`` (weighted spherical) or ``"sinkhorn"`` (equal-mass). Leave
+        ``noise_source`` unset (the OS CSPRNG); tests pass a seeded one."""
         given = [p is not None for p in (tree_count_parameter, leaf_count_parameter, sum_noise_multiplier)]
         if any(given) and not all(given):
             raise ValueError("give all three noise parameters or none (then epsilon is calibrated)")
@@ -475,12 +456,8 @@ class LshCoresetMechanism(ReleaseMechanism):
     def release_with_members(
         self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
     ) -> tuple[Release, torch.Tensor]:
-        """The release, and for each row the centre its leaf's coreset point is nearest (``-1``: no usable leaf).
-
-        A padding centre (weight 0) has no members. Which centre a coreset
-        point "fed" is approximated by the nearest one: the weighted k-means
-        that made them ends with that assignment.
-        """
+        """The release, and for each row the centre nearest its leaf's coreset point (``-1``: no usable leaf), as
+        the weighted k-means ends assigning them; a padding centre (weight 0) has no members."""
         if reps.shape[1] > MAX_DIMENSION:
             raise ValueError(f"ldp releases representations of at most {MAX_DIMENSION} dimensions, got {reps.shape[1]}")
         if num_centroids < 1:

@@ -120,12 +120,9 @@ def table_event(noise_multiplier: float, *, count: int = 1, sampling_rate: float
 
 @lru_cache(maxsize=64)
 def sums_noise_multiplier(epsilon: float, delta: float, *, num_releases: int, sampling_rate: float = 1.0) -> float:
-    """Smallest multiplier whose ``num_releases`` releases fit ``(epsilon, delta)`` on the ledger's own PLD grid.
-
-    Unsampled: the analytic Gaussian calibration (Balle and Wang 2018), raised
-    by 0.1 % steps until the ledger's PLD (which rounds up by up to 1 % of
-    ``epsilon``) agrees. Sampled: a bisection on the ledger's PLD.
-    """
+    """Smallest multiplier whose ``num_releases`` releases fit ``(epsilon, delta)`` on the ledger's own PLD grid:
+    unsampled, the analytic Gaussian calibration (Balle and Wang 2018), raised by 0.1 % steps until the
+    ledger's PLD (rounding up by up to 1 % of ``epsilon``) agrees; sampled, a bisection on the ledger's PLD."""
     if epsilon <= 0 or not 0 < delta < 1 or num_releases < 1:
         raise ValueError(f"need epsilon > 0, 0 < delta < 1 and num_releases >= 1, got ({epsilon}, {delta}, {num_releases})")
     check_sampling_rate(sampling_rate)
@@ -152,11 +149,8 @@ def check_sampling_rate(rate: float) -> None:
 
 @lru_cache(maxsize=256)
 def release_epsilon(noise_multiplier: float, delta: float) -> float:
-    """Epsilon of one release at ``delta``: the Gaussian's exact value (Balle and Wang 2018), shift twice the row bound.
-
-    The ledger's PLD rounds it up by at most its grid; the exact formula also
-    states the huge epsilon of a tiny multiplier, where a fine PLD would need terabytes.
-    """
+    """Epsilon of one release at ``delta``: the Gaussian's exact value (Balle and Wang 2018), shift twice the row
+    bound (the ledger's PLD rounds it up by at most its grid, and would need terabytes for a tiny multiplier)."""
     return float(gaussian_mechanism.get_epsilon_gaussian(noise_multiplier / accounting.REPLACEMENT_SHIFT, delta))
 
 
@@ -176,10 +170,8 @@ def nearest_cells(x: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
 def cell_table(
     rounded: np.ndarray, cells: np.ndarray, num_cells: int, scale: int, *, kept: np.ndarray | None = None
 ) -> np.ndarray:
-    """``[cells, D + 1]``: each cell's rounded sum, then ``scale`` times its count, of the ``kept`` rows (default all).
-
-    A dropped row is added as zeros, so the time taken does not tell how many were kept.
-    """
+    """``[cells, D + 1]``: each cell's rounded sum, then ``scale`` times its count, of the ``kept`` rows (default
+    all); a dropped row is added as zeros, so the time taken does not tell how many were kept."""
     weight = np.ones(len(cells), dtype=np.int64) if kept is None else kept.astype(np.int64)
     table = np.zeros((num_cells, rounded.shape[1] + 1), dtype=np.int64)
     np.add.at(table[:, :-1], cells, rounded * weight[:, None])
@@ -191,10 +183,8 @@ def noisy_cell_statistics(
     x: torch.Tensor, cells: torch.Tensor, num_cells: int, *, noise_multiplier: float, source: random.Random,
     kept: np.ndarray | None = None,
 ) -> tuple[np.ndarray, torch.Tensor]:
-    """Noisy counts ``[cells]`` and sums ``[cells, D]`` in data units: one discrete Gaussian over the whole table.
-
-    ``kept``: the rows' secret Poisson sample (None: every row), whose noise takes :func:`row_bound`'s sampled unit.
-    """
+    """Noisy counts ``[cells]`` and sums ``[cells, D]`` in data units: one discrete Gaussian over the whole table,
+    of :func:`row_bound`'s sampled unit for the secret Poisson sample ``kept`` (None: every row)."""
     table = integer_table(x, cells, num_cells, kept=kept)
     sigma = noise_multiplier * row_bound(sums_grid(x.shape[1]), sampled=kept is not None)
     return table_in_data_units(table + discrete_gaussian(table.size, sigma=sigma, source=source).reshape(table.shape))
@@ -254,11 +244,9 @@ class LdpSumsMechanism(TableCalibration, ReleaseMechanism):
         sampling_rate: float = 1.0,
         noise_source: random.Random | None = None,
     ) -> None:
-        """From a ``noise_multiplier`` (noise std over the row bound), or calibrated to a per-release ``epsilon``.
-
-        ``epsilon`` defaults to 1.0, ``count_threshold`` (public) to ``max(3 * count noise std, 1)``;
-        ``sampling_rate`` 1 means no secret sample. Leave ``noise_source`` unset (the OS CSPRNG).
-        """
+        """From a ``noise_multiplier`` (noise std over the row bound), or calibrated to ``epsilon`` (default 1.0) per
+        release. ``count_threshold`` (public) defaults to ``max(3 * count noise std, 1)``; ``sampling_rate`` 1: no
+        secret sample. Leave ``noise_source`` unset (the OS CSPRNG)."""
         if noise_multiplier is not None and epsilon is not None:
             raise ValueError("give either epsilon or noise_multiplier, not both")
         check_sampling_rate(sampling_rate)

@@ -1,12 +1,10 @@
 """A client's side of every Orchestra round, as a Flower ``Client``.
 
 Each ``fit`` computes from the client's declared run (:class:`DeclaredRun`),
-never from the server's word (what the server may send:
-:mod:`privfed.federation.messages`), runs
-:func:`privfed.orchestra.client_update.run_client_round` and replies with the
-model delta and the mechanism's release; the memory never reaches the reply.
-Between rounds the client keeps only its ledger and its last reply
-(:mod:`privfed.federation.reply_store`). Under SecAgg+ it rescales the delta
+never from the server's word (:mod:`privfed.federation.messages`), runs
+:func:`~privfed.orchestra.client_update.run_client_round` and replies with the
+model delta and the release, never the memory. Between rounds the client keeps
+only its ledger and its last reply. Under SecAgg+ it rescales the delta
 (:mod:`privfed.secagg.client_encoding`) before privfed's SecAgg+ mod masks it.
 """
 
@@ -71,10 +69,7 @@ def client_seed(run_seed: int, round_index: int, client_id: int) -> int:
 
 @dataclass(frozen=True)
 class SecureSumSetup:
-    """What this node's SecAgg+ round was set up with (Flower's mod keeps it in the node's state).
-
-    ``node_min_shares``: the node's own floor on the shares in a sum (``secure-sum-min-shares``).
-    """
+    """This node's SecAgg+ round setup (kept in the node's state), with its own floor ``secure-sum-min-shares``."""
 
     threshold: int
     modulus: int
@@ -232,9 +227,8 @@ class OrchestraClient(Client):
     ) -> TrainedMember | None:
         """This admitted round's training, done in the local runtime's cohort (None: the client trains alone).
 
-        The runtime's first pass hands the round to the cohort, ending this fit
-        (:mod:`privfed.federation.cohort_round`). Only a client that keeps its
-        state on disk joins: the second pass must find the round begun, or it would be charged again.
+        The runtime's first pass hands the round to the cohort (:mod:`privfed.federation.cohort_round`). Only a
+        client that keeps its state on disk joins: the second pass must find the round begun, or charge it again.
         """
         cohort = current_cohort()
         if cohort is None or not train or self.declared.replies.path is None:
@@ -248,10 +242,8 @@ class OrchestraClient(Client):
         return None
 
     def _mechanism(self, train: bool) -> Mechanism | None:
-        """The declared mechanism from the client's own calibration; refuses a round it cannot serve.
-
-        A secure-sum mechanism's training round is refused when its SecAgg+ setup would not hold its noise.
-        """
+        """The declared mechanism from the client's own calibration; refuses a round it cannot serve (a secure-sum
+        mechanism's training round whose SecAgg+ setup would not hold its noise)."""
         name, params = self.declared.guard.budget.mechanism, self.declared.guard.budget.params
         if name is None:
             return None
@@ -297,11 +289,8 @@ class OrchestraClient(Client):
         return stored.reply
 
     def _admit(self, begun: StoredReply | None, round_index: int, train: bool, digest: str) -> None:
-        """Charges the round to the guard, or refuses it past the budget (:class:`RoundRefused`).
-
-        The round is recorded as begun as the guard charges it, so one begun
-        and never answered (killed mid-computation) is admitted again without a second charge.
-        """
+        """Charges the round to the guard, or refuses it past the budget (:class:`RoundRefused`); recorded as begun
+        as it is charged, a round never answered (killed mid-computation) is admitted again without a second charge."""
         declared = self.declared
         unreleased = begun is not None and begun.reply is None and not begun.failed and begun.digest == digest
         declared.guard.admit(
@@ -322,10 +311,8 @@ def reported_metrics(metrics: dict[str, float], *, report: bool) -> dict[str, fl
 
 
 def is_finite(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` holds no NaN or Inf: its extremes are finite (both propagate NaN).
-
-    One reduction, with no model-sized mask (``torch.isfinite``): about half the time at ResNet-18 size.
-    """
+    """Whether ``tensor`` holds no NaN or Inf: its extremes are finite (both propagate NaN); one reduction, with
+    no model-sized mask (``torch.isfinite``), takes about half the time at ResNet-18 size."""
     if not tensor.numel() or not tensor.is_floating_point():
         return True
     low, high = torch.aminmax(tensor)

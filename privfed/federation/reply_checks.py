@@ -61,15 +61,7 @@ class RejectedReply(ValueError):
 
 @dataclass(frozen=True)
 class ReplyRules:
-    """What a reply in this run may hold, from the run's plan (:meth:`of`).
-
-    Attributes:
-        mechanism: The mechanism's class (None: the method releases nothing).
-        min_k: The smallest anonymity set a k-anonymous release may have.
-        memory_size: How many representations a client's memory holds (None: no cap but the client's size).
-        client_metrics: Whether clients send training metrics (``--report-client-metrics``).
-        samples_every_image: The mechanism draws its own secret sample from one representation per image.
-    """
+    """What a reply in this run may hold, from the run's plan (:meth:`of`); ``mechanism`` None: nothing is released."""
 
     client_sizes: tuple[int, ...]
     dimension: int
@@ -84,16 +76,14 @@ class ReplyRules:
     samples_every_image: bool = False
 
     def most_reps(self, size: int) -> int:
-        """The most representations a client of ``size`` examples hands its mechanism.
+        """The most representations a client of ``size`` examples hands its mechanism, which bounds its release.
 
-        One per distinct image in its memory, at most ``memory_size``; one per
-        image (``size``) to a mechanism that draws its own secret sample. Under
-        DP-SGD the memory is an uncapped Poisson sample, whose size stays within
+        One per distinct image in its memory (at most ``memory_size``); one per
+        image to a mechanism that draws its own secret sample. Under DP-SGD the
+        memory is an uncapped Poisson sample, within
         :func:`~privfed.privacy.dp_sgd_plan.poisson_memory_bound` but with
-        probability ``MEMORY_BOUND_FAILURE``. Every bound on a release (vectors,
-        total weight, credited k) is the mechanism's for this many: a client
-        with 2,000 images would otherwise weigh 2,000 where an honest ``kanon``
-        release weighs at most 128.
+        probability ``MEMORY_BOUND_FAILURE``. A client with 2,000 images would
+        otherwise weigh 2,000 where an honest ``kanon`` release weighs at most 128.
         """
         if self.memory_size is None or self.samples_every_image:
             return size
@@ -116,13 +106,8 @@ class ReplyRules:
 
 @dataclass(frozen=True)
 class CheckedReply:
-    """The parts of a reply that passed every check, decoded.
-
-    Attributes:
-        client: The partition the server asked this node for.
-        release: None when the method releases nothing; a k-anonymous one's ``k`` is what the server credits.
-        delta: The model delta's arrays (None in round 0 and under SecAgg+, where only the sum is readable).
-    """
+    """The parts of a reply that passed every check, decoded; a k-anonymous release's ``k`` is what the server
+    credits, and ``delta`` is None in round 0 and under SecAgg+ (only the sum is readable)."""
 
     client: int
     num_examples: int
@@ -138,15 +123,12 @@ def check_reply(
 ) -> CheckedReply:
     """Checks one reply from the node that holds partition ``client``.
 
-    Args:
-        train: Whether the round trains (round 0 only initialises: no delta, no DP-SGD cost).
-        delta_shapes: The delta arrays' shapes, or None where the parameters are
-            not one client's (SecAgg+ rounds: the secure aggregation checks them).
-        round_index: The round the server asked for (None: unchecked, for library use outside a run).
+    ``delta_shapes`` is None where the parameters are not one client's (SecAgg+
+    rounds, checked by the secure aggregation); ``round_index`` None leaves the
+    round unchecked (library use outside a run).
 
     Raises:
-        RejectedReply: naming the first check that failed, or the error a
-            malformed reply raised while being read (never anything else).
+        RejectedReply: naming the first check that failed, or the error a malformed reply raised (never anything else).
     """
     try:
         if round_index is not None:
@@ -197,12 +179,8 @@ def _numeric_metrics(metrics: dict[str, Any], *, reported: bool) -> dict[str, fl
 
 
 def check_round(metrics: dict[str, Any], round_index: int) -> None:
-    """Refuses (:class:`RejectedReply`) a reply that does not name ``round_index`` as the round it answers.
-
-    A reply to an earlier round, delivered late or replayed, would otherwise
-    count in this one: its release clustered again, its update applied to a
-    model it was not computed from.
-    """
+    """Refuses (:class:`RejectedReply`) a reply that does not name ``round_index`` as the round it answers: one to
+    an earlier round, late or replayed, would have its release clustered again and its update misapplied."""
     claimed = metrics.get(ROUND_KEY)
     if not _is_int(claimed):
         raise RejectedReply(f"the round it answers is missing or not an integer ({claimed!r})")
@@ -359,13 +337,9 @@ def _delta(res: FitRes, shapes: Sequence[tuple[int, ...]], *, train: bool) -> li
 
 
 def check_masked_vector(arrays: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]], *, modulus: int) -> None:
-    """Refuses (:class:`RejectedReply`) a SecAgg+ masked vector of the wrong form before it joins the secure sum.
-
-    Its values are unreadable, not its form: one array per summed array, each
-    of its shape, holding int64 integers modulo ``modulus``. A wrong shape
-    would broadcast silently into the sum, a missing array cut it short, and
-    uint64 turn the sum into floats that Flower's modulo cannot take.
-    """
+    """Refuses (:class:`RejectedReply`) a SecAgg+ masked vector not of one int64 array mod ``modulus`` per summed
+    array, each of its shape: a wrong shape would broadcast silently into the sum, a missing array cut it
+    short, and uint64 turn it into floats that Flower's modulo cannot take."""
     if len(arrays) != len(shapes):
         raise RejectedReply(f"the masked vector has {len(arrays)} arrays, not {len(shapes)}")
     for index, (array, shape) in enumerate(zip(arrays, shapes)):
@@ -379,12 +353,8 @@ def screen_replies(
     results: Sequence[tuple[Any, FitRes]], *, client_of_node: dict[int, int], sampled: Sequence[int],
     rules: ReplyRules, train: bool, delta_shapes: Sequence[tuple[int, ...]] | None, round_index: int | None = None,
 ) -> tuple[list[tuple[Any, FitRes, CheckedReply]], list[Rejection]]:
-    """Every reply checked; the accepted ones (with what was decoded) in client order, and the rejections.
-
-    ``results`` pairs each reply with its ``ClientProxy`` (anything with a
-    ``node_id``). A node that was not sampled this round, or a second reply
-    for the same client, is rejected too.
-    """
+    """Every reply (with its proxy: anything with a ``node_id``) checked; the accepted ones in client order, and the
+    rejections, which include a node not sampled this round and a second reply for the same client."""
     accepted: dict[int, tuple[Any, FitRes, CheckedReply]] = {}
     rejected: list[Rejection] = []
     seen: set[int] = set()

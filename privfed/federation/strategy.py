@@ -202,10 +202,8 @@ class OrchestraStrategy(Strategy):
     def check_masked_reply(self, node_id: int, res: FitRes | None, masked: list[np.ndarray] | None) -> str | None:
         """Why a SecAgg+ reply must not join the secure sum (None: it may); ``res``, ``masked``: None if unreadable.
 
-        A rejection halts the round (:mod:`privfed.secagg.workflow`): leaving
-        the vector out would have the protocol reveal its sender's pairwise
-        key. The masked values are unreadable; their form, the plaintext
-        release and the metrics are checked.
+        A rejection halts the round (:mod:`privfed.secagg.workflow`): leaving the vector out would have the
+        protocol reveal its sender's pairwise key. Its form, plaintext release and metrics are checked.
         """
         if self.secagg is None:
             raise RuntimeError("masked replies arrive only under SecAgg+")
@@ -253,9 +251,8 @@ class OrchestraStrategy(Strategy):
     def close_round_without_aggregate(self, server_round: int) -> None:
         """Accounts for a round whose secure aggregation halted (too few clients left, a rejected or a broken reply).
 
-        The releases that reached the server are recorded and clustered; the
-        model stays. A round that halted before any reply is logged too, so
-        every sampled round appears once in the run's log.
+        The releases that reached the server are recorded and clustered; the model stays. A round that halted
+        before any reply is logged too, so every sampled round appears once in the run's log.
         """
         if self._closed_round == server_round or self._configured_round != server_round:
             return  # aggregated already, or no client was asked (the run is stopping)

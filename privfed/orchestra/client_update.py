@@ -51,7 +51,6 @@ class ClientUpdate:
     """What a client sends back; nothing else about its data leaves it.
 
     Attributes:
-        delta: Model update (None in round 0).
         release: What the mechanism made of the memory (None: the method releases nothing, or shares).
         share: A secure-sum mechanism's share (None otherwise, and in round 0): it may leave the client
             only inside SecAgg+'s masked vector.
@@ -73,11 +72,9 @@ class ClientUpdate:
 class PrivateRoundState:
     """What a client's round computed and never sends, for replays that score attacks (:mod:`attacks.scoring`).
 
-    Attributes:
-        memory: ``[m, D]`` the representations released from (None when the round released nothing).
-        memory_examples: ``[m]`` the client example each memory row is a view of.
-        release_generator_state: The round generator's state just before the release, from which the mechanism's
-            non-private choices can be made again (:meth:`~mechanisms.base.ReleaseMechanism.release_with_members`).
+    ``memory`` (``[m, D]``; None when nothing was released), each row's client example, and the round
+    generator's state just before the release, from which the mechanism's non-private choices can be made
+    again (:meth:`~mechanisms.base.ReleaseMechanism.release_with_members`).
     """
 
     memory: torch.Tensor | None
@@ -103,10 +100,8 @@ def run_client_round(
     """Runs a client's round: initialise (round 0) or train; returns the reply and what stays on the client.
 
     Args:
-        network: Overwritten with ``global_state`` first.
         centroids: ``[G, D]`` global centroids (None in round 0, and for a method without centroids).
         images: ``[n, 3, H, W]`` uint8 images of this client.
-        train: False in round 0, which only computes the first memory.
         mechanism: Decides what the memory turns into before it is sent (None: the method releases nothing).
         seed: Seeds shuffling, augmentation and the mechanism's choices.
         labels: ``[n]`` labels of ``images``: supervised FedAvg only (the other methods never see a label).
@@ -232,9 +227,8 @@ def _on_device(
 ) -> tuple[Iterable[tuple[torch.Tensor, torch.Tensor]], int]:
     """Each batch's indices, also on ``device``; and the first batch whose representations can survive in ``memory``.
 
-    With a memory (plain SGD) the schedule is drawn up front and copied to the
-    device in one transfer, so no step waits on one. DP-SGD's batches are
-    drawn as they come (it keeps no memory).
+    With a memory (plain SGD) the schedule is copied to the device in one transfer up front, so no step waits
+    on one; DP-SGD's batches are drawn as they come.
     """
     if memory is None:
         return ((index, index.to(device)) for index in batches), 0

@@ -122,12 +122,8 @@ class OrchestraServer:
 
 
 def _centroid_usage(releases: list[Release], centroids: torch.Tensor) -> float | None:
-    """Fraction of global centroids that are the nearest one to some released vector (None: nothing was released).
-
-    A value far below 1 means the global clustering collapsed onto few clusters.
-    Every release can be empty: honest ``kanon`` clients with fewer than
-    ``--kanon-min-k`` images release nothing.
-    """
+    """Fraction of global centroids nearest to some released vector (None: nothing released, as by honest ``kanon``
+    clients with fewer than ``--kanon-min-k`` images); far below 1, the global clustering collapsed."""
     released = [r.vectors.float() for r in releases if r.num_vectors > 0]
     if not released:
         return None

@@ -60,11 +60,8 @@ LEGACY_DELTA = MIN_DELTA
 
 
 class RoundRefused(PrivfedError):
-    """The client refuses a round: it departs from the declared run, or its budget is spent.
-
-    A budget refusal names only the budget: what the node spent, here or in
-    other runs, and its own cap stay in the node's log.
-    """
+    """The client refuses a round: it departs from the declared run, or its budget is spent (named without what
+    the node spent, here or in other runs, or its own cap: those stay in the node's log)."""
 
 
 @dataclass(frozen=True)
@@ -99,10 +96,8 @@ class ClientBudget:
 def declared_budget(
     declared: TrainConfig, num_samples: int, *, node_cap: tuple[float, float] | None = None
 ) -> ClientBudget:
-    """The client's own calibration of the declared run, for a client of ``num_samples`` examples.
-
-    The server's planning code (:func:`plan_privacy`) on the declared
-    configuration; nothing the server sends in a round enters it.
+    """The client's own calibration of the declared run (the server's :func:`plan_privacy`), for a client of
+    ``num_samples`` examples; nothing the server sends in a round enters it.
 
     Raises:
         PrivfedError: when the declared run cannot be planned, or the node cap is not positive.
@@ -140,12 +135,9 @@ def _declared_budget(declared: TrainConfig, num_samples: int, node_cap: tuple[fl
 
 
 class ClientGuard:
-    """Checks every round against the client's own budget and charges it to the client's own ledger.
-
-    ``ledger_path`` (None: this process's memory only) is read back and
-    appended to under an exclusive lock at every admission, so processes
-    sharing it cannot both spend the same budget.
-    """
+    """Checks every round against the client's own budget and charges it to the client's own ledger, ``ledger_path``
+    (None: in memory), read back and appended to under an exclusive lock so processes sharing it cannot both
+    spend the same budget."""
 
     def __init__(self, budget: ClientBudget, ledger_path: Path | None = None) -> None:
         self.budget = budget
@@ -158,18 +150,15 @@ class ClientGuard:
     ) -> None:
         """Checks the round against the budget, then charges its declared events before anything is computed.
 
-        Charging first, a round that fails later is paid for anyway: the client
-        may overcount, never undercount. A round index past the declared rounds,
-        or not after the last one charged in the same run, is refused: answering
-        one round twice lets a server difference two SecAgg+ sums that differ by
-        this client alone. The exception is ``unreleased``: the caller attests
-        that the last round charged in this run was begun but nothing of it left
-        the node (:mod:`privfed.federation.reply_store`), so it is admitted again
-        without a second charge. ``on_charge`` runs under the ledger's lock once
-        the whole charge is written (the reply store records the round as begun
-        there), so neither a refused round nor a kill between two of the round's
-        entries leaves a record that passes for a charged one; a kill just
-        before it makes a resume refuse the round, never undercount.
+        Charging first, a round that fails later is paid for anyway: the client may overcount, never undercount.
+        A round index past the declared rounds, or not after the last one charged in the same run, is refused:
+        answering one round twice lets a server difference two SecAgg+ sums that differ by this client alone.
+        The exception is ``unreleased``: the caller attests that the last round charged in this run was begun
+        but nothing of it left the node (:mod:`privfed.federation.reply_store`), so it is admitted again without
+        a second charge. ``on_charge`` runs under the ledger's lock once the whole charge is written (the reply
+        store records the round as begun there), so neither a refused round nor a kill between two of the
+        round's entries leaves a record that passes for a charged one; a kill just before it makes a resume
+        refuse the round, never undercount.
 
         Raises:
             RoundRefused: when the round is outside the run or would overrun a cap.

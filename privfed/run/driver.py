@@ -63,10 +63,8 @@ METRIC_CAP = 1e300
 
 
 def _mean(values: list[float]) -> float | None:
-    """The mean of clients' metrics, each capped at :data:`METRIC_CAP` (or None without any).
-
-    The values are the clients' own, only checked to be finite: two of 1.7e308 would overflow a plain mean.
-    """
+    """The mean of clients' metrics (None without any), each capped at :data:`METRIC_CAP`: they are only checked
+    to be finite, and two of 1.7e308 would overflow a plain mean."""
     if not values:
         return None
     capped = [min(max(v, -METRIC_CAP), METRIC_CAP) for v in values]
@@ -132,10 +130,7 @@ class RunDriver:
         return self.stop_rules.reason
 
     def start(self) -> OrchestraServer:
-        """Creates the run directory, the ledger, the initial model and its evaluation; returns the server.
-
-        A resumed run keeps its directory and ledger, and its server starts where the resume point left it.
-        """
+        """Creates the run directory, the ledger, the initial model and its evaluation (resumed: from the point)."""
         config = self.config
         if self.resume is None:
             self.run_dir.create(config)
@@ -144,9 +139,7 @@ class RunDriver:
             self.run_dir.update_config(config)  # more rounds, another runtime: recorded before the next resume point
             self.run_dir.forget_rounds_after(self.resume.round)  # a round logged after the point is replayed
         self.ledger = PrivacyLedger.resume(
-            self.run_dir.path / "ledger.jsonl",
-            mechanism=self.mechanism_name,
-            delta=self.plan.privacy.delta,
+            self.run_dir.path / "ledger.jsonl", mechanism=self.mechanism_name, delta=self.plan.privacy.delta,
             reference_epsilon=self.plan.privacy.reference_epsilon,
         )
         monitor = build_monitor(self.plan, self.device)
@@ -190,12 +183,9 @@ class RunDriver:
         return [self.charge_releases, *recording, self.charge_training, self.stop_rules, self.knn, self.resume_points]
 
     def _forget_summary(self, point: ResumePoint) -> None:
-        """A resumed run is running again: its point stops saying it ended, then its old summary goes.
-
-        Unless the run ended cleanly at the point (:func:`privfed.run.resume.ended_cleanly`), the round after
-        it may have been in progress at the kill: its silent clients may have released and will not answer it
-        again (``privfed.privacy.client_guard``), so that round charges them too.
-        """
+        """A resumed run is running again: its point stops saying it ended, then its old summary goes. Unless it
+        ended cleanly at the point, the next round may have been in progress at the kill: its silent clients may
+        have released and will not answer it again, so that round charges them too."""
         if not ended_cleanly(self.run_dir, point):
             self._killed_round = point.round + 1
         if point.summary_sha256 is not None:
@@ -248,10 +238,7 @@ class RunDriver:
         return None if self.mechanism_class is None else self.mechanism_class.name
 
     def privacy_summary(self) -> dict[str, Any]:
-        """The ``privacy`` object of ``summary.json``: what the worst-off client is guaranteed, and what is not covered.
-
-        ``statement`` is the long text with the run's numbers, the only copy in the file.
-        """
+        """``summary.json``'s ``privacy``: what the worst-off client is guaranteed, and what is not (``statement``)."""
         worst = self.ledger.worst_case_summary() if self.ledger.is_dp else None
         plan = self.plan.privacy
         statement = privacy_statement(

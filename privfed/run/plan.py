@@ -36,10 +36,8 @@ from privfed.secagg.settings import SecAggPlusSettings, secagg_settings
 class RunPlan:
     """A run's resolved configuration and what follows from it.
 
-    Attributes:
-        config: The configuration as the run records it: ``out`` resolved and ``delta`` the one in force.
-        secagg: SecAgg+ parameters (None with ``--no-secagg``).
-        warnings: What the run can do but the user should know (e.g. test images of another size).
+    ``config`` is as the run records it (``out`` resolved, ``delta`` the one in force); ``secagg`` None:
+    ``--no-secagg``; ``warnings``: what the run can do but the user should know.
     """
 
     config: TrainConfig
@@ -56,11 +54,8 @@ class RunPlan:
 
 
 def plan_run(config: TrainConfig, *, resuming: bool = False) -> RunPlan:
-    """Plans a run, failing fast on an occupied run directory (unless ``resuming`` it), data or a budget the run cannot use.
-
-    Raises:
-        PrivfedError: naming the problem.
-    """
+    """Plans a run; refuses (:class:`PrivfedError`) an occupied run directory (unless ``resuming`` it), or data or
+    a budget the run cannot use."""
     if config.out is None:
         config = config.replace(out=str(default_run_dir(config)))
     assert config.out is not None
@@ -112,11 +107,8 @@ def _one_class_warnings(config: TrainConfig, split: FederatedSplit) -> tuple[str
 
 
 def _test_data_warnings(config: TrainConfig, split: FederatedSplit) -> tuple[str, ...]:
-    """Loads a separate ``--test-dataset`` now (the kNN monitor needs it once the runtime runs) and compares image sizes.
-
-    Raises:
-        PrivfedError: for a test dataset that cannot be loaded.
-    """
+    """Loads a separate ``--test-dataset`` now (refusing one that cannot be loaded: the kNN monitor needs it once
+    the runtime runs) and compares image sizes."""
     if config.test_dataset is None:
         return ()
     test = cached_dataset(config.test_dataset, "test", config.data_dir, config.download)
@@ -126,11 +118,8 @@ def _test_data_warnings(config: TrainConfig, split: FederatedSplit) -> tuple[str
 
 
 def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, ResumePoint]:
-    """Plans the rest of a stopped run from its resume point, under the rules of docs/flower.md, "Resuming a run".
-
-    Raises:
-        PrivfedError: naming why the run cannot be resumed so.
-    """
+    """Plans the rest of a stopped run from its resume point, under the rules of docs/flower.md, "Resuming a run"
+    (:class:`PrivfedError` says why it cannot be resumed so)."""
     directory = RunDirectory(run_dir)
     point = read_resume_point(directory)
     # The directory named, wherever it was first written from: a relative recorded `out` would point elsewhere.

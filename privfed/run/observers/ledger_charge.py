@@ -36,11 +36,8 @@ def rejected_clients(report: RoundReport) -> list[int]:
 
 
 def maybe_answered_before_a_kill(report: RoundReport, killed_round: int | None) -> list[int]:
-    """The sampled clients with no reply, accepted or rejected, in ``killed_round`` (none in any other round).
-
-    In the round a killed run had in progress they may have released before the kill, and they do not answer it
-    again, so they are charged too.
-    """
+    """The sampled clients with no reply in ``killed_round``, the round a killed run had in progress (none in any
+    other): they may have released before the kill and do not answer it again, so they are charged too."""
     if report.round != killed_round:
         return []
     answered = {c for c, _ in report.training_events} | {c for c, _ in report.releases} | set(rejected_clients(report))
@@ -50,9 +47,8 @@ def maybe_answered_before_a_kill(report: RoundReport, killed_round: int | None) 
 class ChargeReleases(RoundObserver):
     """Charges every release that reached the server; adds ``min_k`` (the least k charged) to the metrics line.
 
-    A rejected reply from a client the server asked is charged the planned
-    events too (DP mechanisms): its bytes reached the server. So is a sampled
-    client's silence in the round a killed run had in progress.
+    A DP mechanism's planned events are charged for a rejected reply from a client the server asked too (its
+    bytes reached the server), and for a sampled client's silence in the round a killed run had in progress.
     """
 
     def __init__(
@@ -94,12 +90,9 @@ class ChargeReleases(RoundObserver):
         return charged_ks
 
     def charged_guarantee(self, k: int | None) -> Guarantee:
-        """What the ledger records with an accepted release: the server's own facts, none of the client's text.
-
-        The mechanism's kind, the credited ``k``, the plan's epsilon and delta
-        of one release and the server's statement: a client's guarantee may
-        claim anything, and the run's privacy is read from the ledger.
-        """
+        """What the ledger records with an accepted release: the mechanism's kind, the credited ``k``, the plan's
+        epsilon and delta of one release and the server's statement, none of the client's text (its guarantee
+        may claim anything, and the run's privacy is read from the ledger)."""
         kind = self.mechanism.guarantee_kind if self.mechanism is not None else NO_GUARANTEE
         privacy = self.plan.privacy
         dp = kind == DIFFERENTIAL_PRIVACY
@@ -113,12 +106,10 @@ class ChargeReleases(RoundObserver):
 
 
 class ChargeTraining(RoundObserver):
-    """Charges each client's DP-SGD steps as planned; then adds the ledger's worst case to the metrics line.
+    """Charges each client's DP-SGD steps as planned, after every other charge; then logs the ledger's worst case.
 
-    Every reply counts, rejected ones and those of a halted secure
-    aggregation too (the client trained and sent its update either way), and
-    so does silence in the round a killed run had in progress. It runs after
-    every other charge, so the worst case it logs is the round's last.
+    Every reply counts, rejected ones and those of a halted secure aggregation too (the client trained and sent
+    its update either way), and so does silence in the round a killed run had in progress.
     """
 
     def __init__(self, ledger: PrivacyLedger, plan: RunPlan, *, killed_round: int | None) -> None:
