@@ -289,8 +289,8 @@ class OrchestraClient(Client):
         return stored.reply
 
     def _admit(self, begun: StoredReply | None, round_index: int, train: bool, digest: str) -> None:
-        """Charges the round to the guard, or refuses it past the budget (:class:`RoundRefused`); recorded as begun
-        as it is charged, a round never answered (killed mid-computation) is admitted again without a second charge."""
+        """Charges the round to the guard, or refuses it past the budget (:class:`RoundRefused`). A round charged (so
+        recorded as begun) but never answered, killed mid-computation, is admitted again without a second charge."""
         declared = self.declared
         unreleased = begun is not None and begun.reply is None and not begun.failed and begun.digest == digest
         declared.guard.admit(
