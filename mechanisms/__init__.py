@@ -12,13 +12,14 @@ from mechanisms import reps as _reps  # noqa: F401
 from mechanisms.base import (
     Guarantee,
     Mechanism,
+    MechanismPlan,
     PrivacyEvent,
     Release,
     ReleaseMechanism,
     SecureSumMechanism,
     round_releases,
 )
-from mechanisms.planning import MechanismPlan, PlanRequest, SecureSumSetup
+from mechanisms.planning import PlanRequest, SecureSumSetup
 from mechanisms.registry import (
     MechanismRegistrationError,
     UnknownMechanismError,

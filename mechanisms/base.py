@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from mechanisms.planning import MechanismPlan, PlanRequest
+from mechanisms.planning import PlanRequest
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,21 @@ class Release:
     @property
     def num_vectors(self) -> int:
         return int(self.vectors.shape[0])
+
+
+@dataclass(frozen=True)
+class MechanismPlan:
+    """A mechanism's answer: the parameters every client builds it with and what one release costs.
+
+    Attributes:
+        params: JSON-able constructor arguments.
+        events: Privacy events of one release (empty unless DP).
+        mechanism: The mechanism built from ``params``.
+    """
+
+    params: dict[str, Any]
+    events: tuple[PrivacyEvent, ...]
+    mechanism: Mechanism
 
 
 #: How many times its size a DP mechanism's noisy weights may total, unless it bounds its noise itself.

@@ -4,35 +4,29 @@
 client adds only a share, and the server sees the tables only through their
 sum under SecAgg+ (Kairouz, Liu and Steinke, ICML 2021: the distributed
 discrete Gaussian). With at least ``K_min`` shares in the sum, its noise is
-what one ``ldp-sums`` release carries, so each client pays the same privacy
-for noise ``sqrt(K)`` times smaller per client in the sum.
+what one ``ldp-sums`` release carries: each client pays the same privacy for
+noise ``sqrt(K)`` times smaller per client in the sum. One client, one round:
 
-One client, one round (the server's previous global centroids are the cells):
+1. The integer table of :mod:`mechanisms.ldp_sums` (same clipping, grid,
+   cells: the previous global centroids, and secret sample), whose
+   sensitivity argument holds unchanged: rounding is per row and
+   deterministic, so a replaced row moves it by at most ``2s`` (a sampled
+   row's presence by ``Delta``). Its entries are integers bounded by the rows'
+   count, so no random rotation or randomised rounding is needed and the sum
+   fits the modulus (:func:`check_fits_modulus`).
+2. Discrete Gaussian noise of scale ``sigma_share = z * unit / sqrt(K_min)``
+   (grid units, ``z`` the release's multiplier) on every entry, mod ``m``:
+   :func:`table_share`. The server decodes the modular sum (:func:`decode_table`).
 
-1. Clip each row to the unit ball and round it to ``ldp-sums``'s integer grid
-   (:func:`mechanisms.ldp_sums.sums_grid`), rows of a secret Poisson sample
-   only when ``sampling_rate`` < 1 (coins from the OS CSPRNG). Rounding is per
-   row and deterministic, so a replaced row moves the integer table by at most
-   the row bound of :mod:`mechanisms.ldp_sums` (``2 s``; a sampled row's
-   presence by ``Delta = sqrt(s^2 + res^2)``), exactly as there. No random
-   rotation or randomised rounding is needed: every entry is an integer bounded
-   by the rows' count, so the sum fits the modulus (:func:`check_fits_modulus`).
-2. Add discrete Gaussian noise of scale ``sigma_share = z * unit / sqrt(K_min)``
-   (grid units) to every entry, ``z`` the release's noise multiplier, and
-   reduce mod ``m``: :func:`table_share`.
-3. The server decodes the modular sum (:func:`decode_table`): the summed table
-   plus the sum of the shares.
-
-Privacy against a server that sees only the sum. Replacing one row of one
-client moves the summed table by what it moves that client's table; the sum
-of ``K >= K_min`` independent discrete Gaussians of scale ``sigma_share`` is
-close to one of variance ``K sigma_share^2 >= (z * unit)^2``: Kairouz et al.
-(Prop. 14) bound its Renyi divergence by the Gaussian's plus ``tau * d``
-terms, ``tau = 10 sum_{k=1}^{K-1} exp(-2 pi^2 sigma_share^2 k / (k + 1))``.
-:data:`MIN_SHARE_SIGMA` keeps ``tau * d`` far below double precision, so the
+Privacy against a server that sees only the sum: replacing one row of one
+client moves the sum as it moves that client's table, and the sum of
+``K >= K_min`` independent shares is close to one discrete Gaussian of
+variance ``K sigma_share^2 >= (z * unit)^2``, within Kairouz et al.'s
+(Prop. 14) ``tau * d`` Renyi term, which :data:`MIN_SHARE_SIGMA` keeps far
+below double precision (docs/privacy.md, "Distributed DP (ddp-sums)"). So a
 release is accounted as ``ldp-sums``'s (``"gaussian"``, or
-``"poisson_gaussian"`` with the sample): the continuous-Gaussian approximation
-:mod:`mechanisms.accounting` states once. The charge assumes at least
+``"poisson_gaussian"`` with the sample), with the continuous-Gaussian
+approximation :mod:`mechanisms.accounting` states. Trust assumption: at least
 ``K_min`` honest clients' shares in every sum; fewer, or a server that also
 sees some shares (colluding clients), leaves less noise than accounted.
 """
@@ -41,32 +35,29 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mechanisms.base import DIFFERENTIAL_PRIVACY, Guarantee, PrivacyEvent, SecureSumMechanism, replace_one_dp_guarantee
+from mechanisms.base import Guarantee, PrivacyEvent, SecureSumMechanism, replace_one_dp_guarantee
 from mechanisms.dp_pieces import MAX_DIMENSION, clip_to_radius
 from mechanisms.ldp_sums import (
-    SECRET_SAMPLE_SETTINGS,
     THRESHOLD_STDS,
     LdpSumsMechanism,
+    TableCalibration,
     count_scale,
     integer_table,
     nearest_cells,
     row_bound,
-    secret_sample_options,
     sums_grid,
     table_in_data_units,
 )
 from mechanisms.noise import discrete_gaussian, poisson_sample_mask, secure_source
-from mechanisms.planning import PlanRequest
 from mechanisms.registry import register_mechanism
 
-#: Largest modulus: SecAgg+'s (``privfed.secagg.masking.MAX_MODULUS``; ``mechanisms`` never imports privfed).
+#: Largest modulus, and the shares' default: SecAgg+'s (``privfed.secagg.masking.MAX_MODULUS``; ``mechanisms``
+#: never imports privfed).
 MAX_MODULUS = 2**32
 #: Smallest per-client noise scale, in grid units: ``tau * d`` of Kairouz et al. is then below ``1e-30``.
 MIN_SHARE_SIGMA = 3.0
@@ -88,12 +79,8 @@ def centred_residue(values: np.ndarray, modulus: int) -> np.ndarray:
 
 
 def share_sigma(noise_multiplier: float, *, min_shares: int, dim: int, sampled: bool) -> float:
-    """One client's noise scale, in grid units: ``K_min`` shares make the release's ``z * unit``.
-
-    Raises:
-        ValueError: the share falls below :data:`MIN_SHARE_SIGMA` (the sum of
-            shares would stray from a discrete Gaussian), or ``min_shares < 1``.
-    """
+    """One client's noise scale, in grid units: ``K_min`` shares make the release's ``z * unit``; refuses (ValueError)
+    one below :data:`MIN_SHARE_SIGMA` (the sum would stray from a discrete Gaussian), or ``min_shares < 1``."""
     if min_shares < 1:
         raise ValueError(f"min_shares must be at least 1, got {min_shares}")
     sigma = noise_multiplier * row_bound(sums_grid(dim), sampled=sampled) / math.sqrt(min_shares)
@@ -108,13 +95,8 @@ def share_sigma(noise_multiplier: float, *, min_shares: int, dim: int, sampled: 
 def check_fits_modulus(
     *, modulus: int, num_cells: int, dim: int, max_clients: int, max_rows: int, noise_multiplier: float, sampled: bool
 ) -> None:
-    """Refuses a modulus the sum of ``max_clients`` tables of ``max_rows`` rows each, plus noise, could wrap.
-
-    An entry of one table is at most ``max_rows * res`` in magnitude (a count)
-    or ``max_rows * (res + 1/2)`` (a sum coordinate of unit rows); the summed
-    noise is given :data:`NOISE_TAIL_STDS` of its largest std (every client's
-    share, ``max_clients`` of them).
-    """
+    """Refuses a modulus the sum of ``max_clients`` tables of ``max_rows`` rows each (entries at most
+    ``max_rows * (res + 1/2)``), plus :data:`NOISE_TAIL_STDS` of the summed noise's largest std, could wrap."""
     check_modulus(modulus)
     grid = sums_grid(dim)
     signal = max_clients * max_rows * (count_scale(grid) + 0.5)
@@ -128,29 +110,11 @@ def check_fits_modulus(
 
 
 def table_share(
-    reps: torch.Tensor,
-    centres: torch.Tensor,
-    *,
-    noise_multiplier: float,
-    min_shares: int,
-    modulus: int,
-    sampling_rate: float = 1.0,
-    source: random.Random | None = None,
+    reps: torch.Tensor, centres: torch.Tensor, *, noise_multiplier: float, min_shares: int, modulus: int,
+    sampling_rate: float = 1.0, source: random.Random | None = None,
 ) -> np.ndarray:
-    """One client's share: its integer table (rows to their nearest centre's cell) plus noise, flattened, mod ``m``.
-
-    Args:
-        reps: ``[n, D]`` the client's representations (every image's, when sampled).
-        centres: ``[G, D]`` the public partition (the previous global centroids).
-        noise_multiplier: ``z``: the summed noise's std over the row bound.
-        min_shares: ``K_min``: the fewest shares every sum holds.
-        modulus: ``m``, SecAgg+'s.
-        sampling_rate: The secret Poisson sample's rate (1: every row).
-        source: Randomness for the coins and the noise; the OS CSPRNG if omitted.
-
-    Returns:
-        ``int64`` ``[G * (D + 1)]`` in ``[0, m)``: the cells' sums, each followed by its count.
-    """
+    """One client's share, ``int64`` ``[G * (D + 1)]`` in ``[0, m)``: its table over the cells of ``centres``
+    (each cell's sum followed by its count) plus noise, mod ``m``."""
     check_modulus(modulus)
     n, dim = reps.shape
     source = secure_source() if source is None else source
@@ -168,11 +132,8 @@ def noisy_share(table: np.ndarray, *, sigma: float, modulus: int, source: random
 
 
 def decode_table(total: np.ndarray, *, num_cells: int, dim: int, modulus: int) -> tuple[np.ndarray, torch.Tensor]:
-    """Noisy summed counts ``[G]`` and sums ``[G, D]``, in data units, from the modular sum of the shares.
-
-    Correct when every entry of the true sum (tables and noise) lies in
-    ``[-m/2, m/2)``, which :func:`check_fits_modulus` sizes for.
-    """
+    """Noisy summed counts ``[G]`` and sums ``[G, D]``, in data units, from the modular sum of the shares: correct
+    when every entry of the true sum lies in ``[-m/2, m/2)``, which :func:`check_fits_modulus` sizes for."""
     total = np.asarray(total)
     if total.shape != (num_cells * (dim + 1),) or not np.issubdtype(total.dtype, np.integer):
         raise ValueError(f"expected {num_cells * (dim + 1)} integers, got {total.dtype} {total.shape}")
@@ -182,12 +143,8 @@ def decode_table(total: np.ndarray, *, num_cells: int, dim: int, modulus: int) -
 def lloyd_step(
     previous: torch.Tensor, counts: np.ndarray, sums: torch.Tensor, *, threshold: float, momentum: float = 0.0
 ) -> torch.Tensor:
-    """New global centroids: each cell whose noisy count reaches ``threshold`` moves towards its normalised noisy sum.
-
-    A moved cell becomes ``normalise(momentum * previous + (1 - momentum) * step)``:
-    a server EMA that averages the noise of successive rounds. The others keep
-    their previous value (post-processing: only public and noisy values are read).
-    """
+    """New global centroids (post-processing): a cell whose noisy count reaches ``threshold`` becomes
+    ``normalise(momentum * previous + (1 - momentum) * normalise(sum))``, an EMA over rounds' noise; the others stay."""
     if not 0.0 <= momentum < 1.0:
         raise ValueError(f"momentum must be in [0, 1), got {momentum}")
     before = previous.detach().double()
@@ -198,39 +155,17 @@ def lloyd_step(
     return updated.to(previous.dtype)
 
 
-#: The protocol's modulus the shares are reduced by (SecAgg+'s largest).
-DEFAULT_MODULUS = MAX_MODULUS
 #: The server's EMA over rounds of each moved centroid (:func:`lloyd_step`).
 DEFAULT_MOMENTUM = 0.5
 
 
 @register_mechanism
-class DdpSumsMechanism(SecureSumMechanism):
-    """``ldp-sums``'s table with the noise split over the clients of a secure sum.
-
-    Each client's :meth:`share` is its table plus ``1/sqrt(K_min)`` of the
-    noise; :meth:`combine` decodes the sum and takes one Lloyd step. A client
-    is charged exactly ``ldp-sums``'s event at the same multiplier, so the
-    calibration is ``ldp-sums``'s.
-    """
+class DdpSumsMechanism(TableCalibration, SecureSumMechanism):
+    """``ldp-sums``'s table with the noise split over the clients of a secure sum: each :meth:`share` adds noise of
+    ``1/sqrt(K_min)`` the release's scale, and :meth:`combine` takes one Lloyd step from the decoded sum."""
 
     name = "ddp-sums"
     description = "per-cell sums and counts summed under SecAgg+, each client adding a discrete Gaussian share"
-    guarantee_kind = DIFFERENTIAL_PRIVACY
-    settings = SECRET_SAMPLE_SETTINGS
-
-    @classmethod
-    def calibration_options(cls, request: PlanRequest, settings: Mapping[str, Any]) -> dict[str, Any]:
-        return secret_sample_options(request, settings)
-
-    @classmethod
-    def calibrate(
-        cls, *, epsilon: float, delta: float, num_releases: int, sampling_rate: float = 1.0
-    ) -> dict[str, float]:
-        """``ldp-sums``'s multiplier: the summed noise of ``K_min`` shares is one ``ldp-sums`` release's."""
-        return LdpSumsMechanism.calibrate(
-            epsilon=epsilon, delta=delta, num_releases=num_releases, sampling_rate=sampling_rate
-        )
 
     def __init__(
         self,
@@ -239,20 +174,14 @@ class DdpSumsMechanism(SecureSumMechanism):
         delta: float,
         sampling_rate: float = 1.0,
         min_shares: int = 1,
-        modulus: int = DEFAULT_MODULUS,
+        modulus: int = MAX_MODULUS,
         momentum: float = DEFAULT_MOMENTUM,
         noise_source: random.Random | None = None,
     ) -> None:
-        """Builds one client's (or the server's) view of a calibrated run.
+        """One client's (or the server's) view of a calibrated run.
 
-        Args:
-            noise_multiplier: ``z``, the summed noise's std over the row bound.
-            delta: Delta of each release's epsilon.
-            sampling_rate: The secret sample's rate (1: every row).
-            min_shares: ``K_min``: the fewest shares in any sum (SecAgg+'s threshold or more).
-            modulus: SecAgg+'s modulus.
-            momentum: The server's EMA of moved centroids (post-processing; :func:`lloyd_step`).
-            noise_source: Randomness for coins and noise; leave unset (the OS CSPRNG).
+        ``noise_multiplier`` ``z`` is the summed noise's std over the row bound, ``min_shares`` ``K_min`` the
+        fewest shares in any sum, ``momentum`` the server's EMA (:func:`lloyd_step`); leave ``noise_source`` unset.
         """
         check_modulus(modulus)
         self.local = LdpSumsMechanism(noise_multiplier=noise_multiplier, delta=delta, sampling_rate=sampling_rate)

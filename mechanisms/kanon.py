@@ -1,22 +1,20 @@
 """K-anonymous release: equal-size spherical k-means centroids of at least ``min_k`` images each.
 
-The clusters are made equal-size exactly, by a linear assignment of points
-to cluster slots (:func:`mechanisms.clustering.balanced_kmeans`), where the
-official code balances them approximately with Sinkhorn-Knopp.
+The clusters are equal-size exactly, by a linear assignment of points to
+cluster slots (:func:`mechanisms.clustering.balanced_kmeans`; the official
+code balances them approximately with Sinkhorn-Knopp), so no cluster is ever
+empty and, unlike the official code, none is replaced by a raw representation.
 
-The client hands a mechanism one representation per distinct image (the
-memory keeps the latest view of each, :class:`privfed.orchestra.memory.RepresentationMemory`),
-so each released centroid is the normalised mean of the representations of
-at least ``k`` distinct images, and the server cannot tell which of them any
-single vector came from. This is k-anonymity of the released vectors, not
-differential privacy: a centroid is still a deterministic function of its
-members, and an image far from the others moves it.
+The client hands a mechanism one representation per distinct image
+(:class:`privfed.orchestra.memory.RepresentationMemory` keeps the latest view
+of each), so each centroid is the normalised mean of at least ``k`` distinct
+images' representations, and the server cannot tell which of them any single
+vector came from. This is k-anonymity of the released vectors, not
+differential privacy: a centroid is a deterministic function of its members,
+and an image far from the others moves it.
 
-``k`` is never below ``min_k``: a client with fewer than ``L * min_k``
-images releases ``floor(n / min_k)`` centroids, and one with fewer than
-``min_k`` images releases nothing. Unlike the official Orchestra code, an
-empty cluster is never replaced by a raw representation: the equal-size
-assignment makes empty clusters impossible.
+``k`` is never below ``min_k``: a client with fewer than ``L * min_k`` images
+releases ``floor(n / min_k)`` centroids, one with fewer than ``min_k`` nothing.
 """
 
 from __future__ import annotations
@@ -56,22 +54,13 @@ class KAnonymousCentroids(ReleaseMechanism):
     def planned_parameters(cls, request: PlanRequest, settings: Mapping[str, Any]) -> dict[str, Any]:
         """``min_k``, refused when no client's memory holds that many images (no centroid could be released)."""
         largest = min(max(request.client_sizes, default=0), request.memory_size)
-        if largest < settings.get("min_k", DEFAULT_MIN_K):
+        min_k = settings.get("min_k", DEFAULT_MIN_K)
+        if largest < min_k:
             raise ValueError(
-                f"no client holds min_k ({settings['min_k']}) images in its memory (the most is {largest}), so it "
+                f"no client holds min_k ({min_k}) images in its memory (the most is {largest}), so it "
                 "could release no centroid: use fewer clients, more data, a larger --memory-size or a lower --kanon-min-k"
             )
-        return {"min_k": settings.get("min_k", DEFAULT_MIN_K)}
-
-    @classmethod
-    def max_total_weight(cls, *, num_reps: int, params: dict[str, Any]) -> float:
-        """A centroid weighs its cluster's size and the clusters split the rows: ``num_reps`` in all, at most."""
-        return float(num_reps)
-
-    @classmethod
-    def max_k(cls, *, num_reps: int, num_vectors: int, params: dict[str, Any]) -> int | None:
-        """The clusters are equal-size, so the smallest holds at most ``num_reps // num_vectors`` rows."""
-        return num_reps // num_vectors if num_vectors > 0 else None
+        return {"min_k": min_k}
 
     def num_released(self, *, num_reps: int, num_centroids: int) -> int:
         """How many centroids ``num_reps`` images allow: ``L``, or fewer so that each keeps ``min_k``."""
@@ -80,20 +69,14 @@ class KAnonymousCentroids(ReleaseMechanism):
     def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
         released = self.num_released(num_reps=num_reps, num_centroids=num_centroids)
         k = num_reps // released if released else 0
-        return Guarantee(
-            kind=K_ANONYMITY,
-            k=k,
-            statement=(
-                f"Each released centroid is the mean of the representations of at least {k} distinct images "
-                "of the client; no single representation is released."
-                if released
-                else f"Nothing is released: fewer than {self.min_k} images."
-            ),
+        statement = (
+            f"Each released centroid is the mean of the representations of at least {k} distinct images "
+            "of the client; no single representation is released."
+            if released else f"Nothing is released: fewer than {self.min_k} images."
         )
+        return Guarantee(kind=K_ANONYMITY, statement=statement, k=k)
 
-    def release(
-        self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
-    ) -> Release:
+    def release(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
         return self.release_with_members(reps, num_centroids=num_centroids, generator=generator)[0]
 
     def release_with_members(

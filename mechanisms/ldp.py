@@ -1,51 +1,39 @@
 """Differentially private centroids from an LSH-tree coreset.
 
-Google's LSH-tree coreset clustering, a *central*-model DP algorithm
-(the "practical differentially private clustering" line of work by Chang,
-Ghazi, Kumar and Manurangsi), run once by each client on its own
-representations: the client is the curator of its own data. It is not
-Chang et al.'s one-round *local*-model algorithm ("Locally Private k-Means
-in One Round", ICML 2021), whose users each randomise a single point. The
-steps:
+Google's LSH-tree coreset clustering (Chang, Ghazi, Kumar and Manurangsi's
+"practical differentially private clustering"), a *central*-model DP
+algorithm that each client runs on its own representations as the curator
+of its own data; not their one-round *local*-model algorithm (ICML 2021),
+whose users each randomise a single point. The steps:
 
 1. clip every representation to radius ``r``;
-2. hash it with SimHash: bit ``l`` is ``sign <x - c, v_l>`` for hyperplanes
+2. hash it with SimHash: bit ``l`` is ``sign <x - c, v_l>``, hyperplanes
    ``v_l`` drawn independently of the data around a public centre ``c``;
-3. grow a prefix tree over the hash bits level by level, releasing a noisy
-   (discrete Laplace) count for every node it looks at; a node is kept when
-   its noisy count reaches ``T_n`` and split when it reaches ``T_b``;
+3. grow a prefix tree over the bits level by level, releasing a noisy
+   (discrete Laplace) count for every node it looks at; a node is kept from
+   noisy count ``T_n`` on and split from ``T_b`` on;
 4. every leaf releases a noisy count and a noisy sum (discrete Gaussian on an
-   integer grid); the coreset point is ``sum / max(count, 1)`` clipped to
+   integer grid); its coreset point is ``sum / max(count, 1)`` clipped to
    ``r``, weighted by the count;
 5. ``L`` centres by weighted spherical k-means on the coreset, normalised and
-   padded to exactly ``L``. This step, and everything after step 4, only
-   reads noisy values: it is post-processing and costs no privacy.
+   padded to exactly ``L``: post-processing of noisy values, free of charge.
 
 Privacy unit: one representation of the client, replace-one neighbours
-(see :mod:`mechanisms.accounting` for why not add/remove). Replacing one
-representation changes at most two node counts per tree level (by one
-each), two leaf counts, and the leaf sums by at most ``2r`` in L2 (both in
-one leaf), so a release is the composition of ``max_depth + 1``
-discrete-Laplace count queries, one discrete-Laplace leaf-count query and
-one Gaussian sum query, each at that replacement sensitivity. Every level is
-charged even when the tree stops early. Nothing here branches on the true
-number of representations: a client with zero representations runs the same
-code and releases ``L`` vectors, so ``n = 0`` is indistinguishable from
-``n = 1`` up to the guarantee.
+(:mod:`mechanisms.accounting` says why not add/remove). Replacing one changes
+at most two node counts per level (by one each), two leaf counts, and the
+leaf sums by at most ``2r`` in L2 (both in one leaf): a release composes
+``max_depth + 1`` discrete-Laplace count queries, one discrete-Laplace
+leaf-count query and one Gaussian sum query at that sensitivity. Every level
+is charged even when the tree stops early. Nothing branches on the true
+number of representations: ``n = 0`` runs the same code, releases ``L``
+vectors and is indistinguishable from ``n = 1`` up to the guarantee.
 
-Utility depends on the client's sample size above all: a coreset point of
-``m`` representations carries noise of norm about ``z * r * sqrt(D) / m``.
-Measured floors and coverage: docs/privacy.md, "Where local DP stops
-carrying signal".
-
-What the guarantee covers: the released centroids and weights (and the
-metrics, which are functions of noisy values). It does not cover the
-client's encoder update, which SecAgg+ hides from the server but does not
-make differentially private.
-
-Default delta when the mechanism is built on its own: ``1e-5``. privfed
-always passes the run's delta (``privfed.privacy.budget.default_delta``:
-``min(1e-6, 1/(100 n))`` unless ``--delta`` says otherwise).
+The guarantee covers the released centroids, weights and metrics (functions
+of noisy values), not the client's encoder update, which SecAgg+ hides from
+the server but does not make differentially private. Utility (a coreset
+point of ``m`` rows carries noise of norm about ``z r sqrt(D) / m``):
+docs/privacy.md, "Where local DP stops carrying signal". Built on its own the
+mechanism defaults to delta ``1e-5``; privfed always passes the run's delta.
 """
 
 from __future__ import annotations
@@ -91,13 +79,8 @@ from mechanisms.noise import (
 )
 from mechanisms.registry import register_mechanism
 
-#: Tree depth: 2**10 cells is far more than the L <= 16 clusters a client
-#: needs, and every extra level is one more charged count query.
+#: Tree depth: 2**10 cells is far more than the L <= 16 clusters a client needs; each level is a charged query.
 DEFAULT_MAX_DEPTH = 10
-
-
-# ---------------------------------------------------------------------------
-# budget
 
 
 def ldp_parameters(
@@ -108,24 +91,8 @@ def ldp_parameters(
     max_depth: int = DEFAULT_MAX_DEPTH,
     split: BudgetSplit = BudgetSplit(),
 ) -> dict[str, float | int]:
-    """Per-release parameters for a client that may release ``num_releases`` times.
-
-    ``--epsilon`` is the total a client may spend over the run; the training
-    core calls this once and builds the mechanism with the result
-    (``create_mechanism("ldp", **params)``). Its ledger then composes the
-    releases the client actually makes, which is never more than planned.
-
-    Args:
-        total_epsilon: Budget over all of the client's releases.
-        total_delta: Total delta; each release's epsilon is also quoted at it.
-        num_releases: The most releases one client can make (e.g. rounds + 1
-            for the round-0 initialisation, under full participation).
-        max_depth: Tree depth the mechanism will use.
-        split: Budget fractions between tree counts, leaf counts, leaf sums.
-
-    Returns:
-        Keyword arguments for :class:`LshCoresetMechanism`.
-    """
+    """Keyword arguments for :class:`LshCoresetMechanism` whose ``num_releases`` releases spend at most
+    ``(total_epsilon, total_delta)`` (``split`` between tree counts, leaf counts and leaf sums)."""
     noise = accounting.calibrate(
         total_epsilon, total_delta, num_releases=num_releases, tree_levels=max_depth + 1, split=split
     )
@@ -140,12 +107,9 @@ MAX_GRID_REFINEMENTS = 8
 def release_epsilon(noise: NoiseParameters, *, tree_levels: int, delta: float) -> float:
     """Epsilon of one release at ``delta`` under replace-one (PLD), at most about 0.5 % above the exact value.
 
-    The accountant rounds every loss up to its grid, which can cost up to
-    one grid step per composed PLD. So the grid is refined until that
-    rounding is at most half a percent of the epsilon found on it (a fixed
-    grid overstated a tiny per-release epsilon by 13 %, and the 1 %
-    calibration grid of a first, rounded-up result by 2 %). Each result is
-    an upper bound, so stopping early only overstates.
+    The accountant rounds every loss up to its grid, up to one step per
+    composed PLD, so the grid is refined until that is at most half a percent
+    of the epsilon found on it. Each result is an upper bound: stopping early only overstates.
     """
     events = accounting.release_privacy_events(noise, tree_levels=tree_levels)
     compositions = accounting.rounding_compositions(events)
@@ -160,36 +124,9 @@ def release_epsilon(noise: NoiseParameters, *, tree_levels: int, delta: float) -
     return epsilon
 
 
-# ---------------------------------------------------------------------------
-# pure building blocks
-
-
-def check_drawable(noise: NoiseParameters, grid: Grid) -> None:
-    """Refuses noise the samplers of :mod:`mechanisms.noise` cannot draw, before a release is charged.
-
-    ``grid`` is the widest grid a release may use (:data:`MAX_DIMENSION`): its
-    sensitivity scales the leaf-sum sigma.
-
-    Raises:
-        ValueError: naming the parameter and the sampler's range.
-    """
-    for name in ("tree_count_parameter", "leaf_count_parameter"):
-        try:
-            check_decay(getattr(noise, name))
-        except ValueError as err:
-            raise ValueError(f"ldp {name}: {err}") from None
-    try:
-        check_sigma(noise.sum_noise_multiplier * grid.sensitivity)
-    except ValueError as err:
-        raise ValueError(f"ldp sum_noise_multiplier {noise.sum_noise_multiplier!r}: {err}") from None
-
-
 def simhash_prefix_codes(x: torch.Tensor, hyperplanes: torch.Tensor, center: torch.Tensor) -> np.ndarray:
-    """Prefix codes of SimHash bits: column ``l`` is the integer of the first ``l`` bits.
-
-    Column 0 is the root (0 for everyone); column ``l + 1`` is
-    ``2 * column_l + bit_l`` with ``bit_l = <x - c, v_l> > 0``.
-    """
+    """Prefix codes of SimHash bits: column ``l`` is the integer of the first ``l`` bits, ``bit_l = <x - c, v_l> > 0``
+    (column 0, the root, is 0 for everyone)."""
     bits = ((x.double() - center.double()) @ hyperplanes.double().T > 0).cpu().numpy().astype(np.int64)
     n, depth = bits.shape
     codes = np.zeros((n, depth + 1), dtype=np.int64)
@@ -200,15 +137,8 @@ def simhash_prefix_codes(x: torch.Tensor, hyperplanes: torch.Tensor, center: tor
 
 def count_members(point_codes: np.ndarray, node_codes: np.ndarray) -> np.ndarray:
     """How many points carry each of ``node_codes`` (all nodes on one level)."""
-    order = np.argsort(node_codes)
-    sorted_nodes = node_codes[order]
-    pos = np.searchsorted(sorted_nodes, point_codes)
-    pos_clipped = np.minimum(pos, max(len(sorted_nodes) - 1, 0))
-    hit = (pos < len(sorted_nodes)) & (sorted_nodes[pos_clipped] == point_codes) if len(sorted_nodes) else pos < 0
-    counts_sorted = np.bincount(pos[hit], minlength=len(sorted_nodes))
-    counts = np.empty_like(counts_sorted)
-    counts[order] = counts_sorted
-    return counts
+    points = np.sort(point_codes)
+    return np.searchsorted(points, node_codes, side="right") - np.searchsorted(points, node_codes, side="left")
 
 
 @dataclass(frozen=True)
@@ -249,25 +179,11 @@ class Tree:
 
 
 def grow_tree(
-    codes: np.ndarray,
-    *,
-    max_depth: int,
-    tree_count_parameter: float,
-    thresholds_for_root: Callable[[float], Thresholds],
-    source: random.Random,
+    codes: np.ndarray, *, max_depth: int, tree_count_parameter: float,
+    thresholds_for_root: Callable[[float], Thresholds], source: random.Random,
 ) -> Tree:
-    """Grows the prefix tree level by level with noisy counts.
-
-    Both children of every split node are queried, empty or not: which
-    counts get released must depend only on earlier noisy outputs.
-
-    Args:
-        codes: ``[n, max_depth + 1]`` prefix codes (see :func:`simhash_prefix_codes`).
-        max_depth: Deepest level (levels ``0..max_depth`` release counts).
-        tree_count_parameter: Discrete-Laplace decay of every node count.
-        thresholds_for_root: Maps the noisy root count to the thresholds.
-        source: Noise source.
-    """
+    """Grows the prefix tree over ``codes`` level by level with noisy counts, querying both children of every
+    split node, empty or not: which counts get released must depend only on earlier noisy outputs."""
     nodes = np.zeros(1, dtype=np.int64)
     noisy = count_members(codes[:, 0], nodes) + discrete_laplace(1, parameter=tree_count_parameter, source=source)
     root_count = float(noisy[0])
@@ -289,13 +205,7 @@ def grow_tree(
         noisy = count_members(codes[:, level + 1], nodes) + noise
         queried += nodes.shape[0]
         depth_reached = level + 1
-    return Tree(
-        leaf_levels=np.concatenate(leaf_levels),
-        leaf_codes=np.concatenate(leaf_codes),
-        root_count=root_count,
-        nodes_queried=queried,
-        depth_reached=depth_reached,
-    )
+    return Tree(np.concatenate(leaf_levels), np.concatenate(leaf_codes), root_count, queried, depth_reached)
 
 
 def leaf_membership(codes: np.ndarray, tree: Tree) -> np.ndarray:
@@ -319,12 +229,7 @@ class Coreset:
 
 
 def noisy_leaf_statistics(
-    x: torch.Tensor,
-    membership: np.ndarray,
-    num_leaves: int,
-    *,
-    grid: Grid,
-    noise: NoiseParameters,
+    x: torch.Tensor, membership: np.ndarray, num_leaves: int, *, grid: Grid, noise: NoiseParameters,
     source: random.Random,
 ) -> tuple[np.ndarray, torch.Tensor]:
     """Noisy count (discrete Laplace) and noisy sum (discrete Gaussian) per leaf."""
@@ -340,38 +245,11 @@ def noisy_leaf_statistics(
     return noisy_counts, torch.from_numpy(noisy_sums.astype(np.float64) * grid.step)
 
 
-def coreset_points(
-    noisy_counts: np.ndarray, noisy_sums: torch.Tensor, radius: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted coreset from noisy leaf statistics (post-processing).
-
-    A leaf whose noisy count is zero or negative carries no usable weight and
-    is dropped; the others become ``sum / max(count, 1)`` clipped to ``r``.
-    """
-    counts = torch.from_numpy(noisy_counts.astype(np.float64))
-    keep = counts > 0
-    points = noisy_sums[keep] / counts[keep].clamp_min(1.0)[:, None]
-    return clip_to_radius(points, radius), counts[keep]
-
-
 def weighted_spherical_kmeans(
-    points: torch.Tensor,
-    weights: torch.Tensor,
-    num_clusters: int,
-    *,
-    generator: torch.Generator,
-    num_iters: int = 20,
+    points: torch.Tensor, weights: torch.Tensor, num_clusters: int, *, generator: torch.Generator, num_iters: int = 20
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted k-means on directions; centres are normalised weighted sums.
-
-    Assignment uses cosine similarity; a centre moves to the direction of
-    ``sum_i w_i p_i`` over its members, which for coreset points is the
-    direction of the sum of their leaves' (noisy) sums: the natural estimate
-    of the members' mean direction.
-
-    Returns:
-        ``(centres [k, D] unit-norm, cluster weights [k])``.
-    """
+    """Weighted k-means by cosine: ``(unit centres [k, D], cluster weights [k])``; a centre moves to the direction
+    of ``sum_i w_i p_i`` over its members (for coreset points, that of their leaves' noisy sums)."""
     directions = F.normalize(points.double(), dim=1)
     mass = points.double() * weights.double()[:, None]
     w = weights.double()
@@ -391,10 +269,6 @@ def weighted_spherical_kmeans(
         centres_t = torch.where(occupied[:, None], F.normalize(sums, dim=1), centres_t)
     cluster_weights = torch.zeros(num_clusters, dtype=torch.float64).index_add_(0, assignment, w)
     return centres_t, cluster_weights
-
-
-# ---------------------------------------------------------------------------
-# the mechanism
 
 
 @register_mechanism
@@ -432,31 +306,11 @@ class LshCoresetMechanism(ReleaseMechanism):
         budget_split: BudgetSplit | None = None,
         noise_source: random.Random | None = None,
     ) -> None:
-        """Builds the mechanism from explicit noise or from a per-release budget.
-
-        Args:
-            epsilon: Per-release epsilon to calibrate to (default 1.0 when no
-                noise parameters are given). For a budget over a whole run use
-                :func:`ldp_parameters`.
-            delta: Delta of each release's quoted epsilon.
-            tree_count_parameter: Discrete-Laplace decay of node counts.
-            leaf_count_parameter: Discrete-Laplace decay of leaf counts.
-            sum_noise_multiplier: Leaf-sum noise std / sensitivity.
-            radius: Clip radius ``r``; 1 for unit representations.
-            max_depth: Deepest tree level; ``max_depth + 1`` levels are charged.
-            branch_threshold: ``T_b``; derived from the noisy root count if omitted.
-            leaf_threshold: ``T_n``; derived from the noise scales if omitted.
-            center: Public SimHash centre ``c`` (e.g. mean of last round's
-                global centroids); the origin if omitted. May be reassigned
-                between releases.
-            clustering: ``"kmeans"`` (weighted spherical k-means) or
-                ``"sinkhorn"`` (equal-mass Sinkhorn k-means) on the coreset.
-            kmeans_iters: Lloyd iterations of the coreset clustering.
-            grid_resolution: Grid steps per radius for the sums (default 50 sqrt(D)).
-            budget_split: Fractions used when calibrating from ``epsilon``.
-            noise_source: Randomness for the DP noise. Leave unset (the OS
-                CSPRNG); tests pass a seeded ``random.Random``.
-        """
+        """From the three noise parameters (``sum_noise_multiplier``: leaf-sum std over its sensitivity), or
+        calibrated to a per-release ``epsilon`` (default 1.0). ``T_b`` (``branch_threshold``) and ``T_n``
+        (``leaf_threshold``) default to :func:`default_thresholds`, the public SimHash ``center`` to the origin;
+        ``clustering`` of the coreset is ``"kmeans"`` (weighted spherical) or ``"sinkhorn"`` (equal-mass). Leave
+        ``noise_source`` unset (the OS CSPRNG); tests pass a seeded one."""
         given = [p is not None for p in (tree_count_parameter, leaf_count_parameter, sum_noise_multiplier)]
         if any(given) and not all(given):
             raise ValueError("give all three noise parameters or none (then epsilon is calibrated)")
@@ -490,7 +344,16 @@ class LshCoresetMechanism(ReleaseMechanism):
                 tree_levels=self.tree_levels,
                 split=budget_split or BudgetSplit(),
             )
-        check_drawable(self.noise, self.grid(MAX_DIMENSION))
+        # Refuse noise the samplers cannot draw, on the widest grid a release may use, before any release is charged.
+        for name in ("tree_count_parameter", "leaf_count_parameter"):
+            try:
+                check_decay(getattr(self.noise, name))
+            except ValueError as err:
+                raise ValueError(f"ldp {name}: {err}") from None
+        try:
+            check_sigma(self.noise.sum_noise_multiplier * self.grid(MAX_DIMENSION).sensitivity)
+        except ValueError as err:
+            raise ValueError(f"ldp sum_noise_multiplier {self.noise.sum_noise_multiplier!r}: {err}") from None
 
     def observe_global_centroids(self, centroids: torch.Tensor) -> None:
         """SimHash centre ``c`` = mean of last round's (public) global centroids."""
@@ -507,17 +370,11 @@ class LshCoresetMechanism(ReleaseMechanism):
 
     @classmethod
     def max_total_weight(cls, *, num_reps: int, params: dict[str, Any]) -> float:
-        """``num_reps`` plus room for the leaf-count noise: :data:`WEIGHT_NOISE_SCALES` of its scale.
-
-        The weights are the kept leaves' noisy counts, whose discrete-Laplace
-        noise has no upper bound; an honest total above this needs the kept
-        leaves' noise to add up to a thousand times its scale.
-        """
+        """``num_reps`` plus :data:`WEIGHT_NOISE_SCALES` scales of the (unbounded) leaf-count noise in the weights."""
         noise = cls(**params).noise
         return float(num_reps) + WEIGHT_NOISE_SCALES / noise.leaf_count_parameter
 
     def privacy_events(self) -> tuple[PrivacyEvent, ...]:
-        """What one release costs, for the run's ledger."""
         return accounting.release_privacy_events(self.noise, tree_levels=self.tree_levels)
 
     def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
@@ -549,9 +406,7 @@ class LshCoresetMechanism(ReleaseMechanism):
         branch = self.branch_threshold if self.branch_threshold is not None else max(auto.branch, 2 * keep)
         return Thresholds(keep=keep, branch=branch)
 
-    def coreset(
-        self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
-    ) -> Coreset:
+    def coreset(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Coreset:
         """Steps 1-4: the private part. Consumes ``max_depth * D`` normals of ``generator``."""
         n, dim = reps.shape
         source = self.noise_source if self.noise_source is not None else secure_source()
@@ -560,9 +415,7 @@ class LshCoresetMechanism(ReleaseMechanism):
         x = clip_to_radius(reps.detach().double().cpu(), self.radius)
         codes = simhash_prefix_codes(x, hyperplanes, center) if n else np.zeros((0, self.max_depth + 1), np.int64)
         tree = grow_tree(
-            codes,
-            max_depth=self.max_depth,
-            tree_count_parameter=self.noise.tree_count_parameter,
+            codes, max_depth=self.max_depth, tree_count_parameter=self.noise.tree_count_parameter,
             thresholds_for_root=lambda root: self.thresholds(root_count=root, num_centroids=num_centroids, dim=dim),
             source=source,
         )
@@ -570,11 +423,11 @@ class LshCoresetMechanism(ReleaseMechanism):
         noisy_counts, noisy_sums = noisy_leaf_statistics(
             x, membership, len(tree.leaf_codes), grid=self.grid(dim), noise=self.noise, source=source
         )
-        points, weights = coreset_points(noisy_counts, noisy_sums, self.radius)
-        return Coreset(
-            points=points, weights=weights, noisy_counts=noisy_counts, noisy_sums=noisy_sums, tree=tree,
-            leaf_of_row=membership,
-        )
+        # Post-processing: leaves of positive noisy count become ``sum / max(count, 1)`` clipped to ``r``.
+        counts = torch.from_numpy(noisy_counts.astype(np.float64))
+        keep = counts > 0
+        points = clip_to_radius(noisy_sums[keep] / counts[keep].clamp_min(1.0)[:, None], self.radius)
+        return Coreset(points, counts[keep], noisy_counts, noisy_sums, tree, membership)
 
     def cluster(
         self, coreset: Coreset, *, num_centroids: int, dim: int, generator: torch.Generator
@@ -597,22 +450,14 @@ class LshCoresetMechanism(ReleaseMechanism):
             )
         return pad_centres(centres, cluster_weights, num_centroids, dim, generator=generator)
 
-    def release(
-        self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
-    ) -> Release:
+    def release(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
         return self.release_with_members(reps, num_centroids=num_centroids, generator=generator)[0]
 
     def release_with_members(
         self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
     ) -> tuple[Release, torch.Tensor]:
-        """The release, and for each row the centre its leaf's coreset point is nearest (``-1``: no usable leaf).
-
-        A padding centre (weight 0) has no members. Which centre a coreset
-        point "fed" is approximated by the nearest one: the weighted k-means
-        that made them ends with that assignment.
-        """
-        if reps.ndim != 2:
-            raise ValueError(f"reps must be [n, D], got shape {tuple(reps.shape)}")
+        """The release, and for each row the centre nearest its leaf's coreset point (``-1``: no usable leaf), as
+        the weighted k-means ends assigning them; a padding centre (weight 0) has no members."""
         if reps.shape[1] > MAX_DIMENSION:
             raise ValueError(f"ldp releases representations of at most {MAX_DIMENSION} dimensions, got {reps.shape[1]}")
         if num_centroids < 1:
@@ -622,7 +467,7 @@ class LshCoresetMechanism(ReleaseMechanism):
         centres, weights = self.cluster(coreset, num_centroids=num_centroids, dim=dim, generator=generator)
         real = int((weights > 0).sum())
         release = Release(
-            vectors=centres.to(reps.dtype if reps.is_floating_point() else torch.float32),
+            vectors=centres.to(reps.dtype),
             weights=weights.float(),
             guarantee=self.guarantee(num_reps=n, num_centroids=num_centroids),
             events=self.privacy_events(),

@@ -1,70 +1,56 @@
 """Differentially private per-cell sums over a public partition: the ``ldp-sums`` mechanism.
 
-``ldp`` spends much of its budget finding clusters (a noisy SimHash tree) and
-still mixes them. Here the partition is public instead: each row goes to the
-cell of its nearest *partition centre*, and one Gaussian on the whole table
-of per-cell sums and counts pays for everything.
+``ldp`` spends much of its budget finding clusters and still mixes them.
+Here the partition is public: each row goes to the cell of its nearest
+partition centre, and one Gaussian on the whole table of per-cell sums and
+counts pays for everything.
 
-1. Clip every representation to the unit ball and round it to an integer
-   grid of ``res = ceil(50 sqrt(D))`` steps per unit (as ``ldp``'s leaf sums).
+1. Clip every row to the unit ball and round it to an integer grid of
+   ``res = ceil(50 sqrt(D))`` steps per unit.
 2. Assign it to the nearest partition centre (largest inner product): the
-   previous global centroids when the server sent them (public, see
-   :meth:`LdpSumsMechanism.observe_global_centroids`), else ``L`` random unit
-   vectors drawn from the release's ``generator`` (public and data-independent:
-   the server knows its seed). So round 0, which has no previous centroids,
-   releases noisy sums over a random partition rather than nothing: its
-   charge is planned either way, and a random partition of clustered data
-   still keeps most of a cluster in one cell.
+   previous global centroids when the server sent them (public), else ``L``
+   random unit vectors from the release's ``generator`` (public and
+   data-independent: the server knows its seed). Round 0 thus releases noisy
+   sums over a random partition, which still keeps most of a cluster in one
+   cell; its charge is planned either way.
 3. Per cell ``c``: the integer sum ``S_c`` of its rounded rows and the count
-   ``res * n_c`` (a count in the sums' units). Every entry of the table, empty
-   cells included, gets discrete Gaussian noise of one sigma, from the OS
-   CSPRNG (:mod:`mechanisms.noise`).
-4. Post-processing: a cell whose noisy count reaches the public threshold
-   (default ``max(3 * count noise std, 1)``) is a candidate; the ``L``
-   candidates with the largest noisy counts are released as their unit noisy
-   sums, weighted by their noisy counts, and padded to exactly ``L`` rows of
-   weight 0 as ``ldp`` pads (:func:`mechanisms.dp_pieces.pad_centres`). The
-   threshold only keeps cells that are not mostly count noise; unlike
-   ``ldp``'s it does not ask the sum to outweigh its noise, because the
-   server averages the same cell over many clients, where that noise shrinks.
+   ``res * n_c``. Every entry, empty cells included, gets discrete Gaussian
+   noise of one sigma from the OS CSPRNG (:mod:`mechanisms.noise`).
+4. Post-processing: of the cells whose noisy count reaches the public
+   threshold (default ``max(3 * count noise std, 1)``), the ``L`` with the
+   largest noisy counts are released as unit noisy sums weighted by their
+   noisy counts, padded to ``L`` rows of weight 0
+   (:func:`mechanisms.dp_pieces.pad_centres`). Unlike ``ldp``'s, the threshold
+   does not ask a sum to outweigh its noise: the server averages each cell
+   over many clients.
 
-Sensitivity (replace-one, the unit of :mod:`mechanisms.accounting`). A
-rounded row ``r`` has ``||r||_2 <= s = res + sqrt(D)/2`` grid steps (rounding
-moves each coordinate by at most half a step), and its count entry is
-``res <= s``. Replace row ``x`` (cell ``a``) by ``y`` (cell ``b``):
-
-* ``a != b``: ``S_a`` moves by ``-r_x``, ``S_b`` by ``r_y``, the two counts by
-  ``-res`` and ``+res``: the table moves by
-  ``sqrt(||r_x||^2 + ||r_y||^2 + 2 res^2) <= sqrt(4 s^2) = 2s``;
-* ``a == b``: only ``S_a`` moves, by ``r_y - r_x``: at most ``2s``.
-
-So the whole table has L2 sensitivity ``2s``: one Gaussian with noise
-multiplier ``z = sigma / s``, charged as a ``"gaussian"`` event, which
+Sensitivity (replace-one, the unit of :mod:`mechanisms.accounting`): a
+rounded row has ``||r||_2 <= s = res + sqrt(D)/2`` grid steps, its count
+entry is ``res <= s``. Replacing row ``x`` (cell ``a``) by ``y`` (cell ``b``)
+moves the table by ``sqrt(||r_x||^2 + ||r_y||^2 + 2 res^2) <= 2s`` when
+``a != b`` (two sums, two counts), by ``||r_y - r_x|| <= 2s`` when ``a == b``.
+So the table has L2 sensitivity ``2s``: one Gaussian of multiplier
+``z = sigma / s``, a ``"gaussian"`` event that
 :func:`mechanisms.accounting.replace_one_pld` accounts with replace-one's
-shift of twice the per-row bound (``tests/mechanisms/test_ldp_sums.py``
-measures it).
+shift of twice the per-row bound (measured in ``tests/mechanisms/test_ldp_sums.py``).
 
-Secret sample (``sampling_rate`` q < 1): each input row is kept with
-probability q by coins from the noise source (the OS CSPRNG), never from the
-round's ``generator``. A kept row moves the table by at most
-``Delta = sqrt(s^2 + res^2) <= sqrt(2) s``, so ``sigma = z * Delta`` and the
-release is charged as a ``"poisson_gaussian"`` event of rate q and multiplier
-z. Every row is added (a dropped one as zeros), so neither the table nor the
-timing shows the sample's size; why that matters, and measured gains:
-docs/privacy.md, "The secret sample (ldp-sums)".
+Secret sample (``sampling_rate`` q < 1): each row is kept with probability q
+by coins from the noise source (the OS CSPRNG), never the round's
+``generator``. A kept row moves the table by at most
+``Delta = sqrt(s^2 + res^2) <= sqrt(2) s``, so ``sigma = z * Delta``, charged
+as a ``"poisson_gaussian"`` event of rate q and multiplier z. A dropped row is
+added as zeros, so neither the table nor the timing shows the sample's size
+(docs/privacy.md, "The secret sample (ldp-sums)").
 
-In data units every sum coordinate and every count carries noise of std
-``z * s / res <= 1.01 z`` (sampled: ``z * Delta / res <= 1.43 z``, which
-the default threshold follows). The discrete Gaussian is
-accounted as the continuous one, the approximation
-:mod:`mechanisms.accounting` states once. Which cells are released depends
-only on noisy values; the partition centres and the table's shape are public.
-The bound holds for any centres, a hostile server's too: a row's cell
-depends on that row and the centres alone. A client with zero rows runs the
-same code.
-
-What the guarantee covers: the released vectors, weights and metrics (all
-functions of the noisy table), not the encoder update.
+Each sum coordinate and count carries noise of std ``z * s / res <= 1.01 z``
+in data units (sampled: ``<= 1.43 z``, which the default threshold follows).
+The discrete Gaussian is accounted as the continuous one, the approximation
+:mod:`mechanisms.accounting` states. Which cells are released depends only on
+noisy values; the centres and the table's shape are public, and the bound
+holds for any centres, a hostile server's too (a row's cell depends on that
+row and the centres alone). A client with zero rows runs the same code. The
+guarantee covers the released vectors, weights and metrics (functions of the
+noisy table), not the encoder update.
 """
 
 from __future__ import annotations
@@ -74,7 +60,7 @@ import random
 from collections.abc import Mapping
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -85,6 +71,7 @@ from mechanisms import accounting
 from mechanisms.base import (
     DIFFERENTIAL_PRIVACY,
     Guarantee,
+    Mechanism,
     PrivacyEvent,
     Release,
     ReleaseMechanism,
@@ -99,12 +86,7 @@ from mechanisms.dp_pieces import (
     clip_to_radius,
     pad_centres,
 )
-from mechanisms.noise import (
-    check_sigma,
-    discrete_gaussian,
-    poisson_sample_mask,
-    secure_source,
-)
+from mechanisms.noise import check_sigma, discrete_gaussian, poisson_sample_mask, secure_source
 from mechanisms.planning import PlanRequest
 from mechanisms.registry import register_mechanism
 
@@ -112,15 +94,6 @@ from mechanisms.registry import register_mechanism
 THRESHOLD_STDS = 3.0
 #: Largest ratio of the count noise's std to the noise multiplier, over all dimensions (``s / res <= 1.01``), unsampled.
 COUNT_STD_PER_MULTIPLIER = 1.01
-
-
-#: The setting of a mechanism that releases from a secret Poisson sample of every image's representation.
-SECRET_SAMPLE_SETTINGS: Mapping[str, Any] = MappingProxyType({"secret_sample": True})
-
-
-def secret_sample_options(request: PlanRequest, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """``sampling_rate`` for :meth:`LdpSumsMechanism.calibrate`: the run's secret-sample rate, or 1 when turned off."""
-    return {"sampling_rate": request.secret_sample_rate if settings.get("secret_sample", True) else 1.0}
 
 
 def sums_grid(dim: int) -> Grid:
@@ -148,13 +121,9 @@ def table_event(noise_multiplier: float, *, count: int = 1, sampling_rate: float
 
 @lru_cache(maxsize=64)
 def sums_noise_multiplier(epsilon: float, delta: float, *, num_releases: int, sampling_rate: float = 1.0) -> float:
-    """Smallest multiplier whose ``num_releases`` releases fit ``(epsilon, delta)`` on the ledger's own PLD grid.
-
-    Unsampled, the analytic Gaussian calibration (Balle and Wang 2018) is
-    exact; the ledger's pessimistic PLD rounds losses up by up to 1 % of
-    ``epsilon``, so the multiplier is raised by 0.1 % steps until the ledger
-    agrees. Sampled, a bisection on the ledger's PLD of the subsampled events.
-    """
+    """Smallest multiplier whose ``num_releases`` releases fit ``(epsilon, delta)`` on the ledger's own PLD grid:
+    unsampled, the analytic Gaussian calibration (Balle and Wang 2018), raised by 0.1 % steps until the
+    ledger's PLD (rounding up by up to 1 % of ``epsilon``) agrees; sampled, a bisection on the ledger's PLD."""
     if epsilon <= 0 or not 0 < delta < 1 or num_releases < 1:
         raise ValueError(f"need epsilon > 0, 0 < delta < 1 and num_releases >= 1, got ({epsilon}, {delta}, {num_releases})")
     check_sampling_rate(sampling_rate)
@@ -181,12 +150,8 @@ def check_sampling_rate(rate: float) -> None:
 
 @lru_cache(maxsize=256)
 def release_epsilon(noise_multiplier: float, delta: float) -> float:
-    """Epsilon of one release at ``delta``: the Gaussian's exact value (Balle and Wang 2018), shift twice the row bound.
-
-    The ledger's PLD of the same event rounds it up by at most its grid; a
-    PLD on a grid fine enough to state it would need terabytes for the huge
-    epsilon of a tiny multiplier, which the exact formula does not.
-    """
+    """Epsilon of one release at ``delta``: the Gaussian's exact value (Balle and Wang 2018), shift twice the row
+    bound (the ledger's PLD rounds it up by at most its grid, and would need terabytes for a tiny multiplier)."""
     return float(gaussian_mechanism.get_epsilon_gaussian(noise_multiplier / accounting.REPLACEMENT_SHIFT, delta))
 
 
@@ -206,10 +171,8 @@ def nearest_cells(x: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
 def cell_table(
     rounded: np.ndarray, cells: np.ndarray, num_cells: int, scale: int, *, kept: np.ndarray | None = None
 ) -> np.ndarray:
-    """``[cells, D + 1]`` integer table: each cell's rounded sum, then ``scale`` times its count, of the ``kept`` rows (default all).
-
-    Every row is added, a dropped one as zeros, so the time taken does not tell how many were kept.
-    """
+    """``[cells, D + 1]``: each cell's rounded sum, then ``scale`` times its count, of the ``kept`` rows (default
+    all); a dropped row is added as zeros, so the time taken does not tell how many were kept."""
     weight = np.ones(len(cells), dtype=np.int64) if kept is None else kept.astype(np.int64)
     table = np.zeros((num_cells, rounded.shape[1] + 1), dtype=np.int64)
     np.add.at(table[:, :-1], cells, rounded * weight[:, None])
@@ -218,19 +181,11 @@ def cell_table(
 
 
 def noisy_cell_statistics(
-    x: torch.Tensor,
-    cells: torch.Tensor,
-    num_cells: int,
-    *,
-    noise_multiplier: float,
-    source: random.Random,
+    x: torch.Tensor, cells: torch.Tensor, num_cells: int, *, noise_multiplier: float, source: random.Random,
     kept: np.ndarray | None = None,
 ) -> tuple[np.ndarray, torch.Tensor]:
-    """Noisy counts ``[cells]`` and sums ``[cells, D]`` in data units: one discrete Gaussian over the whole table.
-
-    ``kept``: the rows' secret Poisson sample (None: every row, unsampled); the
-    noise is then scaled to :func:`row_bound`'s sampled unit.
-    """
+    """Noisy counts ``[cells]`` and sums ``[cells, D]`` in data units: one discrete Gaussian over the whole table,
+    of :func:`row_bound`'s sampled unit for the secret Poisson sample ``kept`` (None: every row)."""
     table = integer_table(x, cells, num_cells, kept=kept)
     sigma = noise_multiplier * row_bound(sums_grid(x.shape[1]), sampled=kept is not None)
     return table_in_data_units(table + discrete_gaussian(table.size, sigma=sigma, source=source).reshape(table.shape))
@@ -250,17 +205,28 @@ def table_in_data_units(table: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
     return counts, torch.from_numpy(table[:, :-1].astype(np.float64) * grid.step)
 
 
-def released_cells(noisy_counts: np.ndarray, noisy_sums: torch.Tensor, *, threshold: float, limit: int) -> torch.Tensor:
-    """Cells to release (post-processing): noisy count at least ``threshold``, a nonzero sum, largest counts first, at most ``limit``."""
-    counts = torch.from_numpy(noisy_counts)
-    usable = (counts >= threshold) & (noisy_sums.norm(dim=1) > 0)
-    candidates = torch.nonzero(usable).squeeze(1)
-    order = torch.argsort(counts[candidates], descending=True, stable=True)
-    return candidates[order][:limit]
+class TableCalibration(Mechanism):
+    """The calibration ``ldp-sums`` and ``ddp-sums`` share: one Gaussian on the table, on the run's secret sample."""
+
+    guarantee_kind = DIFFERENTIAL_PRIVACY
+    #: ``secret_sample``: release from a secret Poisson sample of every image's representation.
+    settings: ClassVar[Mapping[str, Any]] = MappingProxyType({"secret_sample": True})
+
+    @classmethod
+    def calibration_options(cls, request: PlanRequest, settings: Mapping[str, Any]) -> dict[str, Any]:
+        return {"sampling_rate": request.secret_sample_rate if settings.get("secret_sample", True) else 1.0}
+
+    @classmethod
+    def calibrate(
+        cls, *, epsilon: float, delta: float, num_releases: int, sampling_rate: float = 1.0
+    ) -> dict[str, float]:
+        """The multiplier whose ``num_releases`` releases, each on a sample of rate ``sampling_rate``, fit."""
+        multiplier = sums_noise_multiplier(epsilon, delta, num_releases=num_releases, sampling_rate=sampling_rate)
+        return {"noise_multiplier": multiplier, "delta": float(delta), "sampling_rate": float(sampling_rate)}
 
 
 @register_mechanism
-class LdpSumsMechanism(ReleaseMechanism):
+class LdpSumsMechanism(TableCalibration, ReleaseMechanism):
     """(epsilon, delta)-DP noisy sums and counts per cell of a public partition (the previous global centroids)."""
 
     name = "ldp-sums"
@@ -268,20 +234,6 @@ class LdpSumsMechanism(ReleaseMechanism):
         "noisy per-cell sums and counts over the previous global centroids' cells (one discrete Gaussian); "
         "(epsilon, delta) per release"
     )
-    guarantee_kind = DIFFERENTIAL_PRIVACY
-    settings = SECRET_SAMPLE_SETTINGS
-
-    @classmethod
-    def calibration_options(cls, request: PlanRequest, settings: Mapping[str, Any]) -> dict[str, Any]:
-        return secret_sample_options(request, settings)
-
-    @classmethod
-    def calibrate(
-        cls, *, epsilon: float, delta: float, num_releases: int, sampling_rate: float = 1.0
-    ) -> dict[str, float]:
-        """The noise multiplier whose ``num_releases`` releases, each on a sample of rate ``sampling_rate``, fit ``(epsilon, delta)``."""
-        multiplier = sums_noise_multiplier(epsilon, delta, num_releases=num_releases, sampling_rate=sampling_rate)
-        return {"noise_multiplier": multiplier, "delta": float(delta), "sampling_rate": float(sampling_rate)}
 
     def __init__(
         self,
@@ -293,18 +245,9 @@ class LdpSumsMechanism(ReleaseMechanism):
         sampling_rate: float = 1.0,
         noise_source: random.Random | None = None,
     ) -> None:
-        """Builds the mechanism from an explicit multiplier or a per-release epsilon.
-
-        Args:
-            epsilon: Per-release epsilon (default 1.0 when no multiplier is given).
-            delta: Delta of each release's epsilon.
-            noise_multiplier: Noise std over the per-row bound ``s`` (see the module docstring).
-            count_threshold: Least noisy count a released cell has; default
-                ``max(3 * count noise std, 1)``. Public: it reads no data.
-            sampling_rate: Each input row joins the release's secret Poisson
-                sample with this probability (1: every row, no sample).
-            noise_source: Randomness for the noise; leave unset (the OS CSPRNG), tests pass a seeded one.
-        """
+        """From a ``noise_multiplier`` (noise std over the row bound), or calibrated to ``epsilon`` (default 1.0) per
+        release. ``count_threshold`` (public) defaults to ``max(3 * count noise std, 1)``; ``sampling_rate`` 1: no
+        secret sample. Leave ``noise_source`` unset (the OS CSPRNG)."""
         if noise_multiplier is not None and epsilon is not None:
             raise ValueError("give either epsilon or noise_multiplier, not both")
         check_sampling_rate(sampling_rate)
@@ -355,7 +298,7 @@ class LdpSumsMechanism(ReleaseMechanism):
         return per_multiplier * self.noise_multiplier
 
     def rows_per_vector(self, *, rows: int, dim: int, num_centroids: int) -> float | None:
-        """The count threshold: a cell is released from this many noisy rows on (its sum's noise is not asked to be smaller)."""
+        """The count threshold (a cell's sum noise is not asked to be smaller)."""
         return self.threshold
 
     def privacy_events(self) -> tuple[PrivacyEvent, ...]:
@@ -364,7 +307,7 @@ class LdpSumsMechanism(ReleaseMechanism):
 
     @classmethod
     def max_total_weight(cls, *, num_reps: int, params: dict[str, Any]) -> float:
-        """``num_reps`` plus :data:`WEIGHT_NOISE_SCALES` count-noise stds (the released cells' true counts total at most ``num_reps``)."""
+        """``num_reps`` (what the cells' true counts total at most) plus :data:`WEIGHT_NOISE_SCALES` noise stds."""
         return float(num_reps) + WEIGHT_NOISE_SCALES * cls(**params).count_noise_std
 
     def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
@@ -405,9 +348,12 @@ class LdpSumsMechanism(ReleaseMechanism):
         counts, sums = noisy_cell_statistics(
             x, cells, centres.shape[0], noise_multiplier=self.noise_multiplier, source=source, kept=kept
         )
-        chosen = released_cells(counts, sums, threshold=self.threshold, limit=num_centroids)
+        # Post-processing: noisy count at least the threshold, a nonzero sum, largest counts first.
+        noisy = torch.from_numpy(counts)
+        usable = torch.nonzero((noisy >= self.threshold) & (sums.norm(dim=1) > 0)).squeeze(1)
+        chosen = usable[torch.argsort(noisy[usable], descending=True, stable=True)][:num_centroids]
         vectors, weights = pad_centres(
-            F.normalize(sums[chosen], dim=1), torch.from_numpy(counts)[chosen], num_centroids, dim, generator=generator
+            F.normalize(sums[chosen], dim=1), noisy[chosen], num_centroids, dim, generator=generator
         )
         release = Release(
             vectors=vectors.to(reps.dtype),
@@ -422,14 +368,9 @@ class LdpSumsMechanism(ReleaseMechanism):
                 "delta": self.delta,
             },
         )
-        members = _released_index_of_row(cells, chosen, centres.shape[0])
+        position = torch.full((centres.shape[0],), -1, dtype=torch.long)  # each cell's released vector
+        position[chosen] = torch.arange(chosen.numel())
+        members = position[cells]
         if kept is not None:
             members[~torch.from_numpy(kept)] = -1
         return release, members
-
-
-def _released_index_of_row(cells: torch.Tensor, chosen: torch.Tensor, num_cells: int) -> torch.Tensor:
-    """Row ``i``'s released vector: the position of its cell among ``chosen``, ``-1`` if not released."""
-    position = torch.full((num_cells,), -1, dtype=torch.long)
-    position[chosen] = torch.arange(chosen.numel())
-    return position[cells]

@@ -1,14 +1,11 @@
-"""What a run asks of a mechanism's plan, and what the mechanism answers (:meth:`mechanisms.base.Mechanism.plan`)."""
+"""What a run asks of a mechanism's plan (:meth:`mechanisms.base.Mechanism.plan`); it imports nothing of mechanisms."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from mechanisms.base import Mechanism, PrivacyEvent
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -59,18 +56,3 @@ class PlanRequest:
         One rate for the run, so every client's release costs the same events.
         """
         return min(1.0, self.memory_size / max(statistics.median(self.client_sizes or (0,)), 1))
-
-
-@dataclass(frozen=True)
-class MechanismPlan:
-    """A mechanism's answer: the parameters every client builds it with and what one release costs.
-
-    Attributes:
-        params: JSON-able constructor arguments.
-        events: Privacy events of one release (empty unless DP).
-        mechanism: The mechanism built from ``params``.
-    """
-
-    params: dict[str, Any]
-    events: tuple[PrivacyEvent, ...]
-    mechanism: Mechanism

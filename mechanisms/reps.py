@@ -7,8 +7,6 @@ recovers here is the most any mechanism could leak.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from mechanisms.base import NO_GUARANTEE, Guarantee, Release, ReleaseMechanism
@@ -24,9 +22,6 @@ class RawRepresentations(ReleaseMechanism):
     guarantee_kind = NO_GUARANTEE
     releases_raw_data = True
 
-    def __init__(self) -> None:
-        pass
-
     def guarantee(self, *, num_reps: int, num_centroids: int) -> Guarantee:
         return Guarantee(
             kind=NO_GUARANTEE,
@@ -38,14 +33,7 @@ class RawRepresentations(ReleaseMechanism):
         """One vector per representation."""
         return num_reps
 
-    @classmethod
-    def max_total_weight(cls, *, num_reps: int, params: dict[str, Any]) -> float:
-        """One unit of weight per released representation."""
-        return float(num_reps)
-
-    def release(
-        self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
-    ) -> Release:
+    def release(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
         """Returns ``reps`` itself (``num_centroids`` and ``generator`` are unused)."""
         n = reps.shape[0]
         return Release(

@@ -1,12 +1,10 @@
 """A client's side of every Orchestra round, as a Flower ``Client``.
 
 Each ``fit`` computes from the client's declared run (:class:`DeclaredRun`),
-never from the server's word (what the server may send:
-:mod:`privfed.federation.messages`), runs
-:func:`privfed.orchestra.client_update.run_client_round` and replies with the
-model delta and the mechanism's release; the memory never reaches the reply.
-Between rounds the client keeps only its ledger and its last reply
-(:mod:`privfed.federation.reply_store`). Under SecAgg+ it rescales the delta
+never from the server's word (:mod:`privfed.federation.messages`), runs
+:func:`~privfed.orchestra.client_update.run_client_round` and replies with the
+model delta and the release, never the memory. Between rounds the client keeps
+only its ledger and its last reply. Under SecAgg+ it rescales the delta
 (:mod:`privfed.secagg.client_encoding`) before privfed's SecAgg+ mod masks it.
 """
 
@@ -37,12 +35,7 @@ from privfed.config import TrainConfig
 from privfed.data.federated import FederatedSplit
 from privfed.device import resolve_device
 from privfed.federation.cohort_round import CohortJob, current_cohort
-from privfed.federation.messages import (
-    arrays_to_state,
-    bytes_to_tensor,
-    encode_release,
-    state_to_arrays,
-)
+from privfed.federation.messages import arrays_to_state, bytes_to_tensor, encode_release, state_to_arrays
 from privfed.federation.partitions import PARTITION_KEY
 from privfed.federation.reply_store import ReplyStore, StoredReply, instructions_digest
 from privfed.methods import build_network, get_method
@@ -70,18 +63,13 @@ class ClientRoundFailed(RuntimeError):
 
 
 def client_seed(run_seed: int, round_index: int, client_id: int) -> int:
-    """Independent, reproducible 64-bit seed per (run, round, client): among a million (round, client) pairs
-    about 116 pairs would share a 32-bit seed; in 64 bits any sharing has probability about 3e-8."""
+    """Independent, reproducible 64-bit seed per (run, round, client): 32 bits would repeat within a million."""
     return int(np.random.SeedSequence([run_seed, round_index, client_id]).generate_state(1, dtype=np.uint64)[0])
 
 
 @dataclass(frozen=True)
 class SecureSumSetup:
-    """What this node's SecAgg+ round was set up with (Flower's mod keeps it in the node's state).
-
-    ``node_min_shares`` is the node's own floor on the shares in a sum
-    (``secure-sum-min-shares``): in deployment the run config sets K_min.
-    """
+    """This node's SecAgg+ round setup (kept in the node's state), with its own floor ``secure-sum-min-shares``."""
 
     threshold: int
     modulus: int
@@ -93,15 +81,12 @@ class DeclaredRun:
     """The run as its user declared it: the client computes every round from it, never from the server's word.
 
     Attributes:
-        config: The declared run's configuration (in deployment, the run config the server's operator submits).
-        split: Which images each client holds.
+        config: In deployment, the run config the server's operator submits.
         local: Local training hyperparameters (without DP-SGD settings: those are the guard's).
-        secagg: The SecAgg+ settings the declared run plans (None: ``--no-secagg``);
-            a training round must use SecAgg+ with exactly these encodings.
+        secagg: None: ``--no-secagg``; else a training round must use SecAgg+ with exactly these encodings.
         guard: The client's own calibration and ledger (:mod:`privfed.privacy.client_guard`).
         run: The run the node's ledger charges rounds to (Flower's run id, or the key a simulation passes).
-        replies: The client's last reply, sent again when the same round of the same run is replayed
-            (:mod:`privfed.federation.reply_store`).
+        replies: The client's last reply, sent again for a replayed round (:mod:`privfed.federation.reply_store`).
     """
 
     config: TrainConfig
@@ -134,13 +119,7 @@ ROUND_KEYS = {"task", "round", "centroids"}
 
 
 class OrchestraClient(Client):
-    """Answers the server's fit instructions for one data partition of its declared run.
-
-    Args:
-        client_id: The partition this client holds.
-        declared: The declared run the client computes from.
-        secure_sum: This round's SecAgg+ setup, if it has one.
-    """
+    """Answers the server's fit instructions for partition ``client_id`` of its declared run."""
 
     def __init__(self, client_id: int, declared: DeclaredRun, *, secure_sum: SecureSumSetup | None = None) -> None:
         self.client_id = client_id
@@ -248,10 +227,8 @@ class OrchestraClient(Client):
     ) -> TrainedMember | None:
         """This admitted round's training, done in the local runtime's cohort (None: the client trains alone).
 
-        In the runtime's first pass the round is handed to the cohort, which
-        ends this fit (:mod:`privfed.federation.cohort_round`). Only a client
-        that keeps its state on disk joins: the second pass must find the
-        round begun, or it would be charged again.
+        The runtime's first pass hands the round to the cohort (:mod:`privfed.federation.cohort_round`). Only a
+        client that keeps its state on disk joins: the second pass must find the round begun, or charge it again.
         """
         cohort = current_cohort()
         if cohort is None or not train or self.declared.replies.path is None:
@@ -265,11 +242,8 @@ class OrchestraClient(Client):
         return None
 
     def _mechanism(self, train: bool) -> Mechanism | None:
-        """The declared mechanism, built from the client's own calibration; refuses a round it cannot serve.
-
-        An aggregated mechanism's training round is refused when its SecAgg+
-        setup would not hold the noise its share leaves out.
-        """
+        """The declared mechanism from the client's own calibration; refuses a round it cannot serve (a secure-sum
+        mechanism's training round whose SecAgg+ setup would not hold its noise)."""
         name, params = self.declared.guard.budget.mechanism, self.declared.guard.budget.params
         if name is None:
             return None
@@ -293,15 +267,14 @@ class OrchestraClient(Client):
         return built
 
     def _replayed(self, stored: StoredReply | None, round_index: int, digest: str, *, shares: bool = False) -> FitRes | None:
-        """The reply this client already sent for this round of this run (``stored``), when the server asks for it again.
+        """The reply this client already sent for this round of this run (``stored``), when asked again.
 
-        A resumed run replays the round a kill interrupted; the same
-        instructions get the same message, so nothing new is released and
-        nothing is charged twice. Other instructions for an answered round are
-        refused, and so is any replay of a round that ``shares`` into a secure
-        sum: the same share in a second sum over other survivors (one dropout
-        is enough) would let the server difference the two sums and read this
-        client's share, which holds only part of the noise.
+        A resumed run replays the round a kill interrupted: the same
+        instructions get the same message, so nothing is released or charged
+        twice. Other instructions for an answered round are refused, and so is
+        any replay of a round that ``shares`` into a secure sum: the same share
+        in a second sum over other survivors would let the server difference
+        the two sums and read this client's share, which holds only part of the noise.
         """
         declared = self.declared
         if stored is None or (stored.reply is None and not stored.failed):
@@ -316,14 +289,9 @@ class OrchestraClient(Client):
         return stored.reply
 
     def _admit(self, begun: StoredReply | None, round_index: int, train: bool, digest: str) -> None:
-        """Charges the round to the guard, or refuses it past the budget (:class:`RoundRefused`).
-
-        The round is recorded as begun as the guard charges it: a round begun
-        (``begun``), charged and never answered (a kill while the client
-        computed) is admitted again without a second charge, since nothing of it left.
-        """
+        """Charges the round to the guard, or refuses it past the budget (:class:`RoundRefused`). A round charged (so
+        recorded as begun) but never answered, killed mid-computation, is admitted again without a second charge."""
         declared = self.declared
-        # A begun record exists only for a round the guard charged (it is written as the charge is made).
         unreleased = begun is not None and begun.reply is None and not begun.failed and begun.digest == digest
         declared.guard.admit(
             run=declared.run, round_index=round_index, train=train, unreleased=unreleased,
@@ -334,25 +302,18 @@ class OrchestraClient(Client):
 def reported_metrics(metrics: dict[str, float], *, report: bool) -> dict[str, float]:
     """The training metrics a client sends: none unless its declared run reports them.
 
-    Off by default, with or without SecAgg+: the server needs no client's
-    loss to run Orchestra, and means over cohorts that change from round to
-    round let the server solve for each client's own values. Step counts and
-    timings stay home too: the counts follow from the public sizes, so the
-    server can compute them, and a release's time depends on the data (an
-    iterative clustering's convergence).
+    Off by default, with or without SecAgg+: Orchestra needs no client's loss,
+    and means over changing cohorts let the server solve for each client's
+    values. Step counts (public: from the sizes) and timings (a release's
+    time depends on the data) stay home too.
     """
     return dict(metrics) if report else {}
 
 
 def is_finite(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` holds no NaN or Inf: its extremes are finite (both propagate NaN).
-
-    One reduction, with no model-sized mask (``torch.isfinite``): about half
-    the time at ResNet-18 size.
-    """
-    if not tensor.numel():
-        return True
-    if not tensor.is_floating_point():
+    """Whether ``tensor`` holds no NaN or Inf: its extremes are finite (both propagate NaN); one reduction, with
+    no model-sized mask (``torch.isfinite``), takes about half the time at ResNet-18 size."""
+    if not tensor.numel() or not tensor.is_floating_point():
         return True
     low, high = torch.aminmax(tensor)
     return math.isfinite(float(low)) and math.isfinite(float(high))

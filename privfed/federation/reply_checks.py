@@ -2,20 +2,17 @@
 
 A reply is trusted for nothing it can be checked on: who sent it (the node
 the server asked, not the ``client_id`` it claims), which round it answers
-(the one the server asked for: :func:`check_round`), how many examples it
-stands for (the partition's size, which the server planned), the release's
-shape, dtype, finiteness, unit norm, count and total weight (bounded by what
-the mechanism could honestly send from the representations its memory
-holds: at most ``memory_size``, :meth:`ReplyRules.most_reps`), its
-privacy events (exactly the plan's; the server charges its own copy), its
-DP-SGD events, its metrics (each known key with a value of its type, and
-training metrics only in a run that reports them) and
-the model delta's arrays: without SecAgg+, their count, shapes, dtype,
-finiteness and size; under SecAgg+, the masked vector's count, shapes and
-integer range (:func:`check_masked_vector`). A
-reply that fails a check is rejected whole, with a one-line reason; the
-strategy (:mod:`privfed.federation.strategy`) drops it and goes on with the
-others.
+(:func:`check_round`), how many examples it stands for (the partition's
+planned size), the release's shape, dtype, finiteness, unit norm, count and
+total weight (bounded by what the mechanism could honestly send from what
+its memory holds: :meth:`ReplyRules.most_reps`), its privacy and DP-SGD
+events (exactly the plan's; the server charges its own copy), its metrics
+(known keys, values of their type, training metrics only in a run that
+reports them) and the model delta: without SecAgg+, its arrays' count,
+shapes, dtype, finiteness and size; under SecAgg+, the masked vector's
+count, shapes and integer range (:func:`check_masked_vector`). A failing
+reply is rejected whole, with a one-line reason; the strategy
+(:mod:`privfed.federation.strategy`) drops it and goes on with the others.
 """
 
 from __future__ import annotations
@@ -64,22 +61,7 @@ class RejectedReply(ValueError):
 
 @dataclass(frozen=True)
 class ReplyRules:
-    """What a reply in this run may hold, from the run's plan.
-
-    Attributes:
-        client_sizes: Each partition's number of examples.
-        dimension: ``D``, the released vectors' dimension.
-        num_centroids: ``L``, local centroids per release.
-        mechanism: The release mechanism's class (None: the method releases nothing).
-        mechanism_params: Its parameters, as the server calibrated them.
-        release_events: What one release costs, as planned.
-        min_k: The smallest anonymity set a k-anonymous release may have.
-        dp_sgd: The DP-SGD plan (None without DP-SGD); gives each client's round events.
-        memory_size: How many representations a client's memory holds (None: no cap but the client's size).
-        client_metrics: Whether clients send training metrics (``--report-client-metrics``); without it a reply
-            that carries one departs from the plan.
-        samples_every_image: The mechanism draws its own secret sample from one representation per image.
-    """
+    """What a reply in this run may hold, from the run's plan (:meth:`of`); ``mechanism`` None: nothing is released."""
 
     client_sizes: tuple[int, ...]
     dimension: int
@@ -94,19 +76,14 @@ class ReplyRules:
     samples_every_image: bool = False
 
     def most_reps(self, size: int) -> int:
-        """The most representations a client of ``size`` examples hands its mechanism.
+        """The most representations a client of ``size`` examples hands its mechanism, which bounds its release.
 
-        One per distinct image in its memory, which keeps at most
-        ``memory_size`` (:mod:`privfed.orchestra.memory`, and round 0's
-        sample); a mechanism that draws its own secret sample is handed one
-        representation per image, so ``size``. Under DP-SGD the memory is a
-        Poisson sample with no cap (:func:`privfed.orchestra.memory_sampling.poisson_memory`),
-        whose Binomial size stays within :func:`~privfed.privacy.dp_sgd_plan.poisson_memory_bound`
-        but with probability ``MEMORY_BOUND_FAILURE``. Every bound on a release
-        (vectors, total weight, credited k) is the mechanism's bound for this
-        many, not for the client's size:
-        a client with 2,000 images would otherwise weigh 2,000 in the global
-        clustering where an honest ``kanon`` release weighs at most 128.
+        One per distinct image in its memory (at most ``memory_size``); one per
+        image to a mechanism that draws its own secret sample. Under DP-SGD the
+        memory is an uncapped Poisson sample, within
+        :func:`~privfed.privacy.dp_sgd_plan.poisson_memory_bound` but with
+        probability ``MEMORY_BOUND_FAILURE``. A client with 2,000 images would
+        otherwise weigh 2,000 where an honest ``kanon`` release weighs at most 128.
         """
         if self.memory_size is None or self.samples_every_image:
             return size
@@ -119,33 +96,18 @@ class ReplyRules:
         config = plan.config
         minimum = plan.privacy.params.get("min_k")
         return cls(
-            client_sizes=plan.client_sizes,
-            dimension=config.projection_dim,
-            num_centroids=config.num_local_centroids,
-            mechanism=mechanism,
-            mechanism_params=dict(plan.privacy.params),
-            release_events=plan.privacy.per_release_events,
-            min_k=None if minimum is None else int(minimum),
-            dp_sgd=plan.privacy.dp_sgd,
-            memory_size=config.memory_size,
-            client_metrics=config.report_client_metrics,
+            client_sizes=plan.client_sizes, dimension=config.projection_dim, num_centroids=config.num_local_centroids,
+            mechanism=mechanism, mechanism_params=dict(plan.privacy.params),
+            release_events=plan.privacy.per_release_events, min_k=None if minimum is None else int(minimum),
+            dp_sgd=plan.privacy.dp_sgd, memory_size=config.memory_size, client_metrics=config.report_client_metrics,
             samples_every_image=plan.privacy.rows_sampled,
         )
 
 
 @dataclass(frozen=True)
 class CheckedReply:
-    """The parts of a reply that passed every check, decoded.
-
-    Attributes:
-        client: The partition the server asked this node for.
-        num_examples: The client's number of examples (its FedAvg weight).
-        release: Its release (None when the method releases nothing); for a
-            k-anonymous one, the guarantee's ``k`` is what the server credits.
-        metrics: Its numeric metrics.
-        training_events: The DP-SGD events it reported (equal to the plan's).
-        delta: The model delta's arrays (None in round 0 and under SecAgg+, where only the sum is readable).
-    """
+    """The parts of a reply that passed every check, decoded; a k-anonymous release's ``k`` is what the server
+    credits, and ``delta`` is None in round 0 and under SecAgg+ (only the sum is readable)."""
 
     client: int
     num_examples: int
@@ -156,30 +118,17 @@ class CheckedReply:
 
 
 def check_reply(
-    res: FitRes,
-    *,
-    client: int,
-    rules: ReplyRules,
-    train: bool,
-    delta_shapes: Sequence[tuple[int, ...]] | None,
+    res: FitRes, *, client: int, rules: ReplyRules, train: bool, delta_shapes: Sequence[tuple[int, ...]] | None,
     round_index: int | None = None,
 ) -> CheckedReply:
     """Checks one reply from the node that holds partition ``client``.
 
-    Args:
-        res: The reply as Flower delivered it.
-        client: The partition the server sent this node's instructions for.
-        rules: The run's expectations.
-        train: Whether the round trains (round 0 only initialises: no delta, no DP-SGD cost).
-        delta_shapes: The delta arrays' shapes to expect, or None where the
-            parameters are not one client's (SecAgg+ rounds) and are left
-            to the secure aggregation's own checks.
-        round_index: The round the server asked for (:func:`check_round`;
-            None leaves it unchecked, for library use outside a run).
+    ``delta_shapes`` is None where the parameters are not one client's (SecAgg+
+    rounds, checked by the secure aggregation); ``round_index`` None leaves the
+    round unchecked (library use outside a run).
 
     Raises:
-        RejectedReply: naming the first check that failed, or the error a
-            malformed reply raised while being read (never anything else).
+        RejectedReply: naming the first check that failed, or the error a malformed reply raised (never anything else).
     """
     try:
         if round_index is not None:
@@ -230,15 +179,8 @@ def _numeric_metrics(metrics: dict[str, Any], *, reported: bool) -> dict[str, fl
 
 
 def check_round(metrics: dict[str, Any], round_index: int) -> None:
-    """Refuses a reply that does not name ``round_index`` as the round it answers.
-
-    A reply to an earlier round, delivered late or replayed by someone on the
-    way, would otherwise count in this one: its release clustered again, its
-    update applied to a model it was not computed from.
-
-    Raises:
-        RejectedReply: naming the round the reply claims.
-    """
+    """Refuses (:class:`RejectedReply`) a reply that does not name ``round_index`` as the round it answers: one to
+    an earlier round, late or replayed, would have its release clustered again and its update misapplied."""
     claimed = metrics.get(ROUND_KEY)
     if not _is_int(claimed):
         raise RejectedReply(f"the round it answers is missing or not an integer ({claimed!r})")
@@ -395,18 +337,9 @@ def _delta(res: FitRes, shapes: Sequence[tuple[int, ...]], *, train: bool) -> li
 
 
 def check_masked_vector(arrays: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]], *, modulus: int) -> None:
-    """Checks a SecAgg+ masked vector before it joins the secure sum.
-
-    Its values are unreadable, but not its form: one array per summed array
-    (the weight factor, the delta's, the metrics'), each of its shape, holding
-    int64 integers modulo ``modulus`` (what Flower's client sends). A wrong
-    shape would otherwise broadcast silently into the sum, a missing array
-    would cut it short, and another integer type (uint64) would turn the sum
-    into floats that Flower's modulo cannot take.
-
-    Raises:
-        RejectedReply: naming what is off.
-    """
+    """Refuses (:class:`RejectedReply`) a SecAgg+ masked vector not of one int64 array mod ``modulus`` per summed
+    array, each of its shape: a wrong shape would broadcast silently into the sum, a missing array cut it
+    short, and uint64 turn it into floats that Flower's modulo cannot take."""
     if len(arrays) != len(shapes):
         raise RejectedReply(f"the masked vector has {len(arrays)} arrays, not {len(shapes)}")
     for index, (array, shape) in enumerate(zip(arrays, shapes)):
@@ -417,21 +350,11 @@ def check_masked_vector(arrays: Sequence[np.ndarray], shapes: Sequence[tuple[int
 
 
 def screen_replies(
-    results: Sequence[tuple[Any, FitRes]],
-    *,
-    client_of_node: dict[int, int],
-    sampled: Sequence[int],
-    rules: ReplyRules,
-    train: bool,
-    delta_shapes: Sequence[tuple[int, ...]] | None,
-    round_index: int | None = None,
+    results: Sequence[tuple[Any, FitRes]], *, client_of_node: dict[int, int], sampled: Sequence[int],
+    rules: ReplyRules, train: bool, delta_shapes: Sequence[tuple[int, ...]] | None, round_index: int | None = None,
 ) -> tuple[list[tuple[Any, FitRes, CheckedReply]], list[Rejection]]:
-    """Every reply checked; the accepted ones (with what was decoded) in client order, and the rejections.
-
-    ``results`` pairs each reply with its ``ClientProxy`` (anything with a
-    ``node_id``). A node that was not sampled this round, or a second reply
-    for the same client, is rejected too.
-    """
+    """Every reply (with its proxy: anything with a ``node_id``) checked; the accepted ones in client order, and the
+    rejections, which include a node not sampled this round and a second reply for the same client."""
     accepted: dict[int, tuple[Any, FitRes, CheckedReply]] = {}
     rejected: list[Rejection] = []
     seen: set[int] = set()

@@ -1,18 +1,13 @@
-"""Orchestra as a legacy Flower ``Strategy``.
+"""Orchestra as a legacy Flower ``Strategy``: the interface SecAgg+ (inside ``DefaultWorkflow``) talks to.
 
-A legacy strategy because Flower's secure aggregation (SecAgg+) runs inside
-``DefaultWorkflow`` and only talks to this interface. The strategy is a thin
-adapter: sampling and message packing here, the update rule in
-:class:`privfed.orchestra.server.OrchestraServer`.
+A thin adapter: sampling and message packing here, the update rule in
+:class:`privfed.orchestra.server.OrchestraServer`. Flower round ``r`` is
+Orchestra round ``r - 1`` (round 0 initialises: no training).
 
-Flower round 1 is Orchestra's round 0 (initialisation: no training, clients
-only release centroids); Flower round ``r`` is Orchestra round ``r - 1``.
-
-Under secure aggregation every reply's parameters are the same securely
-aggregated mean (Flower's SecAgg+ overwrites them), and the strategy reads
-only that one; without it the strategy forms FedAvg itself. An aggregated
-mechanism's shares ride in the same masked vectors, after the update; the
-workflow hands their sum over separately (:meth:`OrchestraStrategy.note_secure_sum`).
+Under SecAgg+ every reply's parameters are the same securely aggregated mean,
+and the strategy reads that one; without it, it forms FedAvg itself. A
+secure-sum mechanism's shares ride in the same masked vectors, after the
+update; the workflow hands their sum over (:meth:`OrchestraStrategy.note_secure_sum`).
 """
 
 from __future__ import annotations
@@ -66,13 +61,10 @@ from privfed.secagg.settings import SecAggPlusSettings
 
 logger = logging.getLogger(__name__)
 
-
+#: How long a round waits for every partition's SuperNode to connect.
 NODE_WAIT_SECONDS = 300
-
 #: The driver's round hook: returns a reason to stop training, or None to go on.
 RoundHook = Callable[[RoundReport], str | None]
-
-
 #: An accepted reply: its proxy, the reply as received, and what the checks decoded (in client order).
 Accepted = tuple[ClientProxy, FitRes, CheckedReply]
 
@@ -81,16 +73,9 @@ class OrchestraStrategy(Strategy):
     """Samples clients, ships the global state and folds their replies back in."""
 
     def __init__(
-        self,
-        server: OrchestraServer,
-        on_round_end: RoundHook,
-        *,
-        clients_per_round: int,
-        seed: int,
-        partition_of: dict[int, int] | None = None,
-        reply_rules: ReplyRules | None = None,
-        secagg: SecAggPlusSettings | None = None,
-        first_round: int = 0,
+        self, server: OrchestraServer, on_round_end: RoundHook, *, clients_per_round: int, seed: int,
+        partition_of: dict[int, int] | None = None, reply_rules: ReplyRules | None = None,
+        secagg: SecAggPlusSettings | None = None, first_round: int = 0,
     ) -> None:
         self.server = server
         self.first_round = first_round
@@ -175,10 +160,7 @@ class OrchestraStrategy(Strategy):
         return [(proxies[node_of[p]], ins) for p in chosen]
 
     def fit_instructions(self, server_round: int, parameters: Parameters) -> FitIns:
-        """The message every sampled client receives: only what varies by round (see :mod:`privfed.federation.messages`).
-
-        Clients read everything else from their declared run and refuse any other key.
-        """
+        """What every sampled client receives: only what varies by round (:mod:`privfed.federation.messages`)."""
         config: dict[str, Scalar] = {
             "task": "train" if self.server.initialised else "init",
             "round": self.orchestra_round(server_round),
@@ -191,9 +173,7 @@ class OrchestraStrategy(Strategy):
         return FitIns(parameters, config)
 
     def aggregate_fit(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, FitRes]],
+        self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         accepted, rejected = self._screen(server_round, results, secure=self.secagg is not None and self.next_round_trains)
@@ -220,15 +200,10 @@ class OrchestraStrategy(Strategy):
         return ndarrays_to_parameters(state_to_arrays(self.server.global_state(), self._keys)), {}
 
     def check_masked_reply(self, node_id: int, res: FitRes | None, masked: list[np.ndarray] | None) -> str | None:
-        """Why a SecAgg+ reply must not join the secure sum (None: it may).
+        """Why a SecAgg+ reply must not join the secure sum (None: it may); ``res``, ``masked``: None if unreadable.
 
-        ``res`` is the reply as a fit result and ``masked`` its masked vector
-        (either None where Flower could not read it). Called before the masked
-        vectors are added up; a rejection halts the round
-        (:mod:`privfed.secagg.workflow`), since leaving the vector
-        out would have the protocol reveal its sender's pairwise key. The
-        masked update's values are unreadable here; its form, plaintext
-        release and metrics are not.
+        A rejection halts the round (:mod:`privfed.secagg.workflow`): leaving the vector out would have the
+        protocol reveal its sender's pairwise key. Its form, plaintext release and metrics are checked.
         """
         if self.secagg is None:
             raise RuntimeError("masked replies arrive only under SecAgg+")
@@ -276,10 +251,8 @@ class OrchestraStrategy(Strategy):
     def close_round_without_aggregate(self, server_round: int) -> None:
         """Accounts for a round whose secure aggregation halted (too few clients left, a rejected or a broken reply).
 
-        The releases that reached the server before the halt are recorded and
-        clustered; the model stays as it was, since no aggregate exists. A
-        round that halted before anyone replied is logged too, with nothing
-        completed, so every sampled round appears once in the run's log.
+        The releases that reached the server are recorded and clustered; the model stays. A round that halted
+        before any reply is logged too, so every sampled round appears once in the run's log.
         """
         if self._closed_round == server_round or self._configured_round != server_round:
             return  # aggregated already, or no client was asked (the run is stopping)
@@ -316,12 +289,8 @@ class OrchestraStrategy(Strategy):
     ) -> tuple[list[Accepted], list[Rejection]]:
         """The round's replies checked against the plan (:mod:`privfed.federation.reply_checks`)."""
         accepted, rejected = screen_replies(
-            results,
-            client_of_node=self.partition_of or {},
-            sampled=self._sampled_ids,
-            rules=self._rules,
-            train=self.next_round_trains,
-            delta_shapes=None if secure else self._shapes,
+            results, client_of_node=self.partition_of or {}, sampled=self._sampled_ids, rules=self._rules,
+            train=self.next_round_trains, delta_shapes=None if secure else self._shapes,
             round_index=self.orchestra_round(server_round),
         )
         for rejection in rejected:
@@ -380,14 +349,8 @@ class OrchestraStrategy(Strategy):
         return (None if rejected else arrays_to_state(decoded.mean, self._keys)), stats
 
     def _close_round(
-        self,
-        server_round: int,
-        results: list[Accepted],
-        mean_delta: StateDict | None,
-        aggregation_stats: dict[str, float],
-        *,
-        unusable: str | None = None,
-        dropped: str | None = None,
+        self, server_round: int, results: list[Accepted], mean_delta: StateDict | None,
+        aggregation_stats: dict[str, float], *, unusable: str | None = None, dropped: str | None = None,
     ) -> None:
         checked = [c for _, _, c in results]
         releases = [(c.client, c.release) for c in checked if c.release is not None]
@@ -425,14 +388,10 @@ class OrchestraStrategy(Strategy):
         return []
 
     def aggregate_evaluate(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, EvaluateRes]],
+        self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
         return None, {}
 
-    def evaluate(
-        self, server_round: int, parameters: Parameters
-    ) -> tuple[float, dict[str, Scalar]] | None:
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         return None

@@ -51,16 +51,13 @@ class ClientUpdate:
     """What a client sends back; nothing else about its data leaves it.
 
     Attributes:
-        delta: Model update (None in round 0).
-        release: What the mechanism made of the memory (None: the method releases nothing, or the
-            mechanism is aggregated).
-        share: An aggregated mechanism's share of the secure sum (None otherwise, and in round 0): it may
-            leave the client only inside SecAgg+'s masked vector.
+        release: What the mechanism made of the memory (None: the method releases nothing, or shares).
+        share: A secure-sum mechanism's share (None otherwise, and in round 0): it may leave the client
+            only inside SecAgg+'s masked vector.
         num_samples: The client's dataset size (public: the FedAvg weight).
         metrics: Diagnostics; under DP-SGD only :data:`DP_SGD_METRICS`. Sent only in a run that
             reports them (:func:`privfed.federation.client.reported_metrics`).
-        privacy_events: The DP-SGD cost of this round's update (empty
-            without DP-SGD, and in round 0, which does not train).
+        privacy_events: The DP-SGD cost of this round's update (empty without DP-SGD, and in round 0).
     """
 
     delta: StateDict | None
@@ -75,13 +72,9 @@ class ClientUpdate:
 class PrivateRoundState:
     """What a client's round computed and never sends, for replays that score attacks (:mod:`attacks.scoring`).
 
-    Attributes:
-        memory: ``[m, D]`` the representations the mechanism released from
-            (None when the round released nothing).
-        memory_examples: ``[m]`` the client example each memory row is a view of.
-        release_generator_state: The round generator's state just before the
-            release: the mechanism's non-private choices can be made again
-            from it (:meth:`mechanisms.base.Mechanism.release_with_members`).
+    ``memory`` (``[m, D]``; None when nothing was released), each row's client example, and the round
+    generator's state just before the release, from which the mechanism's non-private choices can be made
+    again (:meth:`~mechanisms.base.ReleaseMechanism.release_with_members`).
     """
 
     memory: torch.Tensor | None
@@ -107,25 +100,13 @@ def run_client_round(
     """Runs a client's round: initialise (round 0) or train; returns the reply and what stays on the client.
 
     Args:
-        network: A network of the run's architecture; overwritten with
-            ``global_state`` first.
-        global_state: Travelling state from the server.
-        centroids: ``[G, D]`` global centroids (None in round 0, and for a
-            method without centroids).
+        centroids: ``[G, D]`` global centroids (None in round 0, and for a method without centroids).
         images: ``[n, 3, H, W]`` uint8 images of this client.
-        train: False in round 0, which only computes the first memory.
-        config: Local training hyperparameters.
-        mechanism: Decides what the memory turns into before it is sent;
-            None when the method releases nothing.
-        num_local_centroids: ``L``.
+        mechanism: Decides what the memory turns into before it is sent (None: the method releases nothing).
         seed: Seeds shuffling, augmentation and the mechanism's choices.
-        device: Where to compute.
-        labels: ``[n]`` labels of ``images``: supervised FedAvg only (the
-            other methods never see a label).
-        trained: This client's training, done already in a cohort with the
-            same model, centroids, images and seed
-            (:func:`~privfed.orchestra.cohort_training.train_cohort`); it
-            stands in for :func:`train_locally`.
+        labels: ``[n]`` labels of ``images``: supervised FedAvg only (the other methods never see a label).
+        trained: This client's training, done already in a cohort with the same model, centroids, images
+            and seed (:func:`~privfed.orchestra.cohort_training.train_cohort`), in place of :func:`train_locally`.
     """
     generator = torch.Generator().manual_seed(seed)
     load_shared_state(network, global_state)
@@ -147,11 +128,7 @@ def run_client_round(
         memory, examples = result.memory, result.memory_examples
         delta = state_delta(shared_state(network), global_state)
         events = result.privacy_events
-        metrics = {
-            **result.step_means,
-            "train_seconds": result.seconds,
-            "steps": float(result.num_steps),
-        }
+        metrics = {**result.step_means, "train_seconds": result.seconds, "steps": float(result.num_steps)}
     if samples_every_image:
         # The mechanism draws its secret sample from every image (after the delta: BatchNorm statistics move here).
         memory, examples = every_representation(network, images, config, generator=generator, device=device)
@@ -167,16 +144,11 @@ def run_client_round(
         metrics["release_seconds"] = time.perf_counter() - start
     if config.dp_sgd is not None:
         metrics = {k: v for k, v in metrics.items() if k in DP_SGD_METRICS}
-    update = ClientUpdate(
-        delta=delta, release=release, num_samples=int(images.shape[0]), metrics=metrics, privacy_events=events,
-        share=share,
-    )
-    private = PrivateRoundState(
-        memory=None if release is None else memory,
-        memory_examples=None if release is None else examples,
-        release_generator_state=release_state,
-    )
-    return update, private
+    size = int(images.shape[0])
+    update = ClientUpdate(delta, release, num_samples=size, metrics=metrics, privacy_events=events, share=share)
+    if release is None:
+        memory = examples = None
+    return update, PrivateRoundState(memory, examples, release_state)
 
 
 def adopt(network: OrchestraNetwork, trained: TrainedMember, generator: torch.Generator) -> LocalTrainingResult:
@@ -198,15 +170,12 @@ def train_locally(
 ) -> LocalTrainingResult:
     """One client's round of its method: ``config.epochs`` epochs, or DP-SGD's steps when ``config.dp_sgd`` is set.
 
-    ``network`` (GroupNorm under DP-SGD) is trained in place on the uint8
-    ``images`` (and ``labels``, for a method that reads them) against the
-    fixed global ``centroids``. ``generator`` shuffles and seeds the
-    augmentations; under DP-SGD batch sampling and noise come from the
-    operating system's randomness instead. The target encoder, if any,
-    follows the online encoder by EMA after every step. The memory holds the
-    target representations of the last batches, the latest view of each
-    image only; under DP-SGD it is a Poisson sample instead, and the result
-    carries the round's DP-SGD cost.
+    ``network`` is trained in place against the fixed global ``centroids``;
+    ``generator`` shuffles and seeds the augmentations (under DP-SGD batch
+    sampling and noise come from the OS's randomness). The target encoder,
+    if any, follows by EMA after every step. The memory holds the target
+    representations of the last batches, the latest view of each image;
+    under DP-SGD it is a Poisson sample, and the result carries the round's DP-SGD cost.
     """
     start = time.perf_counter()
     method = get_method(config.method)
@@ -258,10 +227,8 @@ def _on_device(
 ) -> tuple[Iterable[tuple[torch.Tensor, torch.Tensor]], int]:
     """Each batch's indices, also on ``device``; and the first batch whose representations can survive in ``memory``.
 
-    With a memory (plain SGD) the schedule is drawn up front and copied to the
-    device in one transfer, so no step waits on one; the batches pushed before
-    the returned position would all be overwritten. DP-SGD's batches are
-    drawn as they come (it keeps no memory).
+    With a memory (plain SGD) the schedule is copied to the device in one transfer up front, so no step waits
+    on one; DP-SGD's batches are drawn as they come.
     """
     if memory is None:
         return ((index, index.to(device)) for index in batches), 0
@@ -272,8 +239,7 @@ def _on_device(
 
 
 def _dp_sgd_training() -> ModuleType:
-    """:mod:`privfed.orchestra.dp_sgd_training`, imported only for DP-SGD: Opacus takes seconds to import, and most
-    runs never need it (nor install it)."""
+    """:mod:`privfed.orchestra.dp_sgd_training`, imported only for DP-SGD: Opacus takes seconds to import."""
     from privfed.extras import require
 
     require("opacus", feature="DP-SGD (--dp-sgd)")

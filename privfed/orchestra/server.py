@@ -1,14 +1,13 @@
 """Server side of Orchestra, independent of any FL runtime.
 
 Holds the global network and centroids and turns a round's aggregate into
-the next global state: the mean model delta is applied, then everything the
-clients released is clustered. Where the centroids come from is the run's
-method's choice (:mod:`privfed.methods`): clustered releases,
-random centroids drawn once, or none. How the mean delta was formed (plain FedAvg or
-secure aggregation) is the runtime's business: the server never needs one
-client's delta. A secure-sum mechanism (:class:`~mechanisms.base.SecureSumMechanism`) replaces
-the releases by one secure sum of the clients' shares, which the mechanism
-itself turns into the next centroids; its run starts from random centroids.
+the next global state: the mean model delta is applied, then the clients'
+releases are clustered (or, per the run's method, :mod:`privfed.methods`:
+random centroids drawn once, or none). How the mean delta was formed
+(FedAvg or secure aggregation) is the runtime's business: the server never
+needs one client's delta. A :class:`~mechanisms.base.SecureSumMechanism`
+replaces the releases by one secure sum of the clients' shares, which it
+turns into the next centroids itself.
 """
 
 from __future__ import annotations
@@ -22,12 +21,7 @@ from mechanisms.base import Release, SecureSumMechanism
 from privfed.methods import CLUSTERED, FIXED_RANDOM, ORCHESTRA, Method
 from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.global_clustering import KMEANS, global_centroids, random_centroids
-from privfed.orchestra.model_state import (
-    StateDict,
-    apply_delta,
-    load_shared_state,
-    shared_state,
-)
+from privfed.orchestra.model_state import StateDict, apply_delta, load_shared_state, shared_state
 
 
 @dataclass(frozen=True)
@@ -42,14 +36,8 @@ class OrchestraServer:
     """Global state and the per-round update rule."""
 
     def __init__(
-        self,
-        network: OrchestraNetwork,
-        *,
-        num_global_centroids: int,
-        seed: int,
-        method: Method = ORCHESTRA,
-        global_clustering: str = KMEANS,
-        cluster_temperature: float | None = None,
+        self, network: OrchestraNetwork, *, num_global_centroids: int, seed: int, method: Method = ORCHESTRA,
+        global_clustering: str = KMEANS, cluster_temperature: float | None = None,
         aggregator: SecureSumMechanism | None = None,
     ) -> None:
         self.aggregator = aggregator
@@ -82,37 +70,45 @@ class OrchestraServer:
     ) -> dict[str, float]:
         """Applies the round's mean delta (None: the model stays) and updates the centroids.
 
-        Orchestra re-clusters the releases, or, with an aggregated mechanism,
-        has it combine the secure sum of its shares (None: the sum halted,
-        and the centroids stay); the fixed-centroid control draws
-        its random centroids once, in round 0; a method without centroids
-        has none.
+        Orchestra re-clusters the releases, or has a secure-sum mechanism
+        combine the sum of its shares (None: the sum halted, and the centroids
+        stay; round 0 has none, so that run starts from random centroids); the
+        fixed-centroid control draws its random centroids once, in round 0; a
+        method without centroids has none.
 
         Returns:
             Round statistics that are safe to log.
         """
         if self.aggregator is not None:
-            return self._apply_secure_sum(mean_delta, releases, secure_sum)
-        if secure_sum is not None:
+            if releases:
+                raise ValueError(
+                    f"mechanism {self.aggregator.name} shares into the secure sum, yet the round holds releases"
+                )
+        elif secure_sum is not None:
             raise ValueError("a secure sum of shares arrived, but the run's mechanism releases per client")
-        if self.method.releases and not releases:
+        elif self.method.releases and not releases:
             raise ValueError("a round needs at least one client release")
-        if releases and not self.method.releases:
+        elif releases and not self.method.releases:
             raise ValueError(f"method {self.method.name} releases nothing, yet the round holds releases")
         if mean_delta is not None:
             load_shared_state(self.network, apply_delta(self.global_state(), mean_delta))
         self.initialised = True
-        if self.method.centroids == FIXED_RANDOM and self.centroids is None:
+        # Every client's cells must be the same public ones: a secure-sum run starts from random centroids too.
+        if self.centroids is None and (self.aggregator is not None or self.method.centroids == FIXED_RANDOM):
             self.centroids = random_centroids(self.num_global_centroids, self.network.projection_dim, self._generator)
+        if self.aggregator is not None:
+            if secure_sum is None:
+                return {}
+            previous, summed = self.centroids, secure_sum.num_summed
+            assert previous is not None  # drawn above
+            self.centroids = self.aggregator.combine(secure_sum.total, centroids=previous, num_summed=summed)
+            moved = (self.centroids - previous).norm(dim=1) > 0
+            return {"clients": float(summed), "moved_centroid_fraction": float(moved.float().mean())}
         if self.method.centroids != CLUSTERED:
             return {}
         self.centroids = global_centroids(
-            releases,
-            self.num_global_centroids,
-            previous=self.centroids,
-            generator=self._generator,
-            method=self.global_clustering,
-            cluster_temperature=self.cluster_temperature,
+            releases, self.num_global_centroids, previous=self.centroids, generator=self._generator,
+            method=self.global_clustering, cluster_temperature=self.cluster_temperature,
         )
         released = sum(r.num_vectors for r in releases)
         stats = {"clients": float(len(releases)), "released_vectors": float(released)}
@@ -124,32 +120,10 @@ class OrchestraServer:
             stats["centroid_usage"] = usage
         return stats
 
-    def _apply_secure_sum(
-        self, mean_delta: StateDict | None, releases: list[Release], secure_sum: SecureSum | None
-    ) -> dict[str, float]:
-        assert self.aggregator is not None
-        if releases:
-            raise ValueError(f"mechanism {self.aggregator.name} shares into the secure sum, yet the round holds releases")
-        if mean_delta is not None:
-            load_shared_state(self.network, apply_delta(self.global_state(), mean_delta))
-        self.initialised = True
-        if self.centroids is None:  # round 0 has no secure sum: every client's cells must be the same public ones
-            self.centroids = random_centroids(self.num_global_centroids, self.network.projection_dim, self._generator)
-        if secure_sum is None:
-            return {}
-        previous = self.centroids
-        self.centroids = self.aggregator.combine(secure_sum.total, centroids=previous, num_summed=secure_sum.num_summed)
-        moved = (self.centroids - previous).norm(dim=1) > 0
-        return {"clients": float(secure_sum.num_summed), "moved_centroid_fraction": float(moved.float().mean())}
-
 
 def _centroid_usage(releases: list[Release], centroids: torch.Tensor) -> float | None:
-    """Fraction of global centroids that are the nearest one to some released vector (None: nothing was released).
-
-    A value far below 1 means the global clustering collapsed onto few clusters.
-    Every release can be empty: honest ``kanon`` clients with fewer than
-    ``--kanon-min-k`` images release nothing.
-    """
+    """Fraction of global centroids nearest to some released vector (None: nothing released, as by honest ``kanon``
+    clients with fewer than ``--kanon-min-k`` images); far below 1, the global clustering collapsed."""
     released = [r.vectors.float() for r in releases if r.num_vectors > 0]
     if not released:
         return None

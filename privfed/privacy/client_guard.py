@@ -21,14 +21,13 @@ docs/privacy.md, "What clients check for themselves"; what is still composed as 
 sequence the caps compose".
 
 Every entry is charged at the run's delta, and no cap prices an entry at a
-larger delta than its own (:meth:`PrivacyLedger.pricing_delta`): a later
-run that allows a larger delta does not find room in an earlier run's
-entries. Entries written before they recorded a delta are taken to have
-been charged at :data:`LEGACY_DELTA`, the smallest delta a run accepts.
+larger delta than its own (:meth:`PrivacyLedger.pricing_delta`), so a later
+run allowing a larger delta finds no room in an earlier run's entries; an
+entry without a recorded delta counts at :data:`LEGACY_DELTA`.
 
 A refused round raises :class:`RoundRefused`; Flower reports it to the server
 as a failed reply and the round goes on without this client. What stays
-possible for a malicious server is in ``docs/privacy.md``.
+possible for a malicious server: ``docs/privacy.md``.
 """
 
 from __future__ import annotations
@@ -61,12 +60,8 @@ LEGACY_DELTA = MIN_DELTA
 
 
 class RoundRefused(PrivfedError):
-    """The client refuses a round: it departs from the declared run, or its budget is spent.
-
-    The message names what is at fault. A budget refusal names only
-    the budget: what the node spent, here or in other runs, and its own cap
-    stay in the node's log.
-    """
+    """The client refuses a round: it departs from the declared run, or its budget is spent (named without what
+    the node spent, here or in other runs, or its own cap: those stay in the node's log)."""
 
 
 @dataclass(frozen=True)
@@ -74,11 +69,9 @@ class ClientBudget:
     """What one client holds the server to, computed on the client.
 
     Attributes:
-        mechanism: The declared release mechanism (None: the method releases nothing).
-        params: The client's own calibration of it.
-        release_events: What one release may cost at most (own calibration; empty unless DP).
-        dp_sgd: The client's own DP-SGD settings (None without DP-SGD).
-        training_events: What one round of its DP-SGD costs (own settings, own size; empty without DP-SGD).
+        mechanism: The declared mechanism (None: the method releases nothing), with ``params`` its own calibration.
+        release_events: What one release may cost at most (empty unless DP).
+        training_events: What one round of its DP-SGD costs, for this client's size (empty without DP-SGD).
         delta: The delta every epsilon here is quoted at (None: nothing is DP).
         release_cap: Epsilon the releases may spend in total (None: not DP).
         dp_sgd_cap: Epsilon DP-SGD may spend in total, for this client's size (None: no DP-SGD).
@@ -103,10 +96,8 @@ class ClientBudget:
 def declared_budget(
     declared: TrainConfig, num_samples: int, *, node_cap: tuple[float, float] | None = None
 ) -> ClientBudget:
-    """The client's own calibration of the declared run, for a client of ``num_samples`` examples.
-
-    It runs the same planning code as the server (:func:`plan_privacy`) on the
-    declared configuration; nothing the server sends in a round enters it.
+    """The client's own calibration of the declared run (the server's :func:`plan_privacy`), for a client of
+    ``num_samples`` examples; nothing the server sends in a round enters it.
 
     Raises:
         PrivfedError: when the declared run cannot be planned, or the node cap is not positive.
@@ -137,29 +128,16 @@ def _declared_budget(declared: TrainConfig, num_samples: int, node_cap: tuple[fl
         )
         dp_sgd_cap = composed_epsilon(training * declared.rounds, plan.delta, reference_epsilon=reference)
     return ClientBudget(
-        mechanism=plan.mechanism,
-        params=plan.params,
-        release_events=plan.per_release_events,
-        dp_sgd=dp_sgd,
-        training_events=training,
-        delta=plan.delta,
-        release_cap=release_cap,
-        dp_sgd_cap=dp_sgd_cap,
-        reference_epsilon=reference,
-        rounds=declared.rounds,
-        node_cap=node_cap,
+        mechanism=plan.mechanism, params=plan.params, release_events=plan.per_release_events, dp_sgd=dp_sgd,
+        training_events=training, delta=plan.delta, release_cap=release_cap, dp_sgd_cap=dp_sgd_cap,
+        reference_epsilon=reference, rounds=declared.rounds, node_cap=node_cap,
     )
 
 
 class ClientGuard:
-    """Checks every round against the client's own budget and charges it to the client's own ledger.
-
-    Args:
-        budget: The client's own calibration (:func:`declared_budget`).
-        ledger_path: A JSONL file that survives restarts (None: this process's memory only).
-            Every admission reads it back and appends to it under an exclusive
-            lock, so processes sharing it cannot both spend the same budget.
-    """
+    """Checks every round against the client's own budget and charges it to the client's own ledger, ``ledger_path``
+    (None: in memory), read back and appended to under an exclusive lock so processes sharing it cannot both
+    spend the same budget."""
 
     def __init__(self, budget: ClientBudget, ledger_path: Path | None = None) -> None:
         self.budget = budget
@@ -167,32 +145,20 @@ class ClientGuard:
         self.ledger = self._read()
 
     def admit(
-        self,
-        *,
-        run: int,
-        round_index: int,
-        train: bool,
-        unreleased: bool = False,
+        self, *, run: int, round_index: int, train: bool, unreleased: bool = False,
         on_charge: Callable[[], None] | None = None,
     ) -> None:
-        """Checks the round against the budget, then charges it before anything is computed.
+        """Checks the round against the budget, then charges its declared events before anything is computed.
 
-        The round releases with the declared mechanism and trains with the
-        declared DP-SGD, so it costs the declared events. Charging first means
-        a round that fails later is paid for anyway:
-        the client may overcount, never undercount. A round index past the
-        declared rounds, or not after the last one charged in the same run, is
-        refused: answering one round twice lets a server difference two
-        SecAgg+ sums that differ by this client alone. The one exception is
-        ``unreleased``: the caller attests that the last round charged in this
-        run was begun but nothing of it left the node (its computation was
-        killed; :mod:`privfed.federation.reply_store`), so it is admitted again
-        without a second charge. ``on_charge`` runs under the ledger's lock
-        once the whole charge is written: the reply store records the round as
-        begun there, so neither a refused round nor a kill between two of the
-        round's ledger entries leaves a record that would pass for a charged
-        one (a kill just before it makes a resume refuse the round: never an
-        undercount).
+        Charging first, a round that fails later is paid for anyway: the client may overcount, never undercount.
+        A round index past the declared rounds, or not after the last one charged in the same run, is refused:
+        answering one round twice lets a server difference two SecAgg+ sums that differ by this client alone.
+        The exception is ``unreleased``: the caller attests that the last round charged in this run was begun
+        but nothing of it left the node (:mod:`privfed.federation.reply_store`), so it is admitted again without
+        a second charge. ``on_charge`` runs under the ledger's lock once the whole charge is written (the reply
+        store records the round as begun there), so neither a refused round nor a kill between two of the
+        round's entries leaves a record that passes for a charged one; a kill just before it makes a resume
+        refuse the round, never undercount.
 
         Raises:
             RoundRefused: when the round is outside the run or would overrun a cap.
@@ -232,12 +198,9 @@ class ClientGuard:
         )
 
     def _check_node_cap_covers(self, train: bool) -> None:
-        """Under a node cap, refuses what no per-image epsilon covers.
-
-        That is a non-DP release, an update trained without DP-SGD, and any
-        release of a run without DP-SGD: there BatchNorm mixes a batch, so a
-        release's epsilon is per representation, not per image.
-        """
+        """Under a node cap, refuses what no per-image epsilon covers: a non-DP release, an update trained
+        without DP-SGD, and any release of a run without DP-SGD (BatchNorm mixes a batch, so a release's
+        epsilon is per representation, not per image)."""
         mechanism, dp_sgd = self.budget.mechanism, self.budget.dp_sgd
         if self.budget.node_cap is None:
             return

@@ -1,12 +1,10 @@
 """The server-side driver: everything around the rounds on the server.
 
-It builds the initial model, evaluates and checkpoints it, hands every
-finished round to its observers (:mod:`privfed.run.observers`) around the
-round's ``metrics.jsonl`` line, and writes the summary at the end. It does
-not know which FL runtime delivers the rounds: the runtime calls
-:meth:`RunDriver.on_round_end` with a
-:class:`privfed.orchestra.round_report.RoundReport` (see
-:mod:`privfed.federation.server_app`).
+It builds, evaluates and checkpoints the initial model, hands every finished
+round to its observers (:mod:`privfed.run.observers`) around the round's
+``metrics.jsonl`` line, and writes the summary. Whichever FL runtime delivers
+the rounds calls :meth:`RunDriver.on_round_end` with a
+:class:`~privfed.orchestra.round_report.RoundReport`.
 
 A round's end, in this order (the write order is what makes a kill
 anywhere in it safe to resume, ``tests/run/test_kill_window.py``):
@@ -65,12 +63,8 @@ METRIC_CAP = 1e300
 
 
 def _mean(values: list[float]) -> float | None:
-    """The mean of clients' metrics, each capped at :data:`METRIC_CAP` (or None without any).
-
-    The values are the clients' own and only checked to be finite: two of
-    1.7e308 would overflow a plain mean and end the run (round 0's metrics
-    travel in plaintext even under SecAgg+).
-    """
+    """The mean of clients' metrics (None without any), each capped at :data:`METRIC_CAP`: they are only checked
+    to be finite, and two of 1.7e308 would overflow a plain mean."""
     if not values:
         return None
     capped = [min(max(v, -METRIC_CAP), METRIC_CAP) for v in values]
@@ -101,11 +95,7 @@ class RunDriver:
     """One run's server-side bookkeeping, from initial model to summary."""
 
     def __init__(
-        self,
-        plan: RunPlan,
-        progress: ProgressCallback | None = None,
-        *,
-        stop: StopRequest | None = None,
+        self, plan: RunPlan, progress: ProgressCallback | None = None, *, stop: StopRequest | None = None,
         resume: ResumePoint | None = None,
     ) -> None:
         self.plan = plan
@@ -140,11 +130,7 @@ class RunDriver:
         return self.stop_rules.reason
 
     def start(self) -> OrchestraServer:
-        """Creates the run directory, the ledger, the initial model and its evaluation; returns the server.
-
-        A resumed run keeps its directory and ledger, and its server starts
-        where the resume point left it.
-        """
+        """Creates the run directory, the ledger, the initial model and its evaluation (resumed: from the point)."""
         config = self.config
         if self.resume is None:
             self.run_dir.create(config)
@@ -153,9 +139,7 @@ class RunDriver:
             self.run_dir.update_config(config)  # more rounds, another runtime: recorded before the next resume point
             self.run_dir.forget_rounds_after(self.resume.round)  # a round logged after the point is replayed
         self.ledger = PrivacyLedger.resume(
-            self.run_dir.path / "ledger.jsonl",
-            mechanism=self.mechanism_name,
-            delta=self.plan.privacy.delta,
+            self.run_dir.path / "ledger.jsonl", mechanism=self.mechanism_name, delta=self.plan.privacy.delta,
             reference_epsilon=self.plan.privacy.reference_epsilon,
         )
         monitor = build_monitor(self.plan, self.device)
@@ -178,14 +162,11 @@ class RunDriver:
         config = self.config
         torch.manual_seed(config.seed)
         network = build_network(config)  # GroupNorm under DP-SGD, as on the clients
+        cls, params = self.mechanism_class, self.plan.privacy.params
+        aggregator = cls(**params) if cls is not None and issubclass(cls, SecureSumMechanism) else None
         return OrchestraServer(
-            network,
-            num_global_centroids=config.num_global_centroids,
-            seed=config.seed,
-            method=self.method,
-            global_clustering=config.global_clustering,
-            cluster_temperature=config.temperature,
-            aggregator=self._aggregator(),
+            network, num_global_centroids=config.num_global_centroids, seed=config.seed, method=self.method,
+            global_clustering=config.global_clustering, cluster_temperature=config.temperature, aggregator=aggregator,
         )
 
     def _observers(self) -> list[RoundObserver]:
@@ -202,12 +183,9 @@ class RunDriver:
         return [self.charge_releases, *recording, self.charge_training, self.stop_rules, self.knn, self.resume_points]
 
     def _forget_summary(self, point: ResumePoint) -> None:
-        """A resumed run is running again: its point stops saying it ended, then its old summary goes.
-
-        Unless the run ended cleanly at the point (:func:`privfed.run.resume.ended_cleanly`), the process was
-        killed, possibly with the round after the point in progress: clients may have released in it and will
-        not answer it again (``privfed.privacy.client_guard``), so that round charges its silent clients too.
-        """
+        """A resumed run is running again: its point stops saying it ended, then its old summary goes. Unless it
+        ended cleanly at the point, the next round may have been in progress at the kill: its silent clients may
+        have released and will not answer it again, so that round charges them too."""
         if not ended_cleanly(self.run_dir, point):
             self._killed_round = point.round + 1
         if point.summary_sha256 is not None:
@@ -254,23 +232,13 @@ class RunDriver:
         self._rounds_done = finished.report.round
         self._emit({"event": "round", **line})
 
-    def _aggregator(self) -> SecureSumMechanism | None:
-        """The server's side of a secure-sum mechanism, from the plan's parameters (None for any other)."""
-        if self.mechanism_class is None or not issubclass(self.mechanism_class, SecureSumMechanism):
-            return None
-        return self.mechanism_class(**self.plan.privacy.params)
-
     @property
     def mechanism_name(self) -> str | None:
         """The release mechanism in force (None when the method releases nothing)."""
         return None if self.mechanism_class is None else self.mechanism_class.name
 
     def privacy_summary(self) -> dict[str, Any]:
-        """The ``privacy`` object of ``summary.json``: what the worst-off client is guaranteed, and what is not covered.
-
-        Its ``headline``, ``covers`` and ``not_covered`` are for people; ``details`` links the mode's section of
-        docs/privacy.md, and ``statement`` is the long text with the run's numbers, the only copy in the file.
-        """
+        """``summary.json``'s ``privacy``: what the worst-off client is guaranteed, and what is not (``statement``)."""
         worst = self.ledger.worst_case_summary() if self.ledger.is_dp else None
         plan = self.plan.privacy
         statement = privacy_statement(
@@ -302,12 +270,8 @@ class RunDriver:
         }
 
     def finish(self, *, secure_aggregation: dict[str, Any]) -> dict[str, Any]:
-        """Final checkpoint, ``summary.json`` and ``curves.png``; then the resume point records that the run ended.
-
-        Args:
-            secure_aggregation: The runtime's account of how updates were
-                aggregated (``summary.json``'s ``secure_aggregation``).
-        """
+        """Final checkpoint, ``summary.json`` (with the runtime's ``secure_aggregation`` account) and
+        ``curves.png``; then the resume point records that the run ended."""
         self.run_dir.save_checkpoint("final", self.server.network, self.server.centroids, self._rounds_done)
         self.stop_rules.at_end(self._rounds_done)
         knn = self.knn.final(self._rounds_done)

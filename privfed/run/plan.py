@@ -1,9 +1,8 @@
-"""Everything a run decides before its first round, decided once.
+"""Everything a run decides before its first round, decided once (:func:`plan_run`).
 
-``privfed train`` (before it starts a runtime, to fail fast) and the server
-app (to run) both need the client sizes, the SecAgg+ parameters and the
-privacy plan. :func:`plan_run` computes them once; the plan then travels to
-the server-side driver and the strategy.
+``privfed train`` (to fail fast, before it starts a runtime) and the server
+app both need the client sizes, the SecAgg+ parameters and the privacy plan;
+the plan then travels to the server-side driver and the strategy.
 """
 
 from __future__ import annotations
@@ -37,14 +36,8 @@ from privfed.secagg.settings import SecAggPlusSettings, secagg_settings
 class RunPlan:
     """A run's resolved configuration and what follows from it.
 
-    Attributes:
-        config: The configuration as the run records it: ``out`` resolved and
-            ``delta`` the one in force.
-        split: Which images each client holds.
-        client_sizes: Each client's number of examples.
-        secagg: SecAgg+ parameters (None with ``--no-secagg``).
-        privacy: The privacy budget's plan: mechanism parameters, delta, DP-SGD noise.
-        warnings: What the run can do but the user should know (e.g. test images of another size).
+    ``config`` is as the run records it (``out`` resolved, ``delta`` the one in force); ``secagg`` None:
+    ``--no-secagg``; ``warnings``: what the run can do but the user should know.
     """
 
     config: TrainConfig
@@ -61,11 +54,8 @@ class RunPlan:
 
 
 def plan_run(config: TrainConfig, *, resuming: bool = False) -> RunPlan:
-    """Plans a run, failing fast on an occupied run directory (unless ``resuming`` it), data or a budget the run cannot use.
-
-    Raises:
-        PrivfedError: naming the problem.
-    """
+    """Plans a run; refuses (:class:`PrivfedError`) an occupied run directory (unless ``resuming`` it), or data or
+    a budget the run cannot use."""
     if config.out is None:
         config = config.replace(out=str(default_run_dir(config)))
     assert config.out is not None
@@ -85,14 +75,7 @@ def plan_run(config: TrainConfig, *, resuming: bool = False) -> RunPlan:
             f"the privacy accountant cannot work with these settings ({type(err).__name__}); choose an epsilon, delta "
             "or noise multiplier nearer the usual ones"
         ) from None
-    return RunPlan(
-        config=config.replace(delta=privacy.delta),
-        split=split,
-        client_sizes=tuple(sizes),
-        secagg=secagg,
-        privacy=privacy,
-        warnings=warnings,
-    )
+    return RunPlan(config.replace(delta=privacy.delta), split, tuple(sizes), secagg, privacy, warnings)
 
 
 #: The fewest images a client trains on: one batch of two (BatchNorm needs two; a lone image makes no step).
@@ -100,14 +83,8 @@ MIN_CLIENT_IMAGES = 2
 
 
 def check_training_data(config: TrainConfig, split: FederatedSplit, sizes: list[int]) -> None:
-    """Refuses training data no client could learn from: before round 0, not in every client's round 0.
-
-    Raises:
-        PrivfedError: for non-square images (the quarter-turn rotations and
-            square crops need them), clients none of which holds
-            :data:`MIN_CLIENT_IMAGES` images (a client with fewer makes no
-            step).
-    """
+    """Refuses (:class:`PrivfedError`) training data no client could learn from, before round 0: non-square
+    images (the rotations and square crops need them), or no client with :data:`MIN_CLIENT_IMAGES` images."""
     height, width = split.train_data().images.shape[1:3]
     if height != width:
         raise PrivfedError(
@@ -130,11 +107,8 @@ def _one_class_warnings(config: TrainConfig, split: FederatedSplit) -> tuple[str
 
 
 def _test_data_warnings(config: TrainConfig, split: FederatedSplit) -> tuple[str, ...]:
-    """Loads a separate ``--test-dataset`` now (the kNN monitor needs it once the runtime runs) and compares image sizes.
-
-    Raises:
-        PrivfedError: for a test dataset that cannot be loaded.
-    """
+    """Loads a separate ``--test-dataset`` now (refusing one that cannot be loaded: the kNN monitor needs it once
+    the runtime runs) and compares image sizes."""
     if config.test_dataset is None:
         return ()
     test = cached_dataset(config.test_dataset, "test", config.data_dir, config.download)
@@ -144,11 +118,8 @@ def _test_data_warnings(config: TrainConfig, split: FederatedSplit) -> tuple[str
 
 
 def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, ResumePoint]:
-    """Plans the rest of a stopped run from its resume point, under the rules of docs/flower.md, "Resuming a run".
-
-    Raises:
-        PrivfedError: naming why the run cannot be resumed so.
-    """
+    """Plans the rest of a stopped run from its resume point, under the rules of docs/flower.md, "Resuming a run"
+    (:class:`PrivfedError` says why it cannot be resumed so)."""
     directory = RunDirectory(run_dir)
     point = read_resume_point(directory)
     # The directory named, wherever it was first written from: a relative recorded `out` would point elsewhere.
@@ -177,12 +148,10 @@ def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, Resu
 
 
 def _check_charges_after_point(directory: RunDirectory, point: ResumePoint, plan: RunPlan) -> None:
-    """Refuses a charge after the point in the server's ledger that this run would not make (another mechanism, other
-    events or other parameters): replaying its round, the ledger would refuse the run's own charge mid-run, or a line
-    added by hand would stand in for it.
+    """Refuses (:class:`PrivfedError`) a charge after the point in the server's ledger that this run would not make.
 
-    Raises:
-        PrivfedError: naming the ledger, the client and the round.
+    Replaying its round, the ledger would refuse the run's own charge mid-run,
+    or a line added by hand would stand in for it.
     """
     from mechanisms import get_mechanism_class
 

@@ -1,9 +1,8 @@
 """The round's privacy charges, in the server's ledger: every release that reached the server, then DP-SGD steps.
 
-Two observers, because the driver records the releases (``--record-releases``)
-between the two charges. Each charges what the server planned, never the
-client's copy: the strategy has already checked every reply against the plan
-(:mod:`privfed.federation.reply_checks`).
+Two observers, since the releases are recorded (``--record-releases``) between
+the two charges. Each charges what the server planned, never the client's
+copy (the strategy checked every reply against the plan).
 """
 
 from __future__ import annotations
@@ -36,28 +35,20 @@ def rejected_clients(report: RoundReport) -> list[int]:
     return sorted({r.client for r in report.rejected if r.client is not None} - accepted)
 
 
-def silent_clients(report: RoundReport) -> list[int]:
-    """Sampled clients with neither an accepted nor a rejected reply this round."""
+def maybe_answered_before_a_kill(report: RoundReport, killed_round: int | None) -> list[int]:
+    """The sampled clients with no reply in ``killed_round``, the round a killed run had in progress (none in any
+    other): they may have released before the kill and do not answer it again, so they are charged too."""
+    if report.round != killed_round:
+        return []
     answered = {c for c, _ in report.training_events} | {c for c, _ in report.releases} | set(rejected_clients(report))
     return sorted(set(report.sampled_clients) - answered)
-
-
-def maybe_answered_before_a_kill(report: RoundReport, killed_round: int | None) -> list[int]:
-    """The silent clients of ``killed_round``, the round a killed run had in progress (none in any other round).
-
-    Such clients may have released before the kill and do not answer that
-    round again (``privfed.privacy.client_guard``), so they are charged too.
-    """
-    return silent_clients(report) if report.round == killed_round else []
 
 
 class ChargeReleases(RoundObserver):
     """Charges every release that reached the server; adds ``min_k`` (the least k charged) to the metrics line.
 
-    A rejected reply from a client the server asked is charged the planned
-    events too (for DP mechanisms): its bytes reached the server, whatever was
-    wrong with them. So is a sampled client's silence in the round a killed
-    run had in progress.
+    A DP mechanism's planned events are charged for a rejected reply from a client the server asked too (its
+    bytes reached the server), and for a sampled client's silence in the round a killed run had in progress.
     """
 
     def __init__(
@@ -100,14 +91,9 @@ class ChargeReleases(RoundObserver):
         return charged_ks
 
     def charged_guarantee(self, k: int | None) -> Guarantee:
-        """What the ledger records with an accepted release: the server's own facts, none of the client's text.
-
-        The kind is the mechanism class's, ``k`` the one the checks credited,
-        epsilon and delta the plan's for one release, and the statement the
-        server's: a client's guarantee may claim anything (``"epsilon": -5``
-        on a k-anonymous release, a 90 kB statement), and the ledger is what
-        the run's privacy is read from.
-        """
+        """What the ledger records with an accepted release: the mechanism's kind, the credited ``k``, the plan's
+        epsilon and delta of one release and the server's statement, none of the client's text (its guarantee
+        may claim anything, and the run's privacy is read from the ledger)."""
         kind = self.mechanism.guarantee_kind if self.mechanism is not None else NO_GUARANTEE
         privacy = self.plan.privacy
         dp = kind == DIFFERENTIAL_PRIVACY
@@ -121,13 +107,10 @@ class ChargeReleases(RoundObserver):
 
 
 class ChargeTraining(RoundObserver):
-    """Charges each client's DP-SGD steps as planned; then adds the ledger's worst case to the metrics line.
+    """Charges each client's DP-SGD steps as planned, after every other charge; then logs the ledger's worst case.
 
-    Every reply counts, also in a round whose secure aggregation halted and
-    a rejected one: the client trained and sent its (masked) update either
-    way; so does silence in the round a killed run had in progress. Round 0
-    does not train. It runs after every other charge, so the worst case it
-    logs is the round's last.
+    Every reply counts, rejected ones and those of a halted secure aggregation too (the client trained and sent
+    its update either way), and so does silence in the round a killed run had in progress.
     """
 
     def __init__(self, ledger: PrivacyLedger, plan: RunPlan, *, killed_round: int | None) -> None:
