@@ -21,9 +21,9 @@ def test_a_two_round_ldp_sums_run_spends_its_whole_budget_and_states_it(tmp_path
     ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
     releases = [e for e in ledger if e["kind"] == "release"]
     assert len(releases) == 4 * 3  # every client in rounds 0, 1 and 2
-    # The secret sample is on by default: memory_size / median client size, charged as subsampled Gaussians.
+    # Unset, the secret sample is ldp-sums's default: memory_size / median client size, charged as subsampled Gaussians.
     config = json.loads((out / "config.json").read_text())
-    assert config["secret_sample"] is True
+    assert config["secret_sample"] is None
     assert {e["events"][0]["name"] for e in releases} == {"poisson_gaussian"}
     rates = {e["events"][0]["params"]["sampling_rate"] for e in releases}
     assert len(rates) == 1 and 0 < rates.pop() < 1
