@@ -150,7 +150,7 @@ class OrchestraClient(Client):
         global_state = arrays_to_state(parameters_to_ndarrays(ins.parameters), keys, copy=False)  # fresh arrays, ours alone
         train = ins.config["task"] == "train"
         centroids = bytes_to_tensor(record_item(ins.config["centroids"], bytes)) if "centroids" in ins.config else None
-        # Before anything is charged: the client's own mechanism, and the sum that must hold an aggregated one's noise.
+        # Before anything is charged: the client's own mechanism, and the sum that must hold a secure-sum one's noise.
         mechanism = self._mechanism(train)
         stored = declared.replies.get(declared.run, round_index)  # read once: the last reply may be model-sized
         replayed = self._replayed(stored, round_index, digest, shares=train and isinstance(mechanism, SecureSumMechanism))

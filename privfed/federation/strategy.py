@@ -237,7 +237,7 @@ class OrchestraStrategy(Strategy):
 
     @property
     def carries_share(self) -> bool:
-        """Whether each masked vector ends with an aggregated mechanism's share."""
+        """Whether each masked vector ends with a secure-sum mechanism's share."""
         return self.server.aggregator is not None
 
     def note_secure_sum(self, total: np.ndarray, *, num_summed: int) -> None:

@@ -26,7 +26,7 @@ from privfed.orchestra.model_state import StateDict, apply_delta, load_shared_st
 
 @dataclass(frozen=True)
 class SecureSum:
-    """The unmasked sum of an aggregated mechanism's shares, and how many clients' shares it holds."""
+    """The unmasked sum of a secure-sum mechanism's shares, and how many clients' shares it holds."""
 
     total: np.ndarray
     num_summed: int

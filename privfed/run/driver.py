@@ -251,7 +251,7 @@ class RunDriver:
             method=self.method,
             report_metrics=self.config.report_client_metrics,
             release_sampling_rate=plan.sampling_rate,
-            min_shares=plan.params.get("min_shares"),  # set for an aggregated mechanism only
+            min_shares=plan.params.get("min_shares"),  # set for a secure-sum mechanism only
         )
         dp_sgd = None
         if plan.dp_sgd is not None and worst is not None:
