@@ -175,7 +175,8 @@ class RunDriver:
         self.charge_releases = ChargeReleases(self.ledger, self.plan, self.mechanism_class, killed_round=killed)
         self.charge_training = ChargeTraining(self.ledger, self.plan, killed_round=killed)
         self.resume_points = SaveResumePoint(
-            self.run_dir, self.server, self.config, stopping=lambda: self.stop is not None, figures=self._figures
+            self.run_dir, self.server, self.config, stopping=lambda: self.stop is not None, figures=self._figures,
+            mechanism_params=self.plan.privacy.params,
         )
         recording: list[RoundObserver] = []
         if self.config.record_releases:

@@ -144,6 +144,11 @@ def plan_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunPlan, Resu
                 f"{config.rounds} rounds would change the privacy calibration of a run planned for "
                 f"{recorded.rounds}; a budget spread over the planned rounds cannot stretch"
             )
+    if point.mechanism_params is not None and point.mechanism_params != plan.privacy.params:
+        raise PrivfedError(
+            f"{config.mechanism} now plans this run with {plan.privacy.params}, not the {point.mechanism_params} of its "
+            "resume point (the installed mechanism changed, or a setting's default moved): it cannot go on as planned"
+        )
     return plan, point
 
 

@@ -46,6 +46,8 @@ class ResumePoint:
         config: ``config.json`` when :func:`write_resume_point` wrote the point.
         ledgers: Each ledger file's seal then, by path in the run folder.
         summary_sha256: ``summary.json``'s SHA-256 once the run ended here (:func:`mark_end`), else None.
+        mechanism_params: The plan's mechanism parameters then (None: a point written before they were kept), so a
+            resume whose installed mechanism plans otherwise (an unset setting's default moved) is refused.
     """
 
     round: int
@@ -58,6 +60,7 @@ class ResumePoint:
     config: dict[str, Any] = field(default_factory=dict)
     ledgers: dict[str, dict[str, Any]] = field(default_factory=dict)
     summary_sha256: str | None = None
+    mechanism_params: dict[str, Any] | None = None
 
 
 #: The server's ledger, and where simulated clients keep theirs, in a run folder.
@@ -148,7 +151,8 @@ def read_resume_point(run_dir: RunDirectory) -> ResumePoint:
 def _well_formed(point: ResumePoint) -> bool:
     """Whether the point's binding has the shape :func:`write_resume_point` gives it."""
     seals = point.ledgers.values() if isinstance(point.ledgers, dict) else [None]
-    return isinstance(point.config, dict) and isinstance(point.summary_sha256, (str, type(None))) and all(
+    kept = isinstance(point.config, dict) and isinstance(point.mechanism_params, (dict, type(None)))
+    return kept and isinstance(point.summary_sha256, (str, type(None))) and all(
         isinstance(seal, dict) and isinstance(seal.get("entries"), int) and isinstance(seal.get("sha256"), str)
         for seal in seals
     )

@@ -403,3 +403,22 @@ def test_the_secagg_scales_never_grow_past_the_cap(tiny_config):
     for _ in range(40):
         scales = next_scales(scales, DecodedAggregate(mean=[], overflow_counts=flags, high_counts=flags), max_scale=cap)
     assert scales.max() == cap
+
+
+def test_a_resume_whose_mechanism_now_plans_other_parameters_is_refused(tiny_config, tmp_path, monkeypatch):
+    """An unset setting is recorded unset; the point keeps the plan's parameters, so a default that moved in an
+    upgrade cannot change the run's min_k mid-run. A point written before they were kept resumes as before."""
+    kanon = started(tiny_config.replace(rounds=3, checkpoint_every=1, out=str(tmp_path / "kanon")))
+    kanon.on_round_end(report((0, kanon_release(8))))
+    kanon.stop = Stop(INTERRUPTED, 0, "interrupted by SIGINT; stopped after round 0")
+    kanon.finish(secure_aggregation={"enabled": False})
+    assert read_resume_point(kanon.run_dir).mechanism_params == {"min_k": 5}
+    from mechanisms.kanon import KAnonymousCentroids
+
+    monkeypatch.setattr(KAnonymousCentroids, "settings", {"min_k": 6})  # an upgrade's new default
+    with pytest.raises(PrivfedError, match=r"kanon now plans this run with \{'min_k': 6\}, not the \{'min_k': 5\}"):
+        plan_resume(kanon.run_dir.path, {})
+    path = kanon.run_dir.checkpoints / "resume.pt"
+    older = {**torch.load(path, weights_only=True), "mechanism_params": None}
+    torch.save(older, path)
+    assert plan_resume(kanon.run_dir.path, {})[0].privacy.params == {"min_k": 6}

@@ -27,8 +27,11 @@ class SaveResumePoint(RoundObserver):
         *,
         stopping: Callable[[], bool],
         figures: Callable[[], dict[str, Any]],
+        mechanism_params: dict[str, Any],
     ) -> None:
-        """``stopping`` says whether the run stops after this round; ``figures`` are the driver's running figures."""
+        """``stopping`` says whether the run stops after this round; ``figures`` are the driver's running figures;
+        ``mechanism_params`` the plan's, kept in the point."""
+        self.mechanism_params = mechanism_params
         self.run_dir = run_dir
         self.server = server
         self.config = config
@@ -54,5 +57,6 @@ class SaveResumePoint(RoundObserver):
                 server_generator=server.generator_state(),
                 runtime=report.runtime_state,
                 driver=self.figures(),
+                mechanism_params=self.mechanism_params,
             ),
         )

@@ -17,7 +17,8 @@ def test_points_are_written_when_due_with_the_server_and_the_drivers_figures(tin
     plan.run_dir.create(config)
     server = server_of(config)
     stopping = [False]
-    points = SaveResumePoint(plan.run_dir, server, config, stopping=lambda: stopping[0], figures=lambda: {"last_loss": 1.5})
+    points = SaveResumePoint(plan.run_dir, server, config, stopping=lambda: stopping[0], figures=lambda: {"last_loss": 1.5},
+                             mechanism_params=plan.privacy.params)
     path = plan.run_dir.checkpoints / RESUME_FILE
 
     def end_of(index: int) -> int | None:
@@ -34,6 +35,7 @@ def test_points_are_written_when_due_with_the_server_and_the_drivers_figures(tin
     assert end_of(3) == 3
     point = read_resume_point(plan.run_dir)
     assert point.driver == {"last_loss": 1.5} and point.runtime == {"sampling": 3}
+    assert point.mechanism_params == plan.privacy.params
     assert all(torch.equal(point.network[k], v) for k, v in server.network.state_dict().items())
     stopping[0] = False
     end_of(4)
