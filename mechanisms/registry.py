@@ -41,12 +41,19 @@ def check_privacy_description(cls: type[Mechanism]) -> None:
     """Refuses a class whose privacy description privfed could not budget or state.
 
     Raises:
-        MechanismRegistrationError: for a class of neither kind, an unknown guarantee kind, or a
+        MechanismRegistrationError: for a class of neither kind or one that changes when its kind sends, an
+            unknown guarantee kind, or a
             differentially private mechanism without its own calibration and events.
     """
     if issubclass(cls, ReleaseMechanism) == issubclass(cls, SecureSumMechanism):
         raise MechanismRegistrationError(
             f"mechanism {cls.name!r} must subclass exactly one of mechanisms.base.ReleaseMechanism and SecureSumMechanism"
+        )
+    kind = ReleaseMechanism if issubclass(cls, ReleaseMechanism) else SecureSumMechanism
+    if inspect.getattr_static(cls, "releases_in") is not inspect.getattr_static(kind, "releases_in"):
+        raise MechanismRegistrationError(
+            f"mechanism {cls.name!r} overrides releases_in, which is its kind's: a {kind.__name__} sends "
+            f"{'in every round' if kind is ReleaseMechanism else 'in training rounds only'}"
         )
     if cls.guarantee_kind not in GUARANTEE_KINDS:
         raise MechanismRegistrationError(

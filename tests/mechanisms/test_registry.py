@@ -97,6 +97,15 @@ def test_a_class_of_neither_kind_or_of_both_is_refused(monkeypatch):
     assert not {"neither", "both"} & set(registry._REGISTRY)
 
 
+def test_a_class_that_changes_when_its_kind_sends_is_refused(monkeypatch):
+    """The server clusters round 0's releases and a secure sum has none: when a kind sends is the kind's, not a plug-in's."""
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    skipping = _mechanism("skips-round-0", releases_in=classmethod(lambda cls, *, train: train))
+    with pytest.raises(MechanismRegistrationError, match=r"overrides releases_in.*a ReleaseMechanism sends in every round"):
+        register_mechanism(skipping)
+    assert "skips-round-0" not in registry._REGISTRY
+
+
 def test_a_dp_claim_without_its_own_calibration_and_events_is_refused(monkeypatch):
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     with pytest.raises(MechanismRegistrationError, match="calibrate or privacy_events"):
