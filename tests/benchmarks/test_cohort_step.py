@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.benchmarks.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "cohort_step.py"
 
 
 @pytest.fixture(scope="module")
 def cohort_step():
-    spec = importlib.util.spec_from_file_location("cohort_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("cohort_step", SCRIPT)
 
 
 def test_a_toy_run_times_one_client_alone_and_two_together_and_counts_their_ops(cohort_step, tmp_path):

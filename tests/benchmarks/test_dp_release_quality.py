@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.benchmarks.scripts import load_script
 
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "dp_release_quality.py"
 
 
 @pytest.fixture(scope="module")
 def quality():
-    spec = importlib.util.spec_from_file_location("dp_release_quality", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("dp_release_quality", BENCHMARK)
 
 
 def mean_coverage(quality, column: str, *, dim: int, n: int, eps: float, delta: float = 1e-3) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,16 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.benchmarks.scripts import load_script
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def check():
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu" / "check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_check", REPO / "benchmarks" / "gpu" / "check.py")
 
 
 def test_the_gpu_sizes_fit_the_check_and_any_one_can_be_overridden(check):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import types
@@ -10,16 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmarks.scripts import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "round_split.py"
 
 
 @pytest.fixture(scope="module")
 def split():
-    spec = importlib.util.spec_from_file_location("round_split", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("round_split", SCRIPT)
 
 
 class Clock:

@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import secrets
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.benchmarks.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "same_seed_metrics.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("same_seed_metrics", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("same_seed_metrics", SCRIPT)
 
 
 @pytest.fixture

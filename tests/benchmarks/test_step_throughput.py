@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.benchmarks.scripts import load_script
 
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "step_throughput.py"
 
 
 @pytest.fixture(scope="module")
 def step_throughput():
-    spec = importlib.util.spec_from_file_location("step_throughput", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("step_throughput", BENCHMARK)
 
 
 def test_a_toy_run_times_privfed_in_both_layouts_and_both_reference_variants(step_throughput, tmp_path):
