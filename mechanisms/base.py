@@ -395,8 +395,11 @@ class SecureSumMechanism(Mechanism):
 
 
 def round_releases(mechanism: type[Mechanism] | Mechanism | None, *, train: bool) -> bool:
-    """Whether a round sends anything of the clients' representations: the one place privfed asks."""
-    return mechanism is not None and mechanism.releases_in(train=train)
+    """Whether a round sends anything of the clients' representations: the one place privfed asks (of the class, so
+    an instance cannot answer otherwise)."""
+    if mechanism is None:
+        return False
+    return (mechanism if isinstance(mechanism, type) else type(mechanism)).releases_in(train=train)
 
 
 def replace_one_dp_guarantee(epsilon: float, delta: float, *, accounting: str, covers: str) -> Guarantee:

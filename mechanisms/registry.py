@@ -50,11 +50,12 @@ def check_privacy_description(cls: type[Mechanism]) -> None:
             f"mechanism {cls.name!r} must subclass exactly one of mechanisms.base.ReleaseMechanism and SecureSumMechanism"
         )
     kind = ReleaseMechanism if issubclass(cls, ReleaseMechanism) else SecureSumMechanism
-    if inspect.getattr_static(cls, "releases_in") is not inspect.getattr_static(kind, "releases_in"):
-        raise MechanismRegistrationError(
-            f"mechanism {cls.name!r} overrides releases_in, which is its kind's: a {kind.__name__} sends "
-            f"{'in every round' if kind is ReleaseMechanism else 'in training rounds only'}"
-        )
+    for name in ("releases_in", "max_releases"):
+        if inspect.getattr_static(cls, name) is not inspect.getattr_static(kind, name):
+            raise MechanismRegistrationError(
+                f"mechanism {cls.name!r} overrides {name}, which is its kind's: a {kind.__name__} sends "
+                f"{'in every round' if kind is ReleaseMechanism else 'in training rounds only'}"
+            )
     if cls.guarantee_kind not in GUARANTEE_KINDS:
         raise MechanismRegistrationError(
             f"mechanism {cls.name!r} has guarantee_kind {cls.guarantee_kind!r}; choose from {', '.join(GUARANTEE_KINDS)}"

@@ -11,6 +11,7 @@ from mechanisms import (
     UnknownMechanismError,
     available_mechanisms,
     create_mechanism,
+    get_mechanism_class,
     register_mechanism,
     registry,
 )
@@ -103,7 +104,19 @@ def test_a_class_that_changes_when_its_kind_sends_is_refused(monkeypatch):
     skipping = _mechanism("skips-round-0", releases_in=classmethod(lambda cls, *, train: train))
     with pytest.raises(MechanismRegistrationError, match=r"overrides releases_in.*a ReleaseMechanism sends in every round"):
         register_mechanism(skipping)
-    assert "skips-round-0" not in registry._REGISTRY
+    fewer = _mechanism("plans-one-release", max_releases=classmethod(lambda cls, rounds: 1))
+    with pytest.raises(MechanismRegistrationError, match="overrides max_releases"):
+        register_mechanism(fewer)
+    assert not {"skips-round-0", "plans-one-release"} & set(registry._REGISTRY)
+
+
+def test_an_instance_cannot_answer_otherwise_than_its_class_whether_a_round_sends():
+    from mechanisms import create_mechanism, round_releases
+
+    sums = create_mechanism("ddp-sums", **get_mechanism_class("ddp-sums").calibrate(epsilon=20.0, delta=1e-6, num_releases=3),
+                            min_shares=2)
+    sums.releases_in = lambda *, train: True  # what the client guard asks is the class's answer, so the compute path's is too
+    assert not round_releases(sums, train=False) and round_releases(sums, train=True)
 
 
 def test_a_dp_claim_without_its_own_calibration_and_events_is_refused(monkeypatch):

@@ -7,7 +7,15 @@ copy (the strategy checked every reply against the plan).
 
 from __future__ import annotations
 
-from mechanisms.base import DIFFERENTIAL_PRIVACY, K_ANONYMITY, NO_GUARANTEE, Guarantee, Mechanism, SecureSumMechanism
+from mechanisms.base import (
+    DIFFERENTIAL_PRIVACY,
+    K_ANONYMITY,
+    NO_GUARANTEE,
+    Guarantee,
+    Mechanism,
+    SecureSumMechanism,
+    round_releases,
+)
 from privfed.orchestra.round_report import RoundReport
 from privfed.privacy import PrivacyLedger
 from privfed.privacy.ledger import LedgerEntry
@@ -71,7 +79,7 @@ class ChargeReleases(RoundObserver):
         charged_ks: list[int] = []
         if mechanism is None:
             return charged_ks
-        sends = mechanism.releases_in(train=report.round > 0)  # a secure-sum mechanism's round 0 sends nothing
+        sends = round_releases(mechanism, train=report.round > 0)  # a secure-sum mechanism's round 0 sends nothing
         if issubclass(mechanism, SecureSumMechanism) and sends:
             # Each accepted reply's masked vector carries its share, whether or not the sum completed.
             for client, _ in report.training_events:
