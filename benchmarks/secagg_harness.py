@@ -20,6 +20,7 @@ import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import flwr.compat.common.recorddict_compat as compat
@@ -42,6 +43,8 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.constant import Key as WorkflowKey
 
 from privfed.secagg.client_mod import privfed_secaggplus_mod
+from privfed.secagg.client_trust import NodeTrust, SignedRounds
+from privfed.secagg.identity import simulated_identities
 from privfed.secagg.masking import SHARE_KEY
 from privfed.secagg.workflow import _CapturingSecAggPlusWorkflow
 
@@ -78,7 +81,7 @@ class StandInStrategy:
     results: list = field(default_factory=list)
 
     def configure_fit(self, server_round: int, parameters: Any, client_manager: Any) -> list[tuple[_Proxy, FitIns]]:
-        return [(_Proxy(n), FitIns(parameters, {})) for n in self.node_ids]
+        return [(_Proxy(n), FitIns(parameters, {"round": server_round})) for n in self.node_ids]
 
     def aggregate_fit(self, server_round: int, results: list, failures: list) -> tuple[None, dict]:
         self.aggregate = parameters_to_ndarrays(results[0][1].parameters)
@@ -126,6 +129,7 @@ class DirectGrid:
         self.client_mods = client_mods
         self.record_masked = record_masked
         self.contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(), run_config={}) for n in updates}
+        self.identities = dict(zip(updates, simulated_identities(len(updates))))
         self.stages: list[str] = []
         self.reached: dict[int, list[str]] = {}  # node -> the stages it was asked for
         self.masked: dict[int, list[np.ndarray]] = {}  # node -> the masked vector it sent
@@ -162,7 +166,7 @@ class DirectGrid:
             dst_node_id=node, message_type=message.metadata.message_type, group_id=message.metadata.group_id,
         )
         own.metadata.__dict__["_message_id"] = message.metadata.message_id
-        mod = self.client_mods.get(node, privfed_secaggplus_mod)
+        mod = self.client_mods.get(node) or partial(privfed_secaggplus_mod, trust_of=self.trust_of)
 
         def honest() -> Message:
             return mod(own, self.contexts[node], self._fit(node))
@@ -175,6 +179,10 @@ class DirectGrid:
         if self.record_masked and stage == Stage.COLLECT_MASKED_VECTORS and not reply.has_error():
             self.masked[node] = [bytes_to_ndarray(b) for b in reply.content.config_records[RECORD_KEY_CONFIGS][Key.MASKED_PARAMETERS]]
         return reply
+
+    def trust_of(self, context: Context) -> NodeTrust:
+        """A node's trust: its identity among the round's, its signed rounds in its context."""
+        return NodeTrust(self.identities[context.node_id], max_corrupt=0, signed=SignedRounds(None, context), run_key=1)
 
     def _fit(self, node: int) -> Callable[[Message, Context], Message]:
         def fit(message: Message, context: Context) -> Message:

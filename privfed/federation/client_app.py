@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 
 from privfed.records import record_item
 from privfed.secagg.client_mod import FITRES_METRICS, privfed_secaggplus_mod
+from privfed.secagg.client_trust import STATE_DIR, TrustOf, node_trust
 from privfed.secagg.masking import SHARE_KEY
 from privfed.secagg.settings import ENCODING_IN_FLOWER_STATE
 
@@ -29,9 +31,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Node config key (``--node-config "state-dir='/var/lib/privfed'"``): where the node keeps its own privacy
-#: ledger, one file per partition, across restarts and runs.
-STATE_DIR = "state-dir"
 
 
 def make_client_fn(
@@ -121,7 +120,9 @@ class UnmaskedRoundRefused(RuntimeError):
     """A training message asks for an update without SecAgg+ although the run or the node requires it."""
 
 
-def secaggplus_when_requested(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+def secaggplus_when_requested(
+    msg: Message, context: Context, call_next: Callable[[Message, Context], Message], *, trust_of: TrustOf = node_trust
+) -> Message:
     """privfed's SecAgg+ client mod (:mod:`privfed.secagg.client_mod`), for the messages of a SecAgg+ round only.
 
     A training round without SecAgg+'s records would send the update unmasked:
@@ -139,7 +140,7 @@ def secaggplus_when_requested(msg: Message, context: Context, call_next: Callabl
             if "secagg_scales" not in fit:
                 raise UnmaskedRoundRefused("a SecAgg+ training round without privfed's SecAgg+ settings")
             check_encoding_matches_setup(fit, context.state.config_records.get(RECORD_KEY_STATE))
-        reply = privfed_secaggplus_mod(msg, context, call_next)
+        reply = privfed_secaggplus_mod(msg, context, call_next, trust_of=trust_of)
         np.random.seed()  # fresh OS entropy: the rounding seed must not predict later draws in this process
         return reply
     required = str(context.node_config.get(REQUIRE_SECAGG, False)).lower() in ("true", "1", "yes")
@@ -248,7 +249,12 @@ def make_client_app(
     """
     return ClientApp(
         client_fn=make_client_fn(declared, state_dir, run_key),
-        mods=[*outer_mods, secaggplus_when_requested, seeded_secagg_rounding(declared), *inner_mods],
+        mods=[
+            *outer_mods,
+            partial(secaggplus_when_requested, trust_of=partial(node_trust, state_dir=state_dir, run_key=run_key)),
+            seeded_secagg_rounding(declared),
+            *inner_mods,
+        ],
     )
 
 

@@ -75,7 +75,8 @@ class SimulatedRun:
     resume: ResumePoint | None = None
 
     def client_app(self) -> ClientApp:
-        """The ClientApp of every simulated node: held to the declared run, its ledger in the run directory."""
+        """The ClientApp of every simulated node: held to the declared run, its ledger and SecAgg+ identity in the run
+        directory."""
         return make_client_app(
             declared=self.plan.config, state_dir=self.plan.run_dir.client_ledgers, run_key=SIMULATED_RUN_KEY,
             outer_mods=self.outer_mods, inner_mods=self.inner_mods,

@@ -1,9 +1,11 @@
-"""The client's side of privfed's SecAgg+: Flower's key exchange, privfed's masks.
+"""The client's side of privfed's SecAgg+: Flower's key exchange, privfed's masks and agreement checks.
 
 Flower's ``secaggplus_mod`` runs the stages that exchange keys and shares;
 the stage that masks the update is privfed's (:func:`_masked_vectors_stage`),
-so Flower's 32-bit mask expansion is never called. At setup, before making
-any key, the node refuses a server that does not state
+so Flower's 32-bit mask expansion is never called. Around every stage the
+node runs the checks of :mod:`privfed.secagg.client_agreement` (signed keys,
+one view, one signed survivor set), and adds the consistency stage. At
+setup, before making any key, the node refuses a server that does not state
 :data:`~privfed.secagg.masks.PROTOCOL_VERSION`, and answers with it.
 """
 
@@ -13,7 +15,7 @@ from collections.abc import Callable
 
 import flwr.compat.common.recorddict_compat as compat
 import numpy as np
-from flwr.app import ConfigRecord, Context, Message
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.client.mod.secure_aggregation.secaggplus_mod import (
     SecAggPlusState,
     check_configs,
@@ -25,33 +27,55 @@ from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_separate
 
-from privfed.records import record_list
+from privfed.records import record_item, record_list
+from privfed.secagg import client_agreement as agreement
+from privfed.secagg.client_trust import TrustOf, node_trust
+from privfed.secagg.identity import CONSISTENCY_STAGE
 from privfed.secagg.masking import SHARE_KEY, encode_update, mask_update, pairwise_seed
 from privfed.secagg.masks import PROTOCOL_KEY, PROTOCOL_VERSION
 
 CallNext = Callable[[Message, Context], Message]
 
-#: Where Flower's legacy compat layer keeps a fit reply's metrics.
+#: Where Flower's legacy compat layer keeps a fit reply's metrics, and a fit request's configuration.
 FITRES_METRICS = "fitres.metrics"
+FIT_CONFIG = "fitins.config"
 
 
 class MaskProtocolRefused(RuntimeError):
     """The server runs a SecAgg+ protocol other than this node's (e.g. Flower's 32-bit masks): nothing is sent."""
 
 
-def privfed_secaggplus_mod(msg: Message, context: Context, call_next: CallNext) -> Message:
-    """One SecAgg+ stage of a training message, with privfed's masks."""
+def privfed_secaggplus_mod(
+    msg: Message, context: Context, call_next: CallNext, *, trust_of: TrustOf = node_trust
+) -> Message:
+    """One SecAgg+ stage of a training message, with privfed's masks and checks (``trust_of``: the node's trust)."""
     configs = msg.content.config_records[RECORD_KEY_CONFIGS]
     stage = configs.get(Key.STAGE)
     if stage == Stage.SETUP:
         check_protocol(configs)
         del configs[PROTOCOL_KEY]  # Flower's setup reads only its own keys
+        trust = trust_of(context)  # before any key is made: a node without an identity takes no part
+        agreement.check_threshold_rule(configs, trust.max_corrupt)
         reply = secaggplus_mod(msg, context, call_next)
         if not reply.has_error():
-            reply.content.config_records[RECORD_KEY_CONFIGS][PROTOCOL_KEY] = PROTOCOL_VERSION
+            answer = reply.content.config_records[RECORD_KEY_CONFIGS]
+            answer[PROTOCOL_KEY] = PROTOCOL_VERSION
+            agreement.advertise(answer, msg, context, configs, trust)
+        return reply
+    if stage == Stage.SHARE_KEYS:
+        trust = trust_of(context)
+        agreement.accept_view(configs, context, trust)
+        reply = secaggplus_mod(msg, context, call_next)
+        if not reply.has_error():
+            agreement.sign_view(reply.content.config_records[RECORD_KEY_CONFIGS], context, trust)
         return reply
     if stage == Stage.COLLECT_MASKED_VECTORS:
         return _masked_vectors_stage(msg, context, call_next)
+    if stage == CONSISTENCY_STAGE:
+        signature = agreement.sign_survivors(configs, context, trust_of(context))
+        return Message(RecordDict({RECORD_KEY_CONFIGS: signature}), reply_to=msg)
+    if stage == Stage.UNMASK:
+        agreement.check_unmask(configs, context)
     return secaggplus_mod(msg, context, call_next)
 
 
@@ -73,8 +97,10 @@ def _masked_vectors_stage(msg: Message, context: Context, call_next: CallNext) -
     configs = msg.content.config_records[RECORD_KEY_CONFIGS]
     check_stage(state.current_stage, configs)
     state.current_stage = str(configs.pop(Key.STAGE))
+    agreement.check_sources(configs, context)
     check_configs(state.current_stage, configs)
     neighbours = _store_neighbour_shares(state, configs)
+    agreement.record_sources(context, neighbours, _fit_round(msg))
 
     reply = call_next(msg, context)
     if reply.has_error():
@@ -103,6 +129,14 @@ def _masked_vectors_stage(msg: Message, context: Context, call_next: CallNext) -
         {Key.MASKED_PARAMETERS: [ndarray_to_bytes(array) for array in masked]}, False
     )
     return Message(reply.content, reply_to=msg)
+
+
+def _fit_round(msg: Message) -> int:
+    """The training round a masked-vector request asks for (a replay is known by it, not by Flower's group id)."""
+    fit = msg.content.config_records.get(FIT_CONFIG)
+    if fit is None or "round" not in fit:
+        raise agreement.AgreementRefused("a masked-vector request without its training round")
+    return record_item(fit["round"], int)
 
 
 def take_share(reply: Message) -> np.ndarray | None:

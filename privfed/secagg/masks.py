@@ -17,8 +17,9 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-#: privfed's SecAgg+ protocol: Flower's message flow with masks from :func:`expand_mask`. A node refuses any other.
-PROTOCOL_VERSION = "privfed-secagg+/3"
+#: privfed's SecAgg+ protocol: Flower's message flow with masks from :func:`expand_mask`, signed keys and a
+#: consistency check (:mod:`privfed.secagg.client_agreement`). A node refuses any other.
+PROTOCOL_VERSION = "privfed-secagg+/4"
 #: The PRG that protocol version expands masks with (recorded in ``summary.json``).
 MASK_PRG = "HKDF-SHA256 -> AES-256-CTR"
 #: Config key under which the server states, and each client answers with, the protocol version at setup.

@@ -6,17 +6,12 @@ They are fixed once, in the run's plan, and recorded in ``summary.json``;
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any
 
 from privfed.config import TrainConfig
 from privfed.errors import PrivfedError
-
-#: Up to this many sampled clients every pair shares masks (the original SecAgg); beyond it, SecAgg+'s sparse
-#: neighbourhoods take over.
-COMPLETE_GRAPH_LIMIT = 20
 
 
 def indicators_are_exact(clipping_range: float, quantization_range: int) -> bool:
@@ -88,19 +83,21 @@ class SecAggPlusSettings:
 
 
 def default_num_shares(num_sampled: int) -> int:
-    """Every sampled client up to :data:`COMPLETE_GRAPH_LIMIT`, then an odd ``~3 log2 k``.
+    """Every sampled client: each shares keys with all others.
 
-    Logarithmic neighbourhoods make SecAgg+ scale (Bell et al., 2020); at federated round sizes the factor 3 keeps
-    the chance low that dropouts or colluders cut one small.
+    SecAgg+'s logarithmic neighbourhoods (Bell et al., 2020) are the server's
+    to choose, and a server that deviates could give a client a neighbourhood
+    it can make drop; nodes refuse them (:mod:`privfed.secagg.client_agreement`).
     """
-    if num_sampled <= COMPLETE_GRAPH_LIMIT:
-        return num_sampled
-    shares = math.ceil(3 * math.log2(num_sampled))
-    return min(num_sampled, shares + (1 - shares % 2))
+    return num_sampled
 
 
 def default_threshold(num_shares: int) -> int:
-    """A strict majority of the shares (never below 2, which two-client rounds need)."""
+    """The smallest strict majority of the shares (never below 2, which two-client rounds need).
+
+    Against a deviating server, two survivor sets cannot both gather ``t``
+    signatures when ``2t > n`` (docs/privacy.md, "SecAgg+ against a deviating server").
+    """
     return max(2, num_shares // 2 + 1)
 
 
@@ -115,14 +112,17 @@ def secagg_settings(config: TrainConfig, client_sizes: list[int]) -> SecAggPlusS
             "raise --participation or --num-clients, or pass --no-secagg"
         )
     shares = config.secagg_shares if config.secagg_shares is not None else default_num_shares(sampled)
-    if not (shares == sampled or (3 <= shares < sampled and shares % 2 == 1)):
+    if shares != sampled:
         raise PrivfedError(
-            f"--secagg-shares must be the number of sampled clients ({sampled}) or an odd number "
-            f"from 3 to {sampled - 1}, got {shares}"
+            f"--secagg-shares must be the number of sampled clients ({sampled}), got {shares}: privfed's SecAgg+ "
+            "has every client share keys with all others (nodes refuse sparse neighbourhoods, which the server chooses)"
         )
     threshold = config.secagg_threshold if config.secagg_threshold is not None else default_threshold(shares)
-    if not 2 <= threshold <= shares:
-        raise PrivfedError(f"--secagg-threshold must be between 2 and the number of shares ({shares}), got {threshold}")
+    if not default_threshold(shares) <= threshold <= shares:
+        raise PrivfedError(
+            f"--secagg-threshold must be a strict majority of the {shares} shares and at most all of them "
+            f"({default_threshold(shares)} to {shares}), got {threshold}: nodes refuse a lower one"
+        )
     if config.secagg_clipping_range < 1:
         raise PrivfedError(
             f"--secagg-clipping-range must be at least 1 (the overflow indicators travel as ones), "

@@ -32,6 +32,7 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.default_workflows import default_fit_workflow
 
 from privfed.records import record_item, record_list
+from privfed.secagg import identity as ids
 from privfed.secagg import mask_pool, masking
 from privfed.secagg import masks as secagg_masks
 from privfed.secagg.masking import decode_weighted_mean, pairwise_seed, split_share, unmask_sum
@@ -50,6 +51,9 @@ PULL_INTERVAL = 0.1
 
 #: Set on Flower's round state once the key exchange is over (see :meth:`_CapturingSecAggPlusWorkflow._check_threshold`).
 _KEYS_SHARED = "privfed_keys_shared"
+#: Flower's round state also holds each node's identity and signed advertisement, and its signature on its view.
+_ADVERTS = "privfed_adverts"
+_VIEWS = "privfed_views"
 
 
 class RoundCloser(Protocol):
@@ -102,10 +106,14 @@ class MaskedSum:
 
 class _ProtocolGrid:
     """A grid that states privfed's protocol version at setup and leaves out clients on another protocol, whose masks
-    would spoil the sum (having shared no keys, they are forgotten like early dropouts)."""
+    would spoil the sum (having shared no keys, they are forgotten like early dropouts).
 
-    def __init__(self, grid: Grid) -> None:
+    It keeps each setup reply's identity and signed advertisement in ``adverts``, for the neighbours to check.
+    """
+
+    def __init__(self, grid: Grid, adverts: dict[int, tuple[bytes, bytes]]) -> None:
         self._grid = grid
+        self._adverts = adverts
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
@@ -121,12 +129,50 @@ class _ProtocolGrid:
             return reply
         configs = reply.content.config_records.get(RECORD_KEY_CONFIGS)
         runs = None if configs is None else configs.get(PROTOCOL_KEY)
-        if runs == PROTOCOL_VERSION:
+        advert = None if configs is None else (configs.get(ids.IDENTITY_KEY), configs.get(ids.ADVERT_SIGNATURE_KEY))
+        if runs == PROTOCOL_VERSION and advert is not None and all(isinstance(part, bytes) for part in advert):
+            self._adverts[reply.metadata.src_node_id] = advert  # type: ignore[assignment]
             return reply
         logger.warning("a client runs SecAgg+ protocol %r, not %r: it is left out of the round", runs, PROTOCOL_VERSION)
-        error = Error(code=OTHER_PROTOCOL, reason=f"runs SecAgg+ protocol {runs!r}")
-        # Flower's overloads omit the metadata form; the error reply keeps the client's metadata.
-        return Message(metadata=reply.metadata, error=error)  # type: ignore[call-overload]
+        return left_out(reply, OTHER_PROTOCOL, f"runs SecAgg+ protocol {runs!r}, or advertised no signed keys")
+
+
+def left_out(reply: Message, code: int, reason: str) -> Message:
+    """An error reply in place of ``reply``: the client is left out of the round, like a dropout."""
+    # Flower's overloads omit the metadata form; the error reply keeps the client's metadata.
+    return Message(metadata=reply.metadata, error=Error(code=code, reason=reason))  # type: ignore[call-overload]
+
+
+class _AdvertisingGrid:
+    """The share-keys stage's grid: it hands each node its neighbours' signed advertisements next to their keys, and
+    keeps each reply's signature on the view it shared its keys in."""
+
+    def __init__(self, grid: Grid, adverts: dict[int, tuple[bytes, bytes]], views: dict[int, bytes]) -> None:
+        self._grid = grid
+        self._adverts = adverts
+        self._views = views
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        stamped = list(messages)
+        for message in stamped:
+            configs = message.content.config_records[RECORD_KEY_CONFIGS]
+            nodes = sorted(int(node) for node in configs if node != SecAggKey.STAGE)
+            configs[ids.ADVERT_NODES_KEY] = nodes
+            configs[ids.ADVERT_IDENTITIES_KEY] = [self._adverts[node][0] for node in nodes]
+            configs[ids.ADVERT_SIGNATURES_KEY] = [self._adverts[node][1] for node in nodes]
+        return [self._kept(reply) for reply in self._grid.send_and_receive(stamped, timeout=timeout)]
+
+    def _kept(self, reply: Message) -> Message:
+        if reply.has_error():
+            return reply
+        signature = reply.content.config_records.get(RECORD_KEY_CONFIGS, ConfigRecord()).get(ids.VIEW_SIGNATURE_KEY)
+        if not isinstance(signature, bytes):
+            return left_out(reply, OTHER_PROTOCOL, "shared keys without signing its view")
+        self._views[reply.metadata.src_node_id] = signature
+        return reply
 
 
 def forget_nodes_without_shares(state: Any) -> None:
@@ -158,10 +204,14 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         self.strategy = strategy
 
     def setup_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
-        return self._halting_on_errors(super().setup_stage, _ProtocolGrid(grid), context, state)  # type: ignore[arg-type]
+        setattr(state, _ADVERTS, {})
+        protocol_grid = _ProtocolGrid(grid, getattr(state, _ADVERTS))
+        return self._halting_on_errors(super().setup_stage, protocol_grid, context, state)  # type: ignore[arg-type]
 
     def share_keys_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
-        proceed = self._halting_on_errors(super().share_keys_stage, grid, context, state)
+        setattr(state, _VIEWS, {})
+        advertising = _AdvertisingGrid(grid, getattr(state, _ADVERTS), getattr(state, _VIEWS))
+        proceed = self._halting_on_errors(super().share_keys_stage, advertising, context, state)  # type: ignore[arg-type]
         forget_nodes_without_shares(state)
         return proceed
 
@@ -180,7 +230,9 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
     def _collect_masked_vectors(self, grid: Grid, context: LegacyContext, state: Any, *, rejected: list[int]) -> bool:
         """Flower's stage, summing each masked vector as it arrives, not holding all (9 GB for 50 ResNet-18 clients)."""
         server_round = record_item(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND], int)
-        requests = [_masked_vector_request(node, state, server_round) for node in state.active_node_ids]
+        requests = [
+            _masked_vector_request(node, state, server_round, getattr(state, _VIEWS)) for node in state.active_node_ids
+        ]
         del state.forward_ciphertexts, state.forward_srcs, state.nid_to_fitins
         masked_sum, replied = MaskedSum(state.mod_range), set[int]()
         for reply in replies_as_they_arrive(grid, requests, timeout=self.timeout):
@@ -237,7 +289,17 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         server_round = record_item(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND], int)
         survivors = set(state.active_node_ids)
         dropped = state.sampled_node_ids - survivors
-        requests = [_share_request(node, state.nid_to_neighbours[node], survivors, dropped, server_round) for node in survivors]
+        signatures = _signatures_on(grid, survivors, server_round, timeout=self.timeout, failures=state.failures)
+        if len(signatures) < state.threshold:
+            logger.warning(
+                "secure aggregation halted: %d survivors signed the survivor set, the threshold is %d",
+                len(signatures), state.threshold,
+            )
+            return False
+        requests = [
+            _share_request(node, state.nid_to_neighbours[node], survivors, dropped, server_round, signatures)
+            for node in signatures
+        ]
         shares: dict[int, list[bytes]] = {node: [] for node in state.sampled_node_ids}
         responders = set()
         for reply in grid.send_and_receive(requests, timeout=self.timeout):
@@ -312,26 +374,58 @@ def replies_as_they_arrive(grid: Grid, messages: list[Message], *, timeout: floa
             yield arrived.pop()  # no reference kept here once handed over
 
 
-def _masked_vector_request(node: int, state: Any, server_round: int) -> Message:
-    """The request for one node's masked vector: its fit instructions and the key shares forwarded to it."""
+def _masked_vector_request(node: int, state: Any, server_round: int, views: dict[int, bytes]) -> Message:
+    """The request for one node's masked vector: its fit instructions and the key shares forwarded to it, each with
+    its sender's signature on the view it shared its keys in."""
     content = state.nid_to_fitins[node]
     content.config_records[RECORD_KEY_CONFIGS] = ConfigRecord(
         {
             SecAggKey.STAGE: Stage.COLLECT_MASKED_VECTORS,
             SecAggKey.CIPHERTEXT_LIST: state.forward_ciphertexts[node],
             SecAggKey.SOURCE_LIST: state.forward_srcs[node],
+            ids.VIEW_SIGNATURES_KEY: [views[source] for source in state.forward_srcs[node]],
         }
     )
     return Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN, group_id=str(server_round))
 
 
-def _share_request(node: int, neighbours: set[int], survivors: set[int], dropped: set[int], server_round: int) -> Message:
-    """The unmask request to one survivor: which of its neighbours survived and which dropped."""
+def _signatures_on(
+    grid: Grid, survivors: set[int], server_round: int, *, timeout: float | None, failures: list[BaseException]
+) -> dict[int, bytes]:
+    """The consistency stage: every survivor is shown the survivor set; returns who signed it, and their signatures."""
+    configs = {SecAggKey.STAGE: ids.CONSISTENCY_STAGE, ids.SURVIVORS_KEY: sorted(survivors)}
+    requests = [
+        Message(
+            content=RecordDict({RECORD_KEY_CONFIGS: ConfigRecord(dict(configs))}), dst_node_id=node,
+            message_type=MessageType.TRAIN, group_id=str(server_round),
+        )
+        for node in sorted(survivors)
+    ]
+    signatures = {}
+    for reply in grid.send_and_receive(requests, timeout=timeout):
+        if reply.has_error():
+            failures.append(Exception(reply.error))
+            continue
+        signature = reply.content.config_records[RECORD_KEY_CONFIGS].get(ids.SURVIVORS_SIGNATURE_KEY)
+        signatures[reply.metadata.src_node_id] = record_item(signature, bytes)
+    return signatures
+
+
+def _share_request(
+    node: int, neighbours: set[int], survivors: set[int], dropped: set[int], server_round: int,
+    signatures: dict[int, bytes],
+) -> Message:
+    """The unmask request to one survivor: which of its neighbours survived and which dropped, with the survivors'
+    signatures on that set."""
+    signers = sorted(signatures)
     configs = ConfigRecord(
         {
             SecAggKey.STAGE: Stage.UNMASK,
             SecAggKey.ACTIVE_NODE_ID_LIST: sorted(neighbours & survivors),
             SecAggKey.DEAD_NODE_ID_LIST: sorted(neighbours & dropped),
+            ids.SURVIVORS_KEY: sorted(survivors),
+            ids.SIGNERS_KEY: signers,
+            ids.SIGNATURES_KEY: [signatures[signer] for signer in signers],
         }
     )
     return Message(
