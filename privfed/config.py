@@ -136,18 +136,20 @@ class TrainConfig:
     # secure aggregation of model updates (Flower SecAgg+)
     secagg: bool = option(
         True,
-        "Aggregate encoder updates with SecAgg+ (Flower's protocol, masks from AES-256-CTR), so a server that follows "
-        "the protocol only sees their sum.",
+        "Aggregate encoder updates with SecAgg+ (Flower's message flow, masks from AES-256-CTR, signed keys and a "
+        "consistency check), so the server sees only their sum (docs/privacy.md, \"SecAgg+ against a deviating server\").",
     )
     secagg_shares: int | None = option(
         None,
-        "SecAgg+: shares each client's key is split into (its neighbours, itself included).",
-        default_text="every sampled client up to 20, then an odd ~3 log2 of them",
+        "SecAgg+: shares each client's key is split into; must be the number of sampled clients (every client shares "
+        "keys with all others).",
+        default_text="every sampled client",
     )
     secagg_threshold: int | None = option(
         None,
-        "SecAgg+: shares needed to reconstruct a key; shares - threshold neighbours may drop out.",
-        default_text="a strict majority of the shares",
+        "SecAgg+: shares needed to reconstruct a key, a strict majority of them; shares - threshold clients may drop "
+        "out.",
+        default_text="the smallest strict majority of the shares",
     )
     secagg_clipping_range: float = option(
         8.0, "SecAgg+: values are clipped to +-this before quantisation (privfed rescales updates so nothing is clipped)."
