@@ -180,8 +180,8 @@ def check_secagg_round(configs: Mapping[str, Any], context: Context) -> None:
                 f"the server asked for {sample} clients, {shares} shares, threshold {threshold}"
             )
     elif stage == Stage.SHARE_KEYS:
-        # Every entry but the stage is one node's public keys, keyed by its id (Flower reads the ids as integers).
-        neighbours = len({int(node) for node in configs if node != Key.STAGE})
+        # Flower's entries are each one node's public keys, keyed by its id; privfed's advertisements sit beside them.
+        neighbours = len({int(node) for node in configs if node != Key.STAGE and not node.startswith("privfed_")})
         if neighbours < minimum:
             raise UnmaskedRoundRefused(f"this node shares keys with at least {minimum} neighbours, got {neighbours}")
 
