@@ -18,12 +18,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mechanisms.base import K_ANONYMITY, Mechanism, SecureSumMechanism
+from mechanisms import get_mechanism_class
+from mechanisms.base import K_ANONYMITY, Mechanism, PrivacyEvent, SecureSumMechanism
+from mechanisms.ddp_sums import DdpSumsMechanism
 from privfed.methods import ORCHESTRA, Method
-from privfed.privacy.ledger import WorstCase
-from privfed.secagg.masks import MASK_PRG
+from privfed.privacy.ledger import WorstCase, composed_epsilon
+from privfed.secagg.masks import MASK_PRG, PROTOCOL_VERSION
+
+if TYPE_CHECKING:
+    from privfed.privacy.budget import PrivacyPlan
 
 #: The privacy unit of DP-SGD, and of DP releases under DP-SGD.
 EXAMPLE_UNIT = "replacing one training example of a client by another (replace-one: its dataset size is public)"
@@ -117,10 +122,23 @@ def _k(k: int | None) -> str:
 
 Parts = tuple[list[Item], list[Item]]  # (covered, uncovered)
 
+#: docs/privacy.md's section on SecAgg+'s threat model, which the clauses below cite.
+SECAGG_THREAT_MODEL = "docs/privacy.md, \"SecAgg+ against a deviating server\""
+
+#: What SecAgg+ holds against a server that deviates from it: the v4 threat model, in one clause.
+SECAGG_AGAINST_DEVIATION = (
+    f"SecAgg+ ({PROTOCOL_VERSION}) holds within a round against a server that deviates from it, with up to c "
+    "clients colluding (c: a node's secagg-max-corrupt, default 0), where nodes pin each other's identities (a "
+    "simulation keeps every identity in its run folder, so there the keys only exercise the protocol): a node "
+    "checks signed keys and unmasks only for the one survivor set it signed, once t of its survivors (t: the "
+    "threshold) signed it, so the server unmasks no sum but that of all the honest clients of a signed set, at "
+    f"least t - c of them ({SECAGG_THREAT_MODEL})"
+)
+
 #: Every guarantee assumes the server follows the run's plan (docs/privacy.md, trust model).
 DEVIATING_SERVER = Item(
-    "a server that deviates from the run's plan beyond what clients check (e.g. one that withholds SecAgg+ key "
-    "shares unmasks a client's update)",
+    "a server that deviates from the run's plan beyond what clients check (e.g. it chooses the cohorts and "
+    "differences SecAgg+ sums across rounds)",
     "a server that deviates from the run's plan beyond what clients check: each client refuses a configuration other "
     "than the declared run's, mechanism or DP-SGD parameters other than its own calibration (noisier ones too), "
     "SecAgg+ encodings or "
@@ -133,13 +151,13 @@ DEVIATING_SERVER = Item(
     "the runs that share that ledger, and a node's privacy-epsilon the mix of releases and trainings the server "
     "chooses, as if that sequence had been fixed in advance (a PLD filter is not proven for choices made in view of "
     "earlier results), and the server still "
-    "chooses the model and centroids clients compute on, which clients it samples within their budgets, and SecAgg+ "
-    "neighbours (require-secagg and secagg-min-clients narrow the rest); it can get the same answer again under a new "
-    "run id or a slightly changed model, or replay a round's stored reply to a smaller cohort; two "
+    "chooses the model and centroids clients compute on, which clients it samples within their budgets, and how "
+    "many (secagg-min-clients sets a node's floor); "
+    f"{SECAGG_AGAINST_DEVIATION}; a node signs no second survivor set for the last round it signed (a record kept "
+    "in its state-dir), so that round replayed to other clients is not unmasked, but the server can get the same "
+    "answer again under a new run id or a slightly changed model, and two "
     "SecAgg+ sums over cohorts that differ by one client reveal that "
-    "client's update (up to augmentation noise), and within one SecAgg+ round a server that withholds neighbours' "
-    "key shares from a client and reports their holders dropped unmasks that client's update (several "
-    "clients in one round); only DP-SGD bounds "
+    "client's update (up to augmentation noise); only DP-SGD bounds "
     "what these reveal",
 )
 
@@ -170,9 +188,9 @@ def _encoder_update_clauses(*, dp_sgd: bool, worst: WorstCase | None, secagg: bo
             "amplification, which relies on each client's batch sampling staying secret",
         )], []
     protection = (
-        f"SecAgg+ with masks from {MASK_PRG} shows a server that follows the protocol only their sum, which is not "
-        "a DP bound; a server that deviates can leave SecAgg+ out of a round (a node refuses if the round or its "
-        "own config says SecAgg+)"
+        f"SecAgg+ with masks from {MASK_PRG} shows the server only sums of updates, over cohorts it chooses, also "
+        f"when it deviates from SecAgg+ within its threat model ({SECAGG_THREAT_MODEL}); a sum is not a DP bound, and "
+        "a server can leave SecAgg+ out of a round (a node refuses if the round or its own config says SecAgg+)"
         if secagg
         else "sent in the clear"
     )
@@ -201,25 +219,92 @@ def _sample_clause(rate: float) -> str:
 def _secure_sum_clause(min_shares: int | None) -> str:
     """The trust a secure-sum mechanism's epsilon rests on (its noise is split over the clients of a secure sum)."""
     return (
-        f"the guarantee for the secure sums holds against a server that follows SecAgg+ and sees only the secure sums, "
-        f"if each sum holds the shares of at least {_k(min_shares)} clients (the SecAgg+ threshold) that do not collude "
-        "with the server; each share alone carries only part of the noise"
+        f"the guarantee for the secure sums holds against a server that sees only the secure sums, if each sum holds "
+        f"the shares of at least {_k(min_shares)} clients (the SecAgg+ threshold) that do not collude with the server; "
+        f"{PROTOCOL_VERSION} shows it only such sums also when it deviates from SecAgg+, where nodes pin each other's "
+        f"identities ({SECAGG_THREAT_MODEL}); each share alone carries only part of the noise"
     )
 
 
 #: What a secure-sum mechanism's epsilon rests on: the threat model, stated where the guarantee is.
 SECURE_SUM_TRUST_SHORT = (
-    "the secure sums' epsilon assumes an honest-but-curious server that follows SecAgg+ and sees only sums of at "
-    "least the SecAgg+ threshold of clients' shares, none colluding with it"
+    "the secure sums' epsilon assumes the server sees only sums of at least the SecAgg+ threshold of clients' "
+    "shares, none colluding with it (with pinned identities, also if it deviates from SecAgg+)"
 )
 
-#: What a secure-sum mechanism's epsilon does not cover.
-SECURE_SUM_TRUST = Item(
-    "a server that colludes with clients, sees their shares, or deviates from SecAgg+: each share holds only part "
-    "of the noise",
-    "a server that colludes with clients, sees their shares, or deviates from SecAgg+ (e.g. tells clients "
-    "different dropouts): the noise of a secure sum is accounted only for the sum as a whole",
+#: The short form of what a secure-sum mechanism's epsilon does not cover.
+SECURE_SUM_TRUST_SHORT_UNCOVERED = (
+    "a server that colludes with clients or sees their shares (a break of SecAgg+): each share holds only part of "
+    "the noise"
 )
+
+
+@dataclass(frozen=True)
+class LeakedShares:
+    """What ``ddp-sums``'s shares would cost seen one by one: what a break of SecAgg+ would cost.
+
+    A share carries noise of ``z * unit / sqrt(K_min)``, so each is the release's event at multiplier
+    ``z / sqrt(K_min)``, composed by the ledger's accountant at the run's delta (releases only, DP-SGD apart).
+    """
+
+    noise_multiplier: float
+    min_shares: int
+    releases: int
+    delta: float
+    one: float
+    run: float
+
+
+#: Events whose ``noise_multiplier`` is a Gaussian's std over its sensitivity: a share's is ``1/sqrt(K_min)`` of it.
+_GAUSSIAN_EVENTS = ("gaussian", "poisson_gaussian")
+
+
+def leaked_share_cost(plan: PrivacyPlan) -> LeakedShares | None:
+    """The epsilon of a client's ``ddp-sums`` shares each seen alone, from the run's plan (None for any other run).
+
+    Only ``ddp-sums`` is known to split its noise ``K_min`` ways; a plug-in's shares are left unstated.
+    """
+    if plan.mechanism is None or not plan.is_dp or plan.delta is None:
+        return None
+    if not issubclass(get_mechanism_class(plan.mechanism), DdpSumsMechanism):
+        return None
+    events = plan.per_release_events
+    if not events or any(e.name not in _GAUSSIAN_EVENTS for e in events):
+        return None
+    min_shares = int(plan.params["min_shares"])
+    shares = tuple(
+        PrivacyEvent(e.name, {**e.params, "noise_multiplier": e.params["noise_multiplier"] / math.sqrt(min_shares)})
+        for e in events
+    )
+    releases = plan.max_releases
+    return LeakedShares(
+        noise_multiplier=shares[0].params["noise_multiplier"],
+        min_shares=min_shares,
+        releases=releases,
+        delta=plan.delta,
+        # On the grids the plan quotes one release and the run on.
+        one=composed_epsilon(shares, plan.delta, reference_epsilon=plan.reference_epsilon / max(releases, 1)),
+        run=composed_epsilon(shares * releases, plan.delta, reference_epsilon=plan.reference_epsilon),
+    )
+
+
+def _secure_sum_trust(leaked: LeakedShares | None) -> Item:
+    """What a secure-sum mechanism's epsilon does not cover, with what a leaked share would cost where it is known."""
+    cost = ""
+    if leaked is not None:
+        cost = (
+            f"; what a leaked share would cost (a break of SecAgg+): each share carries noise multiplier "
+            f"{leaked.noise_multiplier:.3g} (z / sqrt(K_min), K_min {leaked.min_shares}), so a client's shares seen "
+            f"alone are epsilon {_eps(leaked.run)} over the run's at most {leaked.releases} releases (epsilon "
+            f"{_eps(leaked.one)} "
+            f"for one share) at delta {_delta(leaked.delta)}, releases alone, against the secure sums' epsilon"
+        )
+    return Item(
+        SECURE_SUM_TRUST_SHORT_UNCOVERED,
+        "a server that colludes with clients or sees their shares: the noise of a secure sum is accounted only for "
+        "the sum as a whole, colluding clients' shares hold noise it knows, and a server that colludes with more "
+        f"clients than a node's secagg-max-corrupt is outside SecAgg+'s threat model{cost}",
+    )
 
 
 def _release_clauses(
@@ -531,6 +616,7 @@ def privacy_statement(
     report_metrics: bool = False,
     release_sampling_rate: float = 1.0,
     min_shares: int | None = None,
+    leaked_shares: LeakedShares | None = None,
 ) -> PrivacyStatement:
     """Builds the statement for one run.
 
@@ -548,6 +634,7 @@ def privacy_statement(
         report_metrics: Whether clients send those metrics (``--report-client-metrics``).
         release_sampling_rate: Rate of the releases' secret Poisson sample (1: none).
         min_shares: A secure-sum mechanism's ``K_min``: the fewest clients' shares in each secure sum.
+        leaked_shares: What its shares would cost seen alone (:func:`leaked_share_cost`; None: not stated).
     """
     if (dp_sgd or (mechanism is not None and mechanism.is_differentially_private())) and worst is None:
         raise ValueError("a run with a DP part needs the ledger's worst case")
@@ -569,7 +656,7 @@ def privacy_statement(
         dp_sgd=dp_sgd, secagg=secagg, releases=mechanism is not None, method=method, report_metrics=report_metrics
     )
     if summed:
-        uncovered.append(SECURE_SUM_TRUST)
+        uncovered.append(_secure_sum_trust(leaked_shares))
     uncovered.append(DEVIATING_SERVER)
     def headline(name: str) -> str:
         return _headline(mechanism, dp_sgd=dp_sgd, worst=worst, k=k, secagg=secagg,

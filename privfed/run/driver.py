@@ -39,7 +39,7 @@ from privfed.methods import STEP_VALUES, build_network, get_method
 from privfed.orchestra.round_report import RoundReport
 from privfed.orchestra.server import OrchestraServer
 from privfed.privacy import PrivacyLedger
-from privfed.privacy.statement import privacy_statement
+from privfed.privacy.statement import leaked_share_cost, privacy_statement
 from privfed.run.curves import save_run_curves
 from privfed.run.interruption import StopRequest
 from privfed.run.observers.base import FinishedRound, RoundObserver
@@ -253,6 +253,7 @@ class RunDriver:
             report_metrics=self.config.report_client_metrics,
             release_sampling_rate=plan.sampling_rate,
             min_shares=plan.params.get("min_shares"),  # set for a secure-sum mechanism only
+            leaked_shares=leaked_share_cost(plan),
         )
         dp_sgd = None
         if plan.dp_sgd is not None and worst is not None:

@@ -231,10 +231,110 @@ def test_every_statement_says_clients_accept_only_their_own_calibration_and_what
 
 
 @EVERY_MODE
-def test_every_statement_says_a_deviating_server_can_unmask_a_client_within_a_secagg_round(mechanism, dp_sgd):
-    """The attack of tests/secagg/test_deviating_server.py."""
+def test_every_statement_states_the_v4_threat_model_and_no_longer_the_withholding_attack(mechanism, dp_sgd):
+    """Under privfed-secagg+/4 a node unmasks only a survivor set t survivors signed (tests/secagg/test_deviating_server.py,
+    tests/secagg/test_client_agreement.py); a replay of the last round to other clients is refused
+    (tests/federation/test_secagg_replay.py)."""
     s, _ = statement_of_mode(mechanism, dp_sgd)
-    assert "withholds neighbours' key shares from a client and reports their holders dropped unmasks" in s.text
+    assert "withholds" not in s.text and "unmasks that client's update" not in s.text
+    assert "invents" not in s.text and "SecAgg+ neighbours" not in s.text  # identities are pinned, the graph complete
+    assert "replay a round's stored reply to a smaller cohort" not in s.text
+    (clause,) = [n for n in s.long_not_covered if n.startswith("a server that deviates from the run's plan")]
+    assert "SecAgg+ (privfed-secagg+/4) holds within a round against a server that deviates from it" in clause
+    assert "with up to c clients colluding (c: a node's secagg-max-corrupt, default 0)" in clause
+    assert "so there the keys only exercise the protocol" in clause
+    assert "no sum but that of all the honest clients of a signed set, at least t - c of them" in clause
+    assert "a node signs no second survivor set for the last round it signed" in clause
+    assert "two SecAgg+ sums over cohorts that differ by one client reveal that client's update" in clause
+    assert 'docs/privacy.md, "SecAgg+ against a deviating server"' in clause
+
+
+def ddp_plan(secret_sample: bool | None):
+    from privfed.config import build_config
+    from privfed.privacy.budget import plan_privacy
+
+    config = build_config(dataset="shapes:300", num_clients=4, participation=1.0, num_local_centroids=4,
+                          num_global_centroids=8, memory_size=32, rounds=3, mechanism="ddp-sums", epsilon=10.0,
+                          secret_sample=secret_sample)
+    return plan_privacy(config, [75] * 4)
+
+
+def independent_share_epsilon(plan, releases: int) -> float:
+    """``releases`` shares of one client, each alone: the plan's event at z / sqrt(K_min), on dp_accounting's own PLD."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+    from dp_accounting.privacy_accountant import NeighboringRelation
+
+    (event,) = plan.per_release_events
+    gaussian = dp_event.GaussianDpEvent(event.params["noise_multiplier"] / np.sqrt(plan.params["min_shares"]))
+    if event.name == "poisson_gaussian":
+        gaussian = dp_event.PoissonSampledDpEvent(event.params["sampling_rate"], gaussian)
+    accountant = pld_privacy_accountant.PLDAccountant(NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-4)
+    accountant.compose(gaussian, releases)
+    return accountant.get_epsilon(plan.delta)
+
+
+@pytest.mark.parametrize("secret_sample", [None, False], ids=["sample", "nosample"])
+def test_a_ddp_sums_statement_says_what_a_leaked_share_would_cost_as_the_plan_gives_it(secret_sample):
+    from privfed.privacy.statement import leaked_share_cost
+
+    plan = ddp_plan(secret_sample)
+    assert plan.params["min_shares"] == 3 and plan.max_releases == 3  # a strict majority of 4; no release in round 0
+    leaked = leaked_share_cost(plan)
+    run, one = independent_share_epsilon(plan, plan.max_releases), independent_share_epsilon(plan, 1)
+    assert run * (1 - 1e-3) <= leaked.run <= run * 1.01 and one * (1 - 1e-3) <= leaked.one <= one * 1.01
+    assert leaked.run > plan.planned_epsilon * 1.5  # a third of the noise variance per share: far more than the sums'
+    case = WorstCase(client=0, epsilon=plan.planned_epsilon, delta=plan.delta, releases_worst=plan.planned_epsilon,
+                     dp_sgd_worst=0.0)
+    s = privacy_statement(mechanism=get_mechanism_class("ddp-sums"), dp_sgd=False, worst=case, k=None,
+                          min_shares=plan.params["min_shares"], release_sampling_rate=plan.sampling_rate,
+                          leaked_shares=leaked)
+    (clause,) = [n for n in s.long_not_covered if "what a leaked share would cost" in n]
+    z = plan.per_release_events[0].params["noise_multiplier"] / np.sqrt(3)
+    assert f"each share carries noise multiplier {z:.3g} (z / sqrt(K_min), K_min 3)" in clause
+    assert f"seen alone are epsilon {rounded_up(leaked.run, 3)} over the run's at most 3 releases" in clause
+    assert f"(epsilon {rounded_up(leaked.one, 3)} for one share) at delta 1e-06" in clause
+    assert clause in s.text
+    unstated = privacy_statement(mechanism=get_mechanism_class("ddp-sums"), dp_sgd=False, worst=case, k=None,
+                                 min_shares=3, release_sampling_rate=plan.sampling_rate)
+    assert "leaked share" not in unstated.text  # no number without the plan
+
+
+@pytest.mark.parametrize(
+    "secret_sample", [None, pytest.param(False, marks=pytest.mark.slow)], ids=["sample", "nosample"]
+)
+def test_the_leaked_share_cost_docs_privacy_md_quotes(secret_sample):
+    """The table of docs/privacy.md, "SecAgg+ against a deviating server": the default config at epsilon 10, delta 1e-6."""
+    from pathlib import Path
+
+    from privfed.config import TrainConfig
+    from privfed.data.federated import FederatedSplit
+    from privfed.privacy.budget import plan_privacy
+    from privfed.privacy.statement import leaked_share_cost
+
+    docs = " ".join((Path(__file__).resolve().parents[2] / "docs" / "privacy.md").read_text().split())
+    config = TrainConfig(mechanism="ddp-sums", epsilon=10.0, delta=1e-6, secret_sample=secret_sample)
+    plan = plan_privacy(config, FederatedSplit.of(config).client_sizes())
+    assert (plan.params["min_shares"], plan.max_releases) == (3, 12)
+    assert "shapes, 10 clients, 5 a round, so K_min = 3; 12 releases" in docs
+    leaked = leaked_share_cost(plan)
+    assert leaked.run > plan.planned_epsilon
+    z = plan.per_release_events[0].params["noise_multiplier"]
+    label = f"secret sample (default, rate {plan.sampling_rate:.3g})" if secret_sample is None else "`--no-secret-sample`"
+    row = (f"| {label} | {z:.3g} | {z / np.sqrt(3):.3g} | {rounded_up(plan.planned_epsilon, 3)} | "
+           f"{rounded_up(leaked.run, 3)} | {rounded_up(leaked.one, 3)} |")
+    assert row in docs
+
+
+def test_only_ddp_sums_gets_a_leaked_share_cost():
+    """ldp-sums sends no share; a plug-in's shares need not split the noise K_min ways, so nothing is stated for them."""
+    from privfed.config import build_config
+    from privfed.privacy.budget import plan_privacy
+    from privfed.privacy.statement import leaked_share_cost
+
+    config = build_config(dataset="shapes:300", num_clients=4, participation=1.0, num_local_centroids=4,
+                          num_global_centroids=8, memory_size=32, rounds=3, mechanism="ldp-sums", epsilon=10.0)
+    assert leaked_share_cost(plan_privacy(config, [75] * 4)) is None
 
 
 @pytest.mark.parametrize("dp_sgd", [False, True])
