@@ -85,6 +85,8 @@ def check_threshold_rule(configs: ConfigRecord, max_corrupt: int) -> None:
             f"the server asks for {shares} shares among {sample} clients: privfed's SecAgg+ shares with every "
             "sampled client (a sparse graph is the server's to choose)"
         )
+    if threshold < 2:
+        raise AgreementRefused(f"threshold {threshold}: one share alone would rebuild this node's secrets")
     if 2 * threshold <= shares + max_corrupt:
         raise AgreementRefused(
             f"threshold {threshold} of {shares} shares: against a deviating server with up to {max_corrupt} corrupt "

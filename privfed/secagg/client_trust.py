@@ -8,6 +8,7 @@ the files a simulation writes into each node's state folder
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ SECAGG_MAX_CORRUPT = "secagg-max-corrupt"
 #: Node config key (``--node-config "state-dir='/var/lib/privfed'"``): where the node keeps its own privacy
 #: ledger, stored reply and signed survivor set, one file each per partition, across restarts and runs.
 STATE_DIR = "state-dir"
-#: Where a node records the last survivor set it signed (``{}``: the partition).
+#: Where a node records the survivor set it signed for each round (``{}``: the partition).
 SIGNED_FILE = "privfed-secagg-partition-{}.json"
 #: Held while a simulation's first node writes every node's identity.
 IDENTITIES_LOCK = "secagg-identities.lock"
@@ -57,27 +58,22 @@ class SignedSurvivors:
     round: int
     survivors: tuple[str, ...]
 
-    def to_json(self) -> str:
-        return json.dumps({"format": 1, "run": self.run, "round": self.round, "survivors": list(self.survivors)})
+    @property
+    def key(self) -> str:
+        return f"{self.run}:{self.round}"
 
-    @staticmethod
-    def from_json(text: str) -> SignedSurvivors | None:
-        try:
-            data = json.loads(text)
-            if data.get("format") != 1:
-                return None
-            return SignedSurvivors(int(data["run"]), int(data["round"]), tuple(str(s) for s in data["survivors"]))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return None
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256("\n".join(sorted(self.survivors)).encode()).hexdigest()
 
 
 class SignedRounds:
-    """The last survivor set this node signed, so a replayed round is unmasked for that set only.
+    """Every survivor set this node signed, one per round of a run, so a round asked again is unmasked for that set only.
 
-    A resumed run asks a round again; the node answers with its stored reply,
-    masked afresh. Were it to sign another survivor set for the same round,
-    the server would hold two sums of one round over different clients, and
-    their difference. Kept in ``path`` (None: in the node's context).
+    A resumed run asks a round again, and a round that charged nothing may be
+    computed again; were the node to sign another survivor set for it, the
+    server would hold two sums of one round over different clients, and their
+    difference. Kept in ``path`` (None: in the node's context), a digest per round.
     """
 
     def __init__(self, path: Path | None, context: Context) -> None:
@@ -87,32 +83,44 @@ class SignedRounds:
     def check_and_record(self, signed: SignedSurvivors) -> None:
         """Records ``signed``; refuses one that differs from what this node signed for the same run and round."""
         with locked(None if self.path is None else self.path.with_name(self.path.name + ".lock")):
-            before = self._read()
-            if before is not None and (before.run, before.round) == (signed.run, signed.round):
-                if before.survivors != signed.survivors:
-                    raise IdentityError(
-                        f"this node already signed another survivor set for round {signed.round} of this run; "
-                        "a replay is unmasked only for the same clients"
-                    )
-                return
-            self._write(signed)
+            rounds = self._read()
+            before = rounds.get(signed.key)
+            if before is not None and before != signed.digest:
+                raise IdentityError(
+                    f"this node already signed another survivor set for round {signed.round} of this run; "
+                    "a round asked again is unmasked only for the same clients"
+                )
+            if before is None:
+                self._write({**rounds, signed.key: signed.digest})
 
-    def _read(self) -> SignedSurvivors | None:
+    def _read(self) -> dict[str, str]:
         if self.path is None:
             record = self._context.state.config_records.get(_SIGNED_RECORD)
-            return None if record is None else SignedSurvivors.from_json(str(record["json"]))
+            text = None if record is None else str(record["json"])
+        else:
+            try:
+                text = self.path.read_text()
+            except FileNotFoundError:
+                text = None
+            except (OSError, UnicodeDecodeError) as err:
+                raise IdentityError(f"cannot read the survivor sets this node signed ({self.path}): {err}") from None
+        if text is None:
+            return {}
         try:
-            return SignedSurvivors.from_json(self.path.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, UnicodeDecodeError) as err:
-            raise IdentityError(f"cannot read the survivor set this node signed ({self.path}): {err}") from None
+            data = json.loads(text)
+            if data.get("format") != 2:
+                raise ValueError(f"format {data.get('format')!r}")
+            return {str(key): str(value) for key, value in data["rounds"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            # Unreadable: it may hide a signed set, so this node signs nothing until someone looks.
+            raise IdentityError(f"the survivor sets this node signed ({self.path}) are unreadable: {err}") from None
 
-    def _write(self, signed: SignedSurvivors) -> None:
+    def _write(self, rounds: dict[str, str]) -> None:
+        text = json.dumps({"format": 2, "rounds": rounds})
         if self.path is None:
-            self._context.state.config_records[_SIGNED_RECORD] = ConfigRecord({"json": signed.to_json()})
+            self._context.state.config_records[_SIGNED_RECORD] = ConfigRecord({"json": text})
             return
-        write_whole(self.path, partial(_write_text, text=signed.to_json()))
+        write_whole(self.path, partial(_write_text, text=text))
 
 
 def _write_text(path: Path, *, text: str) -> None:
