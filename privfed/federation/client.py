@@ -69,11 +69,18 @@ def client_seed(run_seed: int, round_index: int, client_id: int) -> int:
 
 @dataclass(frozen=True)
 class SecureSumSetup:
-    """This node's SecAgg+ round setup (kept in the node's state), with its own floor ``secure-sum-min-shares``."""
+    """This node's SecAgg+ round setup (kept in the node's state), with its own floor ``secure-sum-min-shares`` and
+    its bound on clients colluding with the server (``secagg-max-corrupt``)."""
 
     threshold: int
     modulus: int
     node_min_shares: int = 0
+    max_corrupt: int = 0
+
+    @property
+    def honest_shares(self) -> int:
+        """The fewest honest clients' shares a sum unmasked under this setup holds."""
+        return self.threshold - self.max_corrupt
 
 
 @dataclass
@@ -255,15 +262,18 @@ class OrchestraClient(Client):
             return built
         if self.secure_sum is None:
             raise RoundRefused(f"{name} trains only in SecAgg+ rounds, and this round set none up")
-        if self.secure_sum.threshold < self.secure_sum.node_min_shares:
+        honest = self.secure_sum.honest_shares
+        if honest < self.secure_sum.node_min_shares:
             raise RoundRefused(
-                f"this round's SecAgg+ threshold {self.secure_sum.threshold} is below this node's "
-                f"secure-sum-min-shares {self.secure_sum.node_min_shares}"
+                f"this round's SecAgg+ sums hold {honest} honest shares (threshold {self.secure_sum.threshold} less "
+                f"{self.secure_sum.max_corrupt} corrupt), below this node's secure-sum-min-shares "
+                f"{self.secure_sum.node_min_shares}"
             )
         try:
-            built.check_secure_sum(threshold=self.secure_sum.threshold, modulus=self.secure_sum.modulus)
+            # Corrupt clients' shares hold noise the server knows: only the honest ones count towards K_min.
+            built.check_secure_sum(threshold=honest, modulus=self.secure_sum.modulus)
         except ValueError as err:
-            raise RoundRefused(f"this round's secure sum: {err}") from None
+            raise RoundRefused(f"this round's secure sum, counting its {honest} honest shares: {err}") from None
         return built
 
     def _replayed(self, stored: StoredReply | None, round_index: int, digest: str, *, shares: bool = False) -> FitRes | None:

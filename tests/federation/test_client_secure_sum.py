@@ -97,3 +97,13 @@ def test_a_node_floor_below_two_is_refused_not_read_as_no_floor(tmp_path, instru
 
     with pytest.raises(NodeGuardFailed, match="secure-sum-min-shares"):
         client(tmp_path, {"threshold": 3, "mod_range": 2**32}, **{"secure-sum-min-shares": floor})
+
+
+def test_a_node_counts_only_honest_shares_towards_k_min(tmp_path, instructions):
+    """With ``secagg-max-corrupt=1`` a sum unmasked at threshold 3 may hold 2 honest shares: below K_min = 3, refused
+    (tests/secagg/test_v4_review.py shows the server unmasking such a sum); at threshold 4 it holds 3."""
+    with pytest.raises(RoundRefused, match="its 2 honest shares"):
+        client(tmp_path, {"threshold": 3, "mod_range": 2**32}, **{"secagg-max-corrupt": 1}).fit(instructions)
+    assert ledger_lines(tmp_path) == 0
+    reply = client(tmp_path, {"threshold": 4, "mod_range": 2**32}, **{"secagg-max-corrupt": 1}).fit(instructions)
+    assert SHARE_KEY in reply.metrics

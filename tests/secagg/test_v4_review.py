@@ -1,8 +1,7 @@
 """Review of protocol v4 as a deviating server would attack it (real privfed client mods, as in deviating_server.py).
 
-Each test plays one attack. The passing ones are attacks the nodes stop; the
-xfail one is a claim stronger than the code (docs/privacy.md and the
-secure-sum clause of privfed/privacy/statement.py).
+Each test plays one attack the nodes stop, or shows the limit a claim states
+(a sum holds t - c honest clients, not t).
 """
 
 from __future__ import annotations
@@ -106,17 +105,13 @@ def keyed(cohort: Cohort, members: list[int], threshold: int) -> Instance:
     return instance
 
 
-# --- A claim stronger than the code -------------------------------------------------------------------------------
+# --- The limit the claims state -----------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "statement.py _secure_sum_clause / SECURE_SUM_TRUST_SHORT: 'each sum holds the shares of at least K_min clients "
-    "(the SecAgg+ threshold) that do not collude with the server; v4 shows it only such sums also when it deviates'. "
-    "With secagg-max-corrupt c > 0, v4 guarantees only t - c honest clients per sum, and the client "
-    "(federation/client.py _mechanism -> ddp_sums.check_secure_sum) checks threshold >= K_min, not t - c >= K_min"))
-def test_with_corrupt_clients_a_signed_sum_holds_at_least_threshold_honest_clients():
+def test_with_corrupt_clients_a_signed_sum_holds_threshold_less_corrupt_honest_clients():
     """c = 1, n = 4, t = 3 (2t = 6 > n + c = 5: every node accepts). The server and corrupt node 103 make a
     survivor set {100, 101, 103}: t signers (103 among them), so it is unmasked; taking off 103's own update,
-    the server holds the sum of two honest clients, fewer than t = K_min."""
+    the server holds the sum of two honest clients: t - c, what docs/privacy.md states. A ddp-sums node therefore
+    counts t - c towards K_min (tests/federation/test_client_secure_sum.py)."""
     cohort = Cohort(4, max_corrupt=1)
     honest, corrupt = [100, 101], 103
     everyone = sorted(cohort.updates)
@@ -143,8 +138,7 @@ def test_with_corrupt_clients_a_signed_sum_holds_at_least_threshold_honest_clien
     mean = decode_weighted_mean(summed, num_summed=3, clipping_range=CLIPPING, quantization_range=LEVELS)[0]
     honest_sum = mean * 3 - cohort.updates[corrupt]  # the corrupt node's update is the server's own
     np.testing.assert_allclose(honest_sum, cohort.updates[100] + cohort.updates[101], atol=1e-4)
-    # What the statement says v4 ensures: the sum holds at least K_min = t clients that do not collude.
-    assert len(honest) >= instance.threshold
+    assert len(honest) == instance.threshold - 1  # t - c honest clients, and no fewer: that is the claim
 
 
 # --- Attacks the nodes stop -------------------------------------------------------------------------------------
