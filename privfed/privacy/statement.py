@@ -153,8 +153,8 @@ DEVIATING_SERVER = Item(
     "earlier results), and the server still "
     "chooses the model and centroids clients compute on, which clients it samples within their budgets, and how "
     "many (secagg-min-clients sets a node's floor); "
-    f"{SECAGG_AGAINST_DEVIATION}; a node signs no second survivor set for the last round it signed (a record kept "
-    "in its state-dir), so that round replayed to other clients is not unmasked, but the server can get the same "
+    f"{SECAGG_AGAINST_DEVIATION}; a node signs no second survivor set for a round it signed (a record kept "
+    "in its state-dir), so a round replayed to other clients is not unmasked, but the server can get the same "
     "answer again under a new run id or a slightly changed model, and two "
     "SecAgg+ sums over cohorts that differ by one client reveal that "
     "client's update (up to augmentation noise); only DP-SGD bounds "
@@ -220,7 +220,8 @@ def _secure_sum_clause(min_shares: int | None) -> str:
     """The trust a secure-sum mechanism's epsilon rests on (its noise is split over the clients of a secure sum)."""
     return (
         f"the guarantee for the secure sums holds against a server that sees only the secure sums, if each sum holds "
-        f"the shares of at least {_k(min_shares)} clients (the SecAgg+ threshold) that do not collude with the server; "
+        f"the shares of at least {_k(min_shares)} clients that do not collude with the server (a node shares only if "
+        "the SecAgg+ threshold less its secagg-max-corrupt reaches that); "
         f"{PROTOCOL_VERSION} shows it only such sums also when it deviates from SecAgg+, where nodes pin each other's "
         f"identities ({SECAGG_THREAT_MODEL}); each share alone carries only part of the noise"
     )
@@ -228,8 +229,8 @@ def _secure_sum_clause(min_shares: int | None) -> str:
 
 #: What a secure-sum mechanism's epsilon rests on: the threat model, stated where the guarantee is.
 SECURE_SUM_TRUST_SHORT = (
-    "the secure sums' epsilon assumes the server sees only sums of at least the SecAgg+ threshold of clients' "
-    "shares, none colluding with it (with pinned identities, also if it deviates from SecAgg+)"
+    "the secure sums' epsilon assumes each sum the server sees holds at least K_min clients' shares, none colluding "
+    "with it (the threshold less secagg-max-corrupt), also if it deviates from SecAgg+"
 )
 
 #: The short form of what a secure-sum mechanism's epsilon does not cover.

@@ -244,7 +244,7 @@ def test_every_statement_states_the_v4_threat_model_and_no_longer_the_withholdin
     assert "with up to c clients colluding (c: a node's secagg-max-corrupt, default 0)" in clause
     assert "so there the keys only exercise the protocol" in clause
     assert "no sum but that of all the honest clients of a signed set, at least t - c of them" in clause
-    assert "a node signs no second survivor set for the last round it signed" in clause
+    assert "a node signs no second survivor set for a round it signed" in clause
     assert "two SecAgg+ sums over cohorts that differ by one client reveal that client's update" in clause
     assert 'docs/privacy.md, "SecAgg+ against a deviating server"' in clause
 
