@@ -466,7 +466,7 @@ def certs(
     out_dir: Path = typer.Option(Path("certificates"), "--out-dir", "-o", help="Directory to write the keys and certificates to."),
     supernodes: int = typer.Option(2, "--supernodes", "-n", min=0, max=MAX_SUPERNODE_KEYS, help=(
         "SuperNode authentication key pairs to create: supernode-0 ... supernode-(N-1), one per "
-        "partition."
+        "partition, each also the node's SecAgg+ identity; supernode-peers.pub lists their public keys."
     )),
     host: list[str] | None = typer.Option(None, "--host", help=(
         "DNS name or IP address SuperNodes and the flwr CLI use to reach the SuperLink "

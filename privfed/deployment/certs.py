@@ -1,7 +1,10 @@
 """TLS and SuperNode-authentication material for a Flower deployment (docs/deployment.md, step 1).
 
 Flower reads SuperNode keys in OpenSSH format and accepts only NIST curves,
-hence P-384. :func:`write_credentials` is the only function that touches the disk.
+hence P-384. Each SuperNode key is also that node's SecAgg+ identity
+(:mod:`privfed.secagg.identity`), and every SuperNode pins the others' public
+keys from :data:`SUPERNODE_PEERS_FILE`. :func:`write_credentials` is the only
+function that touches the disk.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ DEFAULT_SUPERLINK_PORT = 8000
 
 _CLOCK_SKEW = dt.timedelta(minutes=5)  # validity starts this early, for machines whose clocks lag
 _DNS_NAME = re.compile(r"(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+
+
+#: Every SuperNode's public key, one per line: the SecAgg+ identities each SuperNode pins (its ``secagg-peers``).
+SUPERNODE_PEERS_FILE = "supernode-peers.pub"
 
 
 def supernode_key_file(partition_id: int) -> str:
@@ -124,6 +131,11 @@ class Credentials:
     supernode_public_keys: tuple[bytes, ...]
     hosts: tuple[str, ...]
 
+    @property
+    def supernode_peers(self) -> bytes:
+        """The pinned SecAgg+ identities: every SuperNode's public key line."""
+        return b"".join(self.supernode_public_keys)
+
 
 def generate_credentials(
     num_supernodes: int, hosts: Iterable[str] = (), *, valid_days: int = DEFAULT_VALID_DAYS, now: dt.datetime | None = None
@@ -180,6 +192,8 @@ class CredentialPaths:
     superlink_key: Path
     supernode_keys: tuple[Path, ...]
     supernode_public_keys: tuple[Path, ...]
+    #: :data:`SUPERNODE_PEERS_FILE` (None without SuperNodes: a file that pins nobody is refused by every node).
+    supernode_peers: Path | None = None
 
     @classmethod
     def in_directory(cls, directory: Path, num_supernodes: int) -> CredentialPaths:
@@ -189,6 +203,7 @@ class CredentialPaths:
         return cls(
             directory, directory / "ca.pem", directory / "ca.key", directory / "superlink.pem",
             directory / "superlink.key", keys, tuple(k.with_name(k.name + ".pub") for k in keys),
+            directory / SUPERNODE_PEERS_FILE if num_supernodes else None,
         )
 
     def private_files(self) -> tuple[Path, ...]:
@@ -198,7 +213,8 @@ class CredentialPaths:
     def all_files(self) -> tuple[Path, ...]:
         """Every file, in the order they are reported to the user."""
         pairs = [f for pair in zip(self.supernode_keys, self.supernode_public_keys) for f in pair]
-        return (self.ca_certificate, self.ca_key, self.superlink_certificate, self.superlink_key, *pairs)
+        peers = () if self.supernode_peers is None else (self.supernode_peers,)
+        return (self.ca_certificate, self.ca_key, self.superlink_certificate, self.superlink_key, *pairs, *peers)
 
 
 def _write(path: Path, data: bytes, private: bool) -> None:
@@ -223,6 +239,7 @@ def write_credentials(credentials: Credentials, directory: Path, *, force: bool 
     c = credentials
     files = [c.ca_certificate, c.ca_key, c.superlink_certificate, c.superlink_key]
     files += [f for pair in zip(c.supernode_keys, c.supernode_public_keys, strict=True) for f in pair]
+    files += [c.supernode_peers] if paths.supernode_peers is not None else []
     for path, data in zip(paths.all_files(), files, strict=True):
         _write(path, data, private=path in private)
     return paths
@@ -249,12 +266,17 @@ def next_steps(paths: CredentialPaths, *, superlink_host: str = "127.0.0.1", por
     if num:
         lines += ["", "3. Register the SuperNodes' public keys:"]
         lines += [f"   flwr supernode register {pub} privfed" for pub in paths.supernode_public_keys]
-        lines += ["", "4. Start one SuperNode per partition (each on its own machine, or with its own --port):"]
+        peers = paths.supernode_peers or paths.directory / SUPERNODE_PEERS_FILE
+        lines += [
+            "", "4. Start one SuperNode per partition (each on its own machine, or with its own --port); its key is",
+            f"   also its SecAgg+ identity, and it accepts as SecAgg+ neighbours the keys in {SUPERNODE_PEERS_FILE}:",
+        ]
         for i, key in enumerate(paths.supernode_keys):
             lines += [
                 f"   flower-supernode --superlink {address} --root-certificates {paths.ca_certificate} \\",
                 f"     --auth-supernode-private-key {key} --port {9094 + i} \\",
-                f'     --node-config "partition-id={i} num-partitions={num}"',
+                f'     --node-config "partition-id={i} num-partitions={num} \\',
+                f'       {supernode_node_config(key, peers)}"',
             ]
     step = 5 if num else 3
     lines += [
@@ -262,7 +284,14 @@ def next_steps(paths: CredentialPaths, *, superlink_host: str = "127.0.0.1", por
         f"{step}. Run the app (num-clients must equal the number of SuperNodes; out must be absolute):",
         f"   flwr run . privfed --run-config \"num-clients={num or 'N'} participation=1.0 out='/abs/path/run'\" --stream",
         "",
-        f"Only {paths.ca_certificate.name} and each SuperNode's own key go to other machines; "
+        f"Only {paths.ca_certificate.name}, {SUPERNODE_PEERS_FILE} and each SuperNode's own key go to other machines; "
         f"keep {paths.ca_key.name} and {paths.superlink_key.name} on the SuperLink host.",
     ]
     return "\n".join(lines)
+
+
+def supernode_node_config(key: Path, peers: Path) -> str:
+    """The ``--node-config`` entries that make a SuperNode's key its SecAgg+ identity, pinning ``peers``."""
+    from privfed.secagg.client_trust import SECAGG_IDENTITY, SECAGG_PEERS
+
+    return f"{SECAGG_IDENTITY}='{key}' {SECAGG_PEERS}='{peers}'"

@@ -2,7 +2,9 @@
 
 One SuperLink and two SuperNodes run as separate processes, as they would on
 three machines: TLS everywhere (certificates from :mod:`privfed.deployment.certs`)
-and SuperNode authentication on (only the two registered keys get in). The
+and SuperNode authentication on (only the two registered keys get in). Each
+SuperNode's key is also its SecAgg+ identity, and each pins both SuperNodes'
+keys (``supernode-peers.pub``), as ``privfed certs`` prints. The
 ``flwr`` CLI submits the app with a tiny configuration for two rounds with
 SecAgg+, and the run directory the ServerApp writes is checked.
 
@@ -29,7 +31,13 @@ from typing import IO, Any
 
 import pytest
 
-from privfed.deployment.certs import CredentialPaths, generate_credentials, supernode_key_pair, write_credentials
+from privfed.deployment.certs import (
+    CredentialPaths,
+    generate_credentials,
+    supernode_key_pair,
+    supernode_node_config,
+    write_credentials,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 NUM_NODES = 2
@@ -324,12 +332,17 @@ class Deployment:
         self.wait_for(f"the SuperLink to listen on port {self.port}", STARTUP_TIMEOUT, accepts_connections, 0.3)
 
     def start_supernode(self, name: str, key: Path, partition_id: int, runtime_port: int) -> subprocess.Popen:
+        """A SuperNode authenticating with ``key``, which is also its SecAgg+ identity; it pins the federation's
+        SuperNodes (``privfed certs``' ``supernode-peers.pub``)."""
+        peers = self.credentials.supernode_peers
+        assert peers is not None
+        node_config = f"partition-id={partition_id} num-partitions={NUM_NODES} {supernode_node_config(key, peers)}"
         return self.processes.start(name, [
             _executable("flower-supernode"),
             "--superlink", self.address,
             "--root-certificates", str(self.credentials.ca_certificate),
             "--auth-supernode-private-key", str(key),
-            "--node-config", f"partition-id={partition_id} num-partitions={NUM_NODES}",
+            "--node-config", node_config,
             "--port", str(runtime_port),
         ], self.envs[name])
 
