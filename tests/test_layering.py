@@ -22,7 +22,10 @@ PACKAGES = ("privfed", "mechanisms", "attacks")
 #: privfed.secagg's Flower-free core, which privfed.privacy and the run's plan import.
 SECAGG_CORE = tuple(f"privfed.secagg.{m}" for m in ("masks", "mask_pool", "quantization", "encoding", "settings", "identity"))
 #: privfed.secagg's modules that run the protocol over Flower: a layer above the core, used by privfed.federation.
-SECAGG_ON_FLOWER = tuple(f"privfed.secagg.{m}" for m in ("masking", "client_encoding", "client_mod", "workflow"))
+SECAGG_ON_FLOWER = tuple(
+    f"privfed.secagg.{m}"
+    for m in ("masking", "client_encoding", "client_agreement", "client_trust", "client_mod", "workflow")
+)
 
 
 def loaded_after(statement: str) -> set[str]:

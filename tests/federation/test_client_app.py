@@ -91,9 +91,16 @@ def test_a_node_with_a_minimum_refuses_too_few_neighbours_at_key_sharing():
                                   Recorder())
 
 
-def test_a_round_that_meets_the_minimum_goes_on_to_secagg():
-    reply = secaggplus_when_requested(setup(5, 5, 3), context(**{SECAGG_MIN_CLIENTS: 3}), Recorder())
-    assert not reply.has_error()
+def test_a_round_that_meets_the_minimum_goes_on_to_secagg(tmp_path):
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+
+    from privfed.secagg.client_trust import SECAGG_IDENTITY, SECAGG_PEERS
+    from privfed.secagg.identity import IDENTITY_FILE, PEERS_FILE, write_simulated_identities
+
+    write_simulated_identities(tmp_path, 5)
+    identity = {SECAGG_IDENTITY: str(tmp_path / IDENTITY_FILE.format(0)), SECAGG_PEERS: str(tmp_path / PEERS_FILE)}
+    reply = secaggplus_when_requested(setup(5, 5, 3), context(**{SECAGG_MIN_CLIENTS: 3}, **identity), Recorder())
+    assert not reply.has_error() and Key.PUBLIC_KEY_1 in reply.content.config_records[RECORD_KEY_CONFIGS]
 
 
 

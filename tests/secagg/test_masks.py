@@ -30,7 +30,7 @@ def spec_words(seed: bytes, count: int, bits: int = 32) -> np.ndarray:
 
 
 def spec_mask(seed: bytes, size: int, modulus: int = 2**32) -> np.ndarray:
-    """The mask ``privfed-secagg+/3`` specifies, written from the spec, not the module.
+    """The mask ``privfed-secagg+/3`` and ``/4`` specify, written from the spec, not the module.
 
     Words of 32 bits for a modulus up to 2^32, else of 64. A power-of-two
     modulus keeps each word's low bits; any other skips each word at or
@@ -56,8 +56,12 @@ def flat(masks: list[np.ndarray]) -> np.ndarray:
 
 
 def test_the_masks_are_those_the_protocol_version_specifies():
-    """A changed PRG (key derivation, cipher, word size) must come with a new protocol version."""
-    assert PROTOCOL_VERSION == "privfed-secagg+/3"
+    """A changed PRG (key derivation, cipher, word size) must come with a new protocol version.
+
+    privfed-secagg+/4 changed the messages (signed keys, a consistency stage), not the masks: it expands them
+    with the stream of /3, keyed under "v3".
+    """
+    assert PROTOCOL_VERSION == "privfed-secagg+/4"
     seed = os.urandom(32)
     masks = expand_mask(seed, 2**32, SHAPES)
     assert np.array_equal(flat(masks), spec_mask(seed, sum(m.size for m in masks)))

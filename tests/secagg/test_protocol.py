@@ -9,8 +9,6 @@ complete (and with what sum) or halt, and that it never crashes.
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 from flwr.client.mod.secure_aggregation.secaggplus_mod import SecAggPlusState
@@ -19,6 +17,12 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
 from benchmarks.secagg_harness import mean_of, run_round
+from privfed.secagg.identity import (
+    ADVERT_SIGNATURE_KEY,
+    CONSISTENCY_STAGE,
+    SURVIVORS_SIGNATURE_KEY,
+    VIEW_SIGNATURE_KEY,
+)
 from privfed.secagg.masking import decode_weighted_mean
 from tests.secagg.harness import drops_at, in_process_secagg  # noqa: F401 (fixture)
 from tests.secagg.test_masks import spec_mask
@@ -35,24 +39,44 @@ def updates(count: int, seed: int = 0) -> dict[int, tuple[list[np.ndarray], int]
 
 
 def test_dropouts_at_every_stage_leave_the_mean_of_the_clients_that_sent_a_masked_vector():
-    clients = updates(7)
+    """Eleven clients, threshold 6 (a strict majority): five may leave, one at each stage, and the round completes."""
+    clients = updates(11)
     behaviours = {101: drops_at(Stage.SETUP), 102: drops_at(Stage.SHARE_KEYS),
-                  103: drops_at(Stage.COLLECT_MASKED_VECTORS), 104: drops_at(Stage.UNMASK)}
-    outcome = run_round(clients, shares=7, threshold=3, behaviours=behaviours)
+                  103: drops_at(Stage.COLLECT_MASKED_VECTORS), 104: drops_at(CONSISTENCY_STAGE),
+                  105: drops_at(Stage.UNMASK)}
+    outcome = run_round(clients, shares=11, threshold=6, behaviours=behaviours)
     assert outcome.completed
-    in_sum = [100, 104, 105, 106]  # 104 left after sending its masked vector: it is in the sum
+    # 104 and 105 left after sending their masked vectors: both are in the sum, 104 without signing the survivors.
+    in_sum = [100, 104, 105, 106, 107, 108, 109, 110]
+    assert outcome.strategy.aggregated_from == in_sum
     assert np.abs(outcome.mean - mean_of(clients, in_sum)).max() < TOLERANCE
 
 
-def test_early_dropouts_do_not_halt_a_round_with_partial_neighbourhoods():
+def test_a_sparse_neighbourhood_is_refused_at_setup_before_any_node_makes_a_key():
+    """SecAgg+'s logarithmic neighbourhoods are the server's to choose: every node refuses shares < sampled clients."""
     clients = updates(25)
-    random.seed(5)
-    ring = list(clients)
-    random.shuffle(ring)  # the order Flower's setup will draw with the same seed
-    dropped = ring[10:14]  # four neighbours on the ring: every live node keeps at least 4 of its 7
-    outcome = run_round(clients, shares=7, threshold=4, behaviours={d: drops_at(Stage.SETUP) for d in dropped}, seed=5)
+    outcome = run_round(clients, shares=7, threshold=4, seed=5)
+    assert not outcome.completed
+    assert set(outcome.grid.stages) == {Stage.SETUP}
+    assert not any(RECORD_KEY_STATE in c.state.config_records for c in outcome.grid.contexts.values())
+
+
+def test_early_dropouts_do_not_halt_a_round_on_the_complete_graph():
+    clients = updates(9)
+    dropped = {101: drops_at(Stage.SETUP), 104: drops_at(Stage.SETUP), 105: drops_at(Stage.SHARE_KEYS),
+               108: drops_at(Stage.SHARE_KEYS)}
+    outcome = run_round(clients, shares=9, threshold=5, behaviours=dropped)  # five live: each keeps 5 of its 9
     assert outcome.completed
     assert np.abs(outcome.mean - mean_of(clients, [n for n in clients if n not in dropped])).max() < TOLERANCE
+
+
+def test_dropouts_at_the_consistency_stage_below_the_threshold_halt_the_round_before_any_share_is_asked_for():
+    """The survivors sent masked vectors, but fewer than ``t`` signed them: nobody is asked to unmask."""
+    clients = updates(5)
+    behaviours = {n: drops_at(CONSISTENCY_STAGE) for n in (100, 101, 102)}
+    outcome = run_round(clients, shares=5, threshold=3, behaviours=behaviours)
+    assert not outcome.completed
+    assert outcome.grid.stages.count(CONSISTENCY_STAGE) == 5 and Stage.UNMASK not in outcome.grid.stages
 
 
 def test_too_few_survivors_halt_the_round_without_an_error():
@@ -63,7 +87,7 @@ def test_too_few_survivors_halt_the_round_without_an_error():
 
 def test_a_rejected_masked_reply_halts_the_round_before_any_key_is_rebuilt():
     clients = updates(6)
-    outcome = run_round(clients, shares=6, threshold=3, reject=lambda node: "hostile" if node == 103 else None)
+    outcome = run_round(clients, shares=6, threshold=4, reject=lambda node: "hostile" if node == 103 else None)
     assert outcome.strategy.rejected == [103] and not outcome.completed
     assert Stage.UNMASK not in outcome.grid.stages  # nobody is asked for shares of 103's keys
 
@@ -94,6 +118,44 @@ def test_a_reply_that_breaks_a_stage_halts_the_round_instead_of_the_run(case, st
     behaviours = {101: tamper(stage, change), 104: drops_at(Stage.COLLECT_MASKED_VECTORS)}
     outcome = run_round(clients, shares=5, threshold=3, behaviours=behaviours)  # raised before: the run crashed
     assert not outcome.completed
+
+
+def garbles(key: str):
+    return lambda configs: configs.__setitem__(key, b"\x00" * 64)
+
+
+UNCHECKED_BY_THE_SERVER = ("the workflow forwards it without verifying it, and every node refuses a request that carries "
+                           "a signature that does not verify: one client halts every round")
+BAD_SURVIVORS_SIGNATURES = [
+    pytest.param(lambda c: c.pop(SURVIVORS_SIGNATURE_KEY), id="missing", marks=pytest.mark.xfail(strict=True, reason=(
+        "workflow._signatures_on reads it with privfed.records.record_item, whose ValueError _halting_on_errors takes "
+        "for privfed's own fault: the run crashes"))),
+    pytest.param(lambda c: c.__setitem__(SURVIVORS_SIGNATURE_KEY, 5), id="not bytes", marks=pytest.mark.xfail(
+        strict=True, reason="as 'missing': the run crashes")),
+    pytest.param(garbles(SURVIVORS_SIGNATURE_KEY), id="does not verify",
+                 marks=pytest.mark.xfail(strict=True, reason=UNCHECKED_BY_THE_SERVER)),
+]
+
+
+@pytest.mark.parametrize("change", BAD_SURVIVORS_SIGNATURES)
+def test_a_client_that_does_not_sign_the_survivors_properly_is_no_signer_and_the_round_completes(change):
+    """103 sent its masked vector, so it is in the sum; four others signed, and the threshold is 3."""
+    clients = updates(5)
+    outcome = run_round(clients, shares=5, threshold=3, behaviours={103: tamper(CONSISTENCY_STAGE, change)})
+    assert outcome.completed
+    assert np.abs(outcome.mean - mean_of(clients, list(clients))).max() < TOLERANCE
+
+
+@pytest.mark.xfail(strict=True, reason=UNCHECKED_BY_THE_SERVER)
+@pytest.mark.parametrize(
+    "stage, key", [(Stage.SETUP, ADVERT_SIGNATURE_KEY), (Stage.SHARE_KEYS, VIEW_SIGNATURE_KEY)], ids=["advert", "view"]
+)
+def test_a_client_whose_signature_does_not_verify_is_left_out_and_the_others_are_summed(stage, key):
+    """The server can check both itself: the identity is in the setup reply, the view is what it forwarded."""
+    clients = updates(5)
+    outcome = run_round(clients, shares=5, threshold=3, behaviours={103: tamper(stage, garbles(key))})
+    assert outcome.completed and 103 not in outcome.strategy.aggregated_from
+    assert np.abs(outcome.mean - mean_of(clients, [100, 101, 102, 104])).max() < TOLERANCE
 
 
 def test_an_error_raised_by_privfeds_own_server_code_is_not_taken_for_a_client_fault(monkeypatch):

@@ -1,4 +1,4 @@
-"""The SecAgg+ protocol version: privfed's server and nodes run only privfed-secagg+/3 with each other.
+"""The SecAgg+ protocol version: privfed's server and nodes run only privfed-secagg+/4 with each other.
 
 Flower's own mask expansion is left as it is here, so a node on Flower's
 own mod could take part if the server let it: the tests show it does not.
@@ -16,6 +16,8 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from benchmarks.secagg_harness import mean_of, run_round
 from privfed.secagg.client_mod import MaskProtocolRefused, privfed_secaggplus_mod
+from privfed.secagg.client_trust import SECAGG_IDENTITY, SECAGG_PEERS
+from privfed.secagg.identity import IDENTITY_FILE, IDENTITY_KEY, PEERS_FILE, load_peers, write_simulated_identities
 from privfed.secagg.masks import PROTOCOL_KEY, PROTOCOL_VERSION
 
 TOLERANCE = 1e-3
@@ -49,7 +51,9 @@ def setup_message(protocol: str | None) -> Message:
 
 
 @pytest.mark.parametrize(
-    "protocol", [None, "privfed-secagg+/1", "privfed-secagg+/2", "flower"], ids=["unstated", "older", "v2", "unknown"]
+    "protocol",
+    [None, "privfed-secagg+/1", "privfed-secagg+/2", "privfed-secagg+/3", "flower"],
+    ids=["unstated", "older", "v2", "v3", "unknown"],
 )
 def test_a_node_refuses_a_server_on_another_protocol_before_it_makes_any_key(protocol):
     context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
@@ -58,8 +62,12 @@ def test_a_node_refuses_a_server_on_another_protocol_before_it_makes_any_key(pro
     assert RECORD_KEY_STATE not in context.state.config_records  # no key pair was made, nothing to send
 
 
-def test_a_node_answers_privfeds_setup_with_its_keys_and_its_protocol():
-    context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
+def test_a_node_answers_privfeds_setup_with_its_keys_and_its_protocol(tmp_path):
+    """The node's identity comes from its node config, as in a deployment (files written as a simulation's are)."""
+    write_simulated_identities(tmp_path, 3)
+    node_config = {SECAGG_IDENTITY: str(tmp_path / IDENTITY_FILE.format(0)), SECAGG_PEERS: str(tmp_path / PEERS_FILE)}
+    context = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(), run_config={})
     reply = privfed_secaggplus_mod(setup_message(PROTOCOL_VERSION), context, lambda msg, ctx: pytest.fail("trained"))
     answered = reply.content.config_records[RECORD_KEY_CONFIGS]
     assert answered[PROTOCOL_KEY] == PROTOCOL_VERSION and Key.PUBLIC_KEY_1 in answered
+    assert answered[IDENTITY_KEY] in load_peers(tmp_path / PEERS_FILE)

@@ -11,14 +11,15 @@ def settings(num_clients: int, participation: float = 1.0, **kwargs):
     return secagg_settings(config, [10, 50, 25])
 
 
-@pytest.mark.parametrize("sampled, shares", [(2, 2), (5, 5), (20, 20), (50, 17), (200, 23)])
-def test_default_shares_cover_small_rounds_and_grow_logarithmically(sampled, shares):
-    assert default_num_shares(sampled) == shares
-    assert shares == sampled or shares % 2 == 1
+@pytest.mark.parametrize("sampled", [2, 5, 20, 50, 200])
+def test_by_default_every_sampled_client_shares_keys_with_all_others(sampled):
+    """Nodes refuse a sparse graph (the server would choose the neighbourhoods), so the default is the complete one."""
+    assert default_num_shares(sampled) == sampled
 
 
-def test_default_threshold_is_a_strict_majority():
-    assert [default_threshold(n) for n in (2, 3, 5, 17)] == [2, 2, 3, 9]
+def test_default_threshold_is_the_smallest_strict_majority():
+    assert [default_threshold(n) for n in (2, 3, 4, 5, 6, 17, 50)] == [2, 2, 3, 3, 4, 9, 26]
+    assert all(2 * default_threshold(n) > n >= 2 * (default_threshold(n) - 1) for n in range(3, 200))
 
 
 def test_settings_follow_the_sampled_clients_and_the_largest_client():
@@ -28,7 +29,9 @@ def test_settings_follow_the_sampled_clients_and_the_largest_client():
     assert settings(4, 1.0, secagg=False) is None
 
 
-@pytest.mark.parametrize("sampled, shares, threshold", [(2, 2, 2), (3, 3, 2), (7, 5, 3), (50, 17, 9)])
+@pytest.mark.parametrize(
+    "sampled, shares, threshold", [(2, 2, 2), (3, 3, 2), (6, 6, 4), (7, 7, 4), (7, 7, 7), (50, 50, 26), (50, 50, 49)]
+)
 def test_flower_runs_exactly_the_requested_shares_and_threshold(sampled, shares, threshold):
     s = settings(sampled, 1.0, secagg_shares=shares, secagg_threshold=threshold)
     workflow = SecAggPlusWorkflow(**s.workflow_arguments(sampled))  # passes Flower's own checks
@@ -44,10 +47,13 @@ def test_flower_runs_exactly_the_requested_shares_and_threshold(sampled, shares,
     "kwargs, message",
     [
         ({"num_clients": 4, "participation": 0.25}, "at least 2 clients per round"),
-        ({"num_clients": 6, "secagg_shares": 4}, "odd number"),
-        ({"num_clients": 6, "secagg_shares": 7}, "odd number"),
-        ({"num_clients": 6, "secagg_threshold": 7}, "between 2"),
-        ({"num_clients": 6, "secagg_threshold": 1}, "between 2"),
+        ({"num_clients": 6, "secagg_shares": 5}, "number of sampled clients"),  # a sparse graph
+        ({"num_clients": 6, "secagg_shares": 3}, "number of sampled clients"),
+        ({"num_clients": 6, "secagg_shares": 7}, "number of sampled clients"),
+        ({"num_clients": 6, "secagg_threshold": 7}, "strict majority"),
+        ({"num_clients": 6, "secagg_threshold": 3}, "strict majority"),  # 2t = n: two survivor sets could reach it
+        ({"num_clients": 6, "secagg_threshold": 1}, "strict majority"),
+        ({"num_clients": 7, "secagg_threshold": 3}, "strict majority"),
         ({"num_clients": 6, "secagg_clipping_range": 0.0}, "clipping.range"),  # the range check names the field
         ({"num_clients": 6, "secagg_clipping_range": 3.0}, "power of two"),
     ],

@@ -20,7 +20,9 @@ from privfed.secagg.settings import default_num_shares, default_threshold
 from privfed.secagg.workflow import MaskedSum
 from tests.secagg.flower_prg import replace_flowers_prg
 
-CLIENTS, VALUES = 40, 50_000  # measured: Flower's stage 47.7 vectors, this one 14.3
+# Every client shares keys with all others, so a round's Shamir sharing grows as CLIENTS^3: 40 clients took 400 s
+# under tracemalloc. Measured at 20: 10.5 vectors; 25.6 with every masked reply held until the last arrived.
+CLIENTS, VALUES = 20, 50_000
 VECTOR_BYTES = (VALUES + 1) * 8  # one masked vector: the int64 update and its weight
 
 
@@ -47,7 +49,7 @@ def test_a_round_of_many_clients_holds_a_few_masked_vectors_at_once_not_one_per_
         tracemalloc.stop()
     assert outcome.completed and outcome.strategy.aggregated_from == sorted(updates)
     assert np.abs(outcome.mean - mean_of(updates, sorted(updates))).max() < 1e-3  # the fixed point's error: ~1e-5
-    assert peak < CLIENTS / 2 * VECTOR_BYTES, f"peak {peak / VECTOR_BYTES:.1f} masked vectors for {CLIENTS} clients"
+    assert peak < 0.75 * CLIENTS * VECTOR_BYTES, f"peak {peak / VECTOR_BYTES:.1f} masked vectors for {CLIENTS} clients"
 
 
 def test_the_running_sum_is_the_sum_mod_m_and_refuses_a_vector_of_another_form():
