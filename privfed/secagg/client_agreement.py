@@ -32,7 +32,7 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.client.mod.secure_aggregation.secaggplus_mod import SecAggPlusState
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE, Key, Stage
 
-from privfed.records import record_list
+from privfed.records import record_item, record_list
 from privfed.secagg import identity as ids
 from privfed.secagg.client_trust import NodeTrust, SignedSurvivors
 
@@ -65,7 +65,12 @@ class RoundView:
         record = context.state.config_records.get(ROUND_RECORD)
         if record is None:
             raise AgreementRefused("a SecAgg+ request before this node set the round up")
-        return RoundView(**dict(record))
+        read_int = {name: record_item(record[name], int) for name in ("run_id", "sample", "shares", "threshold", "fit_round")}
+        return RoundView(
+            **read_int, round_label=str(record["round_label"]), nodes=record_list(record["nodes"], int),
+            identities=record_list(record["identities"], bytes), digest=record_item(record["digest"], bytes),
+            sources=record_list(record["sources"], int), survivors=record_list(record["survivors"], int),
+        )
 
     def save(self, context: Context) -> None:
         context.state.config_records[ROUND_RECORD] = ConfigRecord(asdict(self))
@@ -79,7 +84,7 @@ class RoundView:
 
 def check_threshold_rule(configs: ConfigRecord, max_corrupt: int) -> None:
     """Refuses a sparse graph, and a threshold that two survivor sets could both reach (``2t <= n + c``)."""
-    sample, shares, threshold = (int(configs[k]) for k in (Key.SAMPLE_NUMBER, Key.SHARE_NUMBER, Key.THRESHOLD))
+    sample, shares, threshold = (record_item(configs[k], int) for k in (Key.SAMPLE_NUMBER, Key.SHARE_NUMBER, Key.THRESHOLD))
     if shares != sample:
         raise AgreementRefused(
             f"the server asks for {shares} shares among {sample} clients: privfed's SecAgg+ shares with every "
@@ -98,8 +103,9 @@ def advertise(reply: ConfigRecord, msg: Message, context: Context, configs: Conf
     """Signs the round keys Flower's setup made and starts this node's record of the round."""
     state = SecAggPlusState(**context.state.config_records[RECORD_KEY_STATE])
     view = RoundView(
-        run_id=int(context.run_id), round_label=str(msg.metadata.group_id), sample=int(configs[Key.SAMPLE_NUMBER]),
-        shares=int(configs[Key.SHARE_NUMBER]), threshold=int(configs[Key.THRESHOLD]),
+        run_id=int(context.run_id), round_label=str(msg.metadata.group_id),
+        sample=record_item(configs[Key.SAMPLE_NUMBER], int), shares=record_item(configs[Key.SHARE_NUMBER], int),
+        threshold=record_item(configs[Key.THRESHOLD], int),
     )
     reply[ids.IDENTITY_KEY] = trust.identity.public
     reply[ids.ADVERT_SIGNATURE_KEY] = trust.identity.sign(_advert(view, state.nid, state.pk1, state.pk2))
@@ -141,7 +147,8 @@ def accept_view(configs: ConfigRecord, context: Context, trust: NodeTrust) -> No
     order = sorted(range(len(nodes)), key=lambda i: nodes[i])
     view.nodes = [nodes[i] for i in order]
     view.identities = [identities[i] for i in order]
-    view.digest = ids.view_digest({n: (i, *record_list(keys[n], bytes)) for n, i in zip(view.nodes, view.identities)})
+    pairs = {node: record_list(keys[node], bytes) for node in view.nodes}
+    view.digest = ids.view_digest({n: (i, pairs[n][0], pairs[n][1]) for n, i in zip(view.nodes, view.identities)})
     view.save(context)
 
 

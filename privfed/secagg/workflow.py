@@ -14,6 +14,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
@@ -51,9 +52,8 @@ PULL_INTERVAL = 0.1
 
 #: Set on Flower's round state once the key exchange is over (see :meth:`_CapturingSecAggPlusWorkflow._check_threshold`).
 _KEYS_SHARED = "privfed_keys_shared"
-#: Flower's round state also holds each node's identity and signed advertisement, and its signature on its view.
-_ADVERTS = "privfed_adverts"
-_VIEWS = "privfed_views"
+#: Flower's round state also holds the round's signatures (:class:`SignedRound`).
+_SIGNED = "privfed_signed"
 
 
 class RoundCloser(Protocol):
@@ -104,16 +104,34 @@ class MaskedSum:
         return self._total
 
 
+@dataclass
+class SignedRound:
+    """What the server keeps of the signatures in one SecAgg+ round, to check each itself: a client whose signature
+    does not verify is left out like a dropout, where every honest node would refuse the request carrying it."""
+
+    run_id: int
+    adverts: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)  # node -> (identity, advert signature)
+    view_digests: dict[int, bytes] = field(default_factory=dict)  # node -> digest of the view forwarded to it
+    view_signatures: dict[int, bytes] = field(default_factory=dict)
+
+    def signed_by(self, node: int, signature: object, message: bytes) -> bool:
+        if not isinstance(signature, bytes) or node not in self.adverts:
+            return False
+        try:
+            ids.verify(self.adverts[node][0], signature, message)
+        except ids.IdentityError:
+            return False
+        return True
+
+
 class _ProtocolGrid:
-    """A grid that states privfed's protocol version at setup and leaves out clients on another protocol, whose masks
-    would spoil the sum (having shared no keys, they are forgotten like early dropouts).
+    """A grid that states privfed's protocol version at setup and leaves out clients on another protocol, or whose
+    advertisement does not verify, whose masks would spoil the sum (having shared no keys, they are forgotten like
+    early dropouts). It keeps each advertisement in ``signed``, for the neighbours to check."""
 
-    It keeps each setup reply's identity and signed advertisement in ``adverts``, for the neighbours to check.
-    """
-
-    def __init__(self, grid: Grid, adverts: dict[int, tuple[bytes, bytes]]) -> None:
+    def __init__(self, grid: Grid, signed: SignedRound) -> None:
         self._grid = grid
-        self._adverts = adverts
+        self._signed = signed
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
@@ -122,19 +140,41 @@ class _ProtocolGrid:
         stamped = list(messages)
         for message in stamped:
             message.content.config_records[RECORD_KEY_CONFIGS][PROTOCOL_KEY] = PROTOCOL_VERSION
-        return [self._checked(reply) for reply in self._grid.send_and_receive(stamped, timeout=timeout)]
+        setups = {message.metadata.dst_node_id: message for message in stamped}
+        return [self._checked(reply, setups) for reply in self._grid.send_and_receive(stamped, timeout=timeout)]
 
-    def _checked(self, reply: Message) -> Message:
+    def _checked(self, reply: Message, setups: dict[int, Message]) -> Message:
         if reply.has_error():
             return reply
-        configs = reply.content.config_records.get(RECORD_KEY_CONFIGS)
-        runs = None if configs is None else configs.get(PROTOCOL_KEY)
-        advert = None if configs is None else (configs.get(ids.IDENTITY_KEY), configs.get(ids.ADVERT_SIGNATURE_KEY))
-        if runs == PROTOCOL_VERSION and advert is not None and all(isinstance(part, bytes) for part in advert):
-            self._adverts[reply.metadata.src_node_id] = advert  # type: ignore[assignment]
-            return reply
-        logger.warning("a client runs SecAgg+ protocol %r, not %r: it is left out of the round", runs, PROTOCOL_VERSION)
-        return left_out(reply, OTHER_PROTOCOL, f"runs SecAgg+ protocol {runs!r}, or advertised no signed keys")
+        node = reply.metadata.src_node_id
+        configs = reply.content.config_records.get(RECORD_KEY_CONFIGS, ConfigRecord())
+        runs = configs.get(PROTOCOL_KEY)
+        if runs != PROTOCOL_VERSION:
+            logger.warning("a client runs SecAgg+ protocol %r, not %r: it is left out of the round", runs, PROTOCOL_VERSION)
+            return left_out(reply, OTHER_PROTOCOL, f"runs SecAgg+ protocol {runs!r}")
+        identity, signature = configs.get(ids.IDENTITY_KEY), configs.get(ids.ADVERT_SIGNATURE_KEY)
+        taken = {known for known, _ in self._signed.adverts.values()}
+        if isinstance(identity, bytes) and node in setups and identity not in taken:
+            self._signed.adverts[node] = (identity, b"")
+            if self._signed.signed_by(node, signature, _advert_of(setups[node], configs, self._signed.run_id, node)):
+                self._signed.adverts[node] = (identity, signature)  # type: ignore[assignment]
+                return reply
+            del self._signed.adverts[node]
+        logger.warning("a client's SecAgg+ advertisement does not verify (or repeats an identity): it is left out")
+        return left_out(reply, OTHER_PROTOCOL, "advertised keys without a valid signature of an identity of its own")
+
+
+def _advert_of(setup: Message, reply: ConfigRecord, run_id: int, node: int) -> bytes:
+    """The advertisement a node signed at setup, as the server rebuilds it from its request and the node's reply."""
+    asked = setup.content.config_records[RECORD_KEY_CONFIGS]
+    pk1, pk2 = reply.get(SecAggKey.PUBLIC_KEY_1), reply.get(SecAggKey.PUBLIC_KEY_2)
+    if not (isinstance(pk1, bytes) and isinstance(pk2, bytes)):
+        return b""
+    return ids.advert_message(
+        run_id=run_id, round_label=str(setup.metadata.group_id), node_id=node,
+        sample=record_item(asked[SecAggKey.SAMPLE_NUMBER], int), shares=record_item(asked[SecAggKey.SHARE_NUMBER], int),
+        threshold=record_item(asked[SecAggKey.THRESHOLD], int), pk1=pk1, pk2=pk2,
+    )
 
 
 def left_out(reply: Message, code: int, reason: str) -> Message:
@@ -145,33 +185,38 @@ def left_out(reply: Message, code: int, reason: str) -> Message:
 
 class _AdvertisingGrid:
     """The share-keys stage's grid: it hands each node its neighbours' signed advertisements next to their keys, and
-    keeps each reply's signature on the view it shared its keys in."""
+    keeps each reply's signature on the view it shared its keys in, if it verifies (else the node is left out)."""
 
-    def __init__(self, grid: Grid, adverts: dict[int, tuple[bytes, bytes]], views: dict[int, bytes]) -> None:
+    def __init__(self, grid: Grid, signed: SignedRound) -> None:
         self._grid = grid
-        self._adverts = adverts
-        self._views = views
+        self._signed = signed
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         stamped = list(messages)
+        adverts = self._signed.adverts
         for message in stamped:
             configs = message.content.config_records[RECORD_KEY_CONFIGS]
-            nodes = sorted(int(node) for node in configs if node != SecAggKey.STAGE)
+            keys = {int(node): record_list(value, bytes) for node, value in configs.items() if node != SecAggKey.STAGE}
+            nodes = sorted(keys)
             configs[ids.ADVERT_NODES_KEY] = nodes
-            configs[ids.ADVERT_IDENTITIES_KEY] = [self._adverts[node][0] for node in nodes]
-            configs[ids.ADVERT_SIGNATURES_KEY] = [self._adverts[node][1] for node in nodes]
+            configs[ids.ADVERT_IDENTITIES_KEY] = [adverts[node][0] for node in nodes]
+            configs[ids.ADVERT_SIGNATURES_KEY] = [adverts[node][1] for node in nodes]
+            view = {node: (adverts[node][0], keys[node][0], keys[node][1]) for node in nodes}
+            self._signed.view_digests[message.metadata.dst_node_id] = ids.view_digest(view)
         return [self._kept(reply) for reply in self._grid.send_and_receive(stamped, timeout=timeout)]
 
     def _kept(self, reply: Message) -> Message:
         if reply.has_error():
             return reply
+        node = reply.metadata.src_node_id
         signature = reply.content.config_records.get(RECORD_KEY_CONFIGS, ConfigRecord()).get(ids.VIEW_SIGNATURE_KEY)
-        if not isinstance(signature, bytes):
-            return left_out(reply, OTHER_PROTOCOL, "shared keys without signing its view")
-        self._views[reply.metadata.src_node_id] = signature
+        digest = self._signed.view_digests.get(node)
+        if digest is None or not self._signed.signed_by(node, signature, ids.view_message(digest)):
+            return left_out(reply, OTHER_PROTOCOL, "shared keys without a valid signature on its view")
+        self._signed.view_signatures[node] = signature  # type: ignore[assignment]
         return reply
 
 
@@ -204,13 +249,12 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         self.strategy = strategy
 
     def setup_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
-        setattr(state, _ADVERTS, {})
-        protocol_grid = _ProtocolGrid(grid, getattr(state, _ADVERTS))
+        setattr(state, _SIGNED, SignedRound(int(context.run_id)))
+        protocol_grid = _ProtocolGrid(grid, getattr(state, _SIGNED))
         return self._halting_on_errors(super().setup_stage, protocol_grid, context, state)  # type: ignore[arg-type]
 
     def share_keys_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
-        setattr(state, _VIEWS, {})
-        advertising = _AdvertisingGrid(grid, getattr(state, _ADVERTS), getattr(state, _VIEWS))
+        advertising = _AdvertisingGrid(grid, getattr(state, _SIGNED))
         proceed = self._halting_on_errors(super().share_keys_stage, advertising, context, state)  # type: ignore[arg-type]
         forget_nodes_without_shares(state)
         return proceed
@@ -231,7 +275,8 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         """Flower's stage, summing each masked vector as it arrives, not holding all (9 GB for 50 ResNet-18 clients)."""
         server_round = record_item(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND], int)
         requests = [
-            _masked_vector_request(node, state, server_round, getattr(state, _VIEWS)) for node in state.active_node_ids
+            _masked_vector_request(node, state, server_round, getattr(state, _SIGNED).view_signatures)
+            for node in state.active_node_ids
         ]
         del state.forward_ciphertexts, state.forward_srcs, state.nid_to_fitins
         masked_sum, replied = MaskedSum(state.mod_range), set[int]()
@@ -289,7 +334,9 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
         server_round = record_item(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND], int)
         survivors = set(state.active_node_ids)
         dropped = state.sampled_node_ids - survivors
-        signatures = _signatures_on(grid, survivors, server_round, timeout=self.timeout, failures=state.failures)
+        signatures = _signatures_on(
+            grid, survivors, server_round, getattr(state, _SIGNED), timeout=self.timeout, failures=state.failures
+        )
         if len(signatures) < state.threshold:
             logger.warning(
                 "secure aggregation halted: %d survivors signed the survivor set, the threshold is %d",
@@ -390,24 +437,33 @@ def _masked_vector_request(node: int, state: Any, server_round: int, views: dict
 
 
 def _signatures_on(
-    grid: Grid, survivors: set[int], server_round: int, *, timeout: float | None, failures: list[BaseException]
+    grid: Grid, survivors: set[int], server_round: int, signed: SignedRound, *, timeout: float | None,
+    failures: list[BaseException],
 ) -> dict[int, bytes]:
-    """The consistency stage: every survivor is shown the survivor set; returns who signed it, and their signatures."""
-    configs = {SecAggKey.STAGE: ids.CONSISTENCY_STAGE, ids.SURVIVORS_KEY: sorted(survivors)}
+    """The consistency stage: every survivor is shown the survivor set; returns who signed it validly, and their
+    signatures (an invalid one would make every node refuse the unmask request)."""
     requests = [
         Message(
-            content=RecordDict({RECORD_KEY_CONFIGS: ConfigRecord(dict(configs))}), dst_node_id=node,
+            content=RecordDict({RECORD_KEY_CONFIGS: ConfigRecord(
+                {SecAggKey.STAGE: ids.CONSISTENCY_STAGE, ids.SURVIVORS_KEY: sorted(survivors)}
+            )}), dst_node_id=node,
             message_type=MessageType.TRAIN, group_id=str(server_round),
         )
         for node in sorted(survivors)
     ]
-    signatures = {}
+    signatures: dict[int, bytes] = {}
     for reply in grid.send_and_receive(requests, timeout=timeout):
         if reply.has_error():
             failures.append(Exception(reply.error))
             continue
-        signature = reply.content.config_records[RECORD_KEY_CONFIGS].get(ids.SURVIVORS_SIGNATURE_KEY)
-        signatures[reply.metadata.src_node_id] = record_item(signature, bytes)
+        node = reply.metadata.src_node_id
+        signature = reply.content.config_records.get(RECORD_KEY_CONFIGS, ConfigRecord()).get(ids.SURVIVORS_SIGNATURE_KEY)
+        digest = signed.view_digests.get(node, b"")
+        message = ids.survivors_message(digest, survivors)
+        if node in survivors and isinstance(signature, bytes) and signed.signed_by(node, signature, message):
+            signatures[node] = signature
+        else:
+            failures.append(Exception(f"node {node} did not sign the survivor set validly"))
     return signatures
 
 

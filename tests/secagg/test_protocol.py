@@ -124,16 +124,12 @@ def garbles(key: str):
     return lambda configs: configs.__setitem__(key, b"\x00" * 64)
 
 
-UNCHECKED_BY_THE_SERVER = ("the workflow forwards it without verifying it, and every node refuses a request that carries "
-                           "a signature that does not verify: one client halts every round")
+#: A client's own bad signature makes it no signer (or no neighbour): the server checks each itself, since every
+#: node would refuse a request that carries one.
 BAD_SURVIVORS_SIGNATURES = [
-    pytest.param(lambda c: c.pop(SURVIVORS_SIGNATURE_KEY), id="missing", marks=pytest.mark.xfail(strict=True, reason=(
-        "workflow._signatures_on reads it with privfed.records.record_item, whose ValueError _halting_on_errors takes "
-        "for privfed's own fault: the run crashes"))),
-    pytest.param(lambda c: c.__setitem__(SURVIVORS_SIGNATURE_KEY, 5), id="not bytes", marks=pytest.mark.xfail(
-        strict=True, reason="as 'missing': the run crashes")),
-    pytest.param(garbles(SURVIVORS_SIGNATURE_KEY), id="does not verify",
-                 marks=pytest.mark.xfail(strict=True, reason=UNCHECKED_BY_THE_SERVER)),
+    pytest.param(lambda c: c.pop(SURVIVORS_SIGNATURE_KEY), id="missing"),
+    pytest.param(lambda c: c.__setitem__(SURVIVORS_SIGNATURE_KEY, 5), id="not bytes"),
+    pytest.param(garbles(SURVIVORS_SIGNATURE_KEY), id="does not verify"),
 ]
 
 
@@ -146,7 +142,6 @@ def test_a_client_that_does_not_sign_the_survivors_properly_is_no_signer_and_the
     assert np.abs(outcome.mean - mean_of(clients, list(clients))).max() < TOLERANCE
 
 
-@pytest.mark.xfail(strict=True, reason=UNCHECKED_BY_THE_SERVER)
 @pytest.mark.parametrize(
     "stage, key", [(Stage.SETUP, ADVERT_SIGNATURE_KEY), (Stage.SHARE_KEYS, VIEW_SIGNATURE_KEY)], ids=["advert", "view"]
 )
