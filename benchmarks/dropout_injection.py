@@ -30,9 +30,10 @@ from flwr.common import Context
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 
 from privfed.federation.client_app import Mod
+from privfed.secagg.identity import CONSISTENCY_STAGE
 
 #: Where a client can fail, in protocol order (see the module docstring).
-FAILURE_STAGES = (Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT_MASKED_VECTORS, Stage.UNMASK)
+FAILURE_STAGES = (Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT_MASKED_VECTORS, CONSISTENCY_STAGE, Stage.UNMASK)
 
 
 class InjectedDropout(RuntimeError):
@@ -105,7 +106,8 @@ def expected_round(plan: DropoutPlan, flower_round: int, sampled: list[int], thr
     After setup and again after the key exchange, at least ``threshold``
     clients must remain, or the round halts before anyone trains: nothing
     is released. Otherwise every client that did not fail before masking
-    replies (and releases); one that fails at unmask has already replied.
+    replies (and releases); one that fails at the consistency stage or at unmask
+    has already replied.
     Unmasking needs ``threshold`` shares from the clients still answering,
     so the round completes exactly when at least ``threshold`` never fail.
     """
@@ -116,5 +118,5 @@ def expected_round(plan: DropoutPlan, flower_round: int, sampled: list[int], thr
         remaining -= sum(stage == early for stage in stages.values())
         if remaining < threshold:
             return ExpectedRound(released=frozenset(), survivors=survivors, completes=False)
-    released = frozenset(c for c, stage in stages.items() if stage in (None, Stage.UNMASK))
+    released = frozenset(c for c, stage in stages.items() if stage in (None, CONSISTENCY_STAGE, Stage.UNMASK))
     return ExpectedRound(released=released, survivors=survivors, completes=survivors >= threshold)

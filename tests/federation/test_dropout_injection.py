@@ -15,6 +15,7 @@ from benchmarks.dropout_injection import (
     dropout_mod,
     expected_round,
 )
+from privfed.secagg.identity import CONSISTENCY_STAGE
 
 
 def stage_message(stage: str | None, flower_round: int) -> Message:
@@ -70,7 +71,7 @@ def test_expected_round_counts_who_replied_and_who_survived():
     expected = expected_round(plan, 7, sampled, threshold=11)
     early = sum(s in (Stage.SETUP, Stage.SHARE_KEYS) for s in stages.values())
     assert 20 - early >= 11  # this round gets past the key exchange
-    assert expected.released == {c for c, s in stages.items() if s in (None, Stage.UNMASK)}
+    assert expected.released == {c for c, s in stages.items() if s in (None, CONSISTENCY_STAGE, Stage.UNMASK)}
     assert expected.survivors == sum(s is None for s in stages.values())
     assert expected.completes == (expected.survivors >= 11)
     assert not expected_round(plan, 7, sampled, threshold=expected.survivors + 1).completes
