@@ -15,6 +15,8 @@ The stages a client can fail at, in protocol order:
   (it entered nobody's masks);
 - ``collect_masked_vectors``: after the key exchange, before training (its
   neighbours' masks for it must be removed);
+- ``privfed_consistency``: after it sent its masked update, before it signs
+  the survivor set (it is in the sum, and signs and shares nothing more);
 - ``unmask``: after it trained, released and sent its masked update (it is
   in the sum; it only withholds the shares others need).
 """

@@ -4,7 +4,7 @@ privfed's SecAgg+ expands every mask with HKDF-SHA256 and AES-256-CTR
 (:mod:`privfed.secagg.masks`); Flower 1.41 uses a Mersenne Twister seeded
 with 32 bits. To time the same round under Flower's PRG, this script swaps
 Flower's function in for privfed's at both ends. Nothing else changes: same
-message flow, same seeds, same data. Three tables:
+message flow, same seeds, same data. Four tables:
 
 1. One mask expansion, for each model's update size.
 2. The protocol alone: one SecAgg+ round in this process (the test

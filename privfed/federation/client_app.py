@@ -160,8 +160,9 @@ def check_secagg_round(configs: Mapping[str, Any], context: Context) -> None:
     node would hand back its mask seed's only share). With the minimum set it
     refuses fewer clients, shares or neighbours, or a threshold below 2 or short
     of a strict majority; whatever the minimum, an unmask request that lists a
-    node as both surviving and dropped, or itself as dropped. Not caught:
-    neighbours the server invents (docs/privacy.md, "What clients also refuse").
+    node as both surviving and dropped, or itself as dropped. Invented
+    neighbours and withheld shares are for :mod:`privfed.secagg.client_agreement`
+    (docs/privacy.md, "SecAgg+ against a deviating server").
     """
     stage = configs.get(Key.STAGE)
     if stage == Stage.UNMASK:
