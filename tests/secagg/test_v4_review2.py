@@ -166,7 +166,7 @@ def test_a_node_whose_signed_rounds_record_is_unreadable_signs_nothing_and_says_
     path = tmp_path / SIGNED_FILE.format(0)
     path.write_bytes(text.encode("latin-1"))
     rounds = SignedRounds(path, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={}))
-    with pytest.raises(ids.IdentityError, match="unreadable|cannot read"):
+    with pytest.raises(ids.IdentityError, match=r"unreadable|cannot read"):
         rounds.check_and_record(SignedSurvivors(1, 1, ("a", "b", "c")))
     assert path.read_bytes() == text.encode("latin-1")  # left for someone to look at, not overwritten
 
