@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
@@ -73,9 +72,9 @@ def verify(identity: bytes, signature: bytes, message: bytes) -> None:
             key.verify(signature, message, ec.ECDSA(hashes.SHA384()))
         else:
             raise IdentityError(f"identities are ECDSA or Ed25519 keys, not {type(key).__name__}")
-    except (InvalidSignature, ValueError, TypeError) as err:
-        if isinstance(err, IdentityError):
-            raise
+    except IdentityError:
+        raise
+    except Exception:  # InvalidSignature, a malformed key, cryptography's UnsupportedAlgorithm for an unknown type
         raise IdentityError("a signature does not verify under the identity it names") from None
 
 

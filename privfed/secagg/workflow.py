@@ -32,6 +32,7 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 from flwr.server.workflow.default_workflows import default_fit_workflow
 
+import privfed.records
 from privfed.records import record_item, record_list
 from privfed.secagg import identity as ids
 from privfed.secagg import mask_pool, masking
@@ -190,6 +191,7 @@ class _AdvertisingGrid:
     def __init__(self, grid: Grid, signed: SignedRound) -> None:
         self._grid = grid
         self._signed = signed
+        self._neighbours: dict[int, set[int]] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
@@ -206,6 +208,7 @@ class _AdvertisingGrid:
             configs[ids.ADVERT_SIGNATURES_KEY] = [adverts[node][1] for node in nodes]
             view = {node: (adverts[node][0], keys[node][0], keys[node][1]) for node in nodes}
             self._signed.view_digests[message.metadata.dst_node_id] = ids.view_digest(view)
+            self._neighbours[message.metadata.dst_node_id] = set(nodes) - {message.metadata.dst_node_id}
         return [self._kept(reply) for reply in self._grid.send_and_receive(stamped, timeout=timeout)]
 
     def _kept(self, reply: Message) -> Message:
@@ -216,6 +219,13 @@ class _AdvertisingGrid:
         digest = self._signed.view_digests.get(node)
         if digest is None or not self._signed.signed_by(node, signature, ids.view_message(digest)):
             return left_out(reply, OTHER_PROTOCOL, "shared keys without a valid signature on its view")
+        configs = reply.content.config_records[RECORD_KEY_CONFIGS]
+        destinations, ciphertexts = configs.get(SecAggKey.DESTINATION_LIST), configs.get(SecAggKey.CIPHERTEXT_LIST)
+        if not (
+            isinstance(destinations, list) and isinstance(ciphertexts, list) and len(destinations) == len(ciphertexts)
+            and sorted(destinations) == sorted(self._neighbours.get(node, ()))
+        ):  # every honest neighbour would refuse a survivor set naming a node that shared nothing with it
+            return left_out(reply, OTHER_PROTOCOL, "did not share its keys with exactly each of its neighbours once")
         self._signed.view_signatures[node] = signature  # type: ignore[assignment]
         return reply
 
@@ -512,7 +522,9 @@ def _hand_to_strategy(mean: list[np.ndarray], server_round: int, context: Legacy
 
 
 #: Modules whose errors while handling replies are the clients' doing (a bad share rebuilds a bad secret).
-_REPLY_HANDLING = {__name__, masking.__name__, secagg_masks.__name__, mask_pool.__name__}
+_REPLY_HANDLING = {
+    __name__, masking.__name__, secagg_masks.__name__, mask_pool.__name__, ids.__name__, privfed.records.__name__,
+}
 
 
 def _raised_by_privfed(err: BaseException) -> bool:

@@ -196,6 +196,14 @@ def test_setup_refuses_a_threshold_that_two_survivor_sets_could_both_reach(count
     assert Key.PUBLIC_KEY_1 in cohort.ask(101, setup_configs(count, count, count // 2 + 1))
 
 
+def test_setup_refuses_a_threshold_below_two_and_takes_two_clients_at_two():
+    """t = 1 passes 2t > n for n = 1, but one share would rebuild a secret; two clients at threshold 2 pass."""
+    cohort = Cohort(2)
+    with pytest.raises(AgreementRefused, match="one share alone"):
+        cohort.ask(100, setup_configs(1, 1, 1))
+    assert Key.PUBLIC_KEY_1 in cohort.ask(101, setup_configs(2, 2, 2))
+
+
 @pytest.mark.parametrize("corrupt, refused, accepted", [(1, 3, 4), (2, 3, 4), (3, 4, 5)])
 def test_setup_refuses_a_threshold_that_the_corrupt_clients_of_the_node_config_could_help_reach_twice(
     tmp_path, corrupt, refused, accepted

@@ -103,8 +103,6 @@ def tamper(stage: str, change):
 
 
 HOSTILE_STAGE_REPLIES = [
-    ("an extra key-share destination", Stage.SHARE_KEYS,
-     lambda c: c.__setitem__(Key.DESTINATION_LIST, [*c[Key.DESTINATION_LIST], 100])),
     ("a share for an unknown node", Stage.UNMASK,
      lambda c: (c.__setitem__(Key.NODE_ID_LIST, [*c[Key.NODE_ID_LIST], 999]), c.__setitem__(Key.SHARE_LIST, [*c[Key.SHARE_LIST], b"x"]))),
     ("shares that do not combine", Stage.UNMASK,
@@ -118,6 +116,20 @@ def test_a_reply_that_breaks_a_stage_halts_the_round_instead_of_the_run(case, st
     behaviours = {101: tamper(stage, change), 104: drops_at(Stage.COLLECT_MASKED_VECTORS)}
     outcome = run_round(clients, shares=5, threshold=3, behaviours=behaviours)  # raised before: the run crashed
     assert not outcome.completed
+
+
+@pytest.mark.parametrize("change", [
+    lambda c: c.__setitem__(Key.DESTINATION_LIST, [*c[Key.DESTINATION_LIST], 100]),
+    lambda c: (c.__setitem__(Key.DESTINATION_LIST, []), c.__setitem__(Key.CIPHERTEXT_LIST, [])),
+], ids=["an extra destination", "no destination"])
+def test_a_client_that_does_not_share_its_keys_with_each_neighbour_once_is_left_out(change):
+    """The server sees the destinations it forwards: such a client is left out at key sharing, as a dropout, since
+    every honest node would refuse a survivor set naming a node that shared nothing with it."""
+    clients = updates(5)
+    behaviours = {101: tamper(Stage.SHARE_KEYS, change), 104: drops_at(Stage.COLLECT_MASKED_VECTORS)}
+    outcome = run_round(clients, shares=5, threshold=3, behaviours=behaviours)
+    assert outcome.completed and outcome.strategy.aggregated_from == [100, 102, 103]
+    assert np.abs(outcome.mean - mean_of(clients, [100, 102, 103])).max() < TOLERANCE
 
 
 def garbles(key: str):

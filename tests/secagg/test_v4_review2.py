@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from flwr.app import Context, RecordDict
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
@@ -41,13 +40,6 @@ def completes_without_the_hostile_client(behaviour) -> None:
 # --- Crashes: an exception from privfed code outside _REPLY_HANDLING re-raises and ends the run ---------------------
 
 @pytest.mark.usefixtures("in_process_secagg")
-@pytest.mark.xfail(
-    strict=True, raises=UnsupportedAlgorithm,
-    reason="review: identity.verify catches InvalidSignature/ValueError/TypeError, but load_ssh_public_key raises "
-    "cryptography's UnsupportedAlgorithm (an Exception, not a ValueError) for an unknown key type; raised in "
-    "privfed.secagg.identity, which is not in workflow._REPLY_HANDLING, so _halting_on_errors re-raises it and one "
-    "client's setup reply ends the server's run",
-)
 def test_a_setup_reply_naming_an_unknown_key_type_leaves_its_client_out_and_does_not_crash_the_run():
     completes_without_the_hostile_client(
         tamper(Stage.SETUP, lambda c: c.__setitem__(ids.IDENTITY_KEY, b"ssh-foo AAAAB3NzaC1yc2E="))
@@ -55,12 +47,6 @@ def test_a_setup_reply_naming_an_unknown_key_type_leaves_its_client_out_and_does
 
 
 @pytest.mark.usefixtures("in_process_secagg")
-@pytest.mark.xfail(
-    strict=True, raises=ValueError,
-    reason="review: _collect_shares reads the unmask reply with privfed.records.record_list, whose ValueError is "
-    "raised in a module outside workflow._REPLY_HANDLING, so _raised_by_privfed takes it for the server's own fault "
-    "and re-raises: one client's unmask reply with a non-list NODE_ID_LIST (or a non-int in it) ends the run",
-)
 @pytest.mark.parametrize("value", [5, [b"x"]], ids=["not a list", "not ints"])
 def test_an_unmask_reply_whose_node_list_is_not_ints_does_not_crash_the_run(value):
     clients = updates(N)
@@ -122,12 +108,6 @@ def test_key_shares_that_do_not_decrypt_leave_only_their_sender_out():
 
 
 @pytest.mark.usefixtures("in_process_secagg")
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: the server forwards a share-keys reply that leaves out neighbours without checking its "
-    "destinations (it could: it forwards them); the hostile client sends its masked vector, so it is a survivor, "
-    "and every honest node refuses to sign a set naming a survivor that sent it no shares: fewer than t sign",
-)
 def test_a_client_that_shares_its_keys_with_nobody_is_left_out_not_halting_the_round():
     completes_without_the_hostile_client(withheld_key_shares)
 
