@@ -22,7 +22,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 
 from privfed.records import record_item
 from privfed.secagg.client_mod import FITRES_METRICS, privfed_secaggplus_mod
-from privfed.secagg.client_trust import SECAGG_MAX_CORRUPT, STATE_DIR, TrustOf, node_trust
+from privfed.secagg.client_trust import STATE_DIR, TrustOf, max_corrupt_of, node_trust
 from privfed.secagg.masking import SHARE_KEY
 from privfed.secagg.settings import ENCODING_IN_FLOWER_STATE
 
@@ -83,7 +83,7 @@ def make_client_fn(
             raise NodeGuardFailed(f"{SECURE_SUM_MIN_SHARES} must be at least 2, got {floor}")
         secure_sum = None if setup is None else SecureSumSetup(
             record_item(setup["threshold"], int), record_item(setup["mod_range"], int), node_min_shares=floor,
-            max_corrupt=int(node.get(SECAGG_MAX_CORRUPT, 0)),
+            max_corrupt=max_corrupt_of(node),
         )
         return OrchestraClient(partition, run, secure_sum=secure_sum)
 

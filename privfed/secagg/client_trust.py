@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -160,9 +160,19 @@ def node_trust(context: Context, *, state_dir: Path | None = None, run_key: int 
             f"this node has no SecAgg+ identity: start it with --node-config "
             f"\"{SECAGG_IDENTITY}='<its private key>' {SECAGG_PEERS}='<the pinned public keys>'\" (docs/deployment.md)"
         )
-    max_corrupt = int(node.get(SECAGG_MAX_CORRUPT, 0))
-    if max_corrupt < 0:
-        raise TrustMissing(f"{SECAGG_MAX_CORRUPT} must be >= 0, got {max_corrupt}")
+    max_corrupt = max_corrupt_of(node)
     record = None if folder is None or partition is None else folder / SIGNED_FILE.format(int(partition))
     key = int(context.run_id) if run_key is None else run_key
     return NodeTrust(load_identity(key_file, peers_file), max_corrupt, SignedRounds(record, context), key)
+
+
+def max_corrupt_of(node_config: Mapping[str, object]) -> int:
+    """The node's ``secagg-max-corrupt``: a whole number >= 0 (a fraction or a negative one is refused, not rounded)."""
+    raw = node_config.get(SECAGG_MAX_CORRUPT, 0)
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise TrustMissing(f"{SECAGG_MAX_CORRUPT} must be a whole number >= 0, got {raw!r}") from None
+    if value < 0 or isinstance(raw, bool):
+        raise TrustMissing(f"{SECAGG_MAX_CORRUPT} must be a whole number >= 0, got {raw!r}")
+    return value

@@ -168,7 +168,7 @@ def test_the_signed_rounds_record_keeps_every_round_of_every_run_apart(tmp_path)
 @pytest.mark.parametrize(
     "node_config, refusal",
     [({}, "has no SecAgg\\+ identity"), ({"secagg-identity": "x"}, "set both"),
-     ({"secagg-max-corrupt": -1}, "must be >= 0")],
+     ({"secagg-max-corrupt": -1}, "must be a whole number >= 0")],
     ids=["no identity", "key without peers", "negative max-corrupt"],
 )
 def test_a_node_without_an_identity_or_with_a_negative_max_corrupt_makes_no_key(tmp_path, node_config, refusal):
