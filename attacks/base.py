@@ -98,3 +98,39 @@ class Attack(abc.ABC):
         self, target: AttackTarget, aux_images: torch.Tensor, *, progress: ProgressCallback | None = None
     ) -> Inversion:
         """Prepares the attack on one round's model from uint8 auxiliary images; returns the inversion."""
+
+
+@dataclass(frozen=True)
+class ReleaseHistory:
+    """What the server received from one client up to the attacked round: per round it took part in, oldest
+    first and the attacked round last, the ``[m, D]`` vectors and ``[m]`` weights of its release."""
+
+    client: int
+    rounds: tuple[int, ...]
+    vectors: tuple[torch.Tensor, ...]
+    weights: tuple[torch.Tensor, ...]
+
+    def __post_init__(self) -> None:
+        if not self.rounds or not len(self.rounds) == len(self.vectors) == len(self.weights):
+            raise ValueError("a release history needs one (vectors, weights) pair per round, and at least one round")
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """Vectors a cross-round attack inverts, and for each the attacked round's released vector it is read from
+    (its members are the truth it is scored against)."""
+
+    vectors: torch.Tensor
+    source: torch.Tensor
+
+
+class CrossRoundAttack(Attack):
+    """An attack that reads a client's whole history before inverting: :meth:`estimate` turns it into vectors
+    (estimates of single representations under the attacked round's model); :meth:`fit` inverts them."""
+
+    #: How many rounds back, the attacked one included, the history it is handed reaches.
+    window: int
+
+    @abc.abstractmethod
+    def estimate(self, history: ReleaseHistory) -> Estimates:
+        """The vectors to invert from one client's releases; no truth and no model, only what it received."""

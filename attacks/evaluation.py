@@ -16,12 +16,14 @@ from typing import Any
 
 import torch
 
-from attacks.attackers.aux_releases import aux_releases, aux_views_and_representations
-from attacks.base import AttackTarget, Inversion, ProgressCallback
+from attacks.attackers.aux_releases import aux_releases, aux_views_and_representations, released_again
+from attacks.attackers.cross_round import slot_vectors
+from attacks.base import AttackTarget, CrossRoundAttack, Estimates, Inversion, ProgressCallback, ReleaseHistory
 from attacks.figure import save_attack_figure
 from attacks.registry import get_attack_class
 from attacks.scoring.ground_truth import VERIFIED, ClientMemory, VectorTruth, recorded_truth, training_images
-from attacks.scoring.report import summarize
+from attacks.scoring.report import mean_interval, summarize
+from attacks.scoring.vector_recovery import matched_cosine
 from attacks.scoring.vector_scores import best_member, score_client_vectors
 from mechanisms import get_mechanism_class
 from privfed.config import TrainConfig
@@ -175,6 +177,94 @@ def invert_round(
     return Inverted(picks, reconstructions, nulls)
 
 
+
+class RecordedRun:
+    """A run's recorded rounds, each read once: releases kept per client, models rebuilt when a target is asked."""
+
+    def __init__(self, directory: Path, config: TrainConfig, device: torch.device) -> None:
+        self.directory, self.config, self.device = directory, config, device
+        self.available = recorded_rounds(directory)
+        self._releases: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def releases(self, round_index: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        if round_index not in self._releases:
+            recorded = read_round(self.directory, round_index)
+            self._releases[round_index] = {r.client: (r.vectors, r.weights) for r in recorded.releases}
+        return self._releases[round_index]
+
+    def target(self, round_index: int) -> AttackTarget:
+        return attack_target(self.config, read_round(self.directory, round_index), self.device)
+
+    def history(self, client: int, up_to: int, window: int) -> ReleaseHistory:
+        """The client's releases in the recorded rounds ``(up_to - window, up_to]`` it took part in."""
+        rounds = [r for r in self.available if up_to - window < r <= up_to and client in self.releases(r)]
+        pairs = [self.releases(r)[client] for r in rounds]
+        return ReleaseHistory(client, tuple(rounds), tuple(v for v, _ in pairs), tuple(w for _, w in pairs))
+
+
+def estimate_across_rounds(
+    attack: CrossRoundAttack,
+    run: RecordedRun,
+    recorded: RecordedRound,
+    *,
+    null_images: torch.Tensor,
+    generator: torch.Generator,
+) -> tuple[list[Estimates], list[Estimates]]:
+    """Per release of the attacked round, the attack's estimates from its client's history, and the same attack's
+    estimates from a null history: a client of held-out auxiliary images released through the same rounds."""
+    histories = [run.history(r.client, recorded.round, attack.window) for r in recorded.releases]
+    size = min(run.config.memory_size, null_images.shape[0])
+    null_sets = [null_images[torch.randperm(null_images.shape[0], generator=generator)[:size]] for _ in histories]
+    null_releases: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in histories]
+    for round_index in sorted({r for h in histories for r in h.rounds}):  # each round's model built once
+        target = run.target(round_index)
+        for i, history in enumerate(histories):
+            if round_index in history.rounds:
+                null_releases[i][round_index] = released_again(target, null_sets[i], generator=generator)
+    estimates, nulls = [], []
+    for history, made in zip(histories, null_releases):
+        estimates.append(attack.estimate(history))
+        null_history = ReleaseHistory(
+            history.client, history.rounds, tuple(made[r][0] for r in history.rounds),
+            tuple(made[r][1] for r in history.rounds),
+        )
+        null = attack.estimate(null_history)
+        if null.vectors.shape[0] == 0:  # nothing with weight: the null inverts what the mechanism released anyway
+            null = Estimates(null_history.vectors[-1], torch.full((null_history.vectors[-1].shape[0],), -1))
+        nulls.append(null)
+    return estimates, nulls
+
+
+def invert_estimates(
+    inversion: Inversion,
+    round_index: int,
+    estimates: list[Estimates],
+    nulls: list[Estimates],
+    *,
+    max_vectors: int,
+    generator: torch.Generator,
+    log: Callable[[str], None] | None = None,
+) -> Inverted:
+    """Inverts up to ``max_vectors`` estimates, and for each one of its client's null estimates.
+
+    Raises:
+        PrivfedError: the attack estimated nothing.
+    """
+    picks = selected_vectors([torch.ones(e.vectors.shape[0]) for e in estimates], max_vectors, generator)
+    if not picks:
+        raise PrivfedError(f"round {round_index}: the attack estimated no vector to invert")
+    vectors = torch.stack([estimates[r].vectors[j] for r, j in picks])
+    pools = [n.vectors for n in nulls]
+    chosen_nulls = torch.stack([
+        pools[r][torch.randint(pools[r].shape[0], (1,), generator=generator)][0] if pools[r].shape[0]
+        else torch.zeros_like(vectors[0])
+        for r, _ in picks
+    ])
+    if log is not None:
+        log(f"round {round_index}: inverting {len(picks)} cross-round estimates, then as many null estimates")
+    return Inverted(picks, inversion(vectors), inversion(chosen_nulls))
+
+
 def score_round(
     inverted: Inverted, truth: list[ReleaseTruth], *, distractors: torch.Tensor, single_source: bool
 ) -> tuple[dict[str, Any], list[tuple[torch.Tensor, ...]]]:
@@ -199,6 +289,30 @@ def score_round(
                 best_member(reconstruction, vector_truth, images), inverted.nulls[i],
             ))
     return summarize(rows), figure
+
+
+
+def recovery_figures(
+    recorded: RecordedRound, truth: list[ReleaseTruth], estimates: list[Estimates], nulls: list[Estimates]
+) -> dict[str, Any]:
+    """Matched cosine (:mod:`attacks.scoring.vector_recovery`) to each replayed memory of the cross-round
+    estimates, of the round's own release (each vector repeated by its weight: what one round gives) and of the
+    null estimates; clients whose memory is not known are left out."""
+    rows: dict[str, list[float]] = {"matched_cosine": [], "single_round_matched_cosine": [], "null_matched_cosine": []}
+    for release, known, estimate, null in zip(recorded.releases, truth, estimates, nulls):
+        memory = known.memory.memory
+        single = release.vectors[slot_vectors(release.weights)]
+        if memory is None or not all(x.shape[0] for x in (memory, estimate.vectors, single, null.vectors)):
+            continue
+        rows["matched_cosine"].append(matched_cosine(estimate.vectors, memory))
+        rows["single_round_matched_cosine"].append(matched_cosine(single, memory))
+        rows["null_matched_cosine"].append(matched_cosine(null.vectors, memory))
+    if not rows["matched_cosine"]:
+        return {}
+    out: dict[str, Any] = {"n_matched_cosine": len(rows["matched_cosine"])}
+    for name, values in rows.items():
+        out[name], out[f"{name}_ci95"] = mean_interval(values)
+    return out
 
 
 def _private_image(truth: VectorTruth, client_images: torch.Tensor) -> torch.Tensor:
@@ -250,6 +364,7 @@ def attack_run(
     generator = torch.Generator().manual_seed(seed)
     split = split_auxiliary(aux_images, distractors, generator)
     single_source = get_mechanism_class(config.release_mechanism).releases_raw_data
+    archive = RecordedRun(run.releases, config, torch_device)
     results, figure_rows, params = [], [], {}
     for round_index in chosen:
         start = time.perf_counter()
@@ -262,10 +377,21 @@ def attack_run(
         say(f"round {round_index}: fitting {method} on {split.fit.shape[0]} auxiliary images ({aux_name})")
         inversion = attack.fit(target, split.fit, progress=progress)
         fit_seconds = time.perf_counter() - start
-        inverted = invert_round(
-            inversion, target, [(r.vectors, r.weights) for r in recorded.releases],
-            null_images=split.null, max_vectors=max_vectors, generator=generator, log=log,
-        )
+        sources: list[torch.Tensor] | None = None
+        if isinstance(attack, CrossRoundAttack):
+            say(f"round {round_index}: estimating from each client's releases in the last {attack.window} rounds")
+            estimates, nulls = estimate_across_rounds(
+                attack, archive, recorded, null_images=split.null, generator=generator
+            )
+            sources = [e.source for e in estimates]
+            inverted = invert_estimates(
+                inversion, round_index, estimates, nulls, max_vectors=max_vectors, generator=generator, log=log
+            )
+        else:
+            inverted = invert_round(
+                inversion, target, [(r.vectors, r.weights) for r in recorded.releases],
+                null_images=split.null, max_vectors=max_vectors, generator=generator, log=log,
+            )
         # Only now the truth: each client whose vectors were attacked is replayed.
         say(f"round {round_index}: replaying the attacked clients for the ground truth")
         attacked = {r for r, _ in inverted.picks}
@@ -274,6 +400,8 @@ def attack_run(
             if r in attacked:
                 memory, truths, status = recorded_truth(config, recorded, release)
                 statuses[release.client] = status
+                if sources is not None:  # an estimate's truth is the members of the released vector it was read from
+                    truths = [truths[j] if j >= 0 else VectorTruth(release.client, None) for j in sources[r].tolist()]
             else:
                 memory, truths = ClientMemory(release.client, aux_images[:0], None, None), []
             truth.append(ReleaseTruth(memory, truths))
@@ -281,6 +409,8 @@ def attack_run(
             say(f"round {round_index}: members unknown for {sum(s != VERIFIED for s in statuses.values())} "
                 f"of {len(statuses)} clients ({', '.join(sorted(set(statuses.values())))}): member scores cover the rest")
         summary, figure = score_round(inverted, truth, distractors=split.distractors, single_source=single_source)
+        if sources is not None:
+            summary.update(recovery_figures(recorded, truth, estimates, nulls))
         results.append({
             "round": round_index,
             "membership": {str(client): status for client, status in sorted(statuses.items())},

@@ -90,3 +90,19 @@ def _distinct_image_rows(image_of_rep: torch.Tensor, size: int, generator: torch
             if len(rows) == size:
                 break
     return torch.tensor(rows, dtype=torch.long)
+
+
+
+def released_again(
+    target: AttackTarget, images: torch.Tensor, *, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(vectors, weights)`` the round's mechanism releases of one fresh view of each of ``images``: a
+    simulated client that holds the same images every round (the cross-round null)."""
+    mechanism = create_mechanism(target.mechanism, **target.mechanism_params)
+    if not isinstance(mechanism, ReleaseMechanism):
+        raise ValueError(f"mechanism {target.mechanism} releases nothing per client")
+    if target.centroids is not None:
+        mechanism.observe_global_centroids(target.centroids)
+    reps, _ = aux_views_and_representations(target, images, generator=generator)
+    release = mechanism.release(reps, num_centroids=target.num_local_centroids, generator=generator)
+    return release.vectors.float(), release.weights.float()

@@ -20,11 +20,12 @@ def tiny_run(out, **overrides):
     from privfed.federation.simulation import simulate
     from privfed.run.plan import plan_run
 
-    config = build_config(
+    settings = dict(
         dataset="shapes:300", num_clients=3, participation=1.0, projection_dim=16, local_epochs=1, batch_size=16,
         memory_size=32, num_local_centroids=4, num_global_centroids=8, rounds=1, secagg=False,
-        record_releases=True, out=str(out), **overrides,
+        record_releases=True, out=str(out),
     )
+    config = build_config(**{**settings, **overrides})
     simulate(plan_run(config))
     return RunDirectory(out)
 

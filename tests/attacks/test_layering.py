@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: Everything an attacker module may import: the attack interface, the mechanisms (run on auxiliary data),
 #: the image transforms clients use, and general-purpose libraries. No dataset, run directory, replay or score.
 ALLOWED = ("attacks.base", "attacks.registry", "attacks.attackers", "mechanisms", "privfed.data.augment", "privfed.errors")
-LIBRARIES = ("__future__", "abc", "collections.abc", "copy", "dataclasses", "math", "typing", "torch", "numpy")
+LIBRARIES = ("__future__", "abc", "collections.abc", "copy", "dataclasses", "math", "typing", "torch", "numpy", "scipy.optimize")
 #: Calls that read files or datasets: an attacker gets objects, never paths.
 READERS = (
     "load", "read_text", "read_bytes", "fromfile", "load_dataset", "cached_dataset", "read_round", "client_images",
