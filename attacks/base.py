@@ -109,10 +109,14 @@ class ReleaseHistory:
     rounds: tuple[int, ...]
     vectors: tuple[torch.Tensor, ...]
     weights: tuple[torch.Tensor, ...]
+    #: What the server sent in each of those rounds (its model, centroids and mechanism); empty: not given.
+    targets: tuple[AttackTarget, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.rounds or not len(self.rounds) == len(self.vectors) == len(self.weights):
             raise ValueError("a release history needs one (vectors, weights) pair per round, and at least one round")
+        if self.targets and [t.round for t in self.targets] != list(self.rounds):
+            raise ValueError("a release history's targets must be those of its rounds, in order")
 
 
 @dataclass(frozen=True)
@@ -132,5 +136,5 @@ class CrossRoundAttack(Attack):
     window: int
 
     @abc.abstractmethod
-    def estimate(self, history: ReleaseHistory) -> Estimates:
-        """The vectors to invert from one client's releases; no truth and no model, only what it received."""
+    def estimate(self, history: ReleaseHistory, aux_images: torch.Tensor) -> Estimates:
+        """The vectors to invert from one client's history, with the same uint8 auxiliary images as :meth:`fit`."""

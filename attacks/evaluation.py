@@ -185,6 +185,7 @@ class RecordedRun:
         self.directory, self.config, self.device = directory, config, device
         self.available = recorded_rounds(directory)
         self._releases: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._targets: dict[int, AttackTarget] = {}
 
     def releases(self, round_index: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         if round_index not in self._releases:
@@ -193,13 +194,19 @@ class RecordedRun:
         return self._releases[round_index]
 
     def target(self, round_index: int) -> AttackTarget:
-        return attack_target(self.config, read_round(self.directory, round_index), self.device)
+        """The round as the server sent it, built once (its model is kept: a cross-round attack reuses it)."""
+        if round_index not in self._targets:
+            self._targets[round_index] = attack_target(self.config, read_round(self.directory, round_index), self.device)
+        return self._targets[round_index]
 
     def history(self, client: int, up_to: int, window: int) -> ReleaseHistory:
         """The client's releases in the recorded rounds ``(up_to - window, up_to]`` it took part in."""
         rounds = [r for r in self.available if up_to - window < r <= up_to and client in self.releases(r)]
         pairs = [self.releases(r)[client] for r in rounds]
-        return ReleaseHistory(client, tuple(rounds), tuple(v for v, _ in pairs), tuple(w for _, w in pairs))
+        return ReleaseHistory(
+            client, tuple(rounds), tuple(v for v, _ in pairs), tuple(w for _, w in pairs),
+            tuple(self.target(r) for r in rounds),
+        )
 
 
 def estimate_across_rounds(
@@ -207,6 +214,7 @@ def estimate_across_rounds(
     run: RecordedRun,
     recorded: RecordedRound,
     *,
+    fit_images: torch.Tensor,
     null_images: torch.Tensor,
     generator: torch.Generator,
 ) -> tuple[list[Estimates], list[Estimates]]:
@@ -223,12 +231,12 @@ def estimate_across_rounds(
                 null_releases[i][round_index] = released_again(target, null_sets[i], generator=generator)
     estimates, nulls = [], []
     for history, made in zip(histories, null_releases):
-        estimates.append(attack.estimate(history))
+        estimates.append(attack.estimate(history, fit_images))
         null_history = ReleaseHistory(
             history.client, history.rounds, tuple(made[r][0] for r in history.rounds),
-            tuple(made[r][1] for r in history.rounds),
+            tuple(made[r][1] for r in history.rounds), history.targets,
         )
-        null = attack.estimate(null_history)
+        null = attack.estimate(null_history, fit_images)
         if null.vectors.shape[0] == 0:  # nothing with weight: the null inverts what the mechanism released anyway
             null = Estimates(null_history.vectors[-1], torch.full((null_history.vectors[-1].shape[0],), -1))
         nulls.append(null)
@@ -381,7 +389,7 @@ def attack_run(
         if isinstance(attack, CrossRoundAttack):
             say(f"round {round_index}: estimating from each client's releases in the last {attack.window} rounds")
             estimates, nulls = estimate_across_rounds(
-                attack, archive, recorded, null_images=split.null, generator=generator
+                attack, archive, recorded, fit_images=split.fit, null_images=split.null, generator=generator
             )
             sources = [e.source for e in estimates]
             inverted = invert_estimates(

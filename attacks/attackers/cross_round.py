@@ -18,9 +18,13 @@ as often as its weight: what a single-round attack inverts. Two releases
 whose groups differ by one image pin that image (the differencing argument
 of ``tests/mechanisms/test_kanon_differencing.py``); many rounds pin more.
 The model drifts between rounds and the client recomputes its memory from
-fresh augmentations, so the unknowns fit a blur of the rows; ``window``
-bounds how far back it reads. The estimates are inverted by a single-round
-attack (by default ``decoder``) fitted to the attacked round's model.
+fresh augmentations. The server knows every model it sent, so it first
+maps each older round's vectors into the attacked round's representation
+space: a least-squares linear map from one model's representations of
+auxiliary views to the other's (a group's sum maps as its members do);
+``decay`` still lets older rounds count less, and ``window`` bounds how far
+back it reads. The estimates are inverted by a single-round attack (by
+default ``decoder``) fitted to the attacked round's model.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from attacks.base import (
     check_settings,
 )
 from attacks.registry import get_attack_class, register_attack
+from privfed.data.augment import orchestra_views
 
 
 def capacities(weights: torch.Tensor) -> torch.Tensor:
@@ -70,6 +75,26 @@ def direction_loss(rows: torch.Tensor, vectors: torch.Tensor, assignment: torch.
     sums = torch.zeros_like(vectors).index_add(0, assignment[kept], rows[kept])
     used = torch.bincount(assignment[kept], minlength=vectors.shape[0]) > 0
     return (1 - F.cosine_similarity(sums[used], vectors[used], dim=1)).sum()
+
+
+
+@torch.no_grad()
+def representation_map(
+    source: AttackTarget, goal: AttackTarget, aux_images: torch.Tensor, *, generator: torch.Generator
+) -> torch.Tensor:
+    """``[D, D]`` least-squares map ``X`` with ``source reps @ X ≈ goal reps`` on the same auxiliary views (training
+    mode batches of the clients' batch size, as clients compute representations)."""
+    encoders = source.frozen_encoder().train(), goal.frozen_encoder().train()
+    device = goal.device
+    views = torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
+    pairs: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+    for batch in torch.randperm(aux_images.shape[0], generator=generator).split(max(goal.batch_size, 2)):
+        if batch.numel() < 2:
+            continue  # BatchNorm needs two
+        view = orchestra_views(aux_images[batch].to(device), generator=views).view1
+        for reps, encoder in zip(pairs, encoders):
+            reps.append(F.normalize(encoder(view), dim=1).double().cpu())
+    return torch.linalg.lstsq(torch.cat(pairs[0]), torch.cat(pairs[1])).solution.float()
 
 
 def unmix(
@@ -139,12 +164,17 @@ class CrossRoundUnmixing(CrossRoundAttack):
         unmix_lr: float = 0.05,
         max_rows: int = 512,
         decay: float = 0.5,
+        align: bool = True,
+        align_images: int = 1024,
         inverter: str = "decoder",
         **inverter_settings: Any,
     ) -> None:
         super().__init__(seed=seed)
         check_settings(
-            counts={"window": window, "iterations": iterations, "unmix_steps": unmix_steps, "max_rows": max_rows},
+            counts={
+                "window": window, "iterations": iterations, "unmix_steps": unmix_steps, "max_rows": max_rows,
+                "align_images": align_images,
+            },
             rates={"unmix_lr": unmix_lr}, weights={"decay": decay},
         )
         if decay > 1:
@@ -154,21 +184,42 @@ class CrossRoundUnmixing(CrossRoundAttack):
             raise ValueError(f"the inverter must be a single-round attack, not {inverter}")
         self.window, self.iterations, self.unmix_steps = int(window), int(iterations), int(unmix_steps)
         self.unmix_lr, self.max_rows, self.decay = float(unmix_lr), int(max_rows), float(decay)
+        if not isinstance(align, bool):
+            raise ValueError(f"align must be true or false, got {align!r}")
+        self.align, self.align_images = align, int(align_images)
+        # (older target, attacked target, map): targets kept so that their ids stay theirs.
+        self._maps: dict[tuple[int, int], tuple[AttackTarget, AttackTarget, torch.Tensor]] = {}
         self.inverter = inverter_class(seed=seed, **inverter_settings)
 
     def settings(self) -> dict[str, Any]:
         return {
             **super().settings(), "window": self.window, "iterations": self.iterations, "unmix_steps": self.unmix_steps,
-            "unmix_lr": self.unmix_lr, "max_rows": self.max_rows, "decay": self.decay,
+            "unmix_lr": self.unmix_lr, "max_rows": self.max_rows, "decay": self.decay, "align": self.align,
+            "align_images": self.align_images,
             "inverter": {"method": self.inverter.name, **self.inverter.settings()},
         }
 
-    def estimate(self, history: ReleaseHistory) -> Estimates:
+    def estimate(self, history: ReleaseHistory, aux_images: torch.Tensor) -> Estimates:
+        if self.align and history.targets:
+            history = self._aligned(history, aux_images)
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + history.client)
         return unmix(
             history, iterations=self.iterations, steps=self.unmix_steps, lr=self.unmix_lr, max_rows=self.max_rows,
             decay=self.decay, generator=generator,
         )
+
+    def _aligned(self, history: ReleaseHistory, aux_images: torch.Tensor) -> ReleaseHistory:
+        """The history with every older round's vectors mapped into the attacked round's representation space."""
+        goal = history.targets[-1]
+        vectors = list(history.vectors)
+        for i, source in enumerate(history.targets[:-1]):
+            key = (id(source), id(goal))
+            if key not in self._maps:
+                generator = torch.Generator().manual_seed(self.seed * 7919 + source.round)
+                images = aux_images[: self.align_images]
+                self._maps[key] = (source, goal, representation_map(source, goal, images, generator=generator))
+            vectors[i] = F.normalize(vectors[i].float() @ self._maps[key][2], dim=1)
+        return ReleaseHistory(history.client, history.rounds, tuple(vectors), history.weights, history.targets)
 
     def fit(
         self, target: AttackTarget, aux_images: torch.Tensor, *, progress: ProgressCallback | None = None

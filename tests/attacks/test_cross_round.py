@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attacks.attackers.cross_round import CrossRoundUnmixing, slot_vectors, unmix
-from attacks.base import ReleaseHistory
+from attacks.attackers.cross_round import CrossRoundUnmixing, representation_map, slot_vectors, unmix
+from attacks.base import AttackTarget, ReleaseHistory
 from attacks.registry import get_attack_class
 from attacks.scoring.vector_recovery import matched_cosine
 from mechanisms import create_mechanism
@@ -51,7 +51,7 @@ def released(memories: list[torch.Tensor], mechanism: str, seed: int, **params) 
 
 
 def estimate(history: ReleaseHistory, seed: int) -> torch.Tensor:
-    return unmix(history, decay=1.0, generator=torch.Generator().manual_seed(seed)).vectors
+    return unmix(history, decay=1.0, generator=torch.Generator().manual_seed(seed)).vectors  # no targets: no alignment
 
 
 def test_one_round_gives_back_the_released_vectors_each_as_often_as_its_weight():
@@ -102,12 +102,14 @@ def test_settings_are_checked_and_the_inverter_is_a_single_round_attack():
 def kanon_run(tmp_path_factory):
     from tests.attacks.test_attack_run import tiny_run
 
-    return tiny_run(tmp_path_factory.mktemp("cross") / "kanon", mechanism="kanon", kanon_min_k=4, rounds=3)
+    return tiny_run(
+        tmp_path_factory.mktemp("cross") / "kanon", mechanism="kanon", kanon_min_k=4, rounds=2
+    )
 
 
 def test_privfed_attack_runs_it_on_a_recorded_run_and_scores_the_estimates_against_the_memory(kanon_run, run_privfed):
     result = run_privfed(
-        "attack", str(kanon_run.path), "--method", "cross-round", "--steps", "5", "--max-vectors", "12", "--rounds", "3"
+        "attack", str(kanon_run.path), "--method", "cross-round", "--steps", "5", "--max-vectors", "12", "--rounds", "2"
     )
     assert result.returncode == 0, result.stderr
     report = json.loads((kanon_run.path / "attack.json").read_text())
@@ -117,3 +119,59 @@ def test_privfed_attack_runs_it_on_a_recorded_run_and_scores_the_estimates_again
     for name in ("psnr_best_member", "reid_rate", "matched_cosine", "single_round_matched_cosine", "null_matched_cosine"):
         assert name in row
     assert row["n_matched_cosine"] >= 1 and -1 <= row["matched_cosine"] <= 1
+
+
+class Rotated(torch.nn.Module):
+    """A tiny image encoder, its output turned by a fixed rotation: a model that moved between two rounds."""
+
+    def __init__(self, base: torch.nn.Module, rotation: torch.Tensor) -> None:
+        super().__init__()
+        self.base, self.rotation = base, rotation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) @ self.rotation
+
+
+def two_rounds_of_one_model_turned() -> tuple[AttackTarget, AttackTarget, torch.Tensor]:
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten(), torch.nn.Linear(32, 8))
+    rotation = torch.linalg.qr(torch.randn(8, 8, generator=torch.Generator().manual_seed(1)))[0]
+    common = dict(mechanism="kanon", mechanism_params={}, centroids=None, num_local_centroids=2, memory_size=16, batch_size=16)
+    return AttackTarget(round=1, encoder=base, **common), AttackTarget(round=2, encoder=Rotated(base, rotation), **common), rotation
+
+
+def test_the_map_between_two_rounds_models_is_recovered_from_auxiliary_views():
+    before, after, rotation = two_rounds_of_one_model_turned()
+    aux = torch.randint(0, 256, (128, 3, 16, 16), dtype=torch.uint8)
+    found = representation_map(before, after, aux, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(found, rotation, atol=1e-3)
+
+
+def test_estimates_read_older_rounds_in_the_attacked_rounds_space():
+    """Aligned, a history whose older round was released under the turned-back model gives the estimates of the
+    same history turned by hand; unaligned, it does not."""
+    before, after, rotation = two_rounds_of_one_model_turned()
+    memories = [m[:, :8] for m in drifting_memories(0, 2)]
+    memories = [F.normalize(m, dim=1) for m in memories]
+    by_hand = released([memories[0] @ rotation, memories[1] @ rotation], "kanon", 0)
+    received = ReleaseHistory(
+        0, (1, 2), (by_hand.vectors[0] @ rotation.T, by_hand.vectors[1]), by_hand.weights, (before, after)
+    )
+    expected = ReleaseHistory(0, (1, 2), by_hand.vectors, by_hand.weights)
+    aux = torch.randint(0, 256, (128, 3, 16, 16), dtype=torch.uint8)
+    aligned = CrossRoundUnmixing(decay=1.0).estimate(received, aux)
+    want = CrossRoundUnmixing(decay=1.0).estimate(expected, aux)
+    assert torch.allclose(aligned.vectors, want.vectors, atol=1e-2)
+    unaligned = CrossRoundUnmixing(decay=1.0, align=False).estimate(received, aux)
+    assert not torch.allclose(unaligned.vectors, want.vectors, atol=1e-2)
+
+
+def test_a_study_attacks_the_last_round_across_rounds(kanon_run):
+    from attacks.evaluation import attack_last_round
+    from privfed.studies.cell_work import attack_figures
+
+    figures = attack_last_round(
+        kanon_run.path, method="cross-round", attack_settings={"steps": 5, "iterations": 2, "unmix_steps": 5, "align_images": 64, "max_rows": 8}
+    )
+    assert figures["round"] == 2 and 0 < figures["vectors"] <= 3 * 8
+    assert attack_figures(figures)["attack_advantage_psnr"] == figures["advantage_psnr_best_member"]
