@@ -26,7 +26,7 @@ signatures (``2(t - c) > n - c``), so no node's two secrets are both revealed.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 from flwr.app import ConfigRecord, Context, Message
 from flwr.client.mod.secure_aggregation.secaggplus_mod import SecAggPlusState
@@ -73,13 +73,18 @@ class RoundView:
         )
 
     def save(self, context: Context) -> None:
-        context.state.config_records[ROUND_RECORD] = ConfigRecord(asdict(self))
+        # Each list copied once; dataclasses.asdict would deep-copy every identity at every stage.
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        record = {name: list(value) if isinstance(value, list) else value for name, value in values.items()}
+        context.state.config_records[ROUND_RECORD] = ConfigRecord(record)
 
-    def identity_of(self, node: int) -> bytes:
+    def identities_of(self, nodes: list[int]) -> list[bytes]:
+        """Each node's identity in this view, in the order given (one lookup table, not a search per node)."""
+        by_node = dict(zip(self.nodes, self.identities))
         try:
-            return self.identities[self.nodes.index(node)]
-        except ValueError:
-            raise AgreementRefused(f"node {node} is not in the cohort this node shared its keys with") from None
+            return [by_node[node] for node in nodes]
+        except KeyError as missing:
+            raise AgreementRefused(f"node {missing} is not in the cohort this node shared its keys with") from None
 
 
 def check_threshold_rule(configs: ConfigRecord, max_corrupt: int) -> None:
@@ -164,9 +169,9 @@ def check_sources(configs: ConfigRecord, context: Context) -> None:
     if len(signatures) != len(sources):
         raise AgreementRefused("the server forwards key shares without their senders' views")
     message = ids.view_message(view.digest)
-    for source, signature in zip(sources, signatures):
+    for source, identity, signature in zip(sources, view.identities_of(sources), signatures):
         try:
-            ids.verify(view.identity_of(source), signature, message)
+            ids.verify(identity, signature, message)
         except ids.IdentityError:
             raise AgreementRefused(f"neighbour {source} shared its keys in a cohort other than this node's") from None
 
@@ -197,7 +202,7 @@ def sign_survivors(configs: ConfigRecord, context: Context, trust: NodeTrust) ->
         raise AgreementRefused(f"the survivor set names {len(strangers)} node(s) that sent this node no key shares")
     if len(survivors) < view.threshold:
         raise AgreementRefused(f"{len(survivors)} survivors; this node unmasks for at least {view.threshold}")
-    identities = tuple(sorted(view.identity_of(n).decode() for n in survivors))
+    identities = tuple(sorted(identity.decode() for identity in view.identities_of(survivors)))
     trust.signed.check_and_record(SignedSurvivors(trust.run_key, view.fit_round, identities))
     view.survivors = sorted(survivors)
     view.save(context)
@@ -216,9 +221,9 @@ def check_unmask(configs: ConfigRecord, context: Context) -> None:
     if len(signers) != len(signatures) or len(set(signers)) != len(signers) or not set(signers) <= set(survivors):
         raise AgreementRefused("the unmask request's signatures do not come from distinct survivors")
     message = ids.survivors_message(view.digest, survivors)
-    for signer, signature in zip(signers, signatures):
+    for signer, identity, signature in zip(signers, view.identities_of(signers), signatures):
         try:
-            ids.verify(view.identity_of(signer), signature, message)
+            ids.verify(identity, signature, message)
         except ids.IdentityError:
             raise AgreementRefused(f"survivor {signer}'s signature on the survivor set does not verify") from None
     if len(signers) < view.threshold:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 from flwr.app import ConfigRecord, Context
 
@@ -23,7 +24,8 @@ from privfed.secagg.identity import (
     PEERS_FILE,
     IdentityError,
     NodeIdentity,
-    load_identity,
+    load_key,
+    load_peers,
     write_simulated_identities,
 )
 
@@ -138,6 +140,14 @@ class NodeTrust:
 
 
 TrustOf = Callable[[Context], NodeTrust]
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Parse(Protocol[T_co]):
+    """A file's parser (:func:`~privfed.secagg.identity.load_key`, :func:`~privfed.secagg.identity.load_peers`)."""
+
+    def __call__(self, path: Path, /, *, data: bytes | None = None) -> T_co: ...
 
 
 def node_trust(context: Context, *, state_dir: Path | None = None, run_key: int | None = None) -> NodeTrust:
@@ -151,10 +161,8 @@ def node_trust(context: Context, *, state_dir: Path | None = None, run_key: int 
             raise TrustMissing(f"set both {SECAGG_IDENTITY} and {SECAGG_PEERS} in the node config")
         key_file, peers_file = Path(str(node[SECAGG_IDENTITY])), Path(str(node[SECAGG_PEERS]))
     elif state_dir is not None and partition is not None:  # a simulation: its first node makes every node's identity
-        make_folder(state_dir)
-        with locked(state_dir / IDENTITIES_LOCK):
-            write_simulated_identities(state_dir, int(node["num-partitions"]))
         key_file, peers_file = state_dir / IDENTITY_FILE.format(int(partition)), state_dir / PEERS_FILE
+        _simulated_identities_written(state_dir, int(node["num-partitions"]), key_file, peers_file)
     else:
         raise TrustMissing(
             f"this node has no SecAgg+ identity: start it with --node-config "
@@ -163,7 +171,53 @@ def node_trust(context: Context, *, state_dir: Path | None = None, run_key: int 
     max_corrupt = max_corrupt_of(node)
     record = None if folder is None or partition is None else folder / SIGNED_FILE.format(int(partition))
     key = int(context.run_id) if run_key is None else run_key
-    return NodeTrust(load_identity(key_file, peers_file), max_corrupt, SignedRounds(record, context), key)
+    return NodeTrust(cached_identity(key_file, peers_file), max_corrupt, SignedRounds(record, context), key)
+
+
+#: Every (folder, node count) whose simulated identities this process has seen written.
+_WRITTEN: set[tuple[Path, int]] = set()
+#: What this process parsed from each key or peers file, by the file and its bytes' digest (:func:`cached_identity`).
+_PARSED: dict[tuple[Path, bytes], Any] = {}
+#: A long-lived process meets few identity files; the cache is emptied rather than left to grow past this.
+_PARSED_MAX = 1024
+
+
+def _simulated_identities_written(state_dir: Path, count: int, key_file: Path, peers_file: Path) -> None:
+    """Writes a simulation's identities unless this process saw them written and the node's own files are there.
+
+    Once per folder and process, so not every SecAgg+ message takes the lock and checks every node's file.
+    """
+    if (state_dir, count) in _WRITTEN and key_file.is_file() and peers_file.is_file():
+        return
+    make_folder(state_dir)
+    with locked(state_dir / IDENTITIES_LOCK):
+        write_simulated_identities(state_dir, count)
+    _WRITTEN.add((state_dir, count))
+
+
+def cached_identity(key_file: Path, peers_file: Path) -> NodeIdentity:
+    """:func:`~privfed.secagg.identity.load_identity`, each file parsed again only when its bytes changed.
+
+    A node reads its trust at every SecAgg+ stage, and a simulation's nodes share one peers file: parsing every
+    pinned key each time cost a round of ``n`` nodes ``n^2`` key loads per stage. Each file is still read at every
+    message, so a changed identity or pin list takes effect at the next one, as before.
+    """
+    return NodeIdentity(_parsed(key_file, load_key), _parsed(peers_file, load_peers))
+
+
+def _parsed(path: Path, parse: Parse[T]) -> T:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return parse(path)  # it says why it cannot read the file
+    cache_key = (path.absolute(), hashlib.sha256(data).digest())
+    if cache_key in _PARSED:
+        parsed: T = _PARSED[cache_key]
+        return parsed
+    if len(_PARSED) >= _PARSED_MAX:
+        _PARSED.clear()
+    _PARSED[cache_key] = parsed = parse(path, data=data)
+    return parsed
 
 
 def max_corrupt_of(node_config: Mapping[str, object]) -> int:

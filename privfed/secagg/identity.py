@@ -119,19 +119,25 @@ def survivors_message(digest: bytes, survivors: Iterable[int]) -> bytes:
 
 def load_identity(key_file: Path, peers_file: Path) -> NodeIdentity:
     """A node's identity from its OpenSSH private key and its file of pinned public keys."""
+    return NodeIdentity(load_key(key_file), load_peers(peers_file))
+
+
+def load_key(key_file: Path, *, data: bytes | None = None) -> PrivateKey:
+    """A node's signing key from its OpenSSH private key file (``data``: the file's bytes, when already read)."""
     try:
-        key = serialization.load_ssh_private_key(key_file.read_bytes(), password=None)
+        key = serialization.load_ssh_private_key(key_file.read_bytes() if data is None else data, password=None)
     except (OSError, ValueError, TypeError) as err:
         raise IdentityError(f"cannot read the SecAgg+ identity key {key_file}: {err}") from None
     if not isinstance(key, (ec.EllipticCurvePrivateKey, ed25519.Ed25519PrivateKey)):
         raise IdentityError(f"{key_file} is a {type(key).__name__}; SecAgg+ identities are ECDSA or Ed25519 keys")
-    return NodeIdentity(key, load_peers(peers_file))
+    return key
 
 
-def load_peers(peers_file: Path) -> frozenset[bytes]:
-    """The identities in a file of OpenSSH public keys (one per line; comments and blank lines skipped)."""
+def load_peers(peers_file: Path, *, data: bytes | None = None) -> frozenset[bytes]:
+    """The identities in a file of OpenSSH public keys (one per line; comments and blank lines skipped; ``data``: the
+    file's bytes, when already read)."""
     try:
-        lines = peers_file.read_bytes().splitlines()
+        lines = (peers_file.read_bytes() if data is None else data).splitlines()
     except OSError as err:
         raise IdentityError(f"cannot read the pinned SecAgg+ identities {peers_file}: {err}") from None
     pinned = set()

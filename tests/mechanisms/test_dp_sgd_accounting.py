@@ -1,6 +1,5 @@
 """DP-SGD steps in the PLD accountant, cross-checked against Opacus' own accountants."""
 
-import time
 import warnings
 
 import pytest
@@ -60,16 +59,15 @@ def test_subsampled_replacement_costs_more_than_opacus_add_remove(q, sigma, step
 
 
 def test_dp_sgd_steps_do_not_shrink_the_ledger_grid_and_stay_accurate():
-    """Connect-the-dots PLDs: a 1e-3 grid gives thousands of steps' epsilon to 0.1%."""
+    """Connect-the-dots PLDs: a 1e-3 grid gives thousands of steps' epsilon to 0.1% (its wall time:
+    benchmarks/accounting_cost.py)."""
     steps = 5000
     dp_sgd = [accounting.poisson_gaussian_privacy_event(0.01, 0.8, count=steps)]
     assert rounding_compositions(dp_sgd) == 0
     assert calibration_discretisation(1.0, rounding_compositions(dp_sgd)) == 1e-3
     release = [PrivacyEvent("discrete_laplace", {"noise_parameter": 0.5, "sensitivity": 1.0, "count": 11.0})]
     assert rounding_compositions(dp_sgd + release) == 22  # a replacement moves two counts per query
-    start = time.perf_counter()
     coarse = pld_epsilon(0.01, 0.8, steps, 1e-5, 1e-3)
-    assert time.perf_counter() - start < 2.0
     fine = pld_epsilon(0.01, 0.8, steps, 1e-5, 1e-4)
     assert fine <= coarse <= fine * 1.001
 

@@ -1,6 +1,5 @@
 import math
 import random
-import time
 
 import numpy as np
 import pytest
@@ -106,12 +105,13 @@ def test_seeded_source_reproduces_and_default_does_not_repeat():
     assert not np.array_equal(discrete_gaussian(100, sigma=10.0), discrete_gaussian(100, sigma=10.0))
 
 
-def test_sampling_is_fast():
-    """10^4 samples of each, secure source, well under a second (about 5-30 ms here)."""
-    start = time.perf_counter()
-    discrete_laplace(10_000, parameter=0.1)
-    discrete_gaussian(10_000, sigma=1000.0)
-    assert time.perf_counter() - start < 0.5
+def test_ten_thousand_samples_of_each_come_whole_from_the_secure_source():
+    """The sizes benchmarks/accounting_cost.py times (no timing here: a loaded machine would fail it)."""
+    laplace = discrete_laplace(10_000, parameter=0.1)
+    gaussian = discrete_gaussian(10_000, sigma=1000.0)
+    for samples in (laplace, gaussian):
+        assert samples.shape == (10_000,) and np.issubdtype(samples.dtype, np.integer)
+    assert np.unique(gaussian).size > 1000  # sigma 1000: spread out, not a constant
 
 
 @pytest.mark.parametrize("decay", [1e-9, 2.0**-25, 0.0, -1.0, 2.0**33, float("nan"), float("inf")])

@@ -1,7 +1,6 @@
 """DP-SGD planning: calibration against an independent PLD, option checks, the combined plan."""
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -41,9 +40,8 @@ def independent_epsilon(n: int, sigma: float, delta: float, *, batch: int, epoch
 
 
 def test_calibration_keeps_every_client_size_within_the_target_and_uses_it():
-    start = time.perf_counter()
+    """Its wall time is benchmarks/accounting_cost.py's (no timing here: a loaded machine would fail it)."""
     plan = plan_dp_sgd(client_sizes=SIZES, delta=1e-4, max_grad_norm=1.0, batch_size=32, epochs=2, rounds=12, target_epsilon=3.0)
-    assert time.perf_counter() - start < 5.0
     spent = {n: independent_epsilon(n, plan.noise_multiplier, 1e-4, batch=32, epochs=2, rounds=12) for n in set(SIZES)}
     assert max(spent.values()) <= 3.0
     assert max(spent.values()) >= 0.99 * 3.0  # the neediest size uses (almost) all of it

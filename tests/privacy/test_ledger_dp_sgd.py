@@ -1,6 +1,5 @@
 """One ledger for DP-SGD and releases: combined and per-part epsilons, checked against dp_accounting."""
 
-import time
 
 import pytest
 from dp_accounting import dp_event
@@ -78,15 +77,14 @@ def test_early_stop_look_ahead_counts_releases_only():
     assert ledger.releases(0) == 1
 
 
-def test_thousands_of_dp_sgd_steps_compose_quickly(tmp_path):
+def test_thousands_of_dp_sgd_steps_compose_to_the_accountants_epsilon(tmp_path):
+    """Its wall time is benchmarks/accounting_cost.py's (no timing here: a loaded machine would fail it)."""
     ledger = PrivacyLedger(mechanism="kanon", delta=DELTA, path=tmp_path / "ledger.jsonl")
     step = PrivacyEvent("poisson_gaussian", {"sampling_rate": 0.02, "noise_multiplier": 0.9, "count": 250.0})
     ledger.record(LedgerEntry(0, 0, "kanon", Guarantee(kind="k-anonymity", statement="", k=8), ()))
     for round_index in range(1, 21):  # 5000 steps
         ledger.record(LedgerEntry.dp_sgd(0, round_index, (step,)))
-    start = time.perf_counter()
     spent = ledger.spent(0)
-    assert time.perf_counter() - start < 2.0
     acc = pld_privacy_accountant.PLDAccountant(NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-4)
     acc.compose(dp_event.PoissonSampledDpEvent(0.02, dp_event.GaussianDpEvent(0.9)), 5000)
     assert spent == pytest.approx(acc.get_epsilon(DELTA), rel=2e-3)
