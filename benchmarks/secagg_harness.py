@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -98,7 +98,7 @@ class StandInStrategy:
     def note_replies(self, results: list) -> None:
         pass
 
-    def note_secure_sum(self, total: np.ndarray, *, num_summed: int) -> None:
+    def note_secure_sum(self, total: np.ndarray, *, num_summed: int, nodes: Collection[int] = ()) -> None:
         self.secure_sum = (total, num_summed)
 
     def close_round_without_aggregate(self, server_round: int) -> None:

@@ -393,6 +393,11 @@ class SecureSumMechanism(Mechanism):
     def combine(self, total: np.ndarray, *, centroids: torch.Tensor, num_summed: int) -> torch.Tensor:
         """The server's side: the new global centroids from the sum of ``num_summed`` shares."""
 
+    def decode(self, total: np.ndarray, *, num_cells: int, dim: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """What the server reads from the sum, as ``[num_cells, dim]`` vectors and their ``[num_cells]`` weights, for
+        ``--record-releases`` (None, the default: the mechanism does not say, and nothing of the sum is recorded)."""
+        return None
+
 
 def round_releases(mechanism: type[Mechanism] | Mechanism | None, *, train: bool) -> bool:
     """Whether a round sends anything of the clients' representations: the one place privfed asks (of the class, so

@@ -243,14 +243,24 @@ class DdpSumsMechanism(TableCalibration, SecureSumMechanism):
             noise_multiplier=self.local.noise_multiplier, sampled=self.local.sampling_rate < 1,
         )
 
+    def decode(self, total: np.ndarray, *, num_cells: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The summed table as :meth:`combine` reads it: ``[G, D]`` unit noisy per-cell sums (zero for a zero sum) and
+        ``[G]`` noisy counts, float64, in data units (:func:`decode_table`)."""
+        counts, sums = decode_table(total, num_cells=num_cells, dim=dim, modulus=self.modulus)
+        return F.normalize(sums, dim=1), torch.from_numpy(counts)
+
     def combine(self, total: np.ndarray, *, centroids: torch.Tensor, num_summed: int) -> torch.Tensor:
         """One Lloyd step from the summed tables: a cell moves when its noisy count passes 3 stds of the summed noise."""
         if num_summed < self.min_shares:
             raise ValueError(f"a sum of {num_summed} shares holds less noise than the {self.min_shares} accounted")
-        dim = centroids.shape[1]
-        counts, sums = decode_table(total, num_cells=centroids.shape[0], dim=dim, modulus=self.modulus)
+        vectors, counts = self.decode(total, num_cells=centroids.shape[0], dim=centroids.shape[1])
+        threshold = self.move_threshold(dim=centroids.shape[1], num_summed=num_summed)
+        # The step reads only each sum's direction: the unit vectors lose nothing it uses.
+        return lloyd_step(centroids, counts.numpy(), vectors, threshold=threshold, momentum=self.momentum)
+
+    def move_threshold(self, *, dim: int, num_summed: int) -> float:
+        """The noisy count a cell needs to move (public): 3 stds of the count noise in a sum of ``num_summed`` shares."""
         sampled = self.local.sampling_rate < 1
         sigma = share_sigma(self.local.noise_multiplier, min_shares=self.min_shares, dim=dim, sampled=sampled)
         count_std = sigma * math.sqrt(num_summed) / count_scale(sums_grid(dim))
-        threshold = max(THRESHOLD_STDS * count_std, 1.0)
-        return lloyd_step(centroids, counts, sums, threshold=threshold, momentum=self.momentum)
+        return max(THRESHOLD_STDS * count_std, 1.0)

@@ -36,6 +36,7 @@ def build_strategy(plan: RunPlan, driver: RunDriver, partition_of: dict[int, int
         reply_rules=ReplyRules.of(plan, driver.mechanism_class),
         secagg=plan.secagg,
         first_round=0 if driver.resume is None else driver.resume.round + 1,
+        keep_updates=config.record_releases,
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -75,9 +75,12 @@ class OrchestraStrategy(Strategy):
     def __init__(
         self, server: OrchestraServer, on_round_end: RoundHook, *, clients_per_round: int, seed: int,
         partition_of: dict[int, int] | None = None, reply_rules: ReplyRules | None = None,
-        secagg: SecAggPlusSettings | None = None, first_round: int = 0,
+        secagg: SecAggPlusSettings | None = None, first_round: int = 0, keep_updates: bool = False,
     ) -> None:
+        """``keep_updates``: hand each client's delta to the round hook (:attr:`RoundReport.updates`) where the server
+        sees it in the clear (no SecAgg+); off, only their mean outlives the aggregation."""
         self.server = server
+        self.keep_updates = keep_updates and secagg is None
         self.first_round = first_round
         self.secagg = secagg
         self.clients_per_round = clients_per_round
@@ -101,6 +104,7 @@ class OrchestraStrategy(Strategy):
         self.overflow_rounds = 0
         self.rejected_tensor_updates = 0
         self._secure_sum: SecureSum | None = None
+        self._updates: dict[int, StateDict] | None = None
 
     def orchestra_round(self, server_round: int) -> int:
         """Flower counts from 1 in every run; a resumed run's first Flower round is Orchestra round ``first_round``."""
@@ -137,6 +141,7 @@ class OrchestraStrategy(Strategy):
         self._pending = []
         self._rejected = []
         self._secure_sum = None
+        self._updates = None
         if self.stop_reason is not None:
             return []  # DefaultWorkflow skips the remaining rounds
         self._round_started = time.perf_counter()
@@ -240,9 +245,11 @@ class OrchestraStrategy(Strategy):
         """Whether each masked vector ends with a secure-sum mechanism's share."""
         return self.server.aggregator is not None
 
-    def note_secure_sum(self, total: np.ndarray, *, num_summed: int) -> None:
-        """The unmasked sum of the round's shares (the workflow splits it off the update's sum)."""
-        self._secure_sum = SecureSum(total, num_summed)
+    def note_secure_sum(self, total: np.ndarray, *, num_summed: int, nodes: Collection[int] = ()) -> None:
+        """The unmasked sum of the round's shares (the workflow splits it off the update's sum), from ``nodes``."""
+        partition_of = self.partition_of or {}
+        clients = tuple(sorted(partition_of[int(n)] for n in nodes if int(n) in partition_of))
+        self._secure_sum = SecureSum(total, num_summed, clients)
 
     def note_replies(self, results: list[tuple[ClientProxy, FitRes]]) -> None:
         """Replies that reached the server during secure aggregation (their releases are disclosed)."""
@@ -314,6 +321,11 @@ class OrchestraStrategy(Strategy):
         if self.secagg is None:
             # The checked arrays were read from the replies for this check alone; FedAvg only reads them.
             deltas = [arrays_to_state(checked.delta or [], self._keys, copy=False) for _, _, checked in results]
+            if self.keep_updates:  # the very tensors FedAvg reads, for this round's hook only
+                self._updates = {
+                    checked.client: {k: v.to(torch.float32) for k, v in delta.items()}
+                    for (_, _, checked), delta in zip(results, deltas)
+                }
             return weighted_mean(deltas, [float(checked.num_examples) for _, _, checked in results]), {}
         first = parameters_to_ndarrays(results[0][1].parameters)
         # SecAgg+ gave every reply the same aggregate; no single client's update exists here.
@@ -359,6 +371,7 @@ class OrchestraStrategy(Strategy):
             self.server.apply_round(mean_delta, [release for _, release in releases], self._secure_sum) if checked else {}
         )
         rejected, self._rejected = self._rejected, []
+        updates, self._updates = self._updates, None
         stop_reason = self.on_round_end(
             RoundReport(
                 round=self.orchestra_round(server_round),
@@ -375,6 +388,8 @@ class OrchestraStrategy(Strategy):
                 runtime_state=self.runtime_state(),
                 unusable=unusable,
                 update_dropped=dropped,
+                updates=updates,
+                secure_sum=self._secure_sum if checked else None,
             )
         )
         if stop_reason is not None:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mechanisms.base import PrivacyEvent, Release
+from privfed.orchestra.model_state import StateDict
+from privfed.orchestra.server import SecureSum
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,9 @@ class RoundReport:
         runtime_state: The runtime's state after the round (client sampling, SecAgg+ scales), opaque in resume points.
         unusable: Why no reply could be used (None: one could); the model stays and the run stops.
         update_dropped: Why a training round applied no update though replies arrived (e.g. a SecAgg+ overflow).
+        updates: Each accepted client's model delta as the server decoded it, in client order; None unless the
+            runtime was asked to keep them (``--record-releases`` with ``--no-secagg``) and the round trained.
+        secure_sum: The unmasked sum of a secure-sum mechanism's shares the server combined (None: none, or it halted).
     """
 
     round: int
@@ -41,6 +46,8 @@ class RoundReport:
     runtime_state: dict[str, Any] = field(default_factory=dict)
     unusable: str | None = None
     update_dropped: str | None = None
+    updates: dict[int, StateDict] | None = None
+    secure_sum: SecureSum | None = None
 
     @property
     def sampled(self) -> int:

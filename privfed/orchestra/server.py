@@ -26,10 +26,12 @@ from privfed.orchestra.model_state import StateDict, apply_delta, load_shared_st
 
 @dataclass(frozen=True)
 class SecureSum:
-    """The unmasked sum of a secure-sum mechanism's shares, and how many clients' shares it holds."""
+    """The unmasked sum of a secure-sum mechanism's shares, how many clients' shares it holds, and whose (client
+    ids, ascending; empty where the runtime did not say)."""
 
     total: np.ndarray
     num_summed: int
+    clients: tuple[int, ...] = ()
 
 
 class OrchestraServer:

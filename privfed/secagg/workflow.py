@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -72,7 +72,7 @@ class RoundCloser(Protocol):
     @property
     def carries_share(self) -> bool: ...
 
-    def note_secure_sum(self, total: np.ndarray, *, num_summed: int) -> None: ...
+    def note_secure_sum(self, total: np.ndarray, *, num_summed: int, nodes: Collection[int] = ()) -> None: ...
 
 
 class MaskedSum:
@@ -391,7 +391,7 @@ class _CapturingSecAggPlusWorkflow(SecAggPlusWorkflow):
             quantization_range=state.quantization_range,
         )
         if share_sum is not None:  # only once the update's sum decoded: a halted round moves no centroid either
-            self.strategy.note_secure_sum(share_sum, num_summed=len(survivors))
+            self.strategy.note_secure_sum(share_sum, num_summed=len(survivors), nodes=survivors)
         _hand_to_strategy(mean, server_round, context, state)
         return True
 

@@ -188,6 +188,22 @@ def test_shares_of_k_clients_combine_into_the_exact_lloyd_step_at_little_noise()
         mechanism.combine(total, centroids=centres, num_summed=4)
 
 
+def test_decode_gives_the_unit_sums_and_counts_combine_steps_from() -> None:
+    from mechanisms.ddp_sums import DdpSumsMechanism
+
+    centres = unit(4, 8, seed=6)
+    data = [F.normalize(centres[k % 4] + 0.1 * unit(40, 8, seed=30 + k), dim=1) for k in range(5)]
+    mechanism = DdpSumsMechanism(noise_multiplier=0.2, delta=1e-6, min_shares=5, noise_source=random.Random(3))
+    mechanism.observe_global_centroids(centres)
+    total = summed([mechanism.share(x, num_centroids=4, generator=torch.Generator()) for x in data])
+    vectors, weights = mechanism.decode(total, num_cells=4, dim=8)
+    counts, sums = decode_table(total, num_cells=4, dim=8, modulus=MODULUS)
+    assert torch.equal(weights, torch.from_numpy(counts)) and torch.equal(vectors, F.normalize(sums, dim=1))
+    threshold = mechanism.move_threshold(dim=8, num_summed=5)
+    step = lloyd_step(centres, weights.numpy(), vectors, threshold=threshold, momentum=mechanism.momentum)
+    assert torch.equal(mechanism.combine(total, centroids=centres, num_summed=5), step)
+
+
 def test_a_share_needs_the_centroids_every_client_partitions_by():
     from mechanisms.ddp_sums import DdpSumsMechanism
 
