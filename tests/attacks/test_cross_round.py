@@ -171,7 +171,8 @@ def test_a_study_attacks_the_last_round_across_rounds(kanon_run):
     from privfed.studies.cell_work import attack_figures
 
     figures = attack_last_round(
-        kanon_run.path, method="cross-round", attack_settings={"steps": 5, "iterations": 2, "unmix_steps": 5, "align_images": 64, "max_rows": 8}
+        kanon_run.path, method="cross-round",
+        attack_settings={"steps": 5, "iterations": 2, "unmix_steps": 5, "align_images": 64, "max_rows": 8},
     )
     assert figures["round"] == 2 and 0 < figures["vectors"] <= 3 * 8
     assert attack_figures(figures)["attack_advantage_psnr"] == figures["advantage_psnr_best_member"]
