@@ -179,25 +179,27 @@ def invert_round(
 
 
 class RecordedRun:
-    """A run's recorded rounds, each read once: releases kept per client, models rebuilt when a target is asked."""
+    """A run's recorded rounds, each file read once: its releases per client and its target (the model is kept: a
+    cross-round attack reads every client's history under the same models)."""
 
     def __init__(self, directory: Path, config: TrainConfig, device: torch.device) -> None:
         self.directory, self.config, self.device = directory, config, device
         self.available = recorded_rounds(directory)
-        self._releases: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._targets: dict[int, AttackTarget] = {}
+        self._rounds: dict[int, tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], AttackTarget]] = {}
+
+    def _load(self, round_index: int) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], AttackTarget]:
+        if round_index not in self._rounds:
+            recorded = read_round(self.directory, round_index)
+            releases = {r.client: (r.vectors, r.weights) for r in recorded.releases}
+            self._rounds[round_index] = releases, attack_target(self.config, recorded, self.device)
+        return self._rounds[round_index]
 
     def releases(self, round_index: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        if round_index not in self._releases:
-            recorded = read_round(self.directory, round_index)
-            self._releases[round_index] = {r.client: (r.vectors, r.weights) for r in recorded.releases}
-        return self._releases[round_index]
+        return self._load(round_index)[0]
 
     def target(self, round_index: int) -> AttackTarget:
-        """The round as the server sent it, built once (its model is kept: a cross-round attack reuses it)."""
-        if round_index not in self._targets:
-            self._targets[round_index] = attack_target(self.config, read_round(self.directory, round_index), self.device)
-        return self._targets[round_index]
+        """The round as the server sent it."""
+        return self._load(round_index)[1]
 
     def history(self, client: int, up_to: int, window: int) -> ReleaseHistory:
         """The client's releases in the recorded rounds ``(up_to - window, up_to]`` it took part in."""

@@ -18,19 +18,31 @@ def aux_views_and_representations(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``[passes * N, D]`` representations of views of every auxiliary image, and the image of each, as a
     client computes them (Orchestra's first view, training mode, batches of its batch size)."""
-    encoder = target.frozen_encoder().train()
-    device = target.device
+    (reps,), index = views_through([target], aux_images, generator=generator, passes=passes)
+    return reps, index
+
+
+@torch.no_grad()
+def views_through(
+    targets: list[AttackTarget], aux_images: torch.Tensor, *, generator: torch.Generator, passes: int = 1
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """:func:`aux_views_and_representations` under each target's encoder, the same views for all (batches of the
+    first target's batch size, on its device)."""
+    encoders = [target.frozen_encoder().train() for target in targets]
+    device, batch_size = targets[0].device, targets[0].batch_size
     aug = torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
-    reps, index = [], []
+    reps: list[list[torch.Tensor]] = [[] for _ in encoders]
+    index = []
     for _ in range(passes):
         order = torch.randperm(aux_images.shape[0], generator=generator)
-        for batch in order.split(max(target.batch_size, 2)):
+        for batch in order.split(max(batch_size, 2)):
             if batch.numel() < 2:
                 continue  # BatchNorm needs two
             view = orchestra_views(aux_images[batch].to(device), generator=aug).view1
-            reps.append(torch.nn.functional.normalize(encoder(view), dim=1).cpu())
+            for out, encoder in zip(reps, encoders):
+                out.append(torch.nn.functional.normalize(encoder(view), dim=1).cpu())
             index.append(batch)
-    return torch.cat(reps), torch.cat(index)
+    return [torch.cat(out) for out in reps], torch.cat(index)
 
 
 @dataclass(frozen=True)
@@ -52,11 +64,7 @@ def aux_releases(
     generator: torch.Generator,
 ) -> AuxReleases:
     """The round's mechanism run on ``num_memories`` memories of ``memory_size`` distinct auxiliary images."""
-    mechanism = create_mechanism(target.mechanism, **target.mechanism_params)
-    if not isinstance(mechanism, ReleaseMechanism):
-        raise ValueError(f"mechanism {target.mechanism} releases nothing per client to learn from")
-    if target.centroids is not None:
-        mechanism.observe_global_centroids(target.centroids)
+    mechanism = round_mechanism(target)
     images = to_float(aux_images)
     size = min(target.memory_size, aux_images.shape[0])
     vectors, means = [], []
@@ -98,11 +106,17 @@ def released_again(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``(vectors, weights)`` the round's mechanism releases of one fresh view of each of ``images``: a
     simulated client that holds the same images every round (the cross-round null)."""
+    mechanism = round_mechanism(target)
+    reps, _ = aux_views_and_representations(target, images, generator=generator)
+    release = mechanism.release(reps, num_centroids=target.num_local_centroids, generator=generator)
+    return release.vectors.float(), release.weights.float()
+
+
+def round_mechanism(target: AttackTarget) -> ReleaseMechanism:
+    """The round's mechanism with the run's parameters, having seen the round's global centroids."""
     mechanism = create_mechanism(target.mechanism, **target.mechanism_params)
     if not isinstance(mechanism, ReleaseMechanism):
         raise ValueError(f"mechanism {target.mechanism} releases nothing per client")
     if target.centroids is not None:
         mechanism.observe_global_centroids(target.centroids)
-    reps, _ = aux_views_and_representations(target, images, generator=generator)
-    release = mechanism.release(reps, num_centroids=target.num_local_centroids, generator=generator)
-    return release.vectors.float(), release.weights.float()
+    return mechanism

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
+from attacks.attackers.aux_releases import views_through
 from attacks.base import (
     AttackTarget,
     CrossRoundAttack,
@@ -45,7 +46,6 @@ from attacks.base import (
     check_settings,
 )
 from attacks.registry import get_attack_class, register_attack
-from privfed.data.augment import orchestra_views
 
 
 def capacities(weights: torch.Tensor) -> torch.Tensor:
@@ -78,24 +78,13 @@ def direction_loss(rows: torch.Tensor, vectors: torch.Tensor, assignment: torch.
 
 
 
-@torch.no_grad()
 def representation_map(
     source: AttackTarget, goal: AttackTarget, aux_images: torch.Tensor, *, generator: torch.Generator
 ) -> torch.Tensor:
     """``[D, D]`` least-squares map ``X`` with ``source reps @ X ≈ goal reps`` on the same auxiliary views (training
     mode batches of the clients' batch size, as clients compute representations)."""
-    encoders = source.frozen_encoder().train(), goal.frozen_encoder().train()
-    device = goal.device
-    views = torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
-    pairs: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
-    for batch in torch.randperm(aux_images.shape[0], generator=generator).split(max(goal.batch_size, 2)):
-        if batch.numel() < 2:
-            continue  # BatchNorm needs two
-        view = orchestra_views(aux_images[batch].to(device), generator=views).view1
-        for reps, encoder in zip(pairs, encoders):
-            reps.append(F.normalize(encoder(view), dim=1).double().cpu())
-    return torch.linalg.lstsq(torch.cat(pairs[0]), torch.cat(pairs[1])).solution.float()
-
+    (before, after), _ = views_through([source, goal], aux_images, generator=generator)
+    return torch.linalg.lstsq(before.double(), after.double()).solution.float()
 
 def unmix(
     history: ReleaseHistory,
