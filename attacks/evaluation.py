@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from attacks.attackers.aux_releases import aux_releases, aux_views_and_representations, released_again
+from attacks.attackers.aux_releases import aux_releases, aux_views_and_representations, released_again, summed_again
 from attacks.attackers.cross_round import slot_vectors
 from attacks.base import AttackTarget, CrossRoundAttack, Estimates, Inversion, ProgressCallback, ReleaseHistory
 from attacks.figure import save_attack_figure
@@ -29,12 +29,13 @@ from mechanisms import get_mechanism_class
 from privfed.config import TrainConfig
 from privfed.data import cached_dataset
 from privfed.data.augment import to_float
+from privfed.data.federated import FederatedSplit
 from privfed.device import resolve_device
 from privfed.errors import PrivfedError
 from privfed.methods import build_network, get_method
-from privfed.orchestra.model_state import load_shared_state
+from privfed.orchestra.model_state import StateDict, load_shared_state
 from privfed.run.directory import RunDirectory
-from privfed.run.recording import RecordedRound, read_round, recorded_rounds
+from privfed.run.recording import RecordedRound, client_state, read_round, recorded_rounds
 
 #: Auxiliary images held out of the attack's training as re-identification distractors, and as many for the null.
 DEFAULT_DISTRACTORS = 128
@@ -69,10 +70,12 @@ def attack_target(
     *,
     mechanism: str | None = None,
     mechanism_params: dict[str, Any] | None = None,
+    state: StateDict | None = None,
 ) -> AttackTarget:
-    """The round as the server knows it (another mechanism may stand in for a comparison)."""
+    """The round as the server knows it (another mechanism may stand in for a comparison; ``state``, a client's
+    model after its local training, for the round's)."""
     network = build_network(config)
-    load_shared_state(network, recorded.model_state)
+    load_shared_state(network, recorded.model_state if state is None else state)
     return AttackTarget(
         round=recorded.round,
         encoder=get_method(config.method).encoder(network),
@@ -151,31 +154,46 @@ def null_vectors(
     return pool[torch.randint(pool.shape[0], (count,), generator=generator)]
 
 
+@dataclass(frozen=True, eq=False)
+class RoundModel:
+    """A model the attack inverts with, and its inversion (the round's, or one client's after local training)."""
+
+    target: AttackTarget
+    inversion: Inversion
+
+
 def invert_round(
-    inversion: Inversion,
-    target: AttackTarget,
+    models: list[RoundModel],
     releases: list[tuple[torch.Tensor, torch.Tensor]],
     *,
     null_images: torch.Tensor,
     max_vectors: int,
     generator: torch.Generator,
+    null_vectors_of: Callable[[AttackTarget, int], torch.Tensor] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Inverted:
-    """Inverts up to ``max_vectors`` released vectors (``(vectors, weights)`` per release) and as many nulls.
+    """Inverts up to ``max_vectors`` released vectors (``(vectors, weights)`` per release, each with its model) and
+    as many nulls, each made and inverted under its vector's model (by default :func:`null_vectors`).
 
     Raises:
         PrivfedError: no released vector carries weight.
     """
     picks = selected_vectors([w for _, w in releases], max_vectors, generator)
+    round_index = models[0].target.round
     if not picks:
-        raise PrivfedError(f"round {target.round} has no released vector with weight to attack")
-    vectors = torch.stack([releases[r][0][j].float() for r, j in picks])
+        raise PrivfedError(f"round {round_index} has no released vector with weight to attack")
+    make_nulls = null_vectors_of or (lambda target, count: null_vectors(target, null_images, count, generator))
     if log is not None:
-        log(f"round {target.round}: inverting {len(picks)} released vectors, then as many null vectors")
-    reconstructions = inversion(vectors)
-    nulls = inversion(null_vectors(target, null_images, len(picks), generator))
-    return Inverted(picks, reconstructions, nulls)
-
+        log(f"round {round_index}: inverting {len(picks)} released vectors, then as many null vectors")
+    reconstructions: dict[int, torch.Tensor] = {}
+    nulls: dict[int, torch.Tensor] = {}
+    for model in dict.fromkeys(models[r] for r, _ in picks):  # each model once, in the order first picked
+        mine = [i for i, (r, _) in enumerate(picks) if models[r] is model]
+        vectors = torch.stack([releases[picks[i][0]][0][picks[i][1]].float() for i in mine])
+        reconstructions.update(zip(mine, model.inversion(vectors)))
+        nulls.update(zip(mine, model.inversion(make_nulls(model.target, len(mine)))))
+    order = range(len(picks))
+    return Inverted(picks, torch.stack([reconstructions[i] for i in order]), torch.stack([nulls[i] for i in order]))
 
 
 class RecordedRun:
@@ -302,27 +320,42 @@ def score_round(
 
 
 
+def by_client_size(
+    inverted: Inverted, truth: list[ReleaseTruth], memory_size: int, **scoring: Any
+) -> dict[str, dict[str, Any]]:
+    """:func:`score_round`'s summary for the vectors of clients with fewer images than ``memory_size`` (their
+    memory holds every image, every round) and for the rest."""
+    out = {}
+    for name, keep in (("fewer_images_than_memory", True), ("at_least_memory_images", False)):
+        mine = [i for i, (r, _) in enumerate(inverted.picks) if (truth[r].memory.images.shape[0] < memory_size) == keep]
+        if mine:
+            part = Inverted([inverted.picks[i] for i in mine], inverted.reconstructions[mine], inverted.nulls[mine])
+            out[name] = score_round(part, truth, **scoring)[0]
+    return out
+
+
 def recovery_figures(
     recorded: RecordedRound, truth: list[ReleaseTruth], estimates: list[Estimates], nulls: list[Estimates]
 ) -> dict[str, Any]:
     """Matched cosine (:mod:`attacks.scoring.vector_recovery`) to each replayed memory of the cross-round
     estimates, of the round's own release (each vector repeated by its weight: what one round gives) and of the
-    null estimates; clients whose memory is not known are left out."""
-    rows: dict[str, list[float]] = {"matched_cosine": [], "single_round_matched_cosine": [], "null_matched_cosine": []}
+    null estimates, with each client's figures (and its number of images); clients whose memory is not known are
+    left out."""
+    names = ("matched_cosine", "single_round_matched_cosine", "null_matched_cosine")
+    clients: list[dict[str, float]] = []
     for release, known, estimate, null in zip(recorded.releases, truth, estimates, nulls):
         memory = known.memory.memory
         single = release.vectors[slot_vectors(release.weights)]
         if memory is None or not all(x.shape[0] for x in (memory, estimate.vectors, single, null.vectors)):
             continue
-        rows["matched_cosine"].append(matched_cosine(estimate.vectors, memory))
-        rows["single_round_matched_cosine"].append(matched_cosine(single, memory))
-        rows["null_matched_cosine"].append(matched_cosine(null.vectors, memory))
-    if not rows["matched_cosine"]:
+        values = (matched_cosine(v, memory) for v in (estimate.vectors, single, null.vectors))
+        clients.append({"client": release.client, "images": known.memory.images.shape[0], **dict(zip(names, values))})
+    if not clients:
         return {}
-    out: dict[str, Any] = {"n_matched_cosine": len(rows["matched_cosine"])}
-    for name, values in rows.items():
-        out[name], out[f"{name}_ci95"] = mean_interval(values)
-    return out
+    out: dict[str, Any] = {"n_matched_cosine": len(clients)}
+    for name in names:
+        out[name], out[f"{name}_ci95"] = mean_interval([c[name] for c in clients])
+    return {**out, "matched_cosine_per_client": clients}
 
 
 def _private_image(truth: VectorTruth, client_images: torch.Tensor) -> torch.Tensor:
@@ -331,6 +364,90 @@ def _private_image(truth: VectorTruth, client_images: torch.Tensor) -> torch.Ten
     if truth.members is None or truth.members.numel() == 0:
         return torch.zeros_like(images[0])
     return images[truth.members].mean(dim=0)
+
+
+def fitted_client_models(
+    attack: Any,
+    config: TrainConfig,
+    recorded: RecordedRound,
+    round_model: RoundModel,
+    fit_images: torch.Tensor,
+    *,
+    progress: ProgressCallback | None,
+    say: Callable[[str], None],
+) -> list[RoundModel]:
+    """Per release, the attack fitted to the model its client ended the round with.
+
+    Raises:
+        PrivfedError: the round kept no client's update (SecAgg+, round 0, or a recording from before updates).
+    """
+    if not recorded.updates or not any(r.client in recorded.updates for r in recorded.releases):
+        raise PrivfedError(
+            f"round {recorded.round} kept no client's update (trained under SecAgg+, round 0, or recorded before "
+            "updates were kept): client models need a --no-secagg run recorded with --record-releases"
+        )
+    models = []
+    for release in recorded.releases:
+        state = client_state(recorded, release.client)
+        if state is None:  # no update from this client: the model it started from is all the server knows
+            models.append(round_model)
+            continue
+        say(f"round {recorded.round}: fitting on client {release.client}'s model after its local training")
+        target = attack_target(config, recorded, round_model.target.device, state=state)
+        models.append(RoundModel(target, attack.fit(target, fit_images, progress=progress)))
+    return models
+
+
+def replayed_truths(
+    config: TrainConfig, recorded: RecordedRound, attacked: set[int], *, empty: torch.Tensor
+) -> tuple[list[ReleaseTruth], dict[int, str]]:
+    """Each release's truth (the attacked ones replayed, the rest empty) and how each replayed one's was found."""
+    truth, statuses = [], {}
+    for r, release in enumerate(recorded.releases):
+        if r in attacked:
+            memory, truths, statuses[release.client] = recorded_truth(config, recorded, release)
+        else:
+            memory, truths = ClientMemory(release.client, empty, None, None), []
+        truth.append(ReleaseTruth(memory, truths))
+    return truth, statuses
+
+
+#: How membership is known for a secure sum's vectors.
+SUMMED = "unknown: a secure sum mixes every summed client's rows"
+
+
+def _attack_secure_sum(
+    round_model: RoundModel,
+    recorded: RecordedRound,
+    config: TrainConfig,
+    split: AuxiliarySplit,
+    *,
+    max_vectors: int,
+    generator: torch.Generator,
+    log: Callable[[str], None] | None,
+) -> tuple[dict[str, Any], list[tuple[torch.Tensor, ...]], dict[str, str]]:
+    """The decoded secure sum attacked as one release; scored against every summed client's images, and its null
+    the sum of as many simulated clients holding memories of the held-out auxiliary images."""
+    summed = recorded.secure_sum
+    assert summed is not None  # the caller's check
+    size = min(config.memory_size, split.null.shape[0])
+
+    def null_pool(target: AttackTarget, count: int) -> torch.Tensor:
+        memories = [split.null[torch.randperm(split.null.shape[0], generator=generator)[:size]] for _ in summed.clients]
+        vectors, weights = summed_again(target, memories, generator=generator)
+        pool = vectors[weights > 0] if bool((weights > 0).any()) else vectors
+        return pool[torch.randint(pool.shape[0], (count,), generator=generator)]
+
+    inverted = invert_round(
+        [round_model], [(summed.vectors, summed.weights)], null_images=split.null, max_vectors=max_vectors,
+        generator=generator, null_vectors_of=null_pool, log=log,
+    )
+    federated = FederatedSplit.of(config)
+    images = torch.cat([federated.client_images(c) for c in summed.clients])
+    memory = ClientMemory(-1, images, None, None)
+    truths = [VectorTruth(-1, None) for _ in range(summed.vectors.shape[0])]
+    summary, figure = score_round(inverted, [ReleaseTruth(memory, truths)], distractors=split.distractors, single_source=False)
+    return summary, figure, {f"secure sum of clients {', '.join(map(str, summed.clients))}": SUMMED}
 
 
 def attack_run(
@@ -344,14 +461,21 @@ def attack_run(
     max_vectors: int = 200,
     distractors: int = DEFAULT_DISTRACTORS,
     attack_settings: dict[str, Any] | None = None,
+    client_models: bool = False,
     progress: ProgressCallback | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Attacks a recorded run's rounds; writes ``attack.json`` and ``attack.png`` into the run directory.
 
+    ``client_models`` inverts each release with its client's model after local training (fitting the attack once
+    per client), where the recording kept the client's update (``--no-secagg``). A cross-round attack also reports
+    the single-round attack with the same fit (``single_round``); a secure sum (``ddp-sums``) is attacked as one
+    release of the summed clients.
+
     Raises:
         PrivfedError: an unknown attack, a run recorded without ``--record-releases``,
-            a round not recorded or without anything to attack, overlapping auxiliary data.
+            a round not recorded or without anything to attack, overlapping auxiliary data,
+            ``client_models`` with a cross-round attack or on a round without recorded updates.
     """
     attack_class = get_attack_class(method)
     run = RunDirectory(run_dir)
@@ -367,6 +491,8 @@ def attack_run(
     if missing:
         raise PrivfedError(f"rounds {missing} were not recorded (recorded: {available[0]}..{available[-1]})")
     attack = attack_class(seed=seed, **(attack_settings or {}))
+    if client_models and isinstance(attack, CrossRoundAttack):
+        raise PrivfedError(f"{method} estimates in the round model's space: it cannot invert with client models")
     torch_device = resolve_device(device)
     say = log or (lambda _: None)
     say(f"attacking {run_dir} with {method}, round(s) {', '.join(map(str, chosen))}: loading the auxiliary data")
@@ -380,53 +506,77 @@ def attack_run(
         start = time.perf_counter()
         recorded = read_round(run.releases, round_index)
         params = recorded.mechanism_params
-        if not recorded.releases or all(r.vectors.shape[0] == 0 for r in recorded.releases):
+        summed = recorded.secure_sum is not None and not recorded.releases
+        if not summed and (not recorded.releases or all(r.vectors.shape[0] == 0 for r in recorded.releases)):
             raise PrivfedError(f"round {round_index} holds no released vectors")
+        if summed and isinstance(attack, CrossRoundAttack):
+            raise PrivfedError(f"{config.release_mechanism} releases nothing per client to read across rounds: "
+                               "attack its secure sum with a single-round method")
         # The attacker's part: the round's public target, auxiliary images and the releases, nothing else.
         target = attack_target(config, recorded, torch_device)
         say(f"round {round_index}: fitting {method} on {split.fit.shape[0]} auxiliary images ({aux_name})")
-        inversion = attack.fit(target, split.fit, progress=progress)
+        round_model = RoundModel(target, attack.fit(target, split.fit, progress=progress))
         fit_seconds = time.perf_counter() - start
-        sources: list[torch.Tensor] | None = None
-        if isinstance(attack, CrossRoundAttack):
-            say(f"round {round_index}: estimating from each client's releases in the last {attack.window} rounds")
-            estimates, nulls = estimate_across_rounds(
-                attack, archive, recorded, fit_images=split.fit, null_images=split.null, generator=generator
-            )
-            sources = [e.source for e in estimates]
-            inverted = invert_estimates(
-                inversion, round_index, estimates, nulls, max_vectors=max_vectors, generator=generator, log=log
+        releases = [(r.vectors, r.weights) for r in recorded.releases]
+        models = [round_model] * len(releases)
+        if client_models:
+            models = fitted_client_models(attack, config, recorded, round_model, split.fit, progress=progress, say=say)
+        extra: dict[str, Any] = {}
+        counted = releases
+        if recorded.secure_sum is not None and summed:
+            counted = [(recorded.secure_sum.vectors, recorded.secure_sum.weights)]
+            summary, figure, statuses = _attack_secure_sum(
+                round_model, recorded, config, split, max_vectors=max_vectors, generator=generator, log=log
             )
         else:
-            inverted = invert_round(
-                inversion, target, [(r.vectors, r.weights) for r in recorded.releases],
-                null_images=split.null, max_vectors=max_vectors, generator=generator, log=log,
+            single = invert_round(
+                models, releases, null_images=split.null, max_vectors=max_vectors, generator=generator, log=log
             )
-        # Only now the truth: each client whose vectors were attacked is replayed.
-        say(f"round {round_index}: replaying the attacked clients for the ground truth")
-        attacked = {r for r, _ in inverted.picks}
-        truth, statuses = [], {}
-        for r, release in enumerate(recorded.releases):
-            if r in attacked:
-                memory, truths, status = recorded_truth(config, recorded, release)
-                statuses[release.client] = status
-                if sources is not None:  # an estimate's truth is the members of the released vector it was read from
-                    truths = [truths[j] if j >= 0 else VectorTruth(release.client, None) for j in sources[r].tolist()]
-            else:
-                memory, truths = ClientMemory(release.client, aux_images[:0], None, None), []
-            truth.append(ReleaseTruth(memory, truths))
+            estimated: tuple[Inverted, list[Estimates], list[Estimates]] | None = None
+            if isinstance(attack, CrossRoundAttack):
+                say(f"round {round_index}: estimating from each client's releases in the last {attack.window} rounds")
+                estimates, nulls = estimate_across_rounds(
+                    attack, archive, recorded, fit_images=split.fit, null_images=split.null, generator=generator
+                )
+                inverted = invert_estimates(
+                    round_model.inversion, round_index, estimates, nulls,
+                    max_vectors=max_vectors, generator=generator, log=log,
+                )
+                estimated = inverted, estimates, nulls
+            # Only now the truth: each client whose vectors were attacked is replayed.
+            say(f"round {round_index}: replaying the attacked clients for the ground truth")
+            attacked = {r for r, _ in single.picks} | ({r for r, _ in estimated[0].picks} if estimated else set())
+            truth, replayed = replayed_truths(config, recorded, attacked, empty=aux_images[:0])
+            statuses = {str(client): status for client, status in sorted(replayed.items())}
+            summary, figure = score_round(single, truth, distractors=split.distractors, single_source=single_source)
+            summary["by_client_size"] = by_client_size(
+                single, truth, config.memory_size, distractors=split.distractors, single_source=single_source
+            )
+            if estimated is not None:
+                inverted, estimates, nulls = estimated
+                read_from = [  # an estimate's truth is the members of the released vector it was read from
+                    ReleaseTruth(t.memory, [t.truths[j] if j >= 0 else VectorTruth(t.memory.client, None)
+                                            for j in e.source.tolist()] if t.truths else [])
+                    for t, e in zip(truth, estimates)
+                ]
+                extra["single_round"] = summary
+                summary, figure = score_round(inverted, read_from, distractors=split.distractors, single_source=single_source)
+                summary["by_client_size"] = by_client_size(
+                    inverted, read_from, config.memory_size, distractors=split.distractors, single_source=single_source
+                )
+                summary.update(recovery_figures(recorded, read_from, estimates, nulls))
         if any(s != VERIFIED for s in statuses.values()):
             say(f"round {round_index}: members unknown for {sum(s != VERIFIED for s in statuses.values())} "
                 f"of {len(statuses)} clients ({', '.join(sorted(set(statuses.values())))}): member scores cover the rest")
-        summary, figure = score_round(inverted, truth, distractors=split.distractors, single_source=single_source)
-        if sources is not None:
-            summary.update(recovery_figures(recorded, truth, estimates, nulls))
         results.append({
             "round": round_index,
-            "membership": {str(client): status for client, status in sorted(statuses.items())},
+            "membership": statuses,
             **summary,
-            "vectors_released": sum(r.vectors.shape[0] for r in recorded.releases),
-            "vectors_with_weight": sum(int((r.weights > 0).sum()) for r in recorded.releases),
+            **extra,
+            "models": "each client's own after local training, where its update was recorded" if client_models
+            else "the round's, as the server sent it",
+            "vectors_released": sum(int(v.shape[0]) for v, _ in counted),
+            "vectors_with_weight": sum(int((w > 0).sum()) for _, w in counted),
             "fit_seconds": fit_seconds,
             "seconds": time.perf_counter() - start,
         })

@@ -33,6 +33,7 @@ from attacks import get_attack_class
 from attacks.evaluation import (
     DEFAULT_DISTRACTORS,
     ReleaseTruth,
+    RoundModel,
     attack_target,
     invert_round,
     load_auxiliary,
@@ -100,7 +101,7 @@ def compare_round(run_dir: Path, round_index: int, args: argparse.Namespace) -> 
             start = time.perf_counter()
             try:
                 inverted = invert_round(
-                    inversions[key], target, releases, null_images=split.null, max_vectors=args.max_vectors,
+                    [RoundModel(target, inversions[key])] * len(releases), releases, null_images=split.null, max_vectors=args.max_vectors,
                     generator=torch.Generator().manual_seed(args.seed),
                 )
                 summary, _ = score_round(inverted, truth, distractors=split.distractors, single_source=single_source)

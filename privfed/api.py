@@ -267,6 +267,7 @@ def attack(
     max_vectors: int = 200,
     seed: int = 0,
     device: str = DEFAULTS.device,
+    client_models: bool = False,
     progress: AttackProgress | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -274,7 +275,8 @@ def attack(
 
     The run must have been trained with ``record_releases=True``; writes ``attack.json`` and ``attack.png`` into it.
     Options as ``privfed attack --help`` tells them; ``settings`` are further keyword arguments of the attack's class
-    (``steps`` wins over one there), ``progress`` hears its training (nothing is printed).
+    (``steps`` wins over one there), ``progress`` hears its training (nothing is printed); ``client_models`` inverts
+    with each client's model after local training where a ``--no-secagg`` run recorded its update.
 
     Returns:
         ``attack.json``'s content: per round, the reconstructions' scores beside the null's.
@@ -299,7 +301,8 @@ def attack(
     try:
         return attack_run(
             path, method=method, aux=aux, rounds=None if rounds is None else sorted(set(rounds)), device=device,
-            seed=seed, max_vectors=max_vectors, attack_settings=attack_settings or None, progress=progress, log=log,
+            seed=seed, max_vectors=max_vectors, attack_settings=attack_settings or None, client_models=client_models,
+            progress=progress, log=log,
         )
     except (MemoryError, torch.OutOfMemoryError):
         raise PrivfedError("out of memory: attack fewer vectors (max_vectors, --max-vectors) or use a larger device") from None

@@ -281,8 +281,8 @@ def _parse_rounds(text: str | None) -> list[int] | None:
 def attack(
     run_dir: Path = typer.Argument(..., help="A run directory trained with --record-releases."),
     method: str = typer.Option(..., "--method", click_type=RegistryChoice("attack", attack_names), help=(
-        "Attack: decoder, decoder-releases (mechanism-aware) or optimization (see `privfed "
-        "attacks`)."
+        "Attack: decoder, decoder-releases (mechanism-aware), optimization, or cross-round "
+        "(reads every round's releases; see `privfed attacks`)."
     )),
     aux: str | None = typer.Option(None, "--aux", help=(
         "Auxiliary data the server holds (its test split); must share no image with the clients. "
@@ -301,6 +301,10 @@ def attack(
         "The attack's step budget: decoder training steps, or optimisation steps per vector. "
         "[default: the attack's own, 2000 / 200]"
     )),
+    client_models: bool = typer.Option(False, "--client-models", help=(
+        "Invert each release with its client's model after local training (one fit per client), "
+        "from the updates a --no-secagg run recorded."
+    )),
 ) -> None:
     """Invert a run's recorded releases as a semi-honest server would; writes RUN_DIR/attack.json and attack.png."""
     check_seed("--seed", seed)
@@ -308,7 +312,8 @@ def attack(
     try:
         result = api.attack(
             run_dir, method=method, aux=aux, rounds=_parse_rounds(rounds), device=device, seed=seed,
-            max_vectors=max_vectors, steps=steps, progress=view.attack_step, log=view.echo,
+            max_vectors=max_vectors, steps=steps, client_models=client_models, progress=view.attack_step,
+            log=view.echo,
         )
     finally:
         view.close()
@@ -317,6 +322,9 @@ def attack(
         for name in ("psnr_source", "psnr_best_member", "psnr_best_client", "reid_rate"):
             if name in row:
                 parts.append(f"{name} {row[name]:.3f} (null {row['null_' + name]:.3f})")
+        if "matched_cosine" in row:
+            parts.append(f"matched_cosine {row['matched_cosine']:.3f} (one round {row['single_round_matched_cosine']:.3f}, "
+                         f"null {row['null_matched_cosine']:.3f})")
         typer.echo("  ".join(parts))
     typer.echo(f"wrote {run_dir / 'attack.json'} and {run_dir / 'attack.png'}")
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from attacks.base import AttackTarget
-from mechanisms import ReleaseMechanism, create_mechanism
+from mechanisms import ReleaseMechanism, SecureSumMechanism, create_mechanism
 from privfed.data.augment import orchestra_views, to_float
 
 
@@ -120,3 +121,28 @@ def round_mechanism(target: AttackTarget) -> ReleaseMechanism:
     if target.centroids is not None:
         mechanism.observe_global_centroids(target.centroids)
     return mechanism
+
+
+def summed_again(
+    target: AttackTarget, memories: list[torch.Tensor], *, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(vectors, weights)`` the server decodes from a secure sum of simulated clients, one per uint8 memory of
+    auxiliary images, each sending the round's share (its own noise included): a secure sum's null."""
+    mechanism = create_mechanism(target.mechanism, **target.mechanism_params)
+    if not isinstance(mechanism, SecureSumMechanism) or target.centroids is None:
+        raise ValueError(f"mechanism {target.mechanism} sends no secure sum in round {target.round}")
+    mechanism.observe_global_centroids(target.centroids)
+    modulus = int(target.mechanism_params["modulus"])
+    total: np.ndarray | None = None
+    for images in memories:
+        reps, _ = aux_views_and_representations(target, images, generator=generator)
+        share = mechanism.share(reps, num_centroids=target.num_local_centroids, generator=generator).astype(np.int64)
+        total = share % modulus if total is None else (total + share) % modulus
+    if total is None:
+        raise ValueError("a secure sum needs at least one share")
+    cells, dim = target.centroids.shape
+    decoded = mechanism.decode(total, num_cells=cells, dim=dim)
+    if decoded is None:
+        raise ValueError(f"mechanism {target.mechanism} does not say what the server reads from its sum")
+    return decoded[0].float(), decoded[1].float()
+

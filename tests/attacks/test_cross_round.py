@@ -119,6 +119,16 @@ def test_privfed_attack_runs_it_on_a_recorded_run_and_scores_the_estimates_again
     for name in ("psnr_best_member", "reid_rate", "matched_cosine", "single_round_matched_cosine", "null_matched_cosine"):
         assert name in row
     assert row["n_matched_cosine"] >= 1 and -1 <= row["matched_cosine"] <= 1
+    # The single-round attack with the same fit, on the round's own release, for a paired comparison.
+    single = row["single_round"]
+    assert single["vectors"] == 12 and {"psnr_best_member", "null_psnr_best_member", "reid_rate"} <= set(single)
+    assert "matched_cosine " in result.stdout and "one round" in result.stdout
+    # Split by whether a client's images all fit in its memory (then its memory is the same images every round).
+    groups = row["by_client_size"]
+    assert groups and set(groups) <= {"fewer_images_than_memory", "at_least_memory_images"}
+    assert sum(g["vectors"] for g in groups.values()) == row["vectors"]
+    per_client = row["matched_cosine_per_client"]
+    assert len(per_client) == row["n_matched_cosine"] and all(c["images"] > 0 for c in per_client)
 
 
 class Rotated(torch.nn.Module):

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from attacks.base import AttackTarget
-from attacks.evaluation import ReleaseTruth, invert_round, score_round, selected_vectors, split_auxiliary
+from attacks.evaluation import ReleaseTruth, RoundModel, invert_round, score_round, selected_vectors, split_auxiliary
 from attacks.scoring.ground_truth import ClientMemory, VectorTruth
 from privfed.errors import PrivfedError
 
@@ -41,7 +41,7 @@ def test_an_inversion_that_ignores_the_release_has_no_advantage_over_the_null():
     vectors = torch.nn.functional.normalize(torch.randn(4, 16), dim=1)
     grey = torch.full((1, 3, 32, 32), 0.5)
     inverted = invert_round(
-        lambda v: grey.expand(len(v), -1, -1, -1), target, [(vectors, torch.full((4,), 5.0))],
+        [RoundModel(target, lambda v: grey.expand(len(v), -1, -1, -1))], [(vectors, torch.full((4,), 5.0))],
         null_images=split.null, max_vectors=10, generator=torch.Generator().manual_seed(0),
     )
     truth = [ReleaseTruth(ClientMemory(0, client, None, None), [VectorTruth(0, torch.arange(5 * j, 5 * j + 5)) for j in range(4)])]
@@ -56,6 +56,6 @@ def test_a_round_whose_vectors_are_all_padding_is_refused_before_anything_runs()
     target = kanon_target()
     with pytest.raises(PrivfedError, match="round 3 has no released vector with weight"):
         invert_round(
-            lambda v: pytest.fail("the attack ran"), target, [(torch.randn(4, 16), torch.zeros(4))],
+            [RoundModel(target, lambda v: pytest.fail("the attack ran"))], [(torch.randn(4, 16), torch.zeros(4))],
             null_images=uint8_images(8, 3), max_vectors=10, generator=torch.Generator(),
         )
