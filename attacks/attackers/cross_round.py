@@ -2,8 +2,10 @@
 
 One release of weighted summaries (``kanon`` centroids, noisy sums) hides
 each image among the rows it was summed with. A client takes part in many
-rounds, and its memory holds mostly the same images each time, grouped
-differently: each round is one more set of equations on the same unknowns.
+rounds, and its releases summarise overlapping sets of its images, grouped
+differently: each round is one more set of equations on shared unknowns (a
+memory of the last batches shares about ``memory_size / n`` of a larger
+client's ``n`` images between rounds; a secret sample reads all of them).
 The estimator treats the client's memory as ``n`` unknown unit vectors
 (``n`` from the attacked round's weights, which count rows), and alternates
 

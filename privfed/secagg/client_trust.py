@@ -176,8 +176,9 @@ def node_trust(context: Context, *, state_dir: Path | None = None, run_key: int 
 
 #: Every (folder, node count) whose simulated identities this process has seen written.
 _WRITTEN: set[tuple[Path, int]] = set()
-#: What this process parsed from each key or peers file, by the file and its bytes' digest (:func:`cached_identity`).
-_PARSED: dict[tuple[Path, bytes], Any] = {}
+#: What this process parsed from each key or peers file, by the file, its bytes' digest and the parser (one file may be
+#: named as both: :func:`cached_identity`).
+_PARSED: dict[tuple[Path, bytes, Any], Any] = {}
 #: A long-lived process meets few identity files; the cache is emptied rather than left to grow past this.
 _PARSED_MAX = 1024
 
@@ -210,7 +211,7 @@ def _parsed(path: Path, parse: Parse[T]) -> T:
         data = path.read_bytes()
     except OSError:
         return parse(path)  # it says why it cannot read the file
-    cache_key = (path.absolute(), hashlib.sha256(data).digest())
+    cache_key = (path.absolute(), hashlib.sha256(data).digest(), parse)
     if cache_key in _PARSED:
         parsed: T = _PARSED[cache_key]
         return parsed

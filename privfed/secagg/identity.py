@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
@@ -146,7 +147,7 @@ def load_peers(peers_file: Path, *, data: bytes | None = None) -> frozenset[byte
             continue
         try:
             key = serialization.load_ssh_public_key(b" ".join(line.split()[:2]))
-        except (ValueError, TypeError, IndexError):
+        except (ValueError, TypeError, IndexError, UnsupportedAlgorithm):
             raise IdentityError(f"{peers_file} holds a line that is not an OpenSSH public key") from None
         pinned.add(key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
     if not pinned:

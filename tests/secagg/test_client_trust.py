@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from cryptography.hazmat.primitives import serialization
 from flwr.app import Context, RecordDict
@@ -76,4 +78,19 @@ def test_a_node_whose_identity_file_is_unreadable_is_refused_with_the_file_named
     node = Context(run_id=1, node_id=1, state=RecordDict(), run_config={},
                    node_config={SECAGG_IDENTITY: str(tmp_path / "missing"), SECAGG_PEERS: str(tmp_path / "peers")})
     with pytest.raises(ids.IdentityError, match="missing"):
+        node_trust(node)
+
+
+def test_a_node_whose_peers_setting_names_its_key_file_is_refused_as_a_file_of_no_public_key(tmp_path: Path) -> None:
+    """The parse cache is keyed by what parsed a file too: the key parsed from these bytes is no pin list."""
+    ids.write_simulated_identities(tmp_path, 2)
+    key_file = tmp_path / ids.IDENTITY_FILE.format(0)
+    node = Context(
+        run_id=1,
+        node_id=1,
+        state=RecordDict(),
+        run_config={},
+        node_config={SECAGG_IDENTITY: str(key_file), SECAGG_PEERS: str(key_file)},
+    )
+    with pytest.raises(ids.IdentityError, match="not an OpenSSH public key"):
         node_trust(node)
