@@ -18,7 +18,7 @@ import torch
 
 from attacks.attackers.aux_releases import aux_releases, aux_views_and_representations, released_again, summed_again
 from attacks.attackers.cross_round import slot_vectors
-from attacks.base import AttackTarget, CrossRoundAttack, Estimates, Inversion, ProgressCallback, ReleaseHistory
+from attacks.base import Attack, AttackTarget, CrossRoundAttack, Estimates, Inversion, ProgressCallback, ReleaseHistory
 from attacks.figure import save_attack_figure
 from attacks.registry import get_attack_class
 from attacks.scoring.ground_truth import VERIFIED, ClientMemory, VectorTruth, recorded_truth, training_images
@@ -367,7 +367,7 @@ def _private_image(truth: VectorTruth, client_images: torch.Tensor) -> torch.Ten
 
 
 def fitted_client_models(
-    attack: Any,
+    attack: Attack,
     config: TrainConfig,
     recorded: RecordedRound,
     round_model: RoundModel,

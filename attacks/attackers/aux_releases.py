@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from attacks.base import AttackTarget
-from mechanisms import ReleaseMechanism, SecureSumMechanism, create_mechanism
+from mechanisms import Mechanism, ReleaseMechanism, SecureSumMechanism, create_mechanism
 from privfed.data.augment import orchestra_views, to_float
 
 
@@ -115,9 +115,14 @@ def released_again(
 
 def round_mechanism(target: AttackTarget) -> ReleaseMechanism:
     """The round's mechanism with the run's parameters, having seen the round's global centroids."""
-    mechanism = create_mechanism(target.mechanism, **target.mechanism_params)
+    mechanism = _observed(target)
     if not isinstance(mechanism, ReleaseMechanism):
         raise ValueError(f"mechanism {target.mechanism} releases nothing per client")
+    return mechanism
+
+
+def _observed(target: AttackTarget) -> Mechanism:
+    mechanism = create_mechanism(target.mechanism, **target.mechanism_params)
     if target.centroids is not None:
         mechanism.observe_global_centroids(target.centroids)
     return mechanism
@@ -128,10 +133,9 @@ def summed_again(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``(vectors, weights)`` the server decodes from a secure sum of simulated clients, one per uint8 memory of
     auxiliary images, each sending the round's share (its own noise included): a secure sum's null."""
-    mechanism = create_mechanism(target.mechanism, **target.mechanism_params)
+    mechanism = _observed(target)
     if not isinstance(mechanism, SecureSumMechanism) or target.centroids is None:
         raise ValueError(f"mechanism {target.mechanism} sends no secure sum in round {target.round}")
-    mechanism.observe_global_centroids(target.centroids)
     modulus = int(target.mechanism_params["modulus"])
     total: np.ndarray | None = None
     for images in memories:
@@ -145,4 +149,3 @@ def summed_again(
     if decoded is None:
         raise ValueError(f"mechanism {target.mechanism} does not say what the server reads from its sum")
     return decoded[0].float(), decoded[1].float()
-

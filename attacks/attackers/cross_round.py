@@ -79,7 +79,6 @@ def direction_loss(rows: torch.Tensor, vectors: torch.Tensor, assignment: torch.
     return (1 - F.cosine_similarity(sums[used], vectors[used], dim=1)).sum()
 
 
-
 def representation_map(
     source: AttackTarget, goal: AttackTarget, aux_images: torch.Tensor, *, generator: torch.Generator
 ) -> torch.Tensor:
@@ -87,6 +86,7 @@ def representation_map(
     mode batches of the clients' batch size, as clients compute representations)."""
     (before, after), _ = views_through([source, goal], aux_images, generator=generator)
     return torch.linalg.lstsq(before.double(), after.double()).solution.float()
+
 
 def unmix(
     history: ReleaseHistory,
