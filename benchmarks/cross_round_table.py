@@ -32,9 +32,12 @@ def advantage(row: dict[str, Any] | None, score: str) -> float | None:
 
 
 def psnr_advantage(row: dict[str, Any] | None) -> float | None:
-    """PSNR to the best member over the null's; to the best of the client's images where members are unknown (DP)."""
-    best = advantage(row, "psnr_best_member")
-    return best if best is not None else advantage(row, "psnr_best_client")
+    """PSNR over the null's: to the source (reps), the best member (kanon), or the best client image (members
+    unknown: DP)."""
+    for score in ("psnr_source", "psnr_best_member", "psnr_best_client"):
+        if (value := advantage(row, score)) is not None:
+            return value
+    return None
 
 
 def cell(values: list[float | None], digits: int = 2) -> str:
@@ -97,7 +100,7 @@ def main() -> None:
             for name, value in values.items():
                 table[(match["mechanism"], round_index)][name].append(value)
     groups = (
-        ("PSNR to the best member (DP: to the best client image), dB", ("single psnr", "cross psnr", "own-model psnr"), 2),
+        ("PSNR to the source (reps), best member (kanon) or best client (DP), dB", ("single psnr", "cross psnr", "own-model psnr"), 2),
         ("re-identification rate", ("single reid", "cross reid"), 3),
         ("matched cosine to the memory", ("cos single−null", "cos cross−null", "cos cross−single, small"), 3),
         ("PSNR by client size, dB", ("single psnr, small", "cross psnr, small", "single psnr, large",
