@@ -45,6 +45,8 @@ def cell(values: list[float | None], digits: int = 2) -> str:
     kept = [v for v in values if v is not None]
     if not kept:
         return "–"
+    if digits == 0:
+        return " / ".join(f"{v:.0f}" for v in kept)
     mean = statistics.fmean(kept)
     return f"{mean:+.{digits}f} [{min(kept):+.{digits}f}, {max(kept):+.{digits}f}] (n={len(kept)})"
 
@@ -77,6 +79,7 @@ def figures(run: Path) -> dict[int, dict[str, float | None]]:
             "cross psnr, small": psnr_advantage(groups_cross.get("fewer_images_than_memory")),
             "single psnr, large": psnr_advantage(groups_single.get("at_least_memory_images")),
             "cross psnr, large": psnr_advantage(groups_cross.get("at_least_memory_images")),
+            "small vectors": float(groups_single.get("fewer_images_than_memory", {}).get("vectors", 0)) if c else None,
             "cos single−null": None if not c or "matched_cosine" not in c
             else c["single_round_matched_cosine"] - c["null_matched_cosine"],
             "cos cross−null": None if not c or "matched_cosine" not in c
@@ -105,13 +108,15 @@ def main() -> None:
         ("matched cosine to the memory", ("cos single−null", "cos cross−null", "cos cross−single, small"), 3),
         ("PSNR by client size, dB", ("single psnr, small", "cross psnr, small", "single psnr, large",
                                      "cross psnr, large"), 2),
+        ("attacked vectors of clients with fewer images than memory_size, per seed", ("small vectors",), 0),
     )
     for title, names, digits in groups:
-        print(f"\n{title}: advantage over the null, mean over seeds [min, max]\n")
+        print(f"\n{title}" + (": advantage over the null, mean over seeds [min, max]" if digits else "") + "\n")
         print("| mechanism | round | " + " | ".join(names) + " |")
         print("|---|---|" + "---|" * len(names))
         for (mechanism, round_index), cells in sorted(table.items()):
             print(f"| {mechanism} | {round_index} | " + " | ".join(cell(cells[n], digits) for n in names) + " |")
+
 
 if __name__ == "__main__":
     main()
