@@ -58,3 +58,26 @@ def test_the_secure_sum_is_attacked_as_one_release_of_the_summed_clients(ddp_run
     assert "psnr_best_member" not in row  # members unknown: the sum mixes every client's rows
     with pytest.raises(PrivfedError, match="nothing per client to read across rounds"):
         attack_run(ddp_run.path, method="cross-round", rounds=[1], device="cpu")
+
+
+def test_the_null_sums_as_many_simulated_clients_as_the_secure_sum_holds(ddp_run, monkeypatch):
+    import attacks.evaluation as evaluation
+
+    calls = []
+    real = evaluation.summed_again
+
+    def counting(target, memories, *, generator):
+        calls.append([m.shape[0] for m in memories])
+        return real(target, memories, generator=generator)
+
+    monkeypatch.setattr(evaluation, "summed_again", counting)
+    attack_run(ddp_run.path, method="decoder", rounds=[1], device="cpu", max_vectors=4,
+               attack_settings={"steps": 2, "batch_size": 8})
+    # Three clients in the sum; each simulated client holds memory_size (32) of the held-out images.
+    assert calls and all(sizes == [32, 32, 32] for sizes in calls), calls
+
+
+def test_client_models_are_refused_on_a_secagg_run(ddp_run):
+    with pytest.raises(PrivfedError, match="round 1 kept no client's update"):
+        attack_run(ddp_run.path, method="decoder", rounds=[1], device="cpu", client_models=True,
+                   attack_settings={"steps": 1})
