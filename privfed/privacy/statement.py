@@ -167,8 +167,10 @@ KANON_DIFFERENCING = Item(
     "k-anonymity across releases: it does not compose, and two releases whose memories differ by one image reveal it",
     "k-anonymity across releases: it does not compose, and two releases whose memories differ by one image reveal "
     "that image; what stands in the way today is a server that follows the plan (each round a new model, and a memory the "
-    "client recomputes from fresh augmentations); a server that deviates may craft models to set it up, and "
-    "nothing in kanon or the client refuses that",
+    "client recomputes from fresh augmentations); on recorded CPU-preset runs (3 seeds), an attack reading a client's "
+    "releases over up to 20 rounds together came no closer to its images (PSNR) than that round's release alone, and "
+    "re-identified at most 1.3 points more of them, mean over seeds (docs/attacks.md); a "
+    "server that deviates may craft models to set it up, and nothing in kanon or the client refuses that",
 )
 
 
