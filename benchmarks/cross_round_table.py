@@ -45,10 +45,14 @@ def cell(values: list[float | None], digits: int = 2) -> str:
     kept = [v for v in values if v is not None]
     if not kept:
         return "–"
-    if digits == 0:
-        return " / ".join(f"{v:.0f}" for v in kept)
     mean = statistics.fmean(kept)
     return f"{mean:+.{digits}f} [{min(kept):+.{digits}f}, {max(kept):+.{digits}f}] (n={len(kept)})"
+
+
+def per_seed(values: list[float | None]) -> str:
+    """Each seed's count, or a dash."""
+    kept = [f"{v:.0f}" for v in values if v is not None]
+    return " / ".join(kept) or "–"
 
 
 def rows_of(path: Path) -> dict[int, dict[str, Any]]:
@@ -108,14 +112,17 @@ def main() -> None:
         ("matched cosine to the memory", ("cos single−null", "cos cross−null", "cos cross−single, small"), 3),
         ("PSNR by client size, dB", ("single psnr, small", "cross psnr, small", "single psnr, large",
                                      "cross psnr, large"), 2),
-        ("attacked vectors of clients with fewer images than memory_size, per seed", ("small vectors",), 0),
     )
     for title, names, digits in groups:
-        print(f"\n{title}" + (": advantage over the null, mean over seeds [min, max]" if digits else "") + "\n")
+        print(f"\n{title}: advantage over the null, mean over seeds [min, max]\n")
         print("| mechanism | round | " + " | ".join(names) + " |")
         print("|---|---|" + "---|" * len(names))
         for (mechanism, round_index), cells in sorted(table.items()):
             print(f"| {mechanism} | {round_index} | " + " | ".join(cell(cells[n], digits) for n in names) + " |")
+    print("\nattacked vectors of clients with fewer images than memory_size, per seed\n")
+    print("| mechanism | round | small vectors |\n|---|---|---|")
+    for (mechanism, round_index), cells in sorted(table.items()):
+        print(f"| {mechanism} | {round_index} | {per_seed(cells['small vectors'])} |")
 
 
 if __name__ == "__main__":
