@@ -167,9 +167,11 @@ KANON_DIFFERENCING = Item(
     "k-anonymity across releases: it does not compose, and two releases whose memories differ by one image reveal it",
     "k-anonymity across releases: it does not compose, and two releases whose memories differ by one image reveal "
     "that image; what stands in the way today is a server that follows the plan (each round a new model, and a memory the "
-    "client recomputes from fresh augmentations); on recorded CPU-preset runs (3 seeds), an attack reading a client's "
-    "releases over up to 20 rounds together came no closer to its images (PSNR) than that round's release alone, and "
-    "re-identified at most 1.3 points more of them, mean over seeds (docs/attacks.md); a "
+    "client recomputes from fresh augmentations); on recorded CPU-preset runs (3 seeds, a server that followed the "
+    "plan), one attack reading a client's releases together (up to 16, older rounds down-weighted) came on average no "
+    "closer to its images (PSNR) than that round's release alone, and re-identified a member at most 1.3 points more "
+    "often, mean over seeds (docs/attacks.md); that bounds nothing, and it did not test two memories that differ by "
+    "one image; a "
     "server that deviates may craft models to set it up, and nothing in kanon or the client refuses that",
 )
 
