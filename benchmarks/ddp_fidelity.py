@@ -6,7 +6,7 @@ global centroids are the G true means turned to cosine 0.9. Each client
 builds its per-cell table of sums and counts, adds its noise share
 (:mod:`mechanisms.ddp_sums`), the shares are summed mod 2^32 and decoded,
 and every cell whose noisy count passes 3 noise stds moves to its noisy sum
-(:func:`mechanisms.ddp_sums.lloyd_step`).
+(:func:`mechanisms.ldp_sums.lloyd_step`).
 
 **Fidelity** is the mass-weighted cosine between the noisy and the exact
 update, both as moves from the previous centroids (a cell left in place
@@ -36,11 +36,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mechanisms.ddp_sums import decode_table, lloyd_step, share_sigma, table_share
+from mechanisms.ddp_sums import decode_table, share_sigma, table_share
 from mechanisms.dp_pieces import clip_to_radius
 from mechanisms.ldp_sums import (
     count_scale,
     integer_table,
+    lloyd_step,
     nearest_cells,
     sums_grid,
     sums_noise_multiplier,

@@ -17,6 +17,8 @@ from mechanisms.base import (
     Release,
     ReleaseMechanism,
     SecureSumMechanism,
+    TableRelease,
+    TableReleaseMechanism,
     round_releases,
 )
 from mechanisms.planning import PlanRequest, SecureSumSetup
@@ -41,6 +43,8 @@ __all__ = [
     "ReleaseMechanism",
     "SecureSumMechanism",
     "SecureSumSetup",
+    "TableRelease",
+    "TableReleaseMechanism",
     "UnknownMechanismError",
     "available_mechanisms",
     "create_mechanism",

@@ -12,7 +12,7 @@ import abc
 import dataclasses
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -91,6 +91,25 @@ class Release:
     @property
     def num_vectors(self) -> int:
         return int(self.vectors.shape[0])
+
+
+@dataclass(frozen=True)
+class TableRelease(Release):
+    """A release that is a noisy table over public cells: the server adds a round's tables up.
+
+    Attributes:
+        table: ``[cells, D + 1]`` int64: each cell's noisy sum, then its noisy count, in the mechanism's integer
+            units, over the centres the client partitioned by (the global centroids it was sent; round 0: its own).
+            ``vectors`` and ``weights`` are its :meth:`TableReleaseMechanism.table_view`.
+    """
+
+    table: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 1, dtype=torch.int64))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.table.ndim != 2 or self.table.dtype != torch.int64:
+            raise ValueError(f"a release table must be an int64 [cells, D + 1] tensor, got {self.table.dtype} "
+                             f"{tuple(self.table.shape)}")
 
 
 @dataclass(frozen=True)
@@ -343,6 +362,30 @@ class ReleaseMechanism(Mechanism):
         return num_reps // num_vectors
 
 
+class TableReleaseMechanism(ReleaseMechanism):
+    """A client sends a noisy table of per-cell sums and counts (:class:`TableRelease`), which the server adds up.
+
+    Only the table travels; the server reads its vectors and weights through
+    :meth:`table_view`. In a training round every client's cells are the
+    global centroids it was sent, so the server moves them from the sum of
+    the round's tables (:meth:`combine_tables`), as a
+    :class:`SecureSumMechanism` does from its secure sum. Round 0's cells are
+    each client's own, so its views are clustered like any release.
+    """
+
+    @abc.abstractmethod
+    def table_view(self, table: torch.Tensor, *, num_centroids: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The unit vectors and weights a table stands for (post-processing): what clustering and attacks read."""
+
+    @abc.abstractmethod
+    def check_table(self, table: torch.Tensor, *, num_reps: int, num_cells: int, dim: int) -> None:
+        """Refuses (ValueError) a table no honest client of ``num_reps`` rows sends, so none outweighs an honest one."""
+
+    @abc.abstractmethod
+    def combine_tables(self, tables: Sequence[torch.Tensor], *, centroids: torch.Tensor) -> torch.Tensor:
+        """The server's side: the new global centroids from the sum of a round's tables over their cells."""
+
+
 class SecureSumMechanism(Mechanism):
     """Clients send a :meth:`share` inside SecAgg+'s sum; the server reads only the sum, through :meth:`combine`.
 
@@ -461,3 +504,5 @@ def _check_output(mechanism: ReleaseMechanism, reps: torch.Tensor, release: Rele
         raise ValueError(f"mechanism {mechanism.name} released NaN or Inf values")
     if bool((release.weights < 0).any()):
         raise ValueError(f"mechanism {mechanism.name} released negative weights")
+    if isinstance(release, TableRelease) and release.table.shape[1] != reps.shape[1] + 1:
+        raise ValueError(f"mechanism {mechanism.name} released a table of {release.table.shape[1]} columns, not D + 1")

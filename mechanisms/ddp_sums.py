@@ -43,13 +43,18 @@ import torch.nn.functional as F
 from mechanisms.base import Guarantee, PrivacyEvent, SecureSumMechanism, replace_one_dp_guarantee
 from mechanisms.dp_pieces import MAX_DIMENSION, clip_to_radius
 from mechanisms.ldp_sums import (
+    DEFAULT_MOMENTUM,
+    NOISE_TAIL_STDS,
     THRESHOLD_STDS,
     LdpSumsMechanism,
     TableCalibration,
+    check_momentum,
     count_scale,
     integer_table,
     nearest_cells,
     row_bound,
+    summed_count_std,
+    summed_table_step,
     sums_grid,
     table_in_data_units,
 )
@@ -61,8 +66,6 @@ from mechanisms.registry import register_mechanism
 MAX_MODULUS = 2**32
 #: Smallest per-client noise scale, in grid units: ``tau * d`` of Kairouz et al. is then below ``1e-30``.
 MIN_SHARE_SIGMA = 3.0
-#: How many standard deviations of the summed noise the modulus leaves room for (:func:`check_fits_modulus`).
-NOISE_TAIL_STDS = 20.0
 
 
 def check_modulus(modulus: int) -> None:
@@ -131,32 +134,18 @@ def noisy_share(table: np.ndarray, *, sigma: float, modulus: int, source: random
     return np.mod(table + discrete_gaussian(table.size, sigma=sigma, source=source), modulus)
 
 
-def decode_table(total: np.ndarray, *, num_cells: int, dim: int, modulus: int) -> tuple[np.ndarray, torch.Tensor]:
-    """Noisy summed counts ``[G]`` and sums ``[G, D]``, in data units, from the modular sum of the shares: correct
-    when every entry of the true sum lies in ``[-m/2, m/2)``, which :func:`check_fits_modulus` sizes for."""
+def decoded_integer_table(total: np.ndarray, *, num_cells: int, dim: int, modulus: int) -> np.ndarray:
+    """The summed ``[G, D + 1]`` table in grid units from the modular sum of the shares: correct when every entry of
+    the true sum lies in ``[-m/2, m/2)``, which :func:`check_fits_modulus` sizes for."""
     total = np.asarray(total)
     if total.shape != (num_cells * (dim + 1),) or not np.issubdtype(total.dtype, np.integer):
         raise ValueError(f"expected {num_cells * (dim + 1)} integers, got {total.dtype} {total.shape}")
-    return table_in_data_units(centred_residue(total, modulus).reshape(num_cells, dim + 1))
+    return centred_residue(total, modulus).reshape(num_cells, dim + 1)
 
 
-def lloyd_step(
-    previous: torch.Tensor, counts: np.ndarray, sums: torch.Tensor, *, threshold: float, momentum: float = 0.0
-) -> torch.Tensor:
-    """New global centroids (post-processing): a cell whose noisy count reaches ``threshold`` becomes
-    ``normalise(momentum * previous + (1 - momentum) * normalise(sum))``, an EMA over rounds' noise; the others stay."""
-    if not 0.0 <= momentum < 1.0:
-        raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-    before = previous.detach().double()
-    moved = torch.from_numpy(counts >= threshold) & (sums.norm(dim=1) > 0)
-    updated = before.clone()
-    step = F.normalize(sums[moved], dim=1)
-    updated[moved] = F.normalize(momentum * before[moved] + (1.0 - momentum) * step, dim=1)
-    return updated.to(previous.dtype)
-
-
-#: The server's EMA over rounds of each moved centroid (:func:`lloyd_step`).
-DEFAULT_MOMENTUM = 0.5
+def decode_table(total: np.ndarray, *, num_cells: int, dim: int, modulus: int) -> tuple[np.ndarray, torch.Tensor]:
+    """Noisy summed counts ``[G]`` and sums ``[G, D]``, in data units (:func:`decoded_integer_table`)."""
+    return table_in_data_units(decoded_integer_table(total, num_cells=num_cells, dim=dim, modulus=modulus))
 
 
 @register_mechanism
@@ -181,15 +170,13 @@ class DdpSumsMechanism(TableCalibration, SecureSumMechanism):
         """One client's (or the server's) view of a calibrated run.
 
         ``noise_multiplier`` ``z`` is the summed noise's std over the row bound, ``min_shares`` ``K_min`` the
-        fewest shares in any sum, ``momentum`` the server's EMA (:func:`lloyd_step`); leave ``noise_source`` unset.
+        fewest shares in any sum, ``momentum`` the server's EMA (:func:`~mechanisms.ldp_sums.lloyd_step`); leave ``noise_source`` unset.
         """
         check_modulus(modulus)
         self.local = LdpSumsMechanism(noise_multiplier=noise_multiplier, delta=delta, sampling_rate=sampling_rate)
         self.min_shares = int(min_shares)
         self.modulus = int(modulus)
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-        self.momentum = float(momentum)
+        self.momentum = check_momentum(momentum)
         self.noise_source = noise_source
         self.centres: torch.Tensor | None = None
         for dim in (1, MAX_DIMENSION):  # refuse a share the sum of shares could not stand for, before any round
@@ -250,17 +237,22 @@ class DdpSumsMechanism(TableCalibration, SecureSumMechanism):
         return F.normalize(sums, dim=1), torch.from_numpy(counts)
 
     def combine(self, total: np.ndarray, *, centroids: torch.Tensor, num_summed: int) -> torch.Tensor:
-        """One Lloyd step from the summed tables: a cell moves when its noisy count passes 3 stds of the summed noise."""
+        """One Lloyd step from the summed tables (:func:`~mechanisms.ldp_sums.summed_table_step`, as ``ldp-sums``'s
+        server takes it): a cell moves when its noisy count passes 3 stds of the summed noise."""
         if num_summed < self.min_shares:
             raise ValueError(f"a sum of {num_summed} shares holds less noise than the {self.min_shares} accounted")
-        vectors, counts = self.decode(total, num_cells=centroids.shape[0], dim=centroids.shape[1])
-        threshold = self.move_threshold(dim=centroids.shape[1], num_summed=num_summed)
-        # The step reads only each sum's direction: the unit vectors lose nothing it uses.
-        return lloyd_step(centroids, counts.numpy(), vectors, threshold=threshold, momentum=self.momentum)
+        num_cells, dim = centroids.shape
+        table = decoded_integer_table(total, num_cells=num_cells, dim=dim, modulus=self.modulus)
+        count_std = summed_count_std(
+            self.local.noise_multiplier, dim=dim, sampled=self.local.sampling_rate < 1,
+            releases_summed=num_summed / self.min_shares,
+        )
+        return summed_table_step(centroids, table, count_std=count_std, momentum=self.momentum)
 
     def move_threshold(self, *, dim: int, num_summed: int) -> float:
         """The noisy count a cell needs to move (public): 3 stds of the count noise in a sum of ``num_summed`` shares."""
-        sampled = self.local.sampling_rate < 1
-        sigma = share_sigma(self.local.noise_multiplier, min_shares=self.min_shares, dim=dim, sampled=sampled)
-        count_std = sigma * math.sqrt(num_summed) / count_scale(sums_grid(dim))
+        count_std = summed_count_std(
+            self.local.noise_multiplier, dim=dim, sampled=self.local.sampling_rate < 1,
+            releases_summed=num_summed / self.min_shares,
+        )
         return max(THRESHOLD_STDS * count_std, 1.0)

@@ -16,13 +16,16 @@ counts pays for everything.
 3. Per cell ``c``: the integer sum ``S_c`` of its rounded rows and the count
    ``res * n_c``. Every entry, empty cells included, gets discrete Gaussian
    noise of one sigma from the OS CSPRNG (:mod:`mechanisms.noise`).
-4. Post-processing: of the cells whose noisy count reaches the public
-   threshold (default ``max(3 * count noise std, 1)``), the ``L`` with the
-   largest noisy counts are released as unit noisy sums weighted by their
-   noisy counts, padded to ``L`` rows of weight 0
-   (:func:`mechanisms.dp_pieces.pad_centres`). Unlike ``ldp``'s, the threshold
-   does not ask a sum to outweigh its noise: the server averages each cell
-   over many clients.
+4. The noisy table is the release (:class:`~mechanisms.base.TableRelease`).
+   The server adds a training round's tables, all over the same public
+   cells, and moves each cell whose summed noisy count passes 3 stds of the
+   summed count noise to its summed direction (:func:`summed_table_step`,
+   the step ``ddp-sums`` takes after its secure sum). Round 0's cells are
+   each client's own; the server clusters their view: of the cells whose
+   noisy count reaches the public threshold (default
+   ``max(3 * count noise std, 1)``), the ``L`` with the largest noisy counts,
+   as unit noisy sums weighted by their noisy counts. All of this is
+   post-processing of the noisy table.
 
 Sensitivity (replace-one, the unit of :mod:`mechanisms.accounting`): a
 rounded row has ``||r||_2 <= s = res + sqrt(D)/2`` grid steps, its count
@@ -45,19 +48,18 @@ added as zeros, so neither the table nor the timing shows the sample's size
 Each sum coordinate and count carries noise of std ``z * s / res <= 1.01 z``
 in data units (sampled: ``<= 1.43 z``, which the default threshold follows).
 The discrete Gaussian is accounted as the continuous one, the approximation
-:mod:`mechanisms.accounting` states. Which cells are released depends only on
-noisy values; the centres and the table's shape are public, and the bound
-holds for any centres, a hostile server's too (a row's cell depends on that
-row and the centres alone). A client with zero rows runs the same code. The
-guarantee covers the released vectors, weights and metrics (functions of the
-noisy table), not the encoder update.
+:mod:`mechanisms.accounting` states. The centres and the table's shape are
+public, and the bound holds for any centres, a hostile server's too (a row's
+cell depends on that row and the centres alone). A client with zero rows runs
+the same code. The guarantee covers the released table and what is computed
+from it (vectors, weights, metrics), not the encoder update.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -73,8 +75,8 @@ from mechanisms.base import (
     Guarantee,
     Mechanism,
     PrivacyEvent,
-    Release,
-    ReleaseMechanism,
+    TableRelease,
+    TableReleaseMechanism,
     replace_one_dp_guarantee,
 )
 from mechanisms.dp_pieces import (
@@ -84,7 +86,6 @@ from mechanisms.dp_pieces import (
     WEIGHT_NOISE_SCALES,
     Grid,
     clip_to_radius,
-    pad_centres,
 )
 from mechanisms.noise import check_sigma, discrete_gaussian, poisson_sample_mask, secure_source
 from mechanisms.planning import PlanRequest
@@ -92,6 +93,11 @@ from mechanisms.registry import register_mechanism
 
 #: How many count-noise standard deviations the default threshold asks of a released cell.
 THRESHOLD_STDS = 3.0
+#: How many noise stds an honest table's entries stay within (:meth:`LdpSumsMechanism.check_table`), and the
+#: secure sum's modulus leaves room for (``mechanisms.ddp_sums.check_fits_modulus``).
+NOISE_TAIL_STDS = 20.0
+#: The server's EMA over rounds of each moved centroid (:func:`lloyd_step`).
+DEFAULT_MOMENTUM = 0.5
 #: Largest ratio of the count noise's std to the noise multiplier, over all dimensions (``s / res <= 1.01``), unsampled.
 COUNT_STD_PER_MULTIPLIER = 1.01
 
@@ -180,15 +186,23 @@ def cell_table(
     return table
 
 
+def noisy_table(
+    x: torch.Tensor, cells: torch.Tensor, num_cells: int, *, noise_multiplier: float, source: random.Random,
+    kept: np.ndarray | None = None,
+) -> np.ndarray:
+    """``[cells, D + 1]`` int64 in grid units: the table of :func:`integer_table` plus one discrete Gaussian over
+    every entry, of :func:`row_bound`'s sampled unit for the secret Poisson sample ``kept`` (None: every row)."""
+    table = integer_table(x, cells, num_cells, kept=kept)
+    sigma = noise_multiplier * row_bound(sums_grid(x.shape[1]), sampled=kept is not None)
+    return table + discrete_gaussian(table.size, sigma=sigma, source=source).reshape(table.shape)
+
+
 def noisy_cell_statistics(
     x: torch.Tensor, cells: torch.Tensor, num_cells: int, *, noise_multiplier: float, source: random.Random,
     kept: np.ndarray | None = None,
 ) -> tuple[np.ndarray, torch.Tensor]:
-    """Noisy counts ``[cells]`` and sums ``[cells, D]`` in data units: one discrete Gaussian over the whole table,
-    of :func:`row_bound`'s sampled unit for the secret Poisson sample ``kept`` (None: every row)."""
-    table = integer_table(x, cells, num_cells, kept=kept)
-    sigma = noise_multiplier * row_bound(sums_grid(x.shape[1]), sampled=kept is not None)
-    return table_in_data_units(table + discrete_gaussian(table.size, sigma=sigma, source=source).reshape(table.shape))
+    """Noisy counts ``[cells]`` and sums ``[cells, D]`` in data units (:func:`noisy_table`)."""
+    return table_in_data_units(noisy_table(x, cells, num_cells, noise_multiplier=noise_multiplier, source=source, kept=kept))
 
 
 def integer_table(x: torch.Tensor, cells: torch.Tensor, num_cells: int, *, kept: np.ndarray | None = None) -> np.ndarray:
@@ -203,6 +217,42 @@ def table_in_data_units(table: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
     grid = sums_grid(table.shape[1] - 1)
     counts = table[:, -1].astype(np.float64) / count_scale(grid)
     return counts, torch.from_numpy(table[:, :-1].astype(np.float64) * grid.step)
+
+
+def summed_count_std(noise_multiplier: float, *, dim: int, sampled: bool, releases_summed: float) -> float:
+    """Std, in rows, of a summed table's count noise that holds ``releases_summed`` releases' noise at
+    ``noise_multiplier`` (``ldp-sums``: one per client; ``ddp-sums``: clients over ``K_min``)."""
+    grid = sums_grid(dim)
+    return noise_multiplier * row_bound(grid, sampled=sampled) * math.sqrt(releases_summed) / count_scale(grid)
+
+
+def lloyd_step(
+    previous: torch.Tensor, counts: np.ndarray, sums: torch.Tensor, *, threshold: float, momentum: float = 0.0
+) -> torch.Tensor:
+    """New global centroids (post-processing): a cell whose noisy count reaches ``threshold`` becomes
+    ``normalise(momentum * previous + (1 - momentum) * normalise(sum))``, an EMA over rounds' noise; the others stay."""
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+    before = previous.detach().double()
+    moved = torch.from_numpy(counts >= threshold) & (sums.norm(dim=1) > 0)
+    updated = before.clone()
+    step = F.normalize(sums[moved], dim=1)
+    updated[moved] = F.normalize(momentum * before[moved] + (1.0 - momentum) * step, dim=1)
+    return updated.to(previous.dtype)
+
+
+def summed_table_step(previous: torch.Tensor, table: np.ndarray, *, count_std: float, momentum: float) -> torch.Tensor:
+    """The step from a round's summed ``[G, D + 1]`` table (grid units) both ``ldp-sums`` and ``ddp-sums`` take: a
+    cell whose noisy count passes ``max(3 count_std, 1)`` moves towards its summed direction (:func:`lloyd_step`)."""
+    counts, sums = table_in_data_units(table)
+    return lloyd_step(previous, counts, sums, threshold=max(THRESHOLD_STDS * count_std, 1.0), momentum=momentum)
+
+
+def check_momentum(momentum: float) -> float:
+    """``momentum`` as a float, refused (ValueError) outside ``[0, 1)``."""
+    if not (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0):
+        raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+    return float(momentum)
 
 
 class TableCalibration(Mechanism):
@@ -226,8 +276,9 @@ class TableCalibration(Mechanism):
 
 
 @register_mechanism
-class LdpSumsMechanism(TableCalibration, ReleaseMechanism):
-    """(epsilon, delta)-DP noisy sums and counts per cell of a public partition (the previous global centroids)."""
+class LdpSumsMechanism(TableCalibration, TableReleaseMechanism):
+    """(epsilon, delta)-DP noisy sums and counts per cell of a public partition (the previous global centroids),
+    which the server adds up over a round's clients."""
 
     name = "ldp-sums"
     description = (
@@ -243,11 +294,13 @@ class LdpSumsMechanism(TableCalibration, ReleaseMechanism):
         noise_multiplier: float | None = None,
         count_threshold: float | None = None,
         sampling_rate: float = 1.0,
+        momentum: float = DEFAULT_MOMENTUM,
         noise_source: random.Random | None = None,
     ) -> None:
         """From a ``noise_multiplier`` (noise std over the row bound), or calibrated to ``epsilon`` (default 1.0) per
         release. ``count_threshold`` (public) defaults to ``max(3 * count noise std, 1)``; ``sampling_rate`` 1: no
-        secret sample. Leave ``noise_source`` unset (the OS CSPRNG)."""
+        secret sample; ``momentum`` is the server's EMA (:func:`lloyd_step`). Leave ``noise_source`` unset (the OS
+        CSPRNG)."""
         if noise_multiplier is not None and epsilon is not None:
             raise ValueError("give either epsilon or noise_multiplier, not both")
         check_sampling_rate(sampling_rate)
@@ -266,6 +319,7 @@ class LdpSumsMechanism(TableCalibration, ReleaseMechanism):
         self.delta = delta
         self.count_threshold = count_threshold
         self.sampling_rate = float(sampling_rate)
+        self.momentum = check_momentum(momentum)
         self.noise_source = noise_source
         self.centres: torch.Tensor | None = None
 
@@ -314,7 +368,7 @@ class LdpSumsMechanism(TableCalibration, ReleaseMechanism):
         sample = "" if self.sampling_rate == 1 else f", on a secret Poisson sample of rate {self.sampling_rate:.3g}"
         return replace_one_dp_guarantee(
             self.epsilon, self.delta, accounting=f"the per-cell sums and counts accounted as one Gaussian{sample}",
-            covers="the released vectors, weights and metrics",
+            covers="the released table of noisy sums and counts and all computed from it",
         )
 
     def partition_centres(self, dim: int, num_centroids: int, generator: torch.Generator) -> torch.Tensor:
@@ -327,13 +381,13 @@ class LdpSumsMechanism(TableCalibration, ReleaseMechanism):
             raise ValueError("partition centres hold NaN or Inf")
         return self.centres
 
-    def release(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> Release:
+    def release(self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator) -> TableRelease:
         return self.release_with_members(reps, num_centroids=num_centroids, generator=generator)[0]
 
     def release_with_members(
         self, reps: torch.Tensor, *, num_centroids: int, generator: torch.Generator
-    ) -> tuple[Release, torch.Tensor]:
-        """The release, and each row's released vector (``-1`` when its cell was not released)."""
+    ) -> tuple[TableRelease, torch.Tensor]:
+        """The release, and each row's vector in its view (``-1`` when its cell is not in the view)."""
         n, dim = reps.shape
         if dim > MAX_DIMENSION:
             raise ValueError(f"ldp-sums releases representations of at most {MAX_DIMENSION} dimensions, got {dim}")
@@ -341,36 +395,84 @@ class LdpSumsMechanism(TableCalibration, ReleaseMechanism):
             raise ValueError(f"num_centroids must be >= 1, got {num_centroids}")
         centres = self.partition_centres(dim, num_centroids, generator)
         source = self.noise_source if self.noise_source is not None else secure_source()
-        sampled = self.sampling_rate < 1
-        kept = poisson_sample_mask(n, self.sampling_rate, source=source) if sampled else None
+        kept = poisson_sample_mask(n, self.sampling_rate, source=source) if self.sampling_rate < 1 else None
         x = clip_to_radius(reps.detach().double().cpu(), 1.0)
         cells = nearest_cells(x, centres)
-        counts, sums = noisy_cell_statistics(
-            x, cells, centres.shape[0], noise_multiplier=self.noise_multiplier, source=source, kept=kept
+        table = torch.from_numpy(
+            noisy_table(x, cells, centres.shape[0], noise_multiplier=self.noise_multiplier, source=source, kept=kept)
         )
-        # Post-processing: noisy count at least the threshold, a nonzero sum, largest counts first.
-        noisy = torch.from_numpy(counts)
-        usable = torch.nonzero((noisy >= self.threshold) & (sums.norm(dim=1) > 0)).squeeze(1)
-        chosen = usable[torch.argsort(noisy[usable], descending=True, stable=True)][:num_centroids]
-        vectors, weights = pad_centres(
-            F.normalize(sums[chosen], dim=1), noisy[chosen], num_centroids, dim, generator=generator
-        )
-        release = Release(
+        chosen = self._viewed_cells(table, num_centroids)
+        vectors, weights = self._view_of(table, chosen)
+        release = TableRelease(
             vectors=vectors.to(reps.dtype),
-            weights=weights.float(),
+            weights=weights,
             guarantee=self.guarantee(num_reps=n, num_centroids=num_centroids),
             events=self.privacy_events(),
             metrics={
                 "cells": float(centres.shape[0]),
-                "noisy_num_reps": float(counts.sum()),
-                "padded_centroids": float(num_centroids - chosen.numel()),
+                "noisy_num_reps": float(table[:, -1].sum()) / count_scale(sums_grid(dim)),
+                "viewed_cells": float(chosen.numel()),
                 "epsilon": self.epsilon,
                 "delta": self.delta,
             },
+            table=table,
         )
-        position = torch.full((centres.shape[0],), -1, dtype=torch.long)  # each cell's released vector
+        position = torch.full((centres.shape[0],), -1, dtype=torch.long)  # each cell's vector in the view
         position[chosen] = torch.arange(chosen.numel())
         members = position[cells]
         if kept is not None:
             members[~torch.from_numpy(kept)] = -1
         return release, members
+
+    def table_view(self, table: torch.Tensor, *, num_centroids: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Of the cells whose noisy count reaches :attr:`threshold` with a nonzero sum, the ``num_centroids`` of
+        largest count: their unit noisy sums (float32) and noisy counts (float32)."""
+        return self._view_of(table, self._viewed_cells(table, num_centroids))
+
+    def _viewed_cells(self, table: torch.Tensor, num_centroids: int) -> torch.Tensor:
+        counts, sums = table_in_data_units(table.numpy())
+        noisy = torch.from_numpy(counts)
+        usable = torch.nonzero((noisy >= self.threshold) & (sums.norm(dim=1) > 0)).squeeze(1)
+        return usable[torch.argsort(noisy[usable], descending=True, stable=True)][:num_centroids]
+
+    @staticmethod
+    def _view_of(table: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        counts, sums = table_in_data_units(table[chosen].numpy())
+        return F.normalize(sums, dim=1).float(), torch.from_numpy(counts).float()
+
+    def check_table(self, table: torch.Tensor, *, num_reps: int, num_cells: int, dim: int) -> None:
+        """Refuses a table of another shape, or whose sums or counts lie beyond what ``num_reps`` clipped rows and
+        :data:`NOISE_TAIL_STDS` of the noise reach: each count in ``[-tail, res n + tail]``, their total within
+        ``res n + tail sqrt(cells)``; each sum's norm within ``s n + r``, their total within ``s n + cells r``, for a
+        noise vector's length ``r = sigma (sqrt(D) + 20)``. A hostile client outweighs an honest one in a cell by at
+        most ``r``."""
+        if table.dtype != torch.int64 or tuple(table.shape) != (num_cells, dim + 1):
+            raise ValueError(f"the table is {table.dtype} {tuple(table.shape)}, not int64 ({num_cells}, {dim + 1})")
+        grid = sums_grid(dim)
+        sigma = self.noise_multiplier * row_bound(grid, sampled=self.sampling_rate < 1)
+        tail, res = NOISE_TAIL_STDS * sigma, count_scale(grid)
+        counts = table[:, -1].double()
+        if float(counts.min()) < -tail or float(counts.max()) > res * num_reps + tail:
+            raise ValueError(f"a cell's count lies outside [-{tail:.4g}, {res * num_reps + tail:.4g}] grid steps")
+        if float(counts.sum()) > res * num_reps + tail * math.sqrt(num_cells):
+            raise ValueError(f"the counts total more than {num_reps} rows and the noise hold")
+        norms = table[:, :-1].double().norm(dim=1)
+        noise_norm = sigma * (math.sqrt(dim) + NOISE_TAIL_STDS)
+        if float(norms.max()) > grid.sensitivity * num_reps + noise_norm or (
+            float(norms.sum()) > grid.sensitivity * num_reps + num_cells * noise_norm
+        ):
+            raise ValueError(f"the sums are longer than {num_reps} clipped rows and the noise reach")
+
+    def combine_tables(self, tables: Sequence[torch.Tensor], *, centroids: torch.Tensor) -> torch.Tensor:
+        """One Lloyd step from the round's summed tables, each holding its client's whole noise
+        (:func:`summed_table_step`)."""
+        if not tables:
+            raise ValueError("a round's step needs at least one table")
+        shape = (centroids.shape[0], centroids.shape[1] + 1)
+        if any(tuple(t.shape) != shape or t.dtype != torch.int64 for t in tables):
+            raise ValueError(f"every table must be int64 {shape}, over the centroids the clients were sent")
+        total = torch.stack(list(tables)).sum(dim=0).numpy()
+        count_std = summed_count_std(
+            self.noise_multiplier, dim=centroids.shape[1], sampled=self.sampling_rate < 1, releases_summed=len(tables)
+        )
+        return summed_table_step(centroids, total, count_std=count_std, momentum=self.momentum)

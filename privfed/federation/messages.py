@@ -14,8 +14,9 @@ vectors and one array of training metrics (:mod:`privfed.secagg.encoding`),
 masked, so only the weighted mean reaches the strategy. ``metrics`` holds the
 training metrics (inside the masked sum under SecAgg+; not the losses under
 DP-SGD), the mechanism's release, not summed and absent for methods that release
-nothing (``release_vectors``/``release_weights`` as bytes, ``release_guarantee``
-and ``release_events`` as JSON), and the round's DP-SGD cost ``dp_sgd_events``
+nothing (``release_vectors``/``release_weights`` as bytes, or for a table
+release only its ``release_table``; ``release_guarantee`` and ``release_events``
+as JSON), and the round's DP-SGD cost ``dp_sgd_events``
 (JSON list, empty without DP-SGD and in round 0). A secure-sum mechanism's share
 (:data:`privfed.secagg.masking.SHARE_KEY`) is there only between the client and
 its SecAgg+ mod, which moves it into the masked vector.
@@ -30,11 +31,11 @@ import numpy as np
 import torch
 from flwr.common import Scalar, bytes_to_ndarray, ndarray_to_bytes
 
-from mechanisms.base import Release
+from mechanisms.base import Release, TableRelease
 from privfed.orchestra.model_state import StateDict
 from privfed.privacy.ledger import events_to_json
 
-RELEASE_KEYS = ("release_vectors", "release_weights", "release_guarantee", "release_events")
+RELEASE_KEYS = ("release_vectors", "release_weights", "release_table", "release_guarantee", "release_events")
 
 
 def state_to_arrays(state: StateDict, keys: list[str]) -> list[np.ndarray]:
@@ -58,10 +59,17 @@ def bytes_to_tensor(data: bytes) -> torch.Tensor:
 
 
 def encode_release(release: Release) -> dict[str, Scalar]:
-    """Release -> FitRes metrics entries (single values: Flower's records hold no lists here)."""
+    """Release -> FitRes metrics entries (single values: Flower's records hold no lists here); a table release
+    sends its table alone, from which the server computes its vectors and weights."""
+    if isinstance(release, TableRelease):
+        arrays = {"release_table": tensor_to_bytes(release.table)}
+    else:
+        arrays = {
+            "release_vectors": tensor_to_bytes(release.vectors.float()),
+            "release_weights": tensor_to_bytes(release.weights.float()),
+        }
     return {
-        "release_vectors": tensor_to_bytes(release.vectors.float()),
-        "release_weights": tensor_to_bytes(release.weights.float()),
+        **arrays,
         "release_guarantee": json.dumps(release.guarantee.to_dict()),
         "release_events": events_to_json(release.events),
     }

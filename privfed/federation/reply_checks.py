@@ -18,6 +18,7 @@ reply is rejected whole, with a one-line reason; the strategy
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -28,7 +29,16 @@ import numpy as np
 import torch
 from flwr.common import FitRes, bytes_to_ndarray, parameters_to_ndarrays
 
-from mechanisms.base import K_ANONYMITY, Guarantee, Mechanism, PrivacyEvent, Release, ReleaseMechanism
+from mechanisms.base import (
+    K_ANONYMITY,
+    Guarantee,
+    Mechanism,
+    PrivacyEvent,
+    Release,
+    ReleaseMechanism,
+    TableRelease,
+    TableReleaseMechanism,
+)
 from privfed.federation.messages import RELEASE_KEYS, has_release
 from privfed.methods import STEP_VALUES
 from privfed.orchestra.round_report import Rejection
@@ -74,6 +84,7 @@ class ReplyRules:
     memory_size: int | None = None
     client_metrics: bool = False
     samples_every_image: bool = False
+    num_global_centroids: int = 0
 
     def most_reps(self, size: int) -> int:
         """The most representations a client of ``size`` examples hands its mechanism, which bounds its release.
@@ -100,8 +111,15 @@ class ReplyRules:
             mechanism=mechanism, mechanism_params=dict(plan.privacy.params),
             release_events=plan.privacy.per_release_events, min_k=None if minimum is None else int(minimum),
             dp_sgd=plan.privacy.dp_sgd, memory_size=config.memory_size, client_metrics=config.report_client_metrics,
-            samples_every_image=plan.privacy.rows_sampled,
+            samples_every_image=plan.privacy.rows_sampled, num_global_centroids=config.num_global_centroids,
         )
+
+    @functools.cached_property
+    def table_mechanism(self) -> TableReleaseMechanism | None:
+        """The run's mechanism built from its plan, when it releases tables (which only an instance can read)."""
+        if self.mechanism is None or not issubclass(self.mechanism, TableReleaseMechanism):
+            return None
+        return self.mechanism(**self.mechanism_params)
 
 
 @dataclass(frozen=True)
@@ -147,7 +165,7 @@ def check_reply(
             raise RejectedReply(f"num_examples {res.num_examples!r} is not the client's {size} examples")
         numeric = _numeric_metrics(metrics, reported=rules.client_metrics)
         training_events = _training_events(metrics, rules=rules, size=size, train=train)
-        release = _release(metrics, rules=rules, size=size)
+        release = _release(metrics, rules=rules, size=size, train=train)
         delta = None if delta_shapes is None else _delta(res, delta_shapes, train=train)
         return CheckedReply(client, size, release, numeric, training_events, delta)
     except RejectedReply as err:
@@ -238,14 +256,20 @@ def _array(metrics: dict[str, Any], key: str) -> np.ndarray:
         raise RejectedReply(f"{key} is not a readable array ({type(err).__name__})") from None
 
 
-def _release(metrics: dict[str, Any], *, rules: ReplyRules, size: int) -> Release | None:
+def _release(metrics: dict[str, Any], *, rules: ReplyRules, size: int, train: bool) -> Release | None:
     mechanism = rules.mechanism
     if mechanism is None or not issubclass(mechanism, ReleaseMechanism):
         if has_release(metrics):
             why = "the run's method releases nothing" if mechanism is None else f"{mechanism.name} shares into the secure sum"
             raise RejectedReply(f"it holds a release, but {why}")
         return None
-    vectors, weights = _array(metrics, "release_vectors"), _array(metrics, "release_weights")
+    table = None
+    if rules.table_mechanism is not None:
+        table, vectors, weights = _table_release(metrics, rules=rules, size=size, train=train)
+    else:
+        if "release_table" in metrics:
+            raise RejectedReply(f"it holds a table, but {mechanism.name} releases vectors")
+        vectors, weights = _array(metrics, "release_vectors"), _array(metrics, "release_weights")
     if vectors.dtype != np.float32 or weights.dtype != np.float32:
         raise RejectedReply(f"release arrays are {vectors.dtype}/{weights.dtype}, not float32")
     if vectors.ndim != 2 or (vectors.shape[0] and vectors.shape[1] != rules.dimension):
@@ -273,11 +297,37 @@ def _release(metrics: dict[str, Any], *, rules: ReplyRules, size: int) -> Releas
     events = _events(_json(metrics, "release_events"), "release_events")
     if events != tuple(rules.release_events):
         raise RejectedReply(f"release costs {[e.name for e in events]} differ from the plan's")
-    release = Release(torch.from_numpy(vectors.copy()), torch.from_numpy(weights.copy()), guarantee, events)
+    release = (
+        Release(torch.from_numpy(vectors.copy()), torch.from_numpy(weights.copy()), guarantee, events)
+        if table is None
+        else TableRelease(torch.from_numpy(vectors.copy()), torch.from_numpy(weights.copy()), guarantee, events, table=table)
+    )
     if mechanism.guarantee_kind == K_ANONYMITY:
         k = _credited_k(release, rules=rules, mechanism=mechanism, num_reps=reps)
         release = dataclasses.replace(release, guarantee=dataclasses.replace(guarantee, k=k))
     return release
+
+
+def _table_release(
+    metrics: dict[str, Any], *, rules: ReplyRules, size: int, train: bool
+) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """The table of a table release, checked by its mechanism, and the vectors and weights the server reads from
+    it; its cells are the global centroids in a training round, the client's own ``L`` in round 0."""
+    mechanism = rules.table_mechanism
+    assert mechanism is not None  # the caller asked
+    if "release_vectors" in metrics or "release_weights" in metrics:
+        raise RejectedReply(f"{mechanism.name} sends its table alone, not vectors or weights")
+    array = _array(metrics, "release_table")
+    if array.dtype != np.dtype(np.int64):
+        raise RejectedReply(f"release table is {array.dtype}, not int64")
+    cells = rules.num_global_centroids if train else rules.num_centroids
+    table = torch.from_numpy(np.array(array, copy=True))
+    try:
+        mechanism.check_table(table, num_reps=rules.most_reps(size), num_cells=cells, dim=rules.dimension)
+    except ValueError as err:
+        raise RejectedReply(f"release table: {err}") from None
+    vectors, weights = mechanism.table_view(table, num_centroids=rules.num_centroids)
+    return table, vectors.numpy(), weights.numpy()
 
 
 def _guarantee(value: Any) -> Guarantee:

@@ -7,7 +7,9 @@ random centroids drawn once, or none). How the mean delta was formed
 (FedAvg or secure aggregation) is the runtime's business: the server never
 needs one client's delta. A :class:`~mechanisms.base.SecureSumMechanism`
 replaces the releases by one secure sum of the clients' shares, which it
-turns into the next centroids itself.
+turns into the next centroids itself; a
+:class:`~mechanisms.base.TableReleaseMechanism` does the same from the sum of
+its clients' tables in every training round.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mechanisms.base import Release, SecureSumMechanism
+from mechanisms.base import Release, SecureSumMechanism, TableRelease, TableReleaseMechanism
 from privfed.methods import CLUSTERED, FIXED_RANDOM, ORCHESTRA, Method
 from privfed.models.network import OrchestraNetwork
 from privfed.orchestra.global_clustering import KMEANS, global_centroids, random_centroids
@@ -40,9 +42,12 @@ class OrchestraServer:
     def __init__(
         self, network: OrchestraNetwork, *, num_global_centroids: int, seed: int, method: Method = ORCHESTRA,
         global_clustering: str = KMEANS, cluster_temperature: float | None = None,
-        aggregator: SecureSumMechanism | None = None,
+        aggregator: SecureSumMechanism | None = None, table_summing: TableReleaseMechanism | None = None,
     ) -> None:
+        if aggregator is not None and table_summing is not None:
+            raise ValueError("a run's centroids come from a secure sum or from summed tables, not both")
         self.aggregator = aggregator
+        self.table_summing = table_summing
         self.network = network
         self.method = method
         self.num_global_centroids = num_global_centroids
@@ -108,6 +113,8 @@ class OrchestraServer:
             return {"clients": float(summed), "moved_centroid_fraction": float(moved.float().mean())}
         if self.method.centroids != CLUSTERED:
             return {}
+        if self.table_summing is not None and self.centroids is not None:
+            return self._sum_tables(releases, self.table_summing)
         self.centroids = global_centroids(
             releases, self.num_global_centroids, previous=self.centroids, generator=self._generator,
             method=self.global_clustering, cluster_temperature=self.cluster_temperature,
@@ -121,6 +128,21 @@ class OrchestraServer:
         if usage is not None:
             stats["centroid_usage"] = usage
         return stats
+
+    def _sum_tables(self, releases: list[Release], mechanism: TableReleaseMechanism) -> dict[str, float]:
+        """A training round's step from the clients' tables, all over the centroids the server sent."""
+        tables = [r.table for r in releases if isinstance(r, TableRelease)]
+        if len(tables) != len(releases):
+            raise ValueError(f"mechanism {mechanism.name} moves the centroids from tables, yet a release holds none")
+        previous = self.centroids
+        assert previous is not None  # the caller asked
+        self.centroids = mechanism.combine_tables(tables, centroids=previous)
+        moved = (self.centroids - previous).norm(dim=1) > 0
+        return {
+            "clients": float(len(releases)),
+            "released_vectors": float(sum(r.num_vectors for r in releases)),
+            "moved_centroid_fraction": float(moved.float().mean()),
+        }
 
 
 def _centroid_usage(releases: list[Release], centroids: torch.Tensor) -> float | None:

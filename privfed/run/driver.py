@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from mechanisms import get_mechanism_class
-from mechanisms.base import SecureSumMechanism
+from mechanisms.base import SecureSumMechanism, TableReleaseMechanism
 from privfed.data import heterogeneity_stats
 from privfed.device import resolve_device
 from privfed.methods import STEP_VALUES, build_network, get_method
@@ -164,9 +164,11 @@ class RunDriver:
         network = build_network(config)  # GroupNorm under DP-SGD, as on the clients
         cls, params = self.mechanism_class, self.plan.privacy.params
         aggregator = cls(**params) if cls is not None and issubclass(cls, SecureSumMechanism) else None
+        table_summing = cls(**params) if cls is not None and issubclass(cls, TableReleaseMechanism) else None
         return OrchestraServer(
             network, num_global_centroids=config.num_global_centroids, seed=config.seed, method=self.method,
             global_clustering=config.global_clustering, cluster_temperature=config.temperature, aggregator=aggregator,
+            table_summing=table_summing,
         )
 
     def _observers(self) -> list[RoundObserver]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -61,3 +62,53 @@ def test_a_release_below_the_runs_min_k_is_rejected(tiny_config, tmp_path):
     rules = ReplyRules.of(plan, get_mechanism_class("kanon"))
     with pytest.raises(RejectedReply, match="below the run's min_k 5"):
         credited(rules, plan, kanon_release([4.0, 9.0, 9.0, 9.0], k=4))
+
+
+@pytest.fixture
+def table_rules(tiny_config, tmp_path):
+    plan = plan_run(tiny_config.replace(mechanism="ldp-sums", epsilon=10.0, out=str(tmp_path / "run")))
+    return plan, ReplyRules.of(plan, get_mechanism_class("ldp-sums"))
+
+
+def table_reply(plan, rules, *, train: bool, client: int = 0, **tamper) -> FitRes:
+    mechanism = get_mechanism_class("ldp-sums")(**rules.mechanism_params)
+    config = plan.config
+    if train:
+        mechanism.observe_global_centroids(F.normalize(torch.randn(config.num_global_centroids, 16), dim=1))
+    reps = F.normalize(torch.randn(40, 16, generator=torch.Generator().manual_seed(1)), dim=1)
+    release = mechanism.release(reps, num_centroids=config.num_local_centroids, generator=torch.Generator())
+    res = reply_with(release, client, plan.client_sizes[client])
+    res.metrics.update(tamper)
+    return res
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_the_server_reads_a_table_releases_vectors_from_its_table(table_rules, train):
+    plan, rules = table_rules
+    res = table_reply(plan, rules, train=train)
+    assert set(res.metrics) >= {"release_table"} and "release_vectors" not in res.metrics
+    release = check_reply(res, client=0, rules=rules, train=train, delta_shapes=None).release
+    assert release.table.shape == (plan.config.num_global_centroids if train else plan.config.num_local_centroids, 17)
+    vectors, weights = rules.table_mechanism.table_view(release.table, num_centroids=plan.config.num_local_centroids)
+    assert torch.equal(release.vectors, vectors) and torch.equal(release.weights, weights)
+
+
+def test_a_table_run_refuses_vectors_other_cells_and_inflated_counts(table_rules):
+    from flwr.common import ndarray_to_bytes
+
+    plan, rules = table_rules
+    honest = table_reply(plan, rules, train=True)
+    table = check_reply(honest, client=0, rules=rules, train=True, delta_shapes=None).release.table.numpy()
+    inflated = table.copy()
+    inflated[0, -1] += 10**9
+    cases = {
+        "sends its table alone": dict(release_vectors=ndarray_to_bytes(np.zeros((1, 16), np.float32))),
+        "not int64": dict(release_table=ndarray_to_bytes(table.astype(np.float64))),
+        "int64 \\(": dict(release_table=ndarray_to_bytes(table[:-1])),
+        "count lies outside": dict(release_table=ndarray_to_bytes(inflated)),
+    }
+    for why, tamper in cases.items():
+        with pytest.raises(RejectedReply, match=why):
+            check_reply(table_reply(plan, rules, train=True, **tamper), client=0, rules=rules, train=True, delta_shapes=None)
+    with pytest.raises(RejectedReply, match="int64 \\("):  # round 0's table has the client's own L cells
+        check_reply(honest, client=0, rules=rules, train=False, delta_shapes=None)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 
-from mechanisms import accounting, available_mechanisms, create_mechanism
+from mechanisms import TableRelease, accounting, available_mechanisms, create_mechanism
 from mechanisms.ldp_sums import (
     LdpSumsMechanism,
     cell_table,
@@ -57,23 +57,27 @@ def test_ldp_sums_is_registered_as_a_dp_mechanism():
 
 @pytest.mark.parametrize("n", [0, 1, 40, 600])
 @pytest.mark.parametrize("observed", [False, True])
-def test_a_release_has_exactly_L_unit_rows_and_padding_weighs_nothing(n, observed):
+def test_a_release_is_its_noisy_table_and_its_view_the_heaviest_cells_above_the_threshold(n, observed):
     centres = unit(16, 32, seed=1)
     mechanism = create_mechanism("ldp-sums", epsilon=10.0, noise_source=random.Random(n))
     if observed:
         mechanism.observe_global_centroids(centres)
     release = mechanism.release(clustered(n, 32, centres[:4]), num_centroids=8, generator=gen())
-    assert release.vectors.shape == (8, 32) and release.weights.shape == (8,)
-    assert torch.allclose(release.vectors.norm(dim=1), torch.ones(8), atol=1e-5)
-    real = int((release.weights > 0).sum())
-    assert release.metrics["padded_centroids"] == 8 - real
-    assert (release.weights[real:] == 0).all() and (release.weights[:real] >= mechanism.threshold).all()
+    assert isinstance(release, TableRelease)
+    assert release.table.dtype == torch.int64 and release.table.shape == (16 if observed else 8, 33)
+    vectors, weights = mechanism.table_view(release.table, num_centroids=8)
+    assert torch.equal(vectors, release.vectors) and torch.equal(weights, release.weights)
+    viewed = release.num_vectors
+    assert viewed <= 8 and release.metrics["viewed_cells"] == viewed
+    assert torch.allclose(release.vectors.norm(dim=1), torch.ones(viewed), atol=1e-5)
+    assert (release.weights >= mechanism.threshold).all()
+    assert (release.weights[:-1] >= release.weights[1:]).all()  # heaviest first
     assert release.guarantee.kind == "differential-privacy" and release.guarantee.epsilon <= 10.0 * (1 + 1e-9)
     assert release.events == mechanism.privacy_events()
     if n == 600 and observed:
-        assert real == 4  # the four clusters' own cells, and no empty cell
+        assert viewed == 4  # the four clusters' own cells, and no empty cell
     if n == 0:
-        assert real == 0
+        assert viewed == 0
 
 
 def test_round_zero_partitions_by_random_unit_vectors_drawn_from_the_generator():
@@ -324,3 +328,82 @@ def test_the_release_paths_table_moves_by_at_most_twice_the_row_bound_between_ne
     _, first = coupled_release(monkeypatch, 100 * memory, centres, no_noise)
     _, second = coupled_release(monkeypatch, 100 * other, centres, no_noise)
     assert np.linalg.norm((first - second).astype(np.float64)) <= 2 * sums_grid(memory.shape[1]).sensitivity
+
+
+def tables_of(clients: list[torch.Tensor], centres: torch.Tensor, **params) -> list[torch.Tensor]:
+    mechanism = create_mechanism("ldp-sums", **params, noise_source=random.Random(11))
+    mechanism.observe_global_centroids(centres)
+    return [mechanism.release(x, num_centroids=4, generator=gen()).table for x in clients]
+
+
+@pytest.mark.parametrize("sampling_rate", [1.0, 0.5])
+def test_the_servers_step_over_summed_ldp_sums_tables_equals_ddp_sums_combine_on_the_same_total(sampling_rate):
+    """The same step, not a copy: ``ddp-sums`` with one share's worth of noise per client sums what ldp-sums's
+    server sums, so both move the same cells to the same place (and leave the same cells where they were)."""
+    from mechanisms.ddp_sums import MAX_MODULUS, DdpSumsMechanism
+
+    centres = unit(6, 8, seed=21)
+    clients = [clustered(30, 8, centres[:3], spread=0.2, seed=40 + k) for k in range(7)]  # cells 3 to 5 stay empty
+    params = dict(noise_multiplier=2.0, delta=1e-6, sampling_rate=sampling_rate, momentum=0.3)
+    tables = tables_of(clients, centres, **params)
+    summing = LdpSumsMechanism(**params)
+    stepped = summing.combine_tables(tables, centroids=centres)
+    total = np.mod(torch.stack(tables).sum(dim=0).numpy().ravel(), MAX_MODULUS)
+    combined = DdpSumsMechanism(**params, min_shares=1).combine(total, centroids=centres, num_summed=len(tables))
+    assert torch.equal(stepped, combined)
+    moved = (stepped - centres).norm(dim=1) > 0
+    assert moved[:3].all() and not moved[3:].any()
+
+
+def test_the_sum_moves_cells_below_every_clients_own_threshold():
+    """Nothing is lost below a client's threshold: 40 clients with 4 rows in each of two cells, under the 6 rows a
+    client's view asks of a cell, and the summed tables still move both cells to their rows' pooled direction."""
+    dim = 8
+    centres = unit(4, dim, seed=22)
+    clients = [
+        torch.cat([clustered(4, dim, centres[c : c + 1], spread=0.3, seed=60 + 2 * k + c) for c in (0, 1)])
+        for k in range(40)
+    ]
+    params = dict(noise_multiplier=2.0, delta=1e-6, momentum=0.0)
+    mechanism = create_mechanism("ldp-sums", **params, noise_source=random.Random(12))
+    mechanism.observe_global_centroids(centres)
+    assert mechanism.threshold > 4
+    tables = [mechanism.release(x, num_centroids=4, generator=gen()).table for x in clients]
+    stepped = LdpSumsMechanism(**params).combine_tables(tables, centroids=centres)
+    rows = torch.cat(clients).double()
+    cells = nearest_cells(rows, centres)
+    for cell in (0, 1):
+        pooled = F.normalize(rows[cells == cell].sum(dim=0), dim=0)
+        assert float(stepped[cell].double() @ pooled) > 0.95
+    assert torch.equal(stepped[2:], centres[2:])
+
+
+def test_the_step_refuses_tables_over_other_cells_or_none():
+    centres = unit(4, 8, seed=23)
+    summing = LdpSumsMechanism(noise_multiplier=1.0, delta=1e-6)
+    with pytest.raises(ValueError, match="at least one table"):
+        summing.combine_tables([], centroids=centres)
+    with pytest.raises(ValueError, match="over the centroids"):
+        summing.combine_tables([torch.zeros(5, 9, dtype=torch.int64)], centroids=centres)
+
+
+@pytest.mark.parametrize("n", [0, 1, 50, 400])
+@pytest.mark.parametrize("sampling_rate", [1.0, 0.5])
+def test_honest_tables_pass_the_servers_bounds_and_inflated_ones_do_not(n, sampling_rate):
+    dim, cells = 8, 6
+    centres = unit(cells, dim, seed=24)
+    mechanism = create_mechanism("ldp-sums", noise_multiplier=3.0, delta=1e-6, sampling_rate=sampling_rate,
+                                 noise_source=random.Random(n))
+    mechanism.observe_global_centroids(centres)
+    x = clustered(n, dim, centres[:1], spread=0.01, seed=25)  # every row in one cell: the longest honest sum
+    table = mechanism.release(x, num_centroids=4, generator=gen()).table
+    mechanism.check_table(table, num_reps=n, num_cells=cells, dim=dim)
+    res = count_scale(sums_grid(dim))
+    heavier = table.clone()
+    heavier[0, -1] += 2 * res * max(n, 1) + 100 * res
+    longer = table.clone()
+    longer[0, :-1] *= 3
+    longer[0, 0] += 1000 * res
+    for bad, why in ((heavier, "count"), (longer, "longer"), (table[:-1], "not int64"), (table.int(), "not int64")):
+        with pytest.raises(ValueError, match=why):
+            mechanism.check_table(bad, num_reps=n, num_cells=cells, dim=dim)

@@ -162,7 +162,8 @@ def test_without_secagg_each_update_is_what_the_client_sent(plain_run: tuple[Tra
 
 def test_under_secagg_a_secure_sum_is_recorded_as_combine_read_it_and_no_update(tmp_path: Path) -> None:
     from mechanisms import create_mechanism
-    from mechanisms.ddp_sums import DdpSumsMechanism, lloyd_step
+    from mechanisms.ddp_sums import DdpSumsMechanism
+    from mechanisms.ldp_sums import lloyd_step
     from privfed.run.directory import RunDirectory
 
     config = recorded_run(tmp_path / "run", secagg=True, mechanism="ddp-sums", epsilon=10.0, seed=1)
