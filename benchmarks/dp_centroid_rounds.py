@@ -2,10 +2,14 @@
 
 ``benchmarks/ddp_fidelity.py`` scores one Lloyd step from warm centroids. A
 run is many steps from random ones, and two cheap knobs were never tuned: the
-server's EMA ``momentum`` (:func:`mechanisms.ddp_sums.lloyd_step`, default
-0.5) and a release cadence ``k``: clients release, and are charged, only in
-every k-th round (rounds 0, k, 2k, ...), so the total budget is spread over
-``ceil(R / k)`` releases; in the other rounds the centroids stay.
+server's EMA ``momentum`` (:func:`mechanisms.ldp_sums.lloyd_step`; 0.5 before
+these figures, 0.75 since) and a release cadence ``k`` (``--release-every``):
+clients release, and are charged, only in every k-th round (here rounds 0, k,
+2k, ... of R; privfed's training rounds 1, 1 + k, ...), so the total budget is
+spread over ``ceil(R / k)`` releases; in the other rounds the centroids stay.
+
+The ``ldp-sums-summed`` model is what ``ldp-sums``'s server now does: it adds
+the round's noisy tables (:meth:`mechanisms.ldp_sums.LdpSumsMechanism.combine_tables`).
 
 The data are static. G true means are random unit vectors in D dimensions;
 each of N clients holds unit rows around 8 of them (non-IID), its row count
@@ -15,7 +19,7 @@ round each of them builds its integer table over the current global centroids
 (:func:`mechanisms.ldp_sums.integer_table`: rows clipped, rounded to the grid,
 summed per nearest cell with their counts), on a secret Poisson sample of
 rate ``q = min(1, memory / median size)`` (the run's rule), and the server
-takes one :func:`~mechanisms.ddp_sums.lloyd_step` from the sum of the K
+takes one :func:`~mechanisms.ldp_sums.lloyd_step` from the sum of the K
 tables, moving the cells whose noisy count reaches ``max(3 * its noise std, 1)``.
 
 Noise. ``z = sums_noise_multiplier(total epsilon, delta, ceil(R / k) releases,
@@ -25,8 +29,7 @@ the row bound of :mod:`mechanisms.ldp_sums`, sampled or not), so the round's
 summed table carries
 
 * ``ldp-sums-summed``: variance ``K (z unit)^2`` (each client adds the whole
-  noise and the server adds the K noisy tables; the real ``ldp-sums``
-  releases each client's thresholded vectors instead, not modelled here);
+  noise and the server adds the K noisy tables);
 * ``ddp-sums``: variance ``(z unit)^2`` (shares inside a secure sum,
   ``K_min = K``; the CPU preset's runs take ``K_min`` 6 of 10, so more noise).
 
@@ -73,12 +76,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mechanisms.ddp_sums import DEFAULT_MOMENTUM, lloyd_step, share_sigma
+from mechanisms.ddp_sums import share_sigma
 from mechanisms.dp_pieces import clip_to_radius
 from mechanisms.ldp_sums import (
+    DEFAULT_MOMENTUM,
     THRESHOLD_STDS,
     count_scale,
     integer_table,
+    lloyd_step,
     nearest_cells,
     sums_grid,
     sums_noise_multiplier,

@@ -213,9 +213,11 @@ class Mechanism(abc.ABC):
         """Whether a client sends anything of its representations in a round (``train`` False: an initialisation round)."""
 
     @classmethod
-    def max_releases(cls, rounds: int) -> int:
-        """Releases one client makes when sampled in round 0 and every one of ``rounds`` training rounds."""
-        return rounds + int(cls.releases_in(train=False))
+    def max_releases(cls, rounds: int, *, release_every: int = 1) -> int:
+        """Releases one client makes when sampled in every round of a run of ``rounds`` training rounds that releases
+        in every ``release_every``-th (:func:`round_releases`)."""
+        check_release_every(release_every)
+        return -(-rounds // release_every) + int(cls.releases_in(train=False))
 
     @classmethod
     def is_differentially_private(cls) -> bool:
@@ -442,12 +444,28 @@ class SecureSumMechanism(Mechanism):
         return None
 
 
-def round_releases(mechanism: type[Mechanism] | Mechanism | None, *, train: bool) -> bool:
-    """Whether a round sends anything of the clients' representations: the one place privfed asks (of the class, so
-    an instance cannot answer otherwise)."""
+def round_releases(
+    mechanism: type[Mechanism] | Mechanism | None, *, round_index: int, release_every: int = 1
+) -> bool:
+    """Whether round ``round_index`` sends anything of the clients' representations: the one place privfed asks (of
+    the class, so an instance cannot answer otherwise).
+
+    Round 0 sends when the mechanism's kind does; training rounds 1, 1 + k, 1 + 2k, ... for a cadence of
+    ``k = release_every``, so the first training round always releases. In the other rounds the centroids stay.
+    """
+    check_release_every(release_every)
     if mechanism is None:
         return False
-    return (mechanism if isinstance(mechanism, type) else type(mechanism)).releases_in(train=train)
+    kind = mechanism if isinstance(mechanism, type) else type(mechanism)
+    if round_index == 0:
+        return kind.releases_in(train=False)
+    return kind.releases_in(train=True) and (round_index - 1) % release_every == 0
+
+
+def check_release_every(release_every: int) -> None:
+    """Refuses (ValueError) a cadence that is not a positive integer."""
+    if isinstance(release_every, bool) or not isinstance(release_every, int) or release_every < 1:
+        raise ValueError(f"release_every must be a positive integer, got {release_every!r}")
 
 
 def replace_one_dp_guarantee(epsilon: float, delta: float, *, accounting: str, covers: str) -> Guarantee:

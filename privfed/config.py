@@ -108,7 +108,7 @@ class TrainConfig:
     epsilon: float | None = option(
         None,
         "Differentially private mechanisms: total epsilon ONE client may spend over the whole run (all its releases "
-        "composed with the PLD accountant; every release is calibrated for the worst case of rounds+1 participations).",
+        "composed with the PLD accountant; every release is calibrated for the worst case: sampled in every round that releases).",
     )
     delta: float | None = option(
         None,
@@ -120,12 +120,24 @@ class TrainConfig:
         "DP mechanisms: fix the epsilon of each single release instead; with --epsilon too, a run whose releases "
         "would exceed it is refused.",
     )
+    release_every: int = option(
+        1,
+        "Centroid releases only every N-th training round (rounds 1, 1+N, 1+2N, ..., and round 0 where the mechanism "
+        "releases then); in the others clients train against the centroids, which stay, and are charged nothing. "
+        "The budget is calibrated for the releases that happen.",
+    )
     secret_sample: bool | None = option(
         None,
         "Mechanisms that take it (ldp-sums, ddp-sums): each release uses a secret Poisson sample of the client's "
         "images, drawn from the OS CSPRNG at rate memory_size / (median client size), and the ledger counts the "
         "amplification. Off: the release uses the memory, with no amplification.",
         default_text="the mechanism's: on",
+    )
+    centroid_momentum: float | None = option(
+        None,
+        "Mechanisms that take it (ldp-sums, ddp-sums): the server's EMA over rounds of each centroid it moves from "
+        "the summed tables, in [0, 1) (post-processing: no privacy cost).",
+        default_text="the mechanism's: 0.75",
     )
     kanon_min_k: int | None = option(
         None,
@@ -266,7 +278,7 @@ class TrainConfig:
 
 
 #: The options that give the release mechanism a setting, and the setting each gives.
-MECHANISM_SETTINGS = {"secret_sample": "secret_sample", "kanon_min_k": "min_k"}
+MECHANISM_SETTINGS = {"secret_sample": "secret_sample", "centroid_momentum": "momentum", "kanon_min_k": "min_k"}
 
 #: The built-in defaults, for commands (``evaluate``) and functions that share an option with training.
 DEFAULTS = TrainConfig()
@@ -286,7 +298,8 @@ OPTION_PANELS: dict[str, tuple[str, ...]] = {
         "num_global_centroids", "global_clustering",
     ),
     "Privacy": (
-        "mechanism", "epsilon", "delta", "epsilon_per_release", "secret_sample", "kanon_min_k", "report_client_metrics",
+        "mechanism", "epsilon", "delta", "epsilon_per_release", "release_every", "secret_sample", "centroid_momentum",
+        "kanon_min_k", "report_client_metrics",
     ),
     "Secure aggregation": ("secagg", "secagg_shares", "secagg_threshold", "secagg_clipping_range", "secagg_timeout"),
     "DP-SGD": ("dp_sgd", "max_grad_norm", "dp_sgd_noise_multiplier", "dp_sgd_epsilon"),
@@ -483,6 +496,7 @@ FLOAT_RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "epsilon": (MIN_EPSILON, MAX_EPSILON, True, True),
     "delta": (MIN_DELTA, 1.0, True, False),
     "epsilon_per_release": (MIN_EPSILON, MAX_EPSILON, True, True),
+    "centroid_momentum": (0.0, 1.0, True, False),
     "secagg_clipping_range": (0.0, math.inf, False, False),
     "secagg_timeout": (0.0, MAX_TIMEOUT_SECONDS, False, True),
     "max_grad_norm": (0.0, math.inf, False, False),
@@ -530,6 +544,7 @@ def validate(config: TrainConfig) -> None:
     positive_ints = (
         "num_clients", "rounds", "local_epochs", "batch_size", "memory_size",
         "num_local_centroids", "num_global_centroids", "projection_dim", "projection_hidden_dim", "eval_every", "knn_k",
+        "release_every",
     )
     for name in positive_ints:
         if getattr(config, name) is not None and getattr(config, name) < 1:  # projection_hidden_dim may be unset
@@ -547,6 +562,8 @@ def validate(config: TrainConfig) -> None:
         raise PrivfedError(f"unknown method {config.method!r} (choose from {', '.join(methods)})")
     if config.dp_sgd and (refusal := methods[config.method].dp_sgd_refusal):
         raise PrivfedError(refusal)
+    if config.release_every > 1 and not methods[config.method].releases:
+        raise PrivfedError(f"--release-every spaces out centroid releases, and method {config.method} releases nothing")
     from mechanisms import MechanismRegistrationError, UnknownMechanismError, get_mechanism_class
 
     try:

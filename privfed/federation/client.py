@@ -158,7 +158,7 @@ class OrchestraClient(Client):
         train = ins.config["task"] == "train"
         centroids = bytes_to_tensor(record_item(ins.config["centroids"], bytes)) if "centroids" in ins.config else None
         # Before anything is charged: the client's own mechanism, and the sum that must hold a secure-sum one's noise.
-        mechanism = self._mechanism(train)
+        mechanism = self._mechanism(train, round_index)
         stored = declared.replies.get(declared.run, round_index)  # read once: the last reply may be model-sized
         replayed = self._replayed(stored, round_index, digest, shares=train and isinstance(mechanism, SecureSumMechanism))
         if replayed is not None:
@@ -248,11 +248,12 @@ class OrchestraClient(Client):
             cohort.admit(key, CohortJob(images, seed), global_state, centroids)
         return None
 
-    def _mechanism(self, train: bool) -> Mechanism | None:
-        """The declared mechanism from the client's own calibration; refuses a round it cannot serve (a secure-sum
-        mechanism's training round whose SecAgg+ setup would not hold its noise)."""
-        name, params = self.declared.guard.budget.mechanism, self.declared.guard.budget.params
-        if name is None:
+    def _mechanism(self, train: bool, round_index: int) -> Mechanism | None:
+        """The declared mechanism from the client's own calibration (None: nothing is released this round); refuses a
+        round it cannot serve (a secure-sum mechanism's training round whose SecAgg+ setup would not hold its noise)."""
+        budget = self.declared.guard.budget
+        name, params = budget.mechanism, budget.params
+        if name is None or not budget.releases_in(round_index=round_index, train=train):
             return None
         try:
             built = create_mechanism(name, **params)

@@ -38,6 +38,7 @@ from mechanisms.base import (
     ReleaseMechanism,
     TableRelease,
     TableReleaseMechanism,
+    round_releases,
 )
 from privfed.federation.messages import RELEASE_KEYS, has_release
 from privfed.methods import STEP_VALUES
@@ -85,6 +86,7 @@ class ReplyRules:
     client_metrics: bool = False
     samples_every_image: bool = False
     num_global_centroids: int = 0
+    release_every: int = 1
 
     def most_reps(self, size: int) -> int:
         """The most representations a client of ``size`` examples hands its mechanism, which bounds its release.
@@ -112,7 +114,13 @@ class ReplyRules:
             release_events=plan.privacy.per_release_events, min_k=None if minimum is None else int(minimum),
             dp_sgd=plan.privacy.dp_sgd, memory_size=config.memory_size, client_metrics=config.report_client_metrics,
             samples_every_image=plan.privacy.rows_sampled, num_global_centroids=config.num_global_centroids,
+            release_every=config.release_every,
         )
+
+    def releases_in(self, round_index: int | None, *, train: bool) -> bool:
+        """Whether a reply to this round holds a release (``round_index`` None: any training round that releases)."""
+        index = (round_index if round_index is not None else 1) if train else 0
+        return round_releases(self.mechanism, round_index=index, release_every=self.release_every)
 
     @functools.cached_property
     def table_mechanism(self) -> TableReleaseMechanism | None:
@@ -165,7 +173,8 @@ def check_reply(
             raise RejectedReply(f"num_examples {res.num_examples!r} is not the client's {size} examples")
         numeric = _numeric_metrics(metrics, reported=rules.client_metrics)
         training_events = _training_events(metrics, rules=rules, size=size, train=train)
-        release = _release(metrics, rules=rules, size=size, train=train)
+        released = rules.releases_in(round_index, train=train)
+        release = _release(metrics, rules=rules, size=size, train=train, released=released)
         delta = None if delta_shapes is None else _delta(res, delta_shapes, train=train)
         return CheckedReply(client, size, release, numeric, training_events, delta)
     except RejectedReply as err:
@@ -256,11 +265,15 @@ def _array(metrics: dict[str, Any], key: str) -> np.ndarray:
         raise RejectedReply(f"{key} is not a readable array ({type(err).__name__})") from None
 
 
-def _release(metrics: dict[str, Any], *, rules: ReplyRules, size: int, train: bool) -> Release | None:
+def _release(metrics: dict[str, Any], *, rules: ReplyRules, size: int, train: bool, released: bool) -> Release | None:
     mechanism = rules.mechanism
-    if mechanism is None or not issubclass(mechanism, ReleaseMechanism):
+    if mechanism is None or not issubclass(mechanism, ReleaseMechanism) or not released:
         if has_release(metrics):
-            why = "the run's method releases nothing" if mechanism is None else f"{mechanism.name} shares into the secure sum"
+            why = (
+                "the run's method releases nothing" if mechanism is None
+                else f"{mechanism.name} shares into the secure sum" if not issubclass(mechanism, ReleaseMechanism)
+                else f"the run releases only every {rules.release_every} rounds, and not in this one"
+            )
             raise RejectedReply(f"it holds a release, but {why}")
         return None
     table = None

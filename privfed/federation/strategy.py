@@ -234,7 +234,7 @@ class OrchestraStrategy(Strategy):
         """A SecAgg+ masked vector's arrays: Flower's weight factor, the encoded update's (and metrics'), the share."""
         shapes = [(1,), *secure_sum_shapes(self._shapes, metrics=self._rules.client_metrics)]
         aggregator = self.server.aggregator
-        if aggregator is not None:
+        if aggregator is not None and self.carries_share:
             assert self.server.centroids is not None  # drawn in round 0
             cells, dim = self.server.centroids.shape
             shapes.append((aggregator.share_length(num_cells=cells, dim=dim),))
@@ -242,8 +242,13 @@ class OrchestraStrategy(Strategy):
 
     @property
     def carries_share(self) -> bool:
-        """Whether each masked vector ends with a secure-sum mechanism's share."""
-        return self.server.aggregator is not None
+        """Whether each masked vector ends with a secure-sum mechanism's share (not in a round the cadence skips)."""
+        return self.server.aggregator is not None and self.round_releases
+
+    @property
+    def round_releases(self) -> bool:
+        """Whether the round configured last has clients release (or share) anything of their representations."""
+        return self._rules.releases_in(self.orchestra_round(self._configured_round), train=self.next_round_trains)
 
     def note_secure_sum(self, total: np.ndarray, *, num_summed: int, nodes: Collection[int] = ()) -> None:
         """The unmasked sum of the round's shares (the workflow splits it off the update's sum), from ``nodes``."""
@@ -368,7 +373,9 @@ class OrchestraStrategy(Strategy):
         releases = [(c.client, c.release) for c in checked if c.release is not None]
         # With no usable reply the global state stays as it was; the round is still logged and charged.
         stats = (
-            self.server.apply_round(mean_delta, [release for _, release in releases], self._secure_sum) if checked else {}
+            self.server.apply_round(
+                mean_delta, [release for _, release in releases], self._secure_sum, released=self.round_releases
+            ) if checked else {}
         )
         rejected, self._rejected = self._rejected, []
         updates, self._updates = self._updates, None

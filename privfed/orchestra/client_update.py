@@ -102,7 +102,8 @@ def run_client_round(
     Args:
         centroids: ``[G, D]`` global centroids (None in round 0, and for a method without centroids).
         images: ``[n, 3, H, W]`` uint8 images of this client.
-        mechanism: Decides what the memory turns into before it is sent (None: the method releases nothing).
+        mechanism: Decides what the memory turns into before it is sent (None: nothing is released: the method
+            releases nothing, or the run's cadence skips the round).
         seed: Seeds shuffling, augmentation and the mechanism's choices.
         labels: ``[n]`` labels of ``images``: supervised FedAvg only (the other methods never see a label).
         trained: This client's training, done already in a cohort with the same model, centroids, images
@@ -111,7 +112,7 @@ def run_client_round(
     generator = torch.Generator().manual_seed(seed)
     load_shared_state(network, global_state)
     events: tuple[PrivacyEvent, ...] = ()
-    releases = round_releases(mechanism, train=train)
+    releases = round_releases(mechanism, round_index=int(train))  # round 0, or a training round that releases
     samples_every_image = releases and mechanism is not None and mechanism.input_sampling_rate < 1
     if not train:
         memory = examples = None

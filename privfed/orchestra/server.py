@@ -73,7 +73,8 @@ class OrchestraServer:
         self._generator.set_state(generator)
 
     def apply_round(
-        self, mean_delta: StateDict | None, releases: list[Release], secure_sum: SecureSum | None = None
+        self, mean_delta: StateDict | None, releases: list[Release], secure_sum: SecureSum | None = None, *,
+        released: bool = True,
     ) -> dict[str, float]:
         """Applies the round's mean delta (None: the model stays) and updates the centroids.
 
@@ -83,9 +84,18 @@ class OrchestraServer:
         fixed-centroid control draws its random centroids once, in round 0; a
         method without centroids has none.
 
+        ``released`` False: a round without releases by the run's plan; a training round (the run's cadence
+        skips it) then holds no release or share, and the centroids stay.
+
         Returns:
             Round statistics that are safe to log.
         """
+        if not released and self.initialised:
+            if releases or secure_sum is not None:
+                raise ValueError("the round's cadence releases nothing, yet the round holds releases or a secure sum")
+            if mean_delta is not None:
+                load_shared_state(self.network, apply_delta(self.global_state(), mean_delta))
+            return {}
         if self.aggregator is not None:
             if releases:
                 raise ValueError(
@@ -119,11 +129,11 @@ class OrchestraServer:
             releases, self.num_global_centroids, previous=self.centroids, generator=self._generator,
             method=self.global_clustering, cluster_temperature=self.cluster_temperature,
         )
-        released = sum(r.num_vectors for r in releases)
-        stats = {"clients": float(len(releases)), "released_vectors": float(released)}
-        if released:
+        vectors = sum(r.num_vectors for r in releases)
+        stats = {"clients": float(len(releases)), "released_vectors": float(vectors)}
+        if vectors:
             # Padding (weight 0) stands for no representation: a low fraction means the DP noise drowned the releases.
-            stats["weighted_vector_fraction"] = sum(int((r.weights > 0).sum()) for r in releases) / released
+            stats["weighted_vector_fraction"] = sum(int((r.weights > 0).sum()) for r in releases) / vectors
         usage = _centroid_usage(releases, self.centroids)
         if usage is not None:
             stats["centroid_usage"] = usage

@@ -160,7 +160,7 @@ def plan_privacy(config: TrainConfig, client_sizes: list[int]) -> PrivacyPlan:
     _check_budget_options(config, mechanism_class)
     if mechanism_class is None:
         return PrivacyPlan(mechanism=None, delta=delta if dp_sgd else None, dp_sgd=dp_sgd, reference_epsilon=reference)
-    releases = mechanism_class.max_releases(config.rounds)
+    releases = mechanism_class.max_releases(config.rounds, release_every=config.release_every)
     total = config.epsilon_per_release is None  # --epsilon alone: the budget covers every release
     try:
         mechanism_plan = mechanism_class.plan(plan_request(config, client_sizes, delta=delta, releases=releases if total else 1))

@@ -77,6 +77,7 @@ class ClientBudget:
         dp_sgd_cap: Epsilon DP-SGD may spend in total, for this client's size (None: no DP-SGD).
         reference_epsilon: Sets the accountant's grid, as the server's ledger does.
         rounds: Training rounds the declared run has (round 0 aside).
+        release_every: The declared cadence: which rounds release (:func:`~mechanisms.base.round_releases`).
         node_cap: ``(epsilon, delta)`` the node itself allows, releases and DP-SGD composed (None: none).
     """
 
@@ -91,6 +92,12 @@ class ClientBudget:
     reference_epsilon: float
     rounds: int
     node_cap: tuple[float, float] | None = None
+    release_every: int = 1
+
+    def releases_in(self, *, round_index: int, train: bool) -> bool:
+        """Whether the client releases in this round (an initialisation round counts as round 0), as it is charged."""
+        mechanism = None if self.mechanism is None else get_mechanism_class(self.mechanism)
+        return round_releases(mechanism, round_index=round_index if train else 0, release_every=self.release_every)
 
 
 def declared_budget(
@@ -130,7 +137,7 @@ def _declared_budget(declared: TrainConfig, num_samples: int, node_cap: tuple[fl
     return ClientBudget(
         mechanism=plan.mechanism, params=plan.params, release_events=plan.per_release_events, dp_sgd=dp_sgd,
         training_events=training, delta=plan.delta, release_cap=release_cap, dp_sgd_cap=dp_sgd_cap,
-        reference_epsilon=reference, rounds=declared.rounds, node_cap=node_cap,
+        reference_epsilon=reference, rounds=declared.rounds, node_cap=node_cap, release_every=declared.release_every,
     )
 
 
@@ -164,7 +171,7 @@ class ClientGuard:
             RoundRefused: when the round is outside the run or would overrun a cap.
         """
         mechanism = self.budget.mechanism
-        releasing = round_releases(None if mechanism is None else get_mechanism_class(mechanism), train=train)
+        releasing = self.budget.releases_in(round_index=round_index, train=train)
         releases = self.budget.release_events if releasing else ()
         if not 0 <= round_index <= self.budget.rounds:
             raise RoundRefused(f"round {round_index} is outside the declared run's rounds 0 to {self.budget.rounds}")

@@ -15,11 +15,23 @@ def request(**changes):
 
 
 def test_a_release_mechanism_releases_in_round_0_and_a_secure_sum_one_only_in_training_rounds():
-    assert round_releases(get_mechanism_class("ldp"), train=False) and round_releases(get_mechanism_class("kanon"), train=True)
-    assert not round_releases(get_mechanism_class("ddp-sums"), train=False)
-    assert round_releases(get_mechanism_class("ddp-sums"), train=True)
-    assert not round_releases(None, train=True)
-    assert get_mechanism_class("ldp").max_releases(12) == 13 and get_mechanism_class("ddp-sums").max_releases(12) == 12
+    ldp, kanon, ddp = (get_mechanism_class(name) for name in ("ldp", "kanon", "ddp-sums"))
+    assert round_releases(ldp, round_index=0) and round_releases(kanon, round_index=1)
+    assert not round_releases(ddp, round_index=0)
+    assert round_releases(ddp, round_index=1)
+    assert not round_releases(None, round_index=1)
+    assert ldp.max_releases(12) == 13 and ddp.max_releases(12) == 12
+
+
+@pytest.mark.parametrize("every", [1, 2, 5, 7])
+def test_a_cadence_releases_in_training_rounds_1_1_plus_k_and_so_on_and_the_plan_counts_exactly_those(every):
+    for mechanism in (get_mechanism_class("ldp-sums"), get_mechanism_class("ddp-sums")):
+        rounds = [r for r in range(21) if round_releases(mechanism, round_index=r, release_every=every)]
+        assert [r for r in rounds if r > 0] == list(range(1, 21, every))
+        assert (0 in rounds) == mechanism.releases_in(train=False)
+        assert mechanism.max_releases(20, release_every=every) == len(rounds)
+    with pytest.raises(ValueError, match="positive integer"):
+        round_releases(get_mechanism_class("kanon"), round_index=3, release_every=0)
 
 
 @pytest.mark.parametrize("name", ["kanon", "ldp", "ldp-sums", "ddp-sums", "reps"])

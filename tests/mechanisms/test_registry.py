@@ -116,7 +116,7 @@ def test_an_instance_cannot_answer_otherwise_than_its_class_whether_a_round_send
     sums = create_mechanism("ddp-sums", **get_mechanism_class("ddp-sums").calibrate(epsilon=20.0, delta=1e-6, num_releases=3),
                             min_shares=2)
     sums.releases_in = lambda *, train: True  # what the client guard asks is the class's answer, so the compute path's is too
-    assert not round_releases(sums, train=False) and round_releases(sums, train=True)
+    assert not round_releases(sums, round_index=0) and round_releases(sums, round_index=1)
 
 
 def test_a_dp_claim_without_its_own_calibration_and_events_is_refused(monkeypatch):

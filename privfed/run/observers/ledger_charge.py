@@ -79,7 +79,8 @@ class ChargeReleases(RoundObserver):
         charged_ks: list[int] = []
         if mechanism is None:
             return charged_ks
-        sends = round_releases(mechanism, train=report.round > 0)  # a secure-sum mechanism's round 0 sends nothing
+        # A secure-sum mechanism's round 0 sends nothing, nor does a round the run's cadence skips.
+        sends = round_releases(mechanism, round_index=report.round, release_every=self.plan.config.release_every)
         if issubclass(mechanism, SecureSumMechanism) and sends:
             # Each accepted reply's masked vector carries its share, whether or not the sum completed.
             for client, _ in report.training_events:
