@@ -191,6 +191,20 @@ def _spread(rows: list[dict[str, Any]], key: str) -> str:
     return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:.3f}"
 
 
+def markdown_table(results: dict[str, list[dict[str, Any]]], *, reference: str, labels: dict[str, str]) -> str:
+    """The README's table: centroid cosine over the last 5 rounds, its share of ``reference``'s (ratio of means), final
+    kNN and linear probe, mean ± std over seeds; one row per setting in ``labels`` (name -> label), in that order."""
+    base = statistics.fmean(r["cosine_last5"] for r in results[reference])
+    lines = ["| setting | centroid cosine, last 5 rounds | share of `kanon` | kNN | linear probe |", "|---|---|---|---|---|"]
+    for name, label in labels.items():
+        rows = results[name]
+        cosines = [r["cosine_last5"] for r in rows if r["cosine_last5"] is not None]
+        share = f"{statistics.fmean(cosines) / base:.2f}" if cosines else "–"
+        cosine = _spread(rows, "cosine_last5").replace("-", "–")
+        lines.append(f"| {label} | {cosine} | {share} | {_spread(rows, 'knn')} | {_spread(rows, 'linear')} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=Path("configs/cpu-cifar10.toml"))
@@ -209,6 +223,8 @@ def main() -> None:
         if not results:
             parser.error(f"no finished NAME-seedN runs under {args.out}")
         print_table(results, args.baseline)
+        if args.json is not None:
+            args.json.write_text(json.dumps(results, indent=2))
         return
     if not args.setting:
         parser.error("give at least one --setting (or --tabulate)")

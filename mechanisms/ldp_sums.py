@@ -451,9 +451,9 @@ class LdpSumsMechanism(TableCalibration, TableReleaseMechanism):
     def check_table(self, table: torch.Tensor, *, num_reps: int, num_cells: int, dim: int) -> None:
         """Refuses a table of another shape, or whose sums or counts lie beyond what ``num_reps`` clipped rows and
         :data:`NOISE_TAIL_STDS` of the noise reach: each count in ``[-tail, res n + tail]``, their total within
-        ``res n + tail sqrt(cells)``; each sum's norm within ``s n + r``, their total within ``s n + cells r``, for a
-        noise vector's length ``r = sigma (sqrt(D) + 20)``. A hostile client outweighs an honest one in a cell by at
-        most ``r``."""
+        ``tail sqrt(cells)`` of ``[0, res n]``; each sum's norm within ``s n + r``, their total within
+        ``s n + cells r``, for a noise vector's length ``r = sigma (sqrt(D) + 20)``. Not checked: that a cell's sum
+        points into its own cell, as an honest one does (tests/mechanisms/test_ldp_sums_hostile_tables.py)."""
         if table.dtype != torch.int64 or tuple(table.shape) != (num_cells, dim + 1):
             raise ValueError(f"the table is {table.dtype} {tuple(table.shape)}, not int64 ({num_cells}, {dim + 1})")
         grid = sums_grid(dim)
@@ -462,8 +462,8 @@ class LdpSumsMechanism(TableCalibration, TableReleaseMechanism):
         counts = table[:, -1].double()
         if float(counts.min()) < -tail or float(counts.max()) > res * num_reps + tail:
             raise ValueError(f"a cell's count lies outside [-{tail:.4g}, {res * num_reps + tail:.4g}] grid steps")
-        if float(counts.sum()) > res * num_reps + tail * math.sqrt(num_cells):
-            raise ValueError(f"the counts total more than {num_reps} rows and the noise hold")
+        if not -tail * math.sqrt(num_cells) <= float(counts.sum()) <= res * num_reps + tail * math.sqrt(num_cells):
+            raise ValueError(f"the counts total outside what {num_reps} rows and the noise hold")
         norms = table[:, :-1].double().norm(dim=1)
         noise_norm = sigma * (math.sqrt(dim) + NOISE_TAIL_STDS)
         if float(norms.max()) > grid.sensitivity * num_reps + noise_norm or (

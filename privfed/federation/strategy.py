@@ -371,6 +371,7 @@ class OrchestraStrategy(Strategy):
     ) -> None:
         checked = [c for _, _, c in results]
         releases = [(c.client, c.release) for c in checked if c.release is not None]
+        trains = self.next_round_trains  # before the round is applied: False for an initialisation
         # With no usable reply the global state stays as it was; the round is still logged and charged.
         stats = (
             self.server.apply_round(
@@ -395,6 +396,7 @@ class OrchestraStrategy(Strategy):
                 runtime_state=self.runtime_state(),
                 unusable=unusable,
                 update_dropped=dropped,
+                train=trains,
                 updates=updates,
                 secure_sum=self._secure_sum if checked else None,
             )

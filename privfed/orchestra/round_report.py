@@ -31,6 +31,8 @@ class RoundReport:
         updates: Each accepted client's model delta as the server decoded it, in client order; None unless the
             runtime was asked to keep them (``--record-releases`` with ``--no-secagg``) and the round trained.
         secure_sum: The unmasked sum of a secure-sum mechanism's shares the server combined (None: none, or it halted).
+        train: Whether clients were asked to train (False: an initialisation, which clients count as round 0 whatever
+            its index, as the strategy repeats it until some reply of it is applied).
     """
 
     round: int
@@ -48,6 +50,7 @@ class RoundReport:
     update_dropped: str | None = None
     updates: dict[int, StateDict] | None = None
     secure_sum: SecureSum | None = None
+    train: bool = True
 
     @property
     def sampled(self) -> int:

@@ -80,7 +80,9 @@ class ChargeReleases(RoundObserver):
         if mechanism is None:
             return charged_ks
         # A secure-sum mechanism's round 0 sends nothing, nor does a round the run's cadence skips.
-        sends = round_releases(mechanism, round_index=report.round, release_every=self.plan.config.release_every)
+        # Clients count an initialisation as round 0, whatever its index: so does the server.
+        index = report.round if report.train else 0
+        sends = round_releases(mechanism, round_index=index, release_every=self.plan.config.release_every)
         if issubclass(mechanism, SecureSumMechanism) and sends:
             # Each accepted reply's masked vector carries its share, whether or not the sum completed.
             for client, _ in report.training_events:
