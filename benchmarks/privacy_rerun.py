@@ -31,7 +31,7 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "sums1": ("`ldp-sums`, total ε 1", {"mechanism": "ldp-sums", "epsilon": 1.0}),
     "ddp10": ("`ddp-sums`, total ε 10", {"mechanism": "ddp-sums", "epsilon": 10.0}),
     "ddp1": ("`ddp-sums`, total ε 1", {"mechanism": "ddp-sums", "epsilon": 1.0}),
-    "fixed": ("fixed random centroids", {"method": "orchestra-fixed-centroids"}),
+    "fixed": ("fixed random centroids", {"method": "orchestra-fixed-centroids", "record_releases": False}),
 }
 SEEDS = (0, 1, 2)
 

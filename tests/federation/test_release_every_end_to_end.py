@@ -88,6 +88,7 @@ def _logged(run: Path) -> list[int]:
     return [m["round"] for m in jsonl(path)] if path.is_file() else []
 
 
+@pytest.mark.slow
 def test_a_run_killed_in_a_round_without_a_release_resumes_to_the_run_left_alone(tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     alone = _train([*KANON, "--out", str(whole)])

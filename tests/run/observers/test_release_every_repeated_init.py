@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 
-
 from mechanisms import get_mechanism_class, round_releases
 from privfed.orchestra.round_report import Rejection, RoundReport
 from privfed.privacy.client_guard import declared_budget
