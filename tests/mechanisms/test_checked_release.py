@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mechanisms import Guarantee, Mechanism, Release, ReleaseMechanism, create_mechanism
+from mechanisms import Guarantee, Mechanism, Release, ReleaseMechanism, TableRelease, create_mechanism
 from mechanisms.base import checked_release
 
 
@@ -32,7 +32,11 @@ def test_a_non_finite_representation_stops_every_mechanism(name, bad):
 @pytest.mark.parametrize("name", ["kanon", "ldp", "ldp-sums", "reps"])
 def test_finite_representations_are_released_as_the_mechanism_says(name):
     release = checked_release(mechanism(name), reps(), num_centroids=4, generator=torch.Generator().manual_seed(0))
-    assert release.num_vectors > 0 and release.vectors.shape[1] == 16
+    assert release.vectors.shape[1] == 16
+    if isinstance(release, TableRelease):  # its noisy table; the view may hold no cell at this noise
+        assert release.table.shape == (4, 17) and release.num_vectors <= 4
+    else:
+        assert release.num_vectors > 0
 
 
 class Broken(ReleaseMechanism):
