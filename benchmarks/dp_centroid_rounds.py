@@ -20,7 +20,8 @@ round each of them builds its integer table over the current global centroids
 summed per nearest cell with their counts), on a secret Poisson sample of
 rate ``q = min(1, memory / median size)`` (the run's rule), and the server
 takes one :func:`~mechanisms.ldp_sums.lloyd_step` from the sum of the K
-tables, moving the cells whose noisy count reaches ``max(3 * its noise std, 1)``.
+tables, moving the cells whose noisy count reaches the server's
+:func:`~mechanisms.ldp_sums.step_threshold` (one noise std, at least a row).
 
 Noise. ``z = sums_noise_multiplier(total epsilon, delta, ceil(R / k) releases,
 q)``: every client is charged as if it were drawn in every release round.
@@ -80,11 +81,11 @@ from mechanisms.ddp_sums import share_sigma
 from mechanisms.dp_pieces import clip_to_radius
 from mechanisms.ldp_sums import (
     DEFAULT_MOMENTUM,
-    THRESHOLD_STDS,
     count_scale,
     integer_table,
     lloyd_step,
     nearest_cells,
+    step_threshold,
     sums_grid,
     sums_noise_multiplier,
     table_in_data_units,
@@ -207,7 +208,7 @@ def round_noise(scale: Scale, model: str | None, epsilon: float, cadence: int) -
         q = scale.sampling_rate
         z = sums_noise_multiplier(epsilon, DELTA, num_releases=num_releases(scale.rounds, cadence), sampling_rate=q)
         std = summed_noise_std(model, z, clients=scale.per_round, dim=scale.dim, sampled=q < 1)
-    return std, max(THRESHOLD_STDS * std / count_scale(sums_grid(scale.dim)), 1.0)
+    return std, step_threshold(std / count_scale(sums_grid(scale.dim)))
 
 
 @dataclass

@@ -28,6 +28,7 @@ import shutil
 import statistics
 import tempfile
 import tomllib
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -191,17 +192,27 @@ def _spread(rows: list[dict[str, Any]], key: str) -> str:
     return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:.3f}"
 
 
-def markdown_table(results: dict[str, list[dict[str, Any]]], *, reference: str, labels: dict[str, str]) -> str:
+def markdown_table(
+    results: dict[str, list[dict[str, Any]]],
+    *,
+    reference: str,
+    labels: dict[str, str],
+    extra: Mapping[str, Callable[[list[dict[str, Any]]], str]] | None = None,
+) -> str:
     """The README's table: centroid cosine over the last 5 rounds, its share of ``reference``'s (ratio of means), final
-    kNN and linear probe, mean ± std over seeds; one row per setting in ``labels`` (name -> label), in that order."""
+    kNN and linear probe, mean ± std over seeds; one row per setting in ``labels`` (name -> label), in that order.
+    ``extra`` adds columns: header -> the cell of a setting's rows."""
+    extra = extra or {}
+    header = ["setting", "centroid cosine, last 5 rounds", "share of `kanon`", "kNN", "linear probe", *extra]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     base = statistics.fmean(r["cosine_last5"] for r in results[reference])
-    lines = ["| setting | centroid cosine, last 5 rounds | share of `kanon` | kNN | linear probe |", "|---|---|---|---|---|"]
     for name, label in labels.items():
         rows = results[name]
         cosines = [r["cosine_last5"] for r in rows if r["cosine_last5"] is not None]
         share = f"{statistics.fmean(cosines) / base:.2f}" if cosines else "–"
         cosine = _spread(rows, "cosine_last5").replace("-", "–")
-        lines.append(f"| {label} | {cosine} | {share} | {_spread(rows, 'knn')} | {_spread(rows, 'linear')} |")
+        cells = [label, cosine, share, _spread(rows, "knn"), _spread(rows, "linear"), *(f(rows) for f in extra.values())]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

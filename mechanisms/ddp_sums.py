@@ -45,7 +45,6 @@ from mechanisms.dp_pieces import MAX_DIMENSION, clip_to_radius
 from mechanisms.ldp_sums import (
     DEFAULT_MOMENTUM,
     NOISE_TAIL_STDS,
-    THRESHOLD_STDS,
     LdpSumsMechanism,
     TableCalibration,
     check_momentum,
@@ -53,6 +52,7 @@ from mechanisms.ldp_sums import (
     integer_table,
     nearest_cells,
     row_bound,
+    step_threshold,
     summed_count_std,
     summed_table_step,
     sums_grid,
@@ -238,7 +238,7 @@ class DdpSumsMechanism(TableCalibration, SecureSumMechanism):
 
     def combine(self, total: np.ndarray, *, centroids: torch.Tensor, num_summed: int) -> torch.Tensor:
         """One Lloyd step from the summed tables (:func:`~mechanisms.ldp_sums.summed_table_step`, as ``ldp-sums``'s
-        server takes it): a cell moves when its noisy count passes 3 stds of the summed noise."""
+        server takes it): a cell moves when its noisy count passes one std of the summed count noise."""
         if num_summed < self.min_shares:
             raise ValueError(f"a sum of {num_summed} shares holds less noise than the {self.min_shares} accounted")
         num_cells, dim = centroids.shape
@@ -250,9 +250,9 @@ class DdpSumsMechanism(TableCalibration, SecureSumMechanism):
         return summed_table_step(centroids, table, count_std=count_std, momentum=self.momentum)
 
     def move_threshold(self, *, dim: int, num_summed: int) -> float:
-        """The noisy count a cell needs to move (public): 3 stds of the count noise in a sum of ``num_summed`` shares."""
+        """The noisy count a cell needs to move (public): :func:`step_threshold` of a sum of ``num_summed`` shares."""
         count_std = summed_count_std(
             self.local.noise_multiplier, dim=dim, sampled=self.local.sampling_rate < 1,
             releases_summed=num_summed / self.min_shares,
         )
-        return max(THRESHOLD_STDS * count_std, 1.0)
+        return step_threshold(count_std)

@@ -18,7 +18,7 @@ counts pays for everything.
    noise of one sigma from the OS CSPRNG (:mod:`mechanisms.noise`).
 4. The noisy table is the release (:class:`~mechanisms.base.TableRelease`).
    The server adds a training round's tables, all over the same public
-   cells, and moves each cell whose summed noisy count passes 3 stds of the
+   cells, and moves each cell whose summed noisy count passes one std of the
    summed count noise to its summed direction (:func:`summed_table_step`,
    the step ``ddp-sums`` takes after its secure sum). Round 0's cells are
    each client's own; the server clusters their view: of the cells whose
@@ -93,6 +93,10 @@ from mechanisms.registry import register_mechanism
 
 #: How many count-noise standard deviations the default threshold asks of a released cell.
 THRESHOLD_STDS = 3.0
+#: How many count-noise stds a cell's summed count needs for the server's step to move it. Lower than a client's
+#: threshold: on the CPU preset 1 std lifted ``ldp-sums`` over 3 in every seed (docs/privacy.md, "On the CPU
+#: preset"), and a noise-only cell that passes gets its noise direction at weight ``1 - momentum``.
+STEP_THRESHOLD_STDS = 1.0
 #: How many noise stds an honest table's entries stay within (:meth:`LdpSumsMechanism.check_table`), and the
 #: secure sum's modulus leaves room for (``mechanisms.ddp_sums.check_fits_modulus``).
 NOISE_TAIL_STDS = 20.0
@@ -243,11 +247,16 @@ def lloyd_step(
     return updated.to(previous.dtype)
 
 
+def step_threshold(count_std: float) -> float:
+    """The summed noisy count a cell needs to move (public): :data:`STEP_THRESHOLD_STDS` count stds, at least a row."""
+    return max(STEP_THRESHOLD_STDS * count_std, 1.0)
+
+
 def summed_table_step(previous: torch.Tensor, table: np.ndarray, *, count_std: float, momentum: float) -> torch.Tensor:
     """The step from a round's summed ``[G, D + 1]`` table (grid units) both ``ldp-sums`` and ``ddp-sums`` take: a
-    cell whose noisy count passes ``max(3 count_std, 1)`` moves towards its summed direction (:func:`lloyd_step`)."""
+    cell whose noisy count passes :func:`step_threshold` moves towards its summed direction (:func:`lloyd_step`)."""
     counts, sums = table_in_data_units(table)
-    return lloyd_step(previous, counts, sums, threshold=max(THRESHOLD_STDS * count_std, 1.0), momentum=momentum)
+    return lloyd_step(previous, counts, sums, threshold=step_threshold(count_std), momentum=momentum)
 
 
 def check_momentum(momentum: float) -> float:

@@ -21,7 +21,7 @@ from decimal import ROUND_CEILING, Decimal
 from typing import TYPE_CHECKING, Any
 
 from mechanisms import get_mechanism_class
-from mechanisms.base import K_ANONYMITY, Mechanism, PrivacyEvent, SecureSumMechanism
+from mechanisms.base import K_ANONYMITY, Mechanism, PrivacyEvent, SecureSumMechanism, TableReleaseMechanism
 from mechanisms.ddp_sums import DdpSumsMechanism
 from privfed.methods import ORCHESTRA, Method
 from privfed.privacy.ledger import WorstCase, composed_epsilon
@@ -312,6 +312,11 @@ def _secure_sum_trust(leaked: LeakedShares | None) -> Item:
     )
 
 
+def _released(mechanism: type[Mechanism]) -> str:
+    """What a client releases in the clear: a table mechanism's noisy tables (sums and counts per cell), or centroids."""
+    return "released tables" if issubclass(mechanism, TableReleaseMechanism) else "released centroids"
+
+
 def _release_clauses(
     mechanism: type[Mechanism] | None,
     *,
@@ -328,8 +333,8 @@ def _release_clauses(
     name = mechanism.name
     if mechanism.is_differentially_private():
         assert worst is not None  # privacy_statement refuses a DP run without it
-        what = "secure sums of shares" if summed else "released centroids"
-        short_what = "secure sums of the clients' shares" if summed else "released centroids"
+        what = "secure sums of shares" if summed else _released(mechanism)
+        short_what = "secure sums of the clients' shares" if summed else _released(mechanism)
         amplified = ", amplified by a secret Poisson sample of the representations" if sampling_rate < 1 else ""
         short = f"{short_what}: in the epsilon, per {_unit(dp_sgd)}{amplified}"
         releases = f"{what} ({name}): epsilon {_eps(worst.releases_worst)} at delta {_delta(worst.delta)} alone"
@@ -475,7 +480,7 @@ def _lead(
     sums = "the secure sums of the clients' shares (hence the summed tables and the global centroids)"
     if dp_sgd and is_dp:
         assert worst is not None  # privacy_statement refuses a DP run without it
-        released = sums if summed else "released centroids"
+        released = sums if summed else _released(mechanism)
         return (
             f"Encoder updates and {released} together are ({_eps(worst.epsilon)}, {_delta(worst.delta)})-"
             f"differentially private with respect to {EXAMPLE_UNIT}, for the "
@@ -502,7 +507,7 @@ def _lead(
     if is_dp:
         assert worst is not None  # privacy_statement refuses a DP run without it
         what = f"Over the whole run, {sums} are, for every client," if summed else (
-            "Every client's released centroids over the whole run are"
+            f"Every client's {_released(mechanism)} over the whole run are"
         )
         return (
             f"{what} ({_eps(worst.epsilon)}, {_delta(worst.delta)})-"
@@ -566,14 +571,14 @@ def _headline(
         trust = ""
     if mechanism.is_differentially_private():
         if dp_sgd:
-            what = "the secure sums of shares" if summed else "released centroids"
+            what = "the secure sums of shares" if summed else _released(mechanism)
             return (
                 f"Each client's model updates and {what} are together {at} w.r.t. replacing one of its training "
                 f"examples (DP-SGD{' + ' + name if name else ''}, worst-off client){trust}."
             )
         how = ", ".join(part for part in (name, "worst-off client", "secret sample" if sampling_rate < 1 else "") if part)
         what = "The secure sums of shares are, over the run and per client," if summed else (
-            "Each client's released centroids are, over the run,"
+            f"Each client's {_released(mechanism)} are, over the run,"
         )
         return f"{what} {at} w.r.t. replacing one of its representations ({how}){trust}; {updates}."
     if mechanism.guarantee_kind == K_ANONYMITY:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mechanisms.ldp_sums import count_scale, row_bound, sums_grid, sums_noise_multiplier
+from mechanisms.ldp_sums import count_scale, row_bound, step_threshold, sums_grid, sums_noise_multiplier
 from tests.benchmarks.scripts import load_script
 
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "dp_centroid_rounds.py"
@@ -86,5 +86,5 @@ def test_a_cadence_spreads_the_budget_over_fewer_releases_each_with_less_noise(r
     z = sums_noise_multiplier(1.0, rounds.DELTA, num_releases=2, sampling_rate=0.5)  # rounds 0 and 4 of 6
     assert every_fourth[0] == pytest.approx(z * row_bound(sums_grid(8), sampled=True))
     assert every_fourth[0] < every[0] / math.sqrt(2)  # 2 releases, not 6
-    assert every_fourth[1] == pytest.approx(max(3 * every_fourth[0] / count_scale(sums_grid(8)), 1.0))
+    assert every_fourth[1] == pytest.approx(step_threshold(every_fourth[0] / count_scale(sums_grid(8))))
     assert rounds.round_noise(tiny, None, 1.0, 4) == (0.0, 1.0)

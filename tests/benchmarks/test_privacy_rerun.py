@@ -37,3 +37,15 @@ def test_the_readme_table_is_the_scripts_output_from_the_saved_rows(rerun, rows)
     readme = (ROOT / "README.md").read_text()
     assert table in readme
     assert table in (ROWS.parent / "README.md").read_text()
+
+
+def test_every_setting_that_releases_was_attacked_at_its_last_round_on_every_seed(rerun, rows):
+    """The attack columns: ``cross-round`` (which also scores the round alone) where releases are in the clear,
+    the secure-sum ``decoder`` for ``ddp-sums`` (no per-client history to read), nothing without releases."""
+    assert rerun.attack_method("ddp1") == "decoder" and rerun.attack_method("fixed") is None
+    for name, runs in rows.items():
+        method = rerun.attack_method(name)
+        single = [r["attack_single_psnr"] for r in runs]
+        cross = [r["attack_cross_psnr"] for r in runs]
+        assert (None not in single) if method else single == [None] * 3, name
+        assert (None not in cross) if method == "cross-round" else cross == [None] * 3, name

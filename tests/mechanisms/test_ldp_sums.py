@@ -25,7 +25,11 @@ from mechanisms.ldp_sums import (
     count_scale,
     nearest_cells,
     noisy_cell_statistics,
+    step_threshold,
+    summed_count_std,
+    summed_table_step,
     sums_grid,
+    table_in_data_units,
 )
 from privfed.config import build_config
 from privfed.privacy.budget import plan_privacy
@@ -355,6 +359,22 @@ def test_the_servers_step_over_summed_ldp_sums_tables_equals_ddp_sums_combine_on
     assert moved[:3].all() and not moved[3:].any()
 
 
+def test_the_servers_step_moves_a_cell_whose_summed_count_passes_one_noise_std():
+    """Summed counts of 2 and 0.5 count stds: the first cell moves (under a client's 3 stds, a summed direction is
+    still worth taking), the second stays; an empty cell stays, and the threshold is never under one row."""
+    dim, count_std = 8, 10.0
+    centres, targets = unit(3, dim, seed=23), unit(3, dim, seed=24).double()
+    grid = sums_grid(dim)
+    table = np.zeros((3, dim + 1), dtype=np.int64)
+    for cell, rows in ((0, 2.0 * count_std), (1, 0.5 * count_std)):
+        table[cell, :-1] = np.rint(rows * targets[cell].numpy() / grid.step)
+        table[cell, -1] = round(rows * count_scale(grid))
+    stepped = summed_table_step(centres, table, count_std=count_std, momentum=0.0)
+    assert float(stepped[0].double() @ targets[0]) > 0.999
+    assert torch.equal(stepped[1:], centres[1:])
+    assert step_threshold(count_std) == count_std and step_threshold(0.2) == 1.0
+
+
 def test_the_sum_moves_cells_below_every_clients_own_threshold():
     """Nothing is lost below a client's threshold: 40 clients with 4 rows in each of two cells, under the 6 rows a
     client's view asks of a cell, and the summed tables still move both cells to their rows' pooled direction."""
@@ -375,7 +395,11 @@ def test_the_sum_moves_cells_below_every_clients_own_threshold():
     for cell in (0, 1):
         pooled = F.normalize(rows[cells == cell].sum(dim=0), dim=0)
         assert float(stepped[cell].double() @ pooled) > 0.95
-    assert torch.equal(stepped[2:], centres[2:])
+    # The empty cells hold only noise: each moves exactly when its summed noisy count passes the step's threshold.
+    counts, _ = table_in_data_units(torch.stack(tables).sum(dim=0).numpy())
+    count_std = summed_count_std(2.0, dim=dim, sampled=False, releases_summed=len(tables))
+    passed = torch.from_numpy(counts[2:] >= step_threshold(count_std))
+    assert torch.equal((stepped[2:] != centres[2:]).any(dim=1), passed)
 
 
 def test_the_step_refuses_tables_over_other_cells_or_none():

@@ -35,6 +35,14 @@ def test_ldp_without_dp_sgd_is_per_representation_and_leaves_updates_out():
     assert any("not a per-example one" in n for n in s.long_not_covered)
 
 
+@pytest.mark.parametrize("dp_sgd", [False, True])
+def test_ldp_sums_is_stated_as_releasing_its_noisy_tables_not_centroids(dp_sgd):
+    """An ``ldp-sums`` client sends its whole noisy table (all of it inside the epsilon), not a few centroids."""
+    s = privacy_statement(mechanism=get_mechanism_class("ldp-sums"), dp_sgd=dp_sgd, worst=worst(2.0, 8.0, 8.9), k=None)
+    assert "released tables" in s.text and "released centroids" not in s.text
+    assert any(c.startswith("released tables (ldp-sums): epsilon 2") for c in long_covers(s))
+
+
 @pytest.mark.parametrize("mechanism", ["kanon", "reps"])
 def test_non_dp_releases_are_never_inside_the_dp_sgd_epsilon(mechanism):
     s = privacy_statement(mechanism=get_mechanism_class(mechanism), dp_sgd=True, worst=worst(0.0, 7.5, 7.5), k=6)
