@@ -102,7 +102,7 @@ STEP_THRESHOLD_STDS = 1.0
 NOISE_TAIL_STDS = 20.0
 #: The server's EMA over rounds of each moved centroid (:func:`lloyd_step`): 0.75 beat 0.5 in 6 of the 8 synthetic
 #: settings of ``benchmarks/dp_centroid_rounds.py`` and was within the spread in the other 2 (docs/privacy.md,
-#: "Tuning the server's step").
+#: "The server's step, cadence and momentum").
 DEFAULT_MOMENTUM = 0.75
 #: Largest ratio of the count noise's std to the noise multiplier, over all dimensions (``s / res <= 1.01``), unsampled.
 COUNT_STD_PER_MULTIPLIER = 1.01
