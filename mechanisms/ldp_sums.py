@@ -94,8 +94,9 @@ from mechanisms.registry import register_mechanism
 #: How many count-noise standard deviations the default threshold asks of a released cell.
 THRESHOLD_STDS = 3.0
 #: How many count-noise stds a cell's summed count needs for the server's step to move it. Lower than a client's
-#: threshold: on the CPU preset 1 std lifted ``ldp-sums`` over 3 in every seed (docs/privacy.md, "On the CPU
-#: preset"), and a noise-only cell that passes gets its noise direction at weight ``1 - momentum``.
+#: threshold: on the CPU preset 1 std lifted ``ldp-sums`` over 3 at epsilon 1 in every seed and at epsilon 10 on
+#: average, in 2 of 3 seeds (docs/privacy.md, "On the CPU preset"), and a noise-only cell that passes gets its noise
+#: direction at weight ``1 - momentum``.
 STEP_THRESHOLD_STDS = 1.0
 #: How many noise stds an honest table's entries stay within (:meth:`LdpSumsMechanism.check_table`), and the
 #: secure sum's modulus leaves room for (``mechanisms.ddp_sums.check_fits_modulus``).
